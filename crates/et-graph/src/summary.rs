@@ -1,0 +1,180 @@
+//! A one-pass summary of a trace, as `mystique inspect` prints it.
+
+use et_schema::{Trace, Value};
+use indexmap::IndexMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+#[derive(Debug, Serialize, Default, PartialEq)]
+pub struct TensorStats {
+    /// Distinct tensors, keyed by (tensor id, storage id).
+    pub count: usize,
+    /// Distinct storages with a device (storage id 0 means none).
+    pub storages: usize,
+    /// Bytes of distinct storages (the largest extent seen of each), total.
+    pub bytes: u64,
+    pub bytes_by_device: BTreeMap<String, u64>,
+    /// Bytes of distinct tensors' views by element type.
+    pub bytes_by_dtype: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Summary {
+    pub source: String,
+    pub schema: String,
+    pub layout: String,
+    pub nodes: usize,
+    /// Node name -> count, over all nodes, most frequent first.
+    pub ops: IndexMap<String, usize>,
+    pub devices: Vec<String>,
+    pub tensors: TensorStats,
+    /// `ProfilerStep#N` annotations, in file order.
+    pub iterations: Vec<String>,
+    /// Process groups from `## process_group:init ##` (JSON objects as recorded).
+    pub process_groups: Vec<serde_json::Value>,
+    /// Collective name -> count (from `record_param_comms`, `c10d::*`, `nccl:*`).
+    pub collectives: BTreeMap<String, usize>,
+    pub warnings: Vec<String>,
+}
+
+/// The collective a node performs, if any.
+pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
+    let name = t.name(n);
+    if name == "record_param_comms" {
+        // Newer traces carry a `collective_name` attr; older ones the 4th input.
+        for e in t.extras(n) {
+            if t.str(e.name) == "collective_name" {
+                if let Value::Str(s) = e.value {
+                    return Some(t.str(s).to_string());
+                }
+            }
+        }
+        // Older ones the first string input (its position moved between versions).
+        let first_str = t.inputs(n).iter().find_map(|a| match a.value {
+            Value::Str(s) if !t.str(s).starts_with('<') => Some(t.str(s).to_string()),
+            _ => None,
+        });
+        return Some(first_str.unwrap_or_else(|| "unknown".into()));
+    }
+    if let Some(rest) = name.strip_prefix("c10d::") {
+        return Some(rest.trim_end_matches('_').to_string());
+    }
+    for backend in ["nccl:", "gloo:"] {
+        if let Some(rest) = name.strip_prefix(backend) {
+            return Some(rest.to_string());
+        }
+    }
+    None
+}
+
+/// Whether a node is a backend annotation (`nccl:all_reduce`, `gloo:broadcast`) rather than the
+/// c10d op or `record_param_comms` record of a collective.
+fn is_backend_annotation(name: &str) -> bool {
+    name.starts_with("nccl:") || name.starts_with("gloo:")
+}
+
+impl Summary {
+    pub fn of(t: &Trace) -> Summary {
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        let mut devices: HashSet<&str> = HashSet::new();
+        let mut seen_tensors: HashSet<(u64, u64)> = HashSet::new();
+        let mut storages: HashMap<(u64, &str), u64> = HashMap::new();
+        let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();
+        let mut iterations = Vec::new();
+        let mut process_groups = Vec::new();
+        let mut collectives = BTreeMap::new();
+        let mut tids = Vec::new();
+        for n in &t.nodes {
+            let name = t.name(n);
+            *counts.entry(name).or_default() += 1;
+            if name.starts_with("ProfilerStep#") {
+                iterations.push(name.to_string());
+            }
+            if name == "## process_group:init ##" {
+                for a in t.inputs(n) {
+                    if let Value::Str(s) = a.value {
+                        if let Ok(serde_json::Value::Array(v)) = serde_json::from_str(t.str(s)) {
+                            process_groups.extend(v);
+                        }
+                    }
+                }
+            }
+
+            for a in t.inputs(n).iter().chain(t.outputs(n)) {
+                tids.clear();
+                t.tensors_typed(a.value, &t.arg_type(a), &mut tids);
+                for &(ti, dtype) in &tids {
+                    let x = t.tensor(ti);
+                    let dev = x.device.map_or("", |d| t.str(d));
+                    if x.storage == 0 || dev.is_empty() {
+                        continue;
+                    }
+                    devices.insert(dev);
+                    let extent = (x.offset + x.numel) * x.itemsize;
+                    let e = storages.entry((x.storage, dev)).or_default();
+                    *e = (*e).max(extent);
+                    if seen_tensors.insert((x.id, x.storage)) {
+                        let dt = dtype.map_or("unknown", |d| d.name()).to_string();
+                        *by_dtype.entry(dt).or_default() += x.numel * x.itemsize;
+                    }
+                }
+            }
+        }
+        // Count each collective once: at its outermost collective node (record_param_comms sits
+        // inside c10d::allgather_), and backend annotations only when nothing else records it.
+        let index = t.node_by_id();
+        let is_coll = |n: &et_schema::Node| collective_name(t, n).is_some();
+        let has_ops = t
+            .nodes
+            .iter()
+            .any(|n| is_coll(n) && !is_backend_annotation(t.name(n)));
+        for n in &t.nodes {
+            let Some(c) = collective_name(t, n) else {
+                continue;
+            };
+            if has_ops && is_backend_annotation(t.name(n)) {
+                continue;
+            }
+            let mut p = n.parent.filter(|&p| p != n.id);
+            let mut nested = false;
+            while let Some(pi) = p.and_then(|p| index.get(&p)) {
+                let pn = &t.nodes[*pi];
+                if is_coll(pn) && !is_backend_annotation(t.name(pn)) {
+                    nested = true;
+                    break;
+                }
+                p = pn.parent.filter(|&q| q != pn.id);
+            }
+            if !nested {
+                *collectives.entry(c).or_default() += 1;
+            }
+        }
+        let mut ops: Vec<(&str, usize)> = counts.into_iter().collect();
+        ops.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let mut bytes_by_device = BTreeMap::new();
+        for (&(_, dev), &b) in &storages {
+            *bytes_by_device.entry(dev.to_string()).or_default() += b;
+        }
+        let mut devices: Vec<String> = devices.into_iter().map(String::from).collect();
+        devices.sort();
+        Summary {
+            source: t.source.clone(),
+            schema: t.meta.schema.clone(),
+            layout: format!("{:?}", t.layout).to_lowercase(),
+            nodes: t.nodes.len(),
+            ops: ops.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            devices,
+            tensors: TensorStats {
+                count: seen_tensors.len(),
+                storages: storages.len(),
+                bytes: bytes_by_device.values().sum(),
+                bytes_by_device,
+                bytes_by_dtype: by_dtype,
+            },
+            iterations,
+            process_groups,
+            collectives,
+            warnings: t.warnings.clone(),
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Kineto (torch.profiler chrome-trace) files: the events this project links ET nodes to.
+
+use crate::error::{Error, Result};
+use crate::intern::{Interner, Sym};
+use serde::Deserialize;
+use std::path::Path;
+
+/// Event categories that matter for linking and fidelity; others are `Other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Category {
+    CpuOp,
+    UserAnnotation,
+    GpuUserAnnotation,
+    Kernel,
+    GpuMemcpy,
+    GpuMemset,
+    CudaRuntime,
+    CudaDriver,
+    PythonFunction,
+    /// Flow events (`ac2g` for CPU->GPU, `fwdbwd`).
+    Flow,
+    Trace,
+    Other,
+}
+
+impl Category {
+    fn from_str(s: &str) -> Category {
+        match s {
+            "cpu_op" | "Operator" => Category::CpuOp,
+            "user_annotation" => Category::UserAnnotation,
+            "gpu_user_annotation" => Category::GpuUserAnnotation,
+            "kernel" | "Kernel" => Category::Kernel,
+            "gpu_memcpy" | "Memcpy" => Category::GpuMemcpy,
+            "gpu_memset" | "Memset" => Category::GpuMemset,
+            "cuda_runtime" | "Runtime" => Category::CudaRuntime,
+            "cuda_driver" => Category::CudaDriver,
+            "python_function" => Category::PythonFunction,
+            "ac2g" | "fwdbwd" | "async_cpu_to_gpu" => Category::Flow,
+            "Trace" => Category::Trace,
+            _ => Category::Other,
+        }
+    }
+}
+
+/// pid/tid are numbers for real threads and strings for Kineto's own rows ("Spans").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lane {
+    Id(i64),
+    Name(Sym),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub ph: u8,
+    pub cat: Category,
+    pub cat_raw: Sym,
+    pub name: Sym,
+    pub pid: Lane,
+    pub tid: Lane,
+    /// Microseconds (Kineto's unit).
+    pub ts: f64,
+    pub dur: f64,
+    pub external_id: Option<u64>,
+    pub record_function_id: Option<u64>,
+    pub correlation: Option<u64>,
+    pub ev_idx: Option<u64>,
+    pub sequence_number: Option<i64>,
+    pub fwd_thread_id: Option<i64>,
+    pub stream: Option<i64>,
+    pub device: Option<i64>,
+    /// Flow events' `id`.
+    pub flow_id: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct KinetoTrace {
+    pub strings: Interner,
+    pub events: Vec<Event>,
+    /// `distributedInfo` as JSON text (rank, world_size, backend), when present.
+    pub distributed_info: Option<String>,
+    pub rank: Option<i64>,
+    pub world_size: Option<i64>,
+    pub base_time_ns: Option<u64>,
+    pub source: String,
+}
+
+impl KinetoTrace {
+    pub fn str(&self, s: Sym) -> &str {
+        self.strings.get(s)
+    }
+
+    /// The process id that ran the CPU ops (the most common numeric pid of cpu_op events).
+    pub fn main_pid(&self) -> Option<i64> {
+        let mut counts: rustc_hash::FxHashMap<i64, usize> = Default::default();
+        for e in self.events.iter().filter(|e| e.cat == Category::CpuOp) {
+            if let Lane::Id(p) = e.pid {
+                *counts.entry(p).or_default() += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .max_by_key(|&(p, c)| (c, -p))
+            .map(|(p, _)| p)
+    }
+}
+
+#[derive(Deserialize)]
+struct RawFile<'a> {
+    #[serde(rename = "traceEvents", borrow)]
+    trace_events: Option<Vec<RawEvent<'a>>>,
+    #[serde(rename = "distributedInfo")]
+    distributed_info: Option<serde_json::Value>,
+    #[serde(rename = "baseTimeNanoseconds")]
+    base_time_ns: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawLane<'a> {
+    Id(i64),
+    Name(#[serde(borrow)] std::borrow::Cow<'a, str>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawId<'a> {
+    Num(u64),
+    Str(#[serde(borrow)] std::borrow::Cow<'a, str>),
+}
+
+impl RawId<'_> {
+    fn get(&self) -> Option<u64> {
+        match self {
+            RawId::Num(n) => Some(*n),
+            RawId::Str(s) => s
+                .parse()
+                .ok()
+                .or_else(|| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEvent<'a> {
+    #[serde(borrow)]
+    ph: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    cat: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    pid: Option<RawLane<'a>>,
+    #[serde(borrow)]
+    tid: Option<RawLane<'a>>,
+    ts: Option<f64>,
+    dur: Option<f64>,
+    #[serde(borrow)]
+    id: Option<RawId<'a>>,
+    args: Option<RawArgs>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawArgs {
+    #[serde(rename = "External id")]
+    external_id: Option<u64>,
+    #[serde(rename = "Record function id")]
+    record_function_id: Option<u64>,
+    correlation: Option<u64>,
+    #[serde(rename = "Ev Idx")]
+    ev_idx: Option<u64>,
+    #[serde(rename = "Sequence number")]
+    sequence_number: Option<i64>,
+    #[serde(rename = "Fwd thread id")]
+    fwd_thread_id: Option<i64>,
+    stream: Option<i64>,
+    device: Option<i64>,
+}
+
+/// Reads a Kineto trace (`.json`, `.json.gz`, or `-`).
+pub fn read_kineto(path: &Path) -> Result<KinetoTrace> {
+    let bytes = crate::read_input(path)?;
+    parse_kineto(&bytes, &path.display().to_string())
+}
+
+pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
+    let raw: RawFile = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            Error::Truncated {
+                path: source.into(),
+                offset: bytes.len() as u64,
+                context: "the Kineto trace",
+                complete: 0,
+                last: String::new(),
+            }
+        } else if e.is_syntax() {
+            Error::Syntax {
+                path: source.into(),
+                offset: line_col_offset(bytes, e.line(), e.column()),
+                msg: e.to_string(),
+            }
+        } else {
+            Error::NotKineto {
+                path: source.into(),
+                msg: e.to_string(),
+            }
+        }
+    })?;
+    let events = raw.trace_events.ok_or_else(|| Error::NotKineto {
+        path: source.into(),
+        msg: "no \"traceEvents\" array".into(),
+    })?;
+    let mut k = KinetoTrace {
+        source: source.to_string(),
+        base_time_ns: raw.base_time_ns,
+        ..Default::default()
+    };
+    if let Some(d) = raw.distributed_info {
+        k.rank = d.get("rank").and_then(|v| v.as_i64());
+        k.world_size = d.get("world_size").and_then(|v| v.as_i64());
+        k.distributed_info = Some(d.to_string());
+    }
+    k.events.reserve(events.len());
+    for e in events {
+        let mut lane = |l: Option<RawLane>| match l {
+            Some(RawLane::Id(i)) => Lane::Id(i),
+            Some(RawLane::Name(s)) => Lane::Name(k.strings.intern(&s)),
+            None => Lane::Id(0),
+        };
+        let pid = lane(e.pid);
+        let tid = lane(e.tid);
+        let cat_s = e.cat.as_deref().unwrap_or("");
+        let a = e.args.unwrap_or_default();
+        k.events.push(Event {
+            ph: e
+                .ph
+                .as_deref()
+                .and_then(|p| p.bytes().next())
+                .unwrap_or(b'?'),
+            cat: Category::from_str(cat_s),
+            cat_raw: k.strings.intern(cat_s),
+            name: k.strings.intern(e.name.as_deref().unwrap_or("")),
+            pid,
+            tid,
+            ts: e.ts.unwrap_or(0.0),
+            dur: e.dur.unwrap_or(0.0),
+            external_id: a.external_id,
+            record_function_id: a.record_function_id,
+            correlation: a.correlation,
+            ev_idx: a.ev_idx,
+            sequence_number: a.sequence_number,
+            fwd_thread_id: a.fwd_thread_id,
+            stream: a.stream,
+            device: a.device,
+            flow_id: e.id.and_then(|i| i.get()),
+        });
+    }
+    Ok(k)
+}
+
+fn line_col_offset(b: &[u8], line: usize, col: usize) -> u64 {
+    let mut off = 0;
+    for _ in 1..line {
+        match memchr::memchr(b'\n', &b[off..]) {
+            Some(k) => off += k + 1,
+            None => break,
+        }
+    }
+    (off + col.saturating_sub(1)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_events_args_and_string_lanes() {
+        let j = br#"{"distributedInfo": {"backend": "nccl", "rank": 3, "world_size": 8},
+          "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 5, "tid": 6, "ts": 10.5, "dur": 2,
+             "args": {"External id": 7, "Record function id": 9, "Ev Idx": 1, "Input Dims": [[1]]}},
+            {"ph": "X", "cat": "Trace", "name": "x", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 1},
+            {"ph": "s", "cat": "ac2g", "id": 44, "pid": 5, "tid": 6, "ts": 11}
+          ]}"#;
+        let k = parse_kineto(j, "t").unwrap();
+        assert_eq!(k.events.len(), 3);
+        assert_eq!(k.rank, Some(3));
+        assert_eq!(k.world_size, Some(8));
+        let e = &k.events[0];
+        assert_eq!(e.cat, Category::CpuOp);
+        assert_eq!(k.str(e.name), "aten::mm");
+        assert_eq!(
+            (e.external_id, e.record_function_id, e.ev_idx),
+            (Some(7), Some(9), Some(1))
+        );
+        assert!(matches!(k.events[1].pid, Lane::Name(_)));
+        assert_eq!(k.events[2].flow_id, Some(44));
+        assert_eq!(k.main_pid(), Some(5));
+    }
+
+    #[test]
+    fn rejects_non_kineto() {
+        assert!(matches!(
+            parse_kineto(br#"{"nodes": []}"#, "t"),
+            Err(Error::NotKineto { .. })
+        ));
+        assert!(matches!(
+            parse_kineto(br#"{"traceEvents": [{"ph": "X""#, "t"),
+            Err(Error::Truncated { .. })
+        ));
+    }
+}

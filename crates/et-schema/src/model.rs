@@ -1,0 +1,289 @@
+//! The in-memory trace model: flat arenas, interned strings, no tree of small heap objects.
+
+use crate::dtype::DType;
+use crate::intern::{Interner, Sym};
+use crate::types::ValueType;
+use std::ops::Range;
+
+/// A JSON-shaped value as ET records it. Lists live in [`Trace::items`]; tensor tuples are
+/// decoded into [`Trace::tensors`] when the argument's type string says they are tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    /// Integers above `i64::MAX`.
+    UInt(u64),
+    Float(f64),
+    /// Strings, including the observer's markers `<None>`, `<Object>`, `<Stream>`, `"inf"`.
+    Str(Sym),
+    /// A list: `items[start..start+len]`.
+    List {
+        start: u32,
+        len: u32,
+    },
+    /// A tensor tuple: `tensors[i]`.
+    Tensor(u32),
+    /// A JSON object found where ET has none: kept verbatim as JSON text.
+    Raw(Sym),
+}
+
+/// `[tensor_id, storage_id, offset, numel, itemsize, device]` (no device before schema 1.0.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TensorRef {
+    pub id: u64,
+    /// 0 means no storage (undefined tensor).
+    pub storage: u64,
+    /// Storage offset in elements.
+    pub offset: u64,
+    pub numel: u64,
+    pub itemsize: u64,
+    /// Device string (`cpu`, `cuda:0`, or empty for undefined tensors); `None` in 5-field tuples.
+    pub device: Option<Sym>,
+}
+
+/// One input or output of a node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Arg {
+    pub value: Value,
+    /// Shape as recorded (nested lists mirror nested values).
+    pub shape: Value,
+    /// The type string, e.g. `Tensor(float)`; parse it with [`Trace::arg_type`].
+    pub ty: Sym,
+    /// Strides as recorded (schema >= 1.1.0), `None` when absent for this argument.
+    pub strides: Option<Value>,
+}
+
+/// Which file layout the trace uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Schema 1.0.0/1.0.1: attributes are top-level node keys, `parent`, `inputs` is a list with
+    /// `input_shapes`/`input_types` beside it.
+    Flat,
+    /// Schema 1.0.2-chakra.0.0.4 and later: `ctrl_deps`, `inputs{values,shapes,types,strides}`,
+    /// `attrs: [{name,type,value}]`.
+    #[default]
+    Nested,
+}
+
+/// Flags of what a node's record contained, so that writing it back is lossless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeFlags(pub u8);
+
+impl NodeFlags {
+    pub const INPUT_STRIDES: u8 = 1;
+    pub const OUTPUT_STRIDES: u8 = 2;
+    pub const HAS_ATTRS: u8 = 4;
+    pub fn has(self, f: u8) -> bool {
+        self.0 & f != 0
+    }
+}
+
+/// An attribute this model has no field for, kept as recorded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExtraAttr {
+    pub name: Sym,
+    /// The nested layout's attribute type (`uint64`, `string`, ...); `None` for flat-layout keys.
+    pub ty: Option<Sym>,
+    pub value: Value,
+}
+
+/// One trace node: an operator, a record_function annotation or a thread/process root.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub id: u64,
+    pub name: Sym,
+    /// `ctrl_deps` (nested) or `parent` (flat). The process root points to itself or to 0.
+    pub parent: Option<u64>,
+    pub rf_id: Option<u64>,
+    pub fw_parent: Option<u64>,
+    pub seq_id: Option<i64>,
+    pub scope: Option<u64>,
+    pub tid: Option<u64>,
+    pub fw_tid: Option<u64>,
+    pub op_schema: Option<Sym>,
+    pub kernel_backend: Option<Sym>,
+    pub kernel_file: Option<Sym>,
+    pub inputs: Range<u32>,
+    pub outputs: Range<u32>,
+    pub extra: Range<u32>,
+    pub flags: NodeFlags,
+    /// Byte offset of the node's record in the (decompressed) input, for error messages.
+    pub offset: u64,
+}
+
+/// Top-level fields other than the nodes.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct TraceMeta {
+    pub schema: String,
+    pub pid: Option<i64>,
+    pub time: Option<String>,
+    pub start_ts: Option<i64>,
+    pub finish_ts: Option<i64>,
+    /// Unknown top-level keys, as JSON text, in file order.
+    pub extra: Vec<(String, String)>,
+}
+
+/// A parsed execution trace.
+#[derive(Clone, Debug, Default)]
+pub struct Trace {
+    pub meta: TraceMeta,
+    pub layout: Layout,
+    pub strings: Interner,
+    /// Nodes in file order (the observer writes children before their parents).
+    pub nodes: Vec<Node>,
+    pub args: Vec<Arg>,
+    pub items: Vec<Value>,
+    pub tensors: Vec<TensorRef>,
+    pub extra_attrs: Vec<ExtraAttr>,
+    /// Where the trace came from, for messages.
+    pub source: String,
+    /// Non-fatal findings (unknown schema version, ...).
+    pub warnings: Vec<String>,
+}
+
+/// Versions whose layout this crate knows; others parse with a warning.
+pub const KNOWN_SCHEMAS: &[&str] = &[
+    "1.0.0",
+    "1.0.1",
+    "1.0.2-chakra.0.0.4",
+    "1.0.3-chakra.0.0.4",
+    "1.0.4-chakra.0.0.4",
+    "1.1.0-chakra.0.0.4",
+    "1.1.1-chakra.0.0.4",
+];
+
+impl Trace {
+    pub fn str(&self, s: Sym) -> &str {
+        self.strings.get(s)
+    }
+
+    pub fn name(&self, n: &Node) -> &str {
+        self.strings.get(n.name)
+    }
+
+    pub fn inputs(&self, n: &Node) -> &[Arg] {
+        &self.args[n.inputs.start as usize..n.inputs.end as usize]
+    }
+
+    pub fn outputs(&self, n: &Node) -> &[Arg] {
+        &self.args[n.outputs.start as usize..n.outputs.end as usize]
+    }
+
+    pub fn extras(&self, n: &Node) -> &[ExtraAttr] {
+        &self.extra_attrs[n.extra.start as usize..n.extra.end as usize]
+    }
+
+    pub fn list(&self, v: Value) -> &[Value] {
+        match v {
+            Value::List { start, len } => &self.items[start as usize..(start + len) as usize],
+            _ => &[],
+        }
+    }
+
+    pub fn tensor(&self, i: u32) -> &TensorRef {
+        &self.tensors[i as usize]
+    }
+
+    pub fn op_schema_str(&self, n: &Node) -> Option<&str> {
+        n.op_schema.map(|s| self.str(s)).filter(|s| !s.is_empty())
+    }
+
+    /// Parses an argument's type string. Unparsable strings become `Opaque`.
+    pub fn arg_type(&self, a: &Arg) -> ValueType {
+        let s = self.str(a.ty);
+        ValueType::parse(s).unwrap_or_else(|_| ValueType::Opaque(s.to_string()))
+    }
+
+    /// Interprets a value as an integer list (shapes, `int[]` arguments).
+    pub fn int_list(&self, v: Value) -> Option<Vec<i64>> {
+        self.list(v)
+            .iter()
+            .map(|x| match *x {
+                Value::Int(i) => Some(i),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .filter(|_| matches!(v, Value::List { .. }))
+    }
+
+    /// Interprets a value as a float: numbers and the strings `inf`, `-inf`, `nan`.
+    pub fn as_f64(&self, v: Value) -> Option<f64> {
+        match v {
+            Value::Int(i) => Some(i as f64),
+            Value::UInt(u) => Some(u as f64),
+            Value::Float(f) => Some(f),
+            Value::Str(s) => match self.str(s) {
+                "inf" | "Infinity" => Some(f64::INFINITY),
+                "-inf" | "-Infinity" => Some(f64::NEG_INFINITY),
+                "nan" | "NaN" | "-nan" => Some(f64::NAN),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// All tensors of a value, depth-first (a value may be a list of tensors).
+    pub fn tensors_in(&self, v: Value, out: &mut Vec<u32>) {
+        match v {
+            Value::Tensor(i) => out.push(i),
+            Value::List { .. } => {
+                for &x in self.list(v) {
+                    self.tensors_in(x, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// All tensors of a value with their element types from the matching type string.
+    pub fn tensors_typed(&self, v: Value, ty: &ValueType, out: &mut Vec<(u32, Option<DType>)>) {
+        match (v, ty) {
+            (Value::Tensor(i), ValueType::Tensor { dtype, .. }) => out.push((i, *dtype)),
+            (Value::Tensor(i), _) => out.push((i, None)),
+            (Value::List { .. }, ValueType::List(e) | ValueType::Tuple(e)) => {
+                for (k, &x) in self.list(v).iter().enumerate() {
+                    self.tensors_typed(x, e.get(k).unwrap_or(&ValueType::None), out);
+                }
+            }
+            (Value::List { .. }, _) => {
+                for &x in self.list(v) {
+                    self.tensors_typed(x, &ValueType::None, out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The dtype of a tensor argument, from its type string.
+    pub fn dtype_of(&self, a: &Arg) -> Option<DType> {
+        match self.arg_type(a) {
+            ValueType::Tensor { dtype, .. } => dtype,
+            _ => None,
+        }
+    }
+
+    pub fn node_by_id(&self) -> rustc_hash::FxHashMap<u64, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id, i))
+            .collect()
+    }
+
+    /// Whether the schema string is one whose layout this crate was written against.
+    pub fn schema_is_known(&self) -> bool {
+        KNOWN_SCHEMAS.contains(&self.meta.schema.as_str())
+    }
+
+    /// Approximate heap bytes of the model.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        self.nodes.capacity() * size_of::<Node>()
+            + self.args.capacity() * size_of::<Arg>()
+            + self.items.capacity() * size_of::<Value>()
+            + self.tensors.capacity() * size_of::<TensorRef>()
+            + self.extra_attrs.capacity() * size_of::<ExtraAttr>()
+            + self.strings.heap_bytes()
+    }
+}

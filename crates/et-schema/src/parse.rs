@@ -1,0 +1,1265 @@
+//! Reading execution traces: decompression, the structural scan, per-node parsing on all cores,
+//! and the merge into one [`Trace`].
+//!
+//! Why per node: a whole-document DOM or simd-json tape costs several times the file in memory;
+//! parsing each node record on its own keeps peak memory near the input size and lets the nodes
+//! be split across threads. Values go straight into flat arenas, strings into an interner.
+
+use crate::error::{Error, Result};
+use crate::intern::{Interner, Sym};
+use crate::model::*;
+use crate::scan::{self, ScanError};
+use crate::types::ValueType;
+use rustc_hash::FxHashMap;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use std::fmt;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc as Rc;
+
+/// How to parse.
+#[derive(Clone, Debug)]
+pub struct ParseOptions {
+    /// Worker threads for node records; 0 means one per available core.
+    pub threads: usize,
+    /// Check duplicate ids, missing parents and cycles.
+    pub validate: bool,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            threads: 0,
+            validate: true,
+        }
+    }
+}
+
+/// Reads a file (or `-` for stdin) into memory, decompressing gzip when the magic bytes say so,
+/// whatever the file name.
+pub fn read_input(path: &Path) -> Result<Vec<u8>> {
+    let name = path.display().to_string();
+    let raw = if path.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut v)
+            .map_err(|source| Error::Io {
+                path: name.clone(),
+                source,
+            })?;
+        v
+    } else {
+        std::fs::read(path).map_err(|source| Error::Io {
+            path: name.clone(),
+            source,
+        })?
+    };
+    decompress(raw, &name)
+}
+
+/// Decompresses gzip input (possibly multi-member); other input is returned as is.
+pub fn decompress(raw: Vec<u8>, name: &str) -> Result<Vec<u8>> {
+    if raw.len() < 2 || raw[0] != 0x1f || raw[1] != 0x8b {
+        return Ok(raw);
+    }
+    // ISIZE (the last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint.
+    let hint = if raw.len() >= 18 {
+        u32::from_le_bytes(raw[raw.len() - 4..].try_into().unwrap_or([0; 4])) as usize
+    } else {
+        0
+    };
+    let mut out = Vec::with_capacity(hint.max(raw.len() * 4).min(1 << 34));
+    let mut dec = flate2::read::MultiGzDecoder::new(&raw[..]);
+    if let Err(source) = dec.read_to_end(&mut out) {
+        return Err(Error::Gzip {
+            path: name.to_string(),
+            decompressed: out.len() as u64,
+            source,
+        });
+    }
+    Ok(out)
+}
+
+/// Reads and parses an execution trace file (`.json`, `.json.gz`, or `-` for stdin).
+pub fn read_trace(path: &Path) -> Result<Trace> {
+    read_trace_with(path, &ParseOptions::default())
+}
+
+pub fn read_trace_with(path: &Path, opts: &ParseOptions) -> Result<Trace> {
+    let bytes = read_input(path)?;
+    parse_trace(&bytes, &path.display().to_string(), opts)
+}
+
+/// Parses an execution trace from JSON text. `source` names it in errors.
+pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Trace> {
+    let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, source))?;
+    if !scan.saw_nodes {
+        return Err(Error::NotATrace {
+            path: source.to_string(),
+            msg: "no \"nodes\" array at the top level".into(),
+        });
+    }
+    let mut meta = TraceMeta::default();
+    for (key, range) in &scan.top {
+        let text = &bytes[range.clone()];
+        let bad = |msg: &str| Error::Syntax {
+            path: source.to_string(),
+            offset: range.start as u64,
+            msg: format!("top-level \"{key}\": {msg}"),
+        };
+        match key.as_str() {
+            "schema" => {
+                meta.schema =
+                    serde_json::from_slice::<String>(text).map_err(|e| bad(&e.to_string()))?
+            }
+            "pid" => meta.pid = serde_json::from_slice(text).map_err(|e| bad(&e.to_string()))?,
+            "time" => meta.time = serde_json::from_slice(text).map_err(|e| bad(&e.to_string()))?,
+            "start_ts" => {
+                meta.start_ts = serde_json::from_slice(text).map_err(|e| bad(&e.to_string()))?
+            }
+            "finish_ts" => {
+                meta.finish_ts = serde_json::from_slice(text).map_err(|e| bad(&e.to_string()))?
+            }
+            _ => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(text).map_err(|e| bad(&e.to_string()))?;
+                meta.extra.push((key.clone(), v.to_string()));
+            }
+        }
+    }
+
+    let threads = if opts.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        opts.threads
+    };
+    // Small traces are not worth a thread.
+    let threads = threads.min(bytes.len() / (4 << 20) + 1).max(1);
+    let chunk = scan.nodes.len().div_ceil(threads).max(1);
+    let ranges: Vec<&[std::ops::Range<usize>]> = scan.nodes.chunks(chunk).collect();
+
+    let mut parts: Vec<Builder> = if ranges.len() <= 1 {
+        vec![parse_chunk(
+            bytes,
+            ranges.first().copied().unwrap_or(&[]),
+            source,
+        )?]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = ranges
+                .iter()
+                .map(|r| s.spawn(move || parse_chunk(bytes, r, source)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("parser thread panicked"))
+                .collect::<Result<Vec<_>>>()
+        })?
+    };
+
+    let mut base = parts.remove(0);
+    for part in parts {
+        base.merge(part);
+    }
+    let layout = base.layout.unwrap_or(
+        if meta.schema.starts_with("1.0.0") || meta.schema == "1.0.1" {
+            Layout::Flat
+        } else {
+            Layout::Nested
+        },
+    );
+    let mut trace = Trace {
+        meta,
+        layout,
+        strings: base.strings,
+        nodes: base.nodes,
+        args: base.args,
+        items: base.items,
+        tensors: base.tensors,
+        extra_attrs: base.extra,
+        source: source.to_string(),
+        warnings: Vec::new(),
+    };
+    if trace.meta.schema.is_empty() {
+        trace
+            .warnings
+            .push("no schema version in the trace; assuming the layout its nodes use".into());
+    } else if !trace.schema_is_known() {
+        trace.warnings.push(format!(
+            "schema version {:?} is newer or other than the versions this tool knows ({}); parsed on a best-effort basis",
+            trace.meta.schema,
+            KNOWN_SCHEMAS.join(", ")
+        ));
+    }
+    if opts.validate {
+        validate(&trace)?;
+    }
+    Ok(trace)
+}
+
+/// Checks structural invariants: unique ids, parents that exist, no parent cycles.
+pub fn validate(t: &Trace) -> Result<()> {
+    let path = || t.source.clone();
+    let mut index: FxHashMap<u64, usize> = FxHashMap::default();
+    index.reserve(t.nodes.len());
+    for (i, n) in t.nodes.iter().enumerate() {
+        if let Some(prev) = index.insert(n.id, i) {
+            return Err(Error::DuplicateId {
+                path: path(),
+                id: n.id,
+                first_offset: t.nodes[prev].offset,
+                second_offset: n.offset,
+            });
+        }
+    }
+    let parent_of = |n: &Node| n.parent.filter(|&p| p != 0 && p != n.id);
+    for n in &t.nodes {
+        if let Some(p) = parent_of(n) {
+            if !index.contains_key(&p) {
+                return Err(Error::MissingParent {
+                    path: path(),
+                    id: n.id,
+                    parent: p,
+                });
+            }
+        }
+    }
+    // Each node has at most one parent: follow chains, colouring nodes (0 new, 1 on path, 2 done).
+    let mut state = vec![0u8; t.nodes.len()];
+    let mut path_stack = Vec::new();
+    for start in 0..t.nodes.len() {
+        let mut i = start;
+        while state[i] == 0 {
+            state[i] = 1;
+            path_stack.push(i);
+            match parent_of(&t.nodes[i]) {
+                Some(p) => i = index[&p],
+                None => break,
+            }
+        }
+        if state[i] == 1 && parent_of(&t.nodes[i]).is_some() {
+            return Err(Error::Cycle {
+                path: path(),
+                id: t.nodes[i].id,
+            });
+        }
+        for j in path_stack.drain(..) {
+            state[j] = 2;
+        }
+    }
+    Ok(())
+}
+
+fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
+    match e {
+        ScanError::Syntax { offset, msg } => Error::Syntax {
+            path: source.to_string(),
+            offset: offset as u64,
+            msg: msg.to_string(),
+        },
+        ScanError::Eof { offset, in_nodes } => {
+            let (complete, last) = if in_nodes {
+                complete_nodes_before(bytes, offset)
+            } else {
+                (0, String::new())
+            };
+            if offset == 0 || bytes.iter().all(|c| c.is_ascii_whitespace()) {
+                return Error::NotATrace {
+                    path: source.to_string(),
+                    msg: "the input is empty".into(),
+                };
+            }
+            Error::Truncated {
+                path: source.to_string(),
+                offset: offset as u64,
+                context: if in_nodes {
+                    "the nodes array"
+                } else {
+                    "the top-level object"
+                },
+                complete,
+                last,
+            }
+        }
+    }
+}
+
+/// For a truncated file: counts the complete node records before the cut and finds the last id.
+fn complete_nodes_before(bytes: &[u8], _offset: usize) -> (usize, String) {
+    // Re-scan the nodes array up to the cut, collecting complete elements.
+    let Some(pos) = memchr::memmem::find(bytes, b"\"nodes\"") else {
+        return (0, String::new());
+    };
+    let Some(open) = bytes[pos..].iter().position(|&c| c == b'[') else {
+        return (0, String::new());
+    };
+    let mut i = pos + open + 1;
+    let mut count = 0;
+    let mut last = None;
+    loop {
+        while i < bytes.len() && (bytes[i].is_ascii_whitespace() || bytes[i] == b',') {
+            i += 1;
+        }
+        match scan::skip_value(bytes, i) {
+            Ok(end) => {
+                #[derive(serde::Deserialize)]
+                struct Id {
+                    id: Option<u64>,
+                }
+                if let Ok(Id { id: Some(id) }) = serde_json::from_slice::<Id>(&bytes[i..end]) {
+                    last = Some(id);
+                }
+                count += 1;
+                i = end;
+            }
+            Err(_) => break,
+        }
+    }
+    (
+        count,
+        last.map_or(String::new(), |id| format!(", the last one id {id}")),
+    )
+}
+
+/// Per-thread parse state: its own interner and arenas, merged at the end.
+#[derive(Default)]
+struct Builder {
+    strings: Interner,
+    nodes: Vec<Node>,
+    args: Vec<Arg>,
+    items: Vec<Value>,
+    tensors: Vec<TensorRef>,
+    extra: Vec<ExtraAttr>,
+    layout: Option<Layout>,
+    /// Raw (untyped) values of the node being parsed; converted with the types at node end.
+    raw: Vec<Value>,
+    stack: Vec<Value>,
+    types: FxHashMap<Sym, Option<Rc<ValueType>>>,
+}
+
+fn parse_chunk(bytes: &[u8], ranges: &[std::ops::Range<usize>], source: &str) -> Result<Builder> {
+    let mut b = Builder::default();
+    let n = ranges.len();
+    b.nodes.reserve(n);
+    let mut acc = NodeAcc::default();
+    for r in ranges {
+        let text = &bytes[r.clone()];
+        acc.clear();
+        b.raw.clear();
+        let mut de = serde_json::Deserializer::from_slice(text);
+        let res = NodeSeed {
+            b: &mut b,
+            acc: &mut acc,
+        }
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+        if let Err(e) = res {
+            return Err(node_error(e, text, r.start, acc.id, source));
+        }
+        b.finish_node(&mut acc, r.start as u64)
+            .map_err(|msg| Error::Node {
+                path: source.to_string(),
+                node_id: acc.id,
+                offset: r.start as u64,
+                msg,
+            })?;
+    }
+    Ok(b)
+}
+
+fn node_error(
+    e: serde_json::Error,
+    text: &[u8],
+    start: usize,
+    id: Option<u64>,
+    source: &str,
+) -> Error {
+    // serde_json reports line/column within the record; turn that into a file offset.
+    let (line, col) = (e.line(), e.column());
+    let mut off = 0usize;
+    let mut l = 1;
+    while l < line {
+        match memchr::memchr(b'\n', &text[off..]) {
+            Some(k) => off += k + 1,
+            None => break,
+        }
+        l += 1;
+    }
+    let offset = (start + off + col.saturating_sub(1)) as u64;
+    let msg = e.to_string();
+    let msg = msg
+        .rsplit_once(" at line ")
+        .map_or(msg.as_str(), |(m, _)| m)
+        .to_string();
+    let id = id.or_else(|| {
+        #[derive(serde::Deserialize)]
+        struct Id {
+            id: Option<u64>,
+        }
+        serde_json::from_slice::<Id>(text).ok().and_then(|x| x.id)
+    });
+    if e.is_syntax() || e.is_eof() {
+        Error::Syntax {
+            path: source.to_string(),
+            offset,
+            msg: match id {
+                Some(i) => format!("in node {i}: {msg}"),
+                None => msg,
+            },
+        }
+    } else {
+        Error::Node {
+            path: source.to_string(),
+            node_id: id,
+            offset,
+            msg,
+        }
+    }
+}
+
+#[derive(Default)]
+struct IoAcc {
+    values: Vec<Value>,
+    shapes: Vec<Value>,
+    types: Vec<Sym>,
+    strides: Option<Vec<Value>>,
+}
+
+impl IoAcc {
+    fn clear(&mut self) {
+        self.values.clear();
+        self.shapes.clear();
+        self.types.clear();
+        self.strides = None;
+    }
+}
+
+#[derive(Default)]
+struct NodeAcc {
+    id: Option<u64>,
+    name: Option<Sym>,
+    parent: Option<u64>,
+    rf_id: Option<u64>,
+    fw_parent: Option<u64>,
+    seq_id: Option<i64>,
+    scope: Option<u64>,
+    tid: Option<u64>,
+    fw_tid: Option<u64>,
+    op_schema: Option<Sym>,
+    kernel_backend: Option<Sym>,
+    kernel_file: Option<Sym>,
+    inputs: IoAcc,
+    outputs: IoAcc,
+    extra: Vec<ExtraAttr>,
+    has_attrs: bool,
+    layout: Option<Layout>,
+}
+
+impl NodeAcc {
+    fn clear(&mut self) {
+        let (mut i, mut o, mut e) = (
+            std::mem::take(&mut self.inputs),
+            std::mem::take(&mut self.outputs),
+            std::mem::take(&mut self.extra),
+        );
+        i.clear();
+        o.clear();
+        e.clear();
+        *self = NodeAcc {
+            inputs: i,
+            outputs: o,
+            extra: e,
+            ..Default::default()
+        };
+    }
+}
+
+impl Builder {
+    fn type_of(&mut self, ty: Sym) -> Option<Rc<ValueType>> {
+        if let Some(t) = self.types.get(&ty) {
+            return t.clone();
+        }
+        let s = self.strings.get(ty);
+        let parsed = if s.contains("Tensor") {
+            ValueType::parse(s).ok().map(Rc::new)
+        } else {
+            None
+        };
+        self.types.insert(ty, parsed.clone());
+        parsed
+    }
+
+    /// Copies a raw value into the arenas, decoding tensor tuples where the type says so.
+    fn convert(&mut self, v: Value, ty: Option<&ValueType>) -> Value {
+        let Value::List { start, len } = v else {
+            return v;
+        };
+        let items = start as usize..(start + len) as usize;
+        if let Some(ValueType::Tensor { .. } | ValueType::UndefinedTensor) = ty {
+            if let Some(t) = self.tensor_tuple(&self.raw[items.clone()]) {
+                self.tensors.push(t);
+                return Value::Tensor(self.tensors.len() as u32 - 1);
+            }
+        }
+        let elems: &[ValueType] = match ty {
+            Some(ValueType::List(e) | ValueType::Tuple(e)) => e,
+            _ => &[],
+        };
+        let base = self.stack.len();
+        for (k, i) in items.enumerate() {
+            let x = self.raw[i];
+            let c = self.convert(x, elems.get(k));
+            self.stack.push(c);
+        }
+        let start = self.items.len() as u32;
+        self.items.extend(self.stack.drain(base..));
+        Value::List { start, len }
+    }
+
+    fn tensor_tuple(&self, f: &[Value]) -> Option<TensorRef> {
+        let int = |v: &Value| match *v {
+            Value::Int(i) if i >= 0 => Some(i as u64),
+            Value::UInt(u) => Some(u),
+            _ => None,
+        };
+        if f.len() != 5 && f.len() != 6 {
+            return None;
+        }
+        let device = match f.get(5) {
+            Some(Value::Str(s)) => Some(*s),
+            Some(_) => return None,
+            None => None,
+        };
+        Some(TensorRef {
+            id: int(&f[0])?,
+            storage: int(&f[1])?,
+            offset: int(&f[2])?,
+            numel: int(&f[3])?,
+            itemsize: int(&f[4])?,
+            device,
+        })
+    }
+
+    fn push_args(&mut self, io: &IoAcc) -> std::ops::Range<u32> {
+        let start = self.args.len() as u32;
+        for (k, &v) in io.values.iter().enumerate() {
+            let ty = io.types.get(k).copied().unwrap_or(Interner::EMPTY);
+            let parsed = self.type_of(ty);
+            let value = self.convert(v, parsed.as_deref());
+            let shape = io
+                .shapes
+                .get(k)
+                .map_or(Value::List { start: 0, len: 0 }, |&s| self.convert(s, None));
+            let strides = io
+                .strides
+                .as_ref()
+                .and_then(|s| s.get(k))
+                .map(|&s| self.convert(s, None));
+            self.args.push(Arg {
+                value,
+                shape,
+                ty,
+                strides,
+            });
+        }
+        start..self.args.len() as u32
+    }
+
+    fn finish_node(&mut self, acc: &mut NodeAcc, offset: u64) -> Result<(), String> {
+        let id = acc.id.ok_or("node has no \"id\"")?;
+        for (what, io) in [("inputs", &acc.inputs), ("outputs", &acc.outputs)] {
+            if io.types.len() != io.values.len() {
+                return Err(format!(
+                    "{what}: {} values but {} types",
+                    io.values.len(),
+                    io.types.len()
+                ));
+            }
+            if !io.shapes.is_empty() && io.shapes.len() != io.values.len() {
+                return Err(format!(
+                    "{what}: {} values but {} shapes",
+                    io.values.len(),
+                    io.shapes.len()
+                ));
+            }
+        }
+        if let Some(l) = acc.layout {
+            self.layout.get_or_insert(l);
+        }
+        let inputs = self.push_args(&acc.inputs);
+        let outputs = self.push_args(&acc.outputs);
+        let estart = self.extra.len() as u32;
+        for e in acc.extra.drain(..) {
+            let value = self.convert(e.value, None);
+            self.extra.push(ExtraAttr { value, ..e });
+        }
+        let mut flags = 0;
+        if acc.inputs.strides.is_some() {
+            flags |= NodeFlags::INPUT_STRIDES;
+        }
+        if acc.outputs.strides.is_some() {
+            flags |= NodeFlags::OUTPUT_STRIDES;
+        }
+        if acc.has_attrs {
+            flags |= NodeFlags::HAS_ATTRS;
+        }
+        self.nodes.push(Node {
+            id,
+            name: acc.name.unwrap_or(Interner::EMPTY),
+            parent: acc.parent,
+            rf_id: acc.rf_id,
+            fw_parent: acc.fw_parent,
+            seq_id: acc.seq_id,
+            scope: acc.scope,
+            tid: acc.tid,
+            fw_tid: acc.fw_tid,
+            op_schema: acc.op_schema,
+            kernel_backend: acc.kernel_backend,
+            kernel_file: acc.kernel_file,
+            inputs,
+            outputs,
+            extra: estart..self.extra.len() as u32,
+            flags: NodeFlags(flags),
+            offset,
+        });
+        Ok(())
+    }
+
+    /// Appends another chunk's nodes, re-interning its strings.
+    fn merge(&mut self, o: Builder) {
+        let map: Vec<Sym> = o
+            .strings
+            .iter()
+            .map(|(_, s)| self.strings.intern(s))
+            .collect();
+        let m = |s: Sym| map[s.0 as usize];
+        let (items0, tensors0, args0, extra0) = (
+            self.items.len() as u32,
+            self.tensors.len() as u32,
+            self.args.len() as u32,
+            self.extra.len() as u32,
+        );
+        let mv = |v: Value| match v {
+            Value::Str(s) => Value::Str(m(s)),
+            Value::Raw(s) => Value::Raw(m(s)),
+            Value::List { start, len } => Value::List {
+                start: start + items0,
+                len,
+            },
+            Value::Tensor(i) => Value::Tensor(i + tensors0),
+            other => other,
+        };
+        self.items.extend(o.items.into_iter().map(mv));
+        self.tensors
+            .extend(o.tensors.into_iter().map(|t| TensorRef {
+                device: t.device.map(m),
+                ..t
+            }));
+        self.args.extend(o.args.into_iter().map(|a| Arg {
+            value: mv(a.value),
+            shape: mv(a.shape),
+            ty: m(a.ty),
+            strides: a.strides.map(mv),
+        }));
+        self.extra.extend(o.extra.into_iter().map(|e| ExtraAttr {
+            name: m(e.name),
+            ty: e.ty.map(m),
+            value: mv(e.value),
+        }));
+        let shift = |r: std::ops::Range<u32>, by: u32| r.start + by..r.end + by;
+        self.nodes.extend(o.nodes.into_iter().map(|n| Node {
+            name: m(n.name),
+            op_schema: n.op_schema.map(m),
+            kernel_backend: n.kernel_backend.map(m),
+            kernel_file: n.kernel_file.map(m),
+            inputs: shift(n.inputs, args0),
+            outputs: shift(n.outputs, args0),
+            extra: shift(n.extra, extra0),
+            ..n
+        }));
+        if self.layout.is_none() {
+            self.layout = o.layout;
+        }
+    }
+}
+
+// ---- serde visitors -------------------------------------------------------------------------
+
+/// A raw JSON value into the node-local arena.
+struct RawSeed<'a> {
+    strings: &'a mut Interner,
+    raw: &'a mut Vec<Value>,
+    stack: &'a mut Vec<Value>,
+}
+
+impl<'de> DeserializeSeed<'de> for RawSeed<'_> {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RawSeed<'_> {
+    type Value = Value;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Value, E> {
+        Ok(Value::Int(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Value, E> {
+        Ok(i64::try_from(v).map_or(Value::UInt(v), Value::Int))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Value, E> {
+        Ok(Value::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Value, E> {
+        Ok(Value::Str(self.strings.intern(v)))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Value, A::Error> {
+        let base = self.stack.len();
+        while let Some(v) = seq.next_element_seed(RawSeed {
+            strings: self.strings,
+            raw: self.raw,
+            stack: self.stack,
+        })? {
+            self.stack.push(v);
+        }
+        let start = self.raw.len() as u32;
+        let len = (self.stack.len() - base) as u32;
+        self.raw.extend(self.stack.drain(base..));
+        Ok(Value::List { start, len })
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Value, A::Error> {
+        let v: serde_json::Value =
+            serde::Deserialize::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        Ok(Value::Raw(self.strings.intern(&v.to_string())))
+    }
+}
+
+/// A sequence of raw values appended to `out`.
+struct RawListSeed<'a> {
+    strings: &'a mut Interner,
+    raw: &'a mut Vec<Value>,
+    stack: &'a mut Vec<Value>,
+    out: &'a mut Vec<Value>,
+}
+
+impl<'de> DeserializeSeed<'de> for RawListSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RawListSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(v) = seq.next_element_seed(RawSeed {
+            strings: self.strings,
+            raw: self.raw,
+            stack: self.stack,
+        })? {
+            self.out.push(v);
+        }
+        Ok(())
+    }
+}
+
+/// A list of strings (type strings) interned into `out`.
+struct SymListSeed<'a> {
+    strings: &'a mut Interner,
+    out: &'a mut Vec<Sym>,
+}
+
+impl<'de> DeserializeSeed<'de> for SymListSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SymListSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of type strings")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        while let Some(s) = seq.next_element_seed(SymSeed {
+            strings: self.strings,
+        })? {
+            self.out.push(s);
+        }
+        Ok(())
+    }
+}
+
+struct SymSeed<'a> {
+    strings: &'a mut Interner,
+}
+
+impl<'de> DeserializeSeed<'de> for SymSeed<'_> {
+    type Value = Sym;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Sym, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for SymSeed<'_> {
+    type Value = Sym;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Sym, E> {
+        Ok(self.strings.intern(v))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Field {
+    Id,
+    Name,
+    Parent,
+    RfId,
+    FwParent,
+    SeqId,
+    Scope,
+    Tid,
+    FwTid,
+    OpSchema,
+    KernelBackend,
+    KernelFile,
+    Inputs,
+    Outputs,
+    InputShapes,
+    InputTypes,
+    InputStrides,
+    OutputShapes,
+    OutputTypes,
+    OutputStrides,
+    Attrs,
+    Other,
+}
+
+fn field(s: &str) -> Field {
+    match s {
+        "id" => Field::Id,
+        "name" => Field::Name,
+        "ctrl_deps" | "parent" => Field::Parent,
+        "rf_id" => Field::RfId,
+        "fw_parent" => Field::FwParent,
+        "seq_id" => Field::SeqId,
+        "scope" => Field::Scope,
+        "tid" => Field::Tid,
+        "fw_tid" => Field::FwTid,
+        "op_schema" => Field::OpSchema,
+        "kernel_backend" => Field::KernelBackend,
+        "kernel_file" => Field::KernelFile,
+        "inputs" => Field::Inputs,
+        "outputs" => Field::Outputs,
+        "input_shapes" => Field::InputShapes,
+        "input_types" => Field::InputTypes,
+        "input_strides" => Field::InputStrides,
+        "output_shapes" => Field::OutputShapes,
+        "output_types" => Field::OutputTypes,
+        "output_strides" => Field::OutputStrides,
+        "attrs" => Field::Attrs,
+        _ => Field::Other,
+    }
+}
+
+/// A map key: borrowed when the input allows, and its field.
+struct KeySeed<'a> {
+    strings: &'a mut Interner,
+}
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = (Field, Sym);
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<(Field, Sym), D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = (Field, Sym);
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<(Field, Sym), E> {
+        let f = field(v);
+        // Only unknown keys need their name kept.
+        let sym = if matches!(f, Field::Other) {
+            self.strings.intern(v)
+        } else {
+            Interner::EMPTY
+        };
+        Ok((f, sym))
+    }
+}
+
+struct NodeSeed<'a> {
+    b: &'a mut Builder,
+    acc: &'a mut NodeAcc,
+}
+
+impl<'de> DeserializeSeed<'de> for NodeSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+fn want_u64<E: de::Error>(v: Value, what: &str) -> std::result::Result<u64, E> {
+    match v {
+        Value::Int(i) if i >= 0 => Ok(i as u64),
+        Value::UInt(u) => Ok(u),
+        _ => Err(E::custom(format!(
+            "\"{what}\" must be a non-negative integer"
+        ))),
+    }
+}
+
+impl<'de> Visitor<'de> for NodeSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a node object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        let NodeSeed { b, acc } = self;
+        while let Some((f, key)) = map.next_key_seed(KeySeed {
+            strings: &mut b.strings,
+        })? {
+            let Builder {
+                strings,
+                raw,
+                stack,
+                ..
+            } = &mut *b;
+            macro_rules! raw_value {
+                () => {
+                    map.next_value_seed(RawSeed {
+                        strings,
+                        raw,
+                        stack,
+                    })?
+                };
+            }
+            match f {
+                Field::Id => acc.id = Some(want_u64(raw_value!(), "id")?),
+                Field::Name => acc.name = Some(map.next_value_seed(SymSeed { strings })?),
+                Field::Parent => acc.parent = Some(want_u64(raw_value!(), "ctrl_deps")?),
+                Field::RfId => acc.rf_id = Some(want_u64(raw_value!(), "rf_id")?),
+                Field::FwParent => acc.fw_parent = Some(want_u64(raw_value!(), "fw_parent")?),
+                Field::SeqId => {
+                    acc.seq_id = Some(match raw_value!() {
+                        Value::Int(i) => i,
+                        _ => return Err(de::Error::custom("\"seq_id\" must be an integer")),
+                    })
+                }
+                Field::Scope => acc.scope = Some(want_u64(raw_value!(), "scope")?),
+                Field::Tid => acc.tid = Some(want_u64(raw_value!(), "tid")?),
+                Field::FwTid => acc.fw_tid = Some(want_u64(raw_value!(), "fw_tid")?),
+                Field::OpSchema => acc.op_schema = Some(map.next_value_seed(SymSeed { strings })?),
+                Field::KernelBackend => {
+                    acc.kernel_backend = Some(map.next_value_seed(SymSeed { strings })?)
+                }
+                Field::KernelFile => {
+                    acc.kernel_file = Some(map.next_value_seed(SymSeed { strings })?)
+                }
+                Field::Inputs | Field::Outputs => {
+                    let io = if matches!(f, Field::Inputs) {
+                        &mut acc.inputs
+                    } else {
+                        &mut acc.outputs
+                    };
+                    let layout = map.next_value_seed(IoSeed {
+                        strings,
+                        raw,
+                        stack,
+                        io,
+                    })?;
+                    acc.layout.get_or_insert(layout);
+                }
+                Field::InputShapes => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: &mut acc.inputs.shapes,
+                })?,
+                Field::OutputShapes => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: &mut acc.outputs.shapes,
+                })?,
+                Field::InputTypes => map.next_value_seed(SymListSeed {
+                    strings,
+                    out: &mut acc.inputs.types,
+                })?,
+                Field::OutputTypes => map.next_value_seed(SymListSeed {
+                    strings,
+                    out: &mut acc.outputs.types,
+                })?,
+                Field::InputStrides => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: acc.inputs.strides.get_or_insert_with(Vec::new),
+                })?,
+                Field::OutputStrides => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: acc.outputs.strides.get_or_insert_with(Vec::new),
+                })?,
+                Field::Attrs => {
+                    acc.has_attrs = true;
+                    map.next_value_seed(AttrsSeed {
+                        strings,
+                        raw,
+                        stack,
+                        acc,
+                    })?
+                }
+                Field::Other => {
+                    let value = raw_value!();
+                    acc.extra.push(ExtraAttr {
+                        name: key,
+                        ty: None,
+                        value,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `inputs`/`outputs`: a list (flat layout) or `{values, shapes, types, strides}` (nested).
+struct IoSeed<'a> {
+    strings: &'a mut Interner,
+    raw: &'a mut Vec<Value>,
+    stack: &'a mut Vec<Value>,
+    io: &'a mut IoAcc,
+}
+
+impl<'de> DeserializeSeed<'de> for IoSeed<'_> {
+    type Value = Layout;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Layout, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IoSeed<'_> {
+    type Value = Layout;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of values or an object {values, shapes, types}")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> std::result::Result<Layout, A::Error> {
+        RawListSeed {
+            strings: self.strings,
+            raw: self.raw,
+            stack: self.stack,
+            out: &mut self.io.values,
+        }
+        .visit_seq(seq)?;
+        Ok(Layout::Flat)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Layout, A::Error> {
+        let IoSeed {
+            strings,
+            raw,
+            stack,
+            io,
+        } = self;
+        while let Some(key) = map.next_key_seed(SymSeed { strings })? {
+            match strings.get(key) {
+                "values" => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: &mut io.values,
+                })?,
+                "shapes" => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: &mut io.shapes,
+                })?,
+                "types" => map.next_value_seed(SymListSeed {
+                    strings,
+                    out: &mut io.types,
+                })?,
+                "strides" => map.next_value_seed(RawListSeed {
+                    strings,
+                    raw,
+                    stack,
+                    out: io.strides.get_or_insert_with(Vec::new),
+                })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Layout::Nested)
+    }
+}
+
+/// The nested layout's `attrs: [{name, type, value}]`.
+struct AttrsSeed<'a> {
+    strings: &'a mut Interner,
+    raw: &'a mut Vec<Value>,
+    stack: &'a mut Vec<Value>,
+    acc: &'a mut NodeAcc,
+}
+
+impl<'de> DeserializeSeed<'de> for AttrsSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AttrsSeed<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of {name, type, value} attributes")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let AttrsSeed {
+            strings,
+            raw,
+            stack,
+            acc,
+        } = self;
+        while let Some(a) = seq.next_element_seed(AttrSeed {
+            strings,
+            raw,
+            stack,
+        })? {
+            let name = strings.get(a.name);
+            let as_u64 = match a.value {
+                Value::Int(i) if i >= 0 => Some(i as u64),
+                Value::UInt(u) => Some(u),
+                _ => None,
+            };
+            let as_sym = match a.value {
+                Value::Str(s) => Some(s),
+                _ => None,
+            };
+            // Known attributes go to fields when their value has the expected kind; anything
+            // else is kept verbatim so that nothing is lost.
+            let slot_u64 = match name {
+                "rf_id" => Some(&mut acc.rf_id),
+                "fw_parent" => Some(&mut acc.fw_parent),
+                "scope" => Some(&mut acc.scope),
+                "tid" => Some(&mut acc.tid),
+                "fw_tid" => Some(&mut acc.fw_tid),
+                _ => None,
+            };
+            let slot_sym = match name {
+                "op_schema" => Some(&mut acc.op_schema),
+                "kernel_backend" => Some(&mut acc.kernel_backend),
+                "kernel_file" => Some(&mut acc.kernel_file),
+                _ => None,
+            };
+            let ty = strings.get(a.ty);
+            let stored = match (slot_u64, slot_sym, a.value) {
+                (Some(slot), _, _) if as_u64.is_some() && ty == "uint64" && slot.is_none() => {
+                    *slot = as_u64;
+                    true
+                }
+                (_, Some(slot), _) if as_sym.is_some() && ty == "string" && slot.is_none() => {
+                    *slot = as_sym;
+                    true
+                }
+                (None, None, Value::Int(i))
+                    if name == "seq_id" && ty == "int64" && acc.seq_id.is_none() =>
+                {
+                    acc.seq_id = Some(i);
+                    true
+                }
+                _ => false,
+            };
+            if !stored {
+                acc.extra.push(ExtraAttr {
+                    name: a.name,
+                    ty: Some(a.ty),
+                    value: a.value,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+struct AttrSeed<'a> {
+    strings: &'a mut Interner,
+    raw: &'a mut Vec<Value>,
+    stack: &'a mut Vec<Value>,
+}
+
+struct RawAttr {
+    name: Sym,
+    ty: Sym,
+    value: Value,
+}
+
+impl<'de> DeserializeSeed<'de> for AttrSeed<'_> {
+    type Value = RawAttr;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<RawAttr, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AttrSeed<'_> {
+    type Value = RawAttr;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an attribute {name, type, value}")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<RawAttr, A::Error> {
+        let AttrSeed {
+            strings,
+            raw,
+            stack,
+        } = self;
+        let (mut name, mut ty, mut value) = (None, None, None);
+        while let Some(key) = map.next_key_seed(SymSeed { strings })? {
+            match strings.get(key) {
+                "name" => name = Some(map.next_value_seed(SymSeed { strings })?),
+                "type" => ty = Some(map.next_value_seed(SymSeed { strings })?),
+                "value" => {
+                    value = Some(map.next_value_seed(RawSeed {
+                        strings,
+                        raw,
+                        stack,
+                    })?)
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(RawAttr {
+            name: name.ok_or_else(|| de::Error::custom("attribute without \"name\""))?,
+            ty: ty.unwrap_or(Interner::EMPTY),
+            value: value.unwrap_or(Value::Null),
+        })
+    }
+}

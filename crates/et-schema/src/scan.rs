@@ -1,0 +1,295 @@
+//! A structural pre-scan of the JSON text: finds the top-level keys and the byte range of every
+//! element of the `nodes` array without building anything. The ranges let the node records be
+//! parsed independently (and in parallel), and give exact byte offsets for errors.
+
+use memchr::memchr2;
+
+#[derive(Debug)]
+pub(crate) struct Scan {
+    /// Top-level keys other than `nodes`, with their raw value byte ranges.
+    pub top: Vec<(String, std::ops::Range<usize>)>,
+    /// Byte range of each element of the `nodes` array.
+    pub nodes: Vec<std::ops::Range<usize>>,
+    pub saw_nodes: bool,
+}
+
+#[derive(Debug)]
+pub(crate) enum ScanError {
+    /// Input ended inside a structure; `in_nodes` says whether inside the nodes array.
+    Eof {
+        offset: usize,
+        in_nodes: bool,
+    },
+    Syntax {
+        offset: usize,
+        msg: &'static str,
+    },
+}
+
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
+        i += 1;
+    }
+    i
+}
+
+/// Skips a string starting at the opening quote; returns the index after the closing quote.
+fn skip_string(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
+    i += 1;
+    loop {
+        match memchr2(b'"', b'\\', &b[i..]) {
+            None => {
+                return Err(ScanError::Eof {
+                    offset: b.len(),
+                    in_nodes: false,
+                })
+            }
+            Some(k) => {
+                i += k;
+                if b[i] == b'\\' {
+                    i += 2;
+                    if i > b.len() {
+                        return Err(ScanError::Eof {
+                            offset: b.len(),
+                            in_nodes: false,
+                        });
+                    }
+                } else {
+                    return Ok(i + 1);
+                }
+            }
+        }
+    }
+}
+
+/// Skips one JSON value starting at `i` (no leading whitespace); returns the index after it.
+/// Checks bracket matching; scalars are only delimited here and validated by the real parser.
+pub(crate) fn skip_value(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
+    let mut stack: Vec<u8> = Vec::new();
+    loop {
+        let Some(&c) = b.get(i) else {
+            return Err(ScanError::Eof {
+                offset: b.len(),
+                in_nodes: false,
+            });
+        };
+        match c {
+            b'"' => i = skip_string(b, i)?,
+            b'{' | b'[' => {
+                stack.push(c);
+                i += 1;
+            }
+            b'}' | b']' => {
+                let open = if c == b'}' { b'{' } else { b'[' };
+                if stack.pop() != Some(open) {
+                    return Err(ScanError::Syntax {
+                        offset: i,
+                        msg: "mismatched bracket",
+                    });
+                }
+                i += 1;
+            }
+            _ => {
+                if stack.is_empty() {
+                    // A bare scalar: runs until a delimiter.
+                    let start = i;
+                    while i < b.len()
+                        && !matches!(b[i], b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
+                    {
+                        i += 1;
+                    }
+                    if i == start {
+                        return Err(ScanError::Syntax {
+                            offset: i,
+                            msg: "expected a value",
+                        });
+                    }
+                    return Ok(i);
+                }
+                i += 1;
+                continue;
+            }
+        }
+        if stack.is_empty() {
+            return Ok(i);
+        }
+    }
+}
+
+fn read_key(b: &[u8], i: usize) -> Result<(String, usize), ScanError> {
+    if b.get(i) != Some(&b'"') {
+        return Err(if i >= b.len() {
+            ScanError::Eof {
+                offset: i,
+                in_nodes: false,
+            }
+        } else {
+            ScanError::Syntax {
+                offset: i,
+                msg: "expected a key string",
+            }
+        });
+    }
+    let end = skip_string(b, i)?;
+    let key = serde_json::from_slice::<String>(&b[i..end]).map_err(|_| ScanError::Syntax {
+        offset: i,
+        msg: "invalid key string",
+    })?;
+    Ok((key, end))
+}
+
+pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
+    let mut out = Scan {
+        top: Vec::new(),
+        nodes: Vec::new(),
+        saw_nodes: false,
+    };
+    let mut i = ws(b, 0);
+    // A UTF-8 byte-order mark is tolerated.
+    if b[i..].starts_with(&[0xEF, 0xBB, 0xBF]) {
+        i = ws(b, i + 3);
+    }
+    match b.get(i) {
+        Some(b'{') => i += 1,
+        None => {
+            return Err(ScanError::Eof {
+                offset: i,
+                in_nodes: false,
+            })
+        }
+        Some(_) => {
+            return Err(ScanError::Syntax {
+                offset: i,
+                msg: "expected '{' at the start of a trace",
+            })
+        }
+    }
+    i = ws(b, i);
+    if b.get(i) == Some(&b'}') {
+        return Ok(out);
+    }
+    loop {
+        i = ws(b, i);
+        let (key, after) = read_key(b, i)?;
+        i = ws(b, after);
+        match b.get(i) {
+            Some(b':') => i = ws(b, i + 1),
+            None => {
+                return Err(ScanError::Eof {
+                    offset: i,
+                    in_nodes: false,
+                })
+            }
+            Some(_) => {
+                return Err(ScanError::Syntax {
+                    offset: i,
+                    msg: "expected ':'",
+                })
+            }
+        }
+        if key == "nodes" && b.get(i) == Some(&b'[') {
+            out.saw_nodes = true;
+            i = ws(b, i + 1);
+            if b.get(i) == Some(&b']') {
+                i += 1;
+            } else {
+                loop {
+                    i = ws(b, i);
+                    let start = i;
+                    let end = skip_value(b, i).map_err(|e| match e {
+                        ScanError::Eof { offset, .. } => ScanError::Eof {
+                            offset,
+                            in_nodes: true,
+                        },
+                        other => other,
+                    })?;
+                    out.nodes.push(start..end);
+                    i = ws(b, end);
+                    match b.get(i) {
+                        Some(b',') => i += 1,
+                        Some(b']') => {
+                            i += 1;
+                            break;
+                        }
+                        None => {
+                            return Err(ScanError::Eof {
+                                offset: i,
+                                in_nodes: true,
+                            })
+                        }
+                        Some(_) => {
+                            return Err(ScanError::Syntax {
+                                offset: i,
+                                msg: "expected ',' or ']' after a node",
+                            })
+                        }
+                    }
+                }
+            }
+        } else {
+            let end = skip_value(b, i)?;
+            out.top.push((key, i..end));
+            i = end;
+        }
+        i = ws(b, i);
+        match b.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => {
+                i = ws(b, i + 1);
+                if i != b.len() {
+                    return Err(ScanError::Syntax {
+                        offset: i,
+                        msg: "trailing data after the trace object",
+                    });
+                }
+                return Ok(out);
+            }
+            None => {
+                return Err(ScanError::Eof {
+                    offset: i,
+                    in_nodes: false,
+                })
+            }
+            Some(_) => {
+                return Err(ScanError::Syntax {
+                    offset: i,
+                    msg: "expected ',' or '}'",
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_nodes_and_top_keys() {
+        let s = br#" {"schema": "1.0.1", "nodes": [ {"id": 1, "name": "a]}\"x"} , {"id":2}], "pid": 3} "#;
+        let r = scan(s).unwrap();
+        assert_eq!(r.nodes.len(), 2);
+        assert_eq!(&s[r.nodes[0].clone()], br#"{"id": 1, "name": "a]}\"x"}"#);
+        assert_eq!(
+            r.top.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["schema", "pid"]
+        );
+    }
+
+    #[test]
+    fn truncation_is_reported_inside_nodes() {
+        let s = br#"{"schema": "1.0.1", "nodes": [{"id": 1}, {"id": 2, "na"#;
+        match scan(s) {
+            Err(ScanError::Eof { in_nodes: true, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            scan(b"[1,2]"),
+            Err(ScanError::Syntax { offset: 0, .. })
+        ));
+        assert!(matches!(
+            scan(br#"{"nodes": [{"id": 1]}"#),
+            Err(ScanError::Syntax { .. })
+        ));
+    }
+}
