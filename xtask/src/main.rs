@@ -1,1 +1,281 @@
-fn main() {}
+//! Project automation: `cargo xtask setup | test | bench parse | inspect-example`.
+//!
+//! `setup` installs PyPI `torch==2.11.0` (the libtorch that `tch =0.24.0` expects) once into a
+//! per-user cache, links it as `.libtorch` in the checkout (which `.cargo/config.toml` points
+//! `LIBTORCH` at), and builds the release `mystique` binary with an rpath to it.
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+const TORCH: &str = "torch==2.11.0";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        ["setup"] => setup().map(|_| ()),
+        ["test", rest @ ..] => test(rest),
+        ["bench", "parse", rest @ ..] => bench_parse(rest),
+        ["example"] => example(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n\
+                 setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
+                 example        setup, then run mystique on a bundled example trace\n\
+                 test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
+                 bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load"
+            );
+            std::process::exit(2)
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MYSTIQUE_LIBTORCH_CACHE") {
+        return PathBuf::from(d);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| root().join("target"));
+    base.join("mystique")
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not start {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed with {status}");
+    }
+    Ok(())
+}
+
+fn python() -> String {
+    std::env::var("PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// Installs libtorch once (idempotent), links `.libtorch`, returns the torch package dir.
+fn install_libtorch() -> Result<PathBuf> {
+    let dir = cache_dir().join("torch-2.11.0");
+    let marker = dir.join(".mystique-complete");
+    if marker.exists() {
+        eprintln!("[setup] libtorch: {} (cached)", dir.display());
+    } else {
+        let tmp = cache_dir().join(format!("torch-2.11.0.partial-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp)?;
+        eprintln!(
+            "[setup] installing PyPI {TORCH} into {} (about 4.5 GB, once per user)...",
+            dir.display()
+        );
+        let t = Instant::now();
+        run(Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--progress-bar",
+                "on",
+                "--target",
+            ])
+            .arg(&tmp)
+            .arg(TORCH))
+        .context(
+            "pip install of libtorch failed; is python3 with pip available and PyPI reachable?",
+        )?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::rename(&tmp, &dir)?;
+        std::fs::write(&marker, TORCH)?;
+        eprintln!(
+            "[setup] libtorch installed in {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    let torch = dir.join("torch");
+    if !torch.join("lib").join("libtorch_cpu.so").exists() {
+        bail!(
+            "{} has no lib/libtorch_cpu.so; remove {} and run `cargo xtask setup` again",
+            torch.display(),
+            dir.display()
+        );
+    }
+    let link = root().join(".libtorch");
+    let current = std::fs::read_link(&link).ok();
+    if current.as_deref() != Some(dir.as_path()) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&dir, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    Ok(torch)
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn setup() -> Result<PathBuf> {
+    install_libtorch()?;
+    eprintln!(
+        "[setup] building target/release/mystique (the first build compiles torch-sys: minutes)..."
+    );
+    run(cargo().args(["build", "--release", "-p", "mystique-cli"]))?;
+    let bin = root().join("target/release/mystique");
+    // The binary must start from anywhere with no environment: rpath, not LD_LIBRARY_PATH.
+    let out = Command::new(&bin)
+        .arg("env")
+        .env_clear()
+        .current_dir(std::env::temp_dir())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{} does not start without environment: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eprintln!(
+        "[setup] ok: {} ({})",
+        bin.display(),
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    Ok(bin)
+}
+
+fn example() -> Result<()> {
+    let bin = setup()?;
+    let trace = root().join("examples/traces/mlp.et.json.gz");
+    run(Command::new(bin).arg("inspect").arg(&trace))
+}
+
+fn test(extra: &[&str]) -> Result<()> {
+    setup()?;
+    let t = Instant::now();
+    run(cargo().args(["fmt", "--all", "--check"]))
+        .context("cargo fmt --check: run `cargo fmt --all`")?;
+    // Release profile: the release build of torch-sys from setup is reused, not rebuilt.
+    run(cargo()
+        .args(["test", "--workspace", "--release"])
+        .args(extra))?;
+    eprintln!(
+        "[test] all tests passed in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn shared() -> PathBuf {
+    root().join("../shared")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn bench_parse(args: &[&str]) -> Result<()> {
+    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let big = root().join("target/bench/scaled-210mb.et.json");
+    if !big.exists() {
+        std::fs::create_dir_all(big.parent().unwrap())?;
+        eprintln!("[bench] making a 210 MB trace with shared/tools/scale_trace.py ...");
+        run(Command::new(python())
+            .arg(shared().join("tools/scale_trace.py"))
+            .arg(shared().join("traces/cpu/transformer.et.json.gz"))
+            .arg(&big)
+            .arg("210"))?;
+    }
+    run(cargo().args([
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "mystique-benches",
+        "--bin",
+        "parse-bench",
+    ]))?;
+    let size = std::fs::metadata(&big)?.len() as f64;
+    let bench_bin = root().join("target/release/parse-bench");
+    let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
+    let (mut ours, mut ours_total, mut rss, mut py_s, mut py_rss) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        // Alternate the two so that machine noise hits both alike.
+        let o = Command::new(&bench_bin).arg(&big).output()?;
+        if !o.status.success() {
+            bail!("parse-bench failed: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        ours.push(j["parse_s"].as_f64().unwrap_or(f64::NAN));
+        ours_total.push(j["read_s"].as_f64().unwrap_or(0.0) + j["parse_s"].as_f64().unwrap_or(0.0));
+        rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
+        let p = Command::new(python())
+            .arg("-c")
+            .arg(py)
+            .arg(&big)
+            .output()?;
+        if !p.status.success() {
+            bail!(
+                "python json.load failed: {}",
+                String::from_utf8_lossy(&p.stderr)
+            );
+        }
+        let pj: serde_json::Value = serde_json::from_slice(&p.stdout)?;
+        py_s.push(pj["s"].as_f64().unwrap_or(f64::NAN));
+        py_rss.push(pj["rss"].as_f64().unwrap_or(0.0));
+        if pj["nodes"] != j["nodes"] {
+            bail!(
+                "node counts differ: python {} vs ours {}",
+                pj["nodes"],
+                j["nodes"]
+            );
+        }
+        eprintln!(
+            "[bench] round {}: ours {:.3} s, json.load {:.3} s",
+            round + 1,
+            ours[round],
+            py_s[round]
+        );
+    }
+    let (o, ot, r, p, pr) = (
+        median(&mut ours),
+        median(&mut ours_total),
+        median(&mut rss),
+        median(&mut py_s),
+        median(&mut py_rss),
+    );
+    let mb = size / 1e6;
+    println!(
+        "parse benchmark: {} ({mb:.0} MB), median of {rounds} alternating rounds",
+        big.display()
+    );
+    println!("  et-schema parse        {o:>7.3} s  {:>7.0} MB/s   (with file read: {ot:.3} s, {:.0} MB/s)", mb / o, mb / ot);
+    println!("  python json.load       {p:>7.3} s  {:>7.0} MB/s", mb / p);
+    println!(
+        "  speed-up vs json.load  {:>7.1}x   (read included: {:.1}x)",
+        p / o,
+        p / ot
+    );
+    println!(
+        "  peak RSS               {:>7.0} MB = {:.2}x the file   (json.load: {:.0} MB = {:.2}x)",
+        r / 1e6,
+        r / size,
+        pr / 1e6,
+        pr / size
+    );
+    Ok(())
+}

@@ -93,7 +93,12 @@ pub fn read_trace_with(path: &Path, opts: &ParseOptions) -> Result<Trace> {
 
 /// Parses an execution trace from JSON text. `source` names it in errors.
 pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Trace> {
+    let profile = std::env::var_os("ET_PARSE_PROFILE").is_some();
+    let t0 = std::time::Instant::now();
     let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, source))?;
+    if profile {
+        eprintln!("et-schema: scan {:?}", t0.elapsed());
+    }
     if !scan.saw_nodes {
         return Err(Error::NotATrace {
             path: source.to_string(),
@@ -130,13 +135,13 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
     }
 
     let threads = if opts.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        // Small traces are not worth a thread.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cores.min(bytes.len() / (4 << 20) + 1)
     } else {
         opts.threads
     };
-    // Small traces are not worth a thread.
-    let threads = threads.min(bytes.len() / (4 << 20) + 1).max(1);
-    let chunk = scan.nodes.len().div_ceil(threads).max(1);
+    let chunk = scan.nodes.len().div_ceil(threads.max(1)).max(1);
     let ranges: Vec<&[std::ops::Range<usize>]> = scan.nodes.chunks(chunk).collect();
 
     let mut parts: Vec<Builder> = if ranges.len() <= 1 {
@@ -158,6 +163,9 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
         })?
     };
 
+    if profile {
+        eprintln!("et-schema: scan+nodes {:?}", t0.elapsed());
+    }
     let mut base = parts.remove(0);
     for part in parts {
         base.merge(part);
@@ -192,8 +200,14 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
             KNOWN_SCHEMAS.join(", ")
         ));
     }
+    if profile {
+        eprintln!("et-schema: scan+nodes+merge {:?}", t0.elapsed());
+    }
     if opts.validate {
         validate(&trace)?;
+    }
+    if profile {
+        eprintln!("et-schema: total {:?}", t0.elapsed());
     }
     Ok(trace)
 }
@@ -807,6 +821,29 @@ impl<'de> Visitor<'de> for SymListSeed<'_> {
     }
 }
 
+/// A map key matched against a fixed list without interning; unknown keys give `None`.
+struct NameSeed(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for NameSeed {
+    type Value = Option<usize>;
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameSeed {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
+}
+
 struct SymSeed<'a> {
     strings: &'a mut Interner,
 }
@@ -1088,25 +1125,27 @@ impl<'de> Visitor<'de> for IoSeed<'_> {
             stack,
             io,
         } = self;
-        while let Some(key) = map.next_key_seed(SymSeed { strings })? {
-            match strings.get(key) {
-                "values" => map.next_value_seed(RawListSeed {
+        while let Some(key) =
+            map.next_key_seed(NameSeed(&["values", "shapes", "types", "strides"]))?
+        {
+            match key {
+                Some(0) => map.next_value_seed(RawListSeed {
                     strings,
                     raw,
                     stack,
                     out: &mut io.values,
                 })?,
-                "shapes" => map.next_value_seed(RawListSeed {
+                Some(1) => map.next_value_seed(RawListSeed {
                     strings,
                     raw,
                     stack,
                     out: &mut io.shapes,
                 })?,
-                "types" => map.next_value_seed(SymListSeed {
+                Some(2) => map.next_value_seed(SymListSeed {
                     strings,
                     out: &mut io.types,
                 })?,
-                "strides" => map.next_value_seed(RawListSeed {
+                Some(3) => map.next_value_seed(RawListSeed {
                     strings,
                     raw,
                     stack,
@@ -1240,11 +1279,11 @@ impl<'de> Visitor<'de> for AttrSeed<'_> {
             stack,
         } = self;
         let (mut name, mut ty, mut value) = (None, None, None);
-        while let Some(key) = map.next_key_seed(SymSeed { strings })? {
-            match strings.get(key) {
-                "name" => name = Some(map.next_value_seed(SymSeed { strings })?),
-                "type" => ty = Some(map.next_value_seed(SymSeed { strings })?),
-                "value" => {
+        while let Some(key) = map.next_key_seed(NameSeed(&["name", "type", "value"]))? {
+            match key {
+                Some(0) => name = Some(map.next_value_seed(SymSeed { strings })?),
+                Some(1) => ty = Some(map.next_value_seed(SymSeed { strings })?),
+                Some(2) => {
                     value = Some(map.next_value_seed(RawSeed {
                         strings,
                         raw,

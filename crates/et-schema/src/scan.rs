@@ -34,9 +34,26 @@ fn ws(b: &[u8], mut i: usize) -> usize {
 }
 
 /// Skips a string starting at the opening quote; returns the index after the closing quote.
+/// Most ET strings are short (types, devices, names): a plain loop beats a SIMD search set-up
+/// for the first bytes; long ones (op schemas) switch to memchr.
+#[inline]
 fn skip_string(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
     i += 1;
+    let short_end = (i + 24).min(b.len());
+    while i < short_end {
+        match b[i] {
+            b'"' => return Ok(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
     loop {
+        if i >= b.len() {
+            return Err(ScanError::Eof {
+                offset: b.len(),
+                in_nodes: false,
+            });
+        }
         match memchr2(b'"', b'\\', &b[i..]) {
             None => {
                 return Err(ScanError::Eof {
@@ -48,12 +65,6 @@ fn skip_string(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
                 i += k;
                 if b[i] == b'\\' {
                     i += 2;
-                    if i > b.len() {
-                        return Err(ScanError::Eof {
-                            offset: b.len(),
-                            in_nodes: false,
-                        });
-                    }
                 } else {
                     return Ok(i + 1);
                 }
@@ -62,10 +73,49 @@ fn skip_string(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
     }
 }
 
+/// Byte classes for the structural scan: 0 plain, 1 quote, 2 open, 3 close.
+static CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    t[b'"' as usize] = 1;
+    t[b'{' as usize] = 2;
+    t[b'[' as usize] = 2;
+    t[b'}' as usize] = 3;
+    t[b']' as usize] = 3;
+    t
+};
+
 /// Skips one JSON value starting at `i` (no leading whitespace); returns the index after it.
 /// Checks bracket matching; scalars are only delimited here and validated by the real parser.
 pub(crate) fn skip_value(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
-    let mut stack: Vec<u8> = Vec::new();
+    match b.get(i) {
+        None => {
+            return Err(ScanError::Eof {
+                offset: b.len(),
+                in_nodes: false,
+            })
+        }
+        Some(b'"') => return skip_string(b, i),
+        Some(b'{' | b'[') => {}
+        Some(_) => {
+            // A bare scalar: runs until a delimiter.
+            let start = i;
+            while i < b.len() && !matches!(b[i], b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
+            {
+                i += 1;
+            }
+            if i == start {
+                return Err(ScanError::Syntax {
+                    offset: i,
+                    msg: "expected a value",
+                });
+            }
+            return Ok(i);
+        }
+    }
+    // Bracket kinds as a bit stack (1 = object), 128 levels inline; deeper nesting spills.
+    let mut bits: u128 = 0;
+    let mut depth: usize = 0;
+    let mut spill: Vec<bool> = Vec::new();
     loop {
         let Some(&c) = b.get(i) else {
             return Err(ScanError::Eof {
@@ -73,45 +123,45 @@ pub(crate) fn skip_value(b: &[u8], mut i: usize) -> Result<usize, ScanError> {
                 in_nodes: false,
             });
         };
-        match c {
-            b'"' => i = skip_string(b, i)?,
-            b'{' | b'[' => {
-                stack.push(c);
+        match CLASS[c as usize] {
+            0 => i += 1,
+            1 => i = skip_string(b, i)?,
+            2 => {
+                let obj = c == b'{';
+                if depth < 128 {
+                    bits = (bits << 1) | obj as u128;
+                } else {
+                    spill.push(obj);
+                }
+                depth += 1;
                 i += 1;
             }
-            b'}' | b']' => {
-                let open = if c == b'}' { b'{' } else { b'[' };
-                if stack.pop() != Some(open) {
+            _ => {
+                if depth == 0 {
+                    return Err(ScanError::Syntax {
+                        offset: i,
+                        msg: "mismatched bracket",
+                    });
+                }
+                depth -= 1;
+                let obj = if depth >= 128 {
+                    spill.pop().unwrap_or(false)
+                } else {
+                    let o = bits & 1 == 1;
+                    bits >>= 1;
+                    o
+                };
+                if obj != (c == b'}') {
                     return Err(ScanError::Syntax {
                         offset: i,
                         msg: "mismatched bracket",
                     });
                 }
                 i += 1;
-            }
-            _ => {
-                if stack.is_empty() {
-                    // A bare scalar: runs until a delimiter.
-                    let start = i;
-                    while i < b.len()
-                        && !matches!(b[i], b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t')
-                    {
-                        i += 1;
-                    }
-                    if i == start {
-                        return Err(ScanError::Syntax {
-                            offset: i,
-                            msg: "expected a value",
-                        });
-                    }
+                if depth == 0 {
                     return Ok(i);
                 }
-                i += 1;
-                continue;
             }
-        }
-        if stack.is_empty() {
-            return Ok(i);
         }
     }
 }

@@ -1,0 +1,69 @@
+//! One measured parse of a trace file in a fresh process, so that peak RSS is this parse's own.
+//! Prints one JSON line: bytes, seconds (read+decompress+parse+validate), MB/s, peak RSS.
+//! `cargo xtask bench parse` runs it beside Python's `json.load` of the same file.
+
+use std::time::Instant;
+
+fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn main() {
+    let Some(path) = std::env::args().nth(1) else {
+        eprintln!("usage: parse-bench TRACE [threads]");
+        std::process::exit(2);
+    };
+    let threads = std::env::args()
+        .nth(2)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let t0 = Instant::now();
+    let bytes = match et_schema::read_input(std::path::Path::new(&path)) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let read_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let opts = et_schema::ParseOptions {
+        threads,
+        validate: true,
+    };
+    let trace = match et_schema::parse_trace(&bytes, &path, &opts) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let parse_s = t1.elapsed().as_secs_f64();
+    let n = bytes.len();
+    drop(bytes);
+    let t2 = Instant::now();
+    let graph_s = {
+        let s = et_graph::Summary::of(&trace);
+        std::hint::black_box(s);
+        t2.elapsed().as_secs_f64()
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "bytes": n,
+            "nodes": trace.nodes.len(),
+            "read_s": read_s,
+            "parse_s": parse_s,
+            "mb_per_s": n as f64 / 1e6 / parse_s,
+            "total_mb_per_s": n as f64 / 1e6 / (read_s + parse_s),
+            "summary_s": graph_s,
+            "model_bytes": trace.heap_bytes(),
+            "peak_rss": peak_rss_bytes(),
+        })
+    );
+}
