@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod graph_cmd;
 mod inspect;
 
 #[derive(Parser)]
@@ -30,6 +31,22 @@ enum Cmd {
         /// How many ops of the histogram to print in the table (all with --json).
         #[arg(long, default_value_t = 25)]
         top: usize,
+    },
+    /// Graph statistics: replay set, op classes, skipped nodes with reasons, tensors, peak memory.
+    Graph {
+        trace: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Only these ProfilerStep#N iterations (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        iteration: Option<Vec<u64>>,
+    },
+    /// Link the replay-set ops of an ET to the events of its Kineto trace.
+    Link {
+        et: PathBuf,
+        kineto: PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,
@@ -59,6 +76,12 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Inspect { trace, json, top } => inspect::run(&trace, json, top),
+        Cmd::Graph {
+            trace,
+            json,
+            iteration,
+        } => graph_cmd::graph(&trace, json, iteration),
+        Cmd::Link { et, kineto, json } => graph_cmd::link(&et, &kineto, json),
         Cmd::Env => {
             println!("{}", replay::env_report());
             Ok(())

@@ -1,10 +1,27 @@
 //! # et-graph
 //!
-//! Analysis of PyTorch execution traces on top of [`et_schema`]: trace summaries now; call tree,
-//! data dependencies, op classes, tensor lifetimes, selection and composition as they land.
+//! Analysis of PyTorch execution traces on top of [`et_schema`]: the call tree and execution
+//! order, operator classes ([`OpClass`]), the replay set (the ops a replay must run once, with
+//! the reason for every other node), tensor versions, data dependencies, lifetimes and live
+//! bytes ([`TensorTable`]), and links to Kineto events ([`link()`]).
+//!
+//! ```no_run
+//! let trace = et_schema::read_trace(std::path::Path::new("model.et.json.gz"))?;
+//! let graph = et_graph::Graph::new(&trace);
+//! let set = graph.replay_set(None);
+//! let tensors = graph.tensors(&set);
+//! println!("{} ops to replay, {} external inputs", set.ops.len(), tensors.externals().count());
+//! # Ok::<(), et_schema::Error>(())
+//! ```
 //!
 //! Architecture invariant: depends on `et-schema` only, never on libtorch.
 
+pub mod class;
+pub mod graph;
+pub mod link;
 pub mod summary;
 
+pub use class::OpClass;
+pub use graph::{DataEdge, Graph, ReplaySet, Skip, Source, TensorInfo, TensorKey, TensorTable};
+pub use link::{link, Link, LinkError, Method};
 pub use summary::{Summary, TensorStats};

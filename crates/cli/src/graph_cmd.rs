@@ -1,0 +1,157 @@
+use crate::inspect::human_bytes;
+use anyhow::{bail, Result};
+use et_graph::{Graph, OpClass};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()> {
+    let trace = et_schema::read_trace(path)?;
+    let g = Graph::new(&trace);
+    if let Some(its) = &iterations {
+        let have: Vec<u64> = g.iterations().iter().map(|x| x.1).collect();
+        if let Some(missing) = its.iter().find(|i| !have.contains(i)) {
+            bail!(
+                "{}: no ProfilerStep#{missing} in the trace (iterations present: {:?})",
+                path.display(),
+                have
+            );
+        }
+    }
+    let set = g.replay_set(iterations.as_deref());
+    let tensors = g.tensors(&set);
+    let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
+    let names = [
+        (OpClass::OP, "op"),
+        (OpClass::ATEN, "aten"),
+        (OpClass::CUSTOM, "custom"),
+        (OpClass::COLLECTIVE, "collective"),
+        (OpClass::KERNEL, "kernel"),
+        (OpClass::ANNOTATION, "annotation"),
+        (OpClass::BACKWARD, "backward"),
+        (OpClass::VIEW, "view"),
+        (OpClass::INPLACE, "inplace"),
+        (OpClass::CPU, "cpu"),
+        (OpClass::CUDA, "cuda"),
+    ];
+    for &i in &set.ops {
+        for (f, n) in names {
+            if g.class[i as usize].contains(f) {
+                *classes.entry(n).or_default() += 1;
+            }
+        }
+    }
+    let mut ops: BTreeMap<&str, usize> = BTreeMap::new();
+    for &i in &set.ops {
+        *ops.entry(g.name(i)).or_default() += 1;
+    }
+    let externals = tensors.externals().count();
+    let external_bytes: u64 = tensors.externals().map(|t| t.numel * t.itemsize).sum();
+    let j = serde_json::json!({
+        "source": trace.source,
+        "nodes": trace.nodes.len(),
+        "iterations": g.iterations().iter().map(|x| x.1).collect::<Vec<_>>(),
+        "replay_set": {
+            "ops": set.ops.len(),
+            "classes": classes,
+            "skipped": set.skip_counts(),
+            "by_name": ops,
+        },
+        "tensors": {
+            "count": tensors.tensors.len(),
+            "external_inputs": externals,
+            "external_bytes": external_bytes,
+            "data_edges": tensors.edges.len(),
+            "peak_live_bytes": tensors.peak_bytes,
+        },
+    });
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut out, &j)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "trace        {}", trace.source)?;
+    writeln!(out, "nodes        {}", trace.nodes.len())?;
+    writeln!(out, "replay set   {} ops", set.ops.len())?;
+    for (k, v) in &classes {
+        writeln!(out, "  {k:<12} {v:>7}")?;
+    }
+    writeln!(out, "not replayed")?;
+    for (k, v) in set.skip_counts() {
+        writeln!(out, "  {k:<22} {v:>7}")?;
+    }
+    writeln!(
+        out,
+        "tensors      {} ({} external inputs, {}), {} data edges",
+        tensors.tensors.len(),
+        externals,
+        human_bytes(external_bytes),
+        tensors.edges.len()
+    )?;
+    for (d, b) in &tensors.peak_bytes {
+        writeln!(out, "  peak live on {d:<10} {:>12}", human_bytes(*b))?;
+    }
+    Ok(())
+}
+
+pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
+    let trace = et_schema::read_trace(et)?;
+    let k = et_schema::kineto::read_kineto(kineto)?;
+    let g = Graph::new(&trace);
+    let set = g.replay_set(None);
+    let l = et_graph::link(&g, &set, &k)?;
+    let kernels: usize = l.gpu_events.iter().map(Vec::len).sum();
+    let unlinked: Vec<serde_json::Value> = set
+        .ops
+        .iter()
+        .zip(&l.event_of)
+        .filter(|(_, e)| e.is_none())
+        .take(20)
+        .map(|(&i, _)| serde_json::json!({"id": g.id(i), "name": g.name(i)}))
+        .collect();
+    let cpu_us: f64 = l
+        .event_of
+        .iter()
+        .flatten()
+        .map(|&e| k.events[e as usize].dur)
+        .sum();
+    let j = serde_json::json!({
+        "et": trace.source,
+        "kineto": k.source,
+        "method": l.method,
+        "ops": set.ops.len(),
+        "linked": l.linked(),
+        "fraction": l.fraction(),
+        "gpu_events": kernels,
+        "linked_cpu_us": cpu_us,
+        "unlinked_sample": unlinked,
+        "warnings": l.warnings,
+    });
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer(&mut out, &j)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    for w in &l.warnings {
+        eprintln!("warning: {w}");
+    }
+    writeln!(
+        out,
+        "linked {} of {} replay-set ops ({:.1}%) by {:?}",
+        l.linked(),
+        set.ops.len(),
+        100.0 * l.fraction(),
+        l.method
+    )?;
+    writeln!(
+        out,
+        "GPU events under linked ops: {kernels}; linked CPU time {:.3} ms",
+        cpu_us / 1000.0
+    )?;
+    for u in unlinked {
+        writeln!(out, "  unlinked: {} {}", u["id"], u["name"])?;
+    }
+    Ok(())
+}

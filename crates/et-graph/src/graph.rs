@@ -1,0 +1,429 @@
+//! The trace as a graph: call tree, execution order, op classes, the replay set, tensor
+//! versions and data dependencies.
+
+use crate::class::{classify, OpClass};
+use et_schema::{OpSchema, Trace, Value};
+use std::collections::HashMap;
+use std::fmt;
+
+/// Why a node is not in the replay set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// The process/thread root.
+    Root,
+    /// A record_function annotation: it runs no operator itself.
+    Annotation,
+    /// Inside an op that is replayed (the op runs it).
+    CoveredBy(u64),
+    /// Outside the chosen iteration window.
+    OutsideIteration,
+    /// Excluded by a selection.
+    NotSelected,
+}
+
+impl fmt::Display for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Skip::Root => f.write_str("process/thread root"),
+            Skip::Annotation => f.write_str("annotation"),
+            Skip::CoveredBy(id) => write!(f, "covered by parent op {id}"),
+            Skip::OutsideIteration => f.write_str("outside iteration"),
+            Skip::NotSelected => f.write_str("not selected"),
+        }
+    }
+}
+
+/// A tensor as et-graph keys it: (tensor id, storage id). Ids are reused after free, so a key
+/// has versions; storage id 0 means no storage.
+pub type TensorKey = (u64, u64);
+
+/// The graph over one trace. Node indices are positions in `trace.nodes`.
+pub struct Graph<'t> {
+    pub trace: &'t Trace,
+    /// Node indices in execution order (by node id: ids are assigned on entry).
+    pub order: Vec<u32>,
+    /// Parent node index (`None` for roots).
+    pub parent: Vec<Option<u32>>,
+    /// Children node indices in execution order: `children[child_start[i]..child_start[i+1]]`.
+    child_start: Vec<u32>,
+    child_list: Vec<u32>,
+    pub class: Vec<OpClass>,
+    /// Parsed op schemas, per node (None when absent or unparsable).
+    pub schema: Vec<Option<std::sync::Arc<OpSchema>>>,
+    /// Execution rank of each node (position in `order`).
+    pub rank: Vec<u32>,
+}
+
+impl<'t> Graph<'t> {
+    pub fn new(trace: &'t Trace) -> Graph<'t> {
+        let n = trace.nodes.len();
+        let index = trace.node_by_id();
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by_key(|&i| trace.nodes[i as usize].id);
+        let mut rank = vec![0u32; n];
+        for (r, &i) in order.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        let parent: Vec<Option<u32>> = trace
+            .nodes
+            .iter()
+            .map(|nd| {
+                nd.parent
+                    .filter(|&p| p != 0 && p != nd.id)
+                    .and_then(|p| index.get(&p))
+                    .map(|&i| i as u32)
+            })
+            .collect();
+        // CSR children, in execution order.
+        let mut counts = vec![0u32; n + 1];
+        for p in parent.iter().flatten() {
+            counts[*p as usize + 1] += 1;
+        }
+        for i in 0..n {
+            counts[i + 1] += counts[i];
+        }
+        let mut fill = counts.clone();
+        let mut child_list = vec![0u32; counts[n] as usize];
+        for &i in &order {
+            if let Some(p) = parent[i as usize] {
+                child_list[fill[p as usize] as usize] = i;
+                fill[p as usize] += 1;
+            }
+        }
+        // Schemas are parsed once per distinct string.
+        let mut cache: HashMap<et_schema::Sym, Option<std::sync::Arc<OpSchema>>> = HashMap::new();
+        let schema: Vec<_> = trace
+            .nodes
+            .iter()
+            .map(|nd| {
+                nd.op_schema.and_then(|s| {
+                    cache
+                        .entry(s)
+                        .or_insert_with(|| {
+                            OpSchema::parse(trace.str(s)).ok().map(std::sync::Arc::new)
+                        })
+                        .clone()
+                })
+            })
+            .collect();
+        let mut class: Vec<OpClass> = trace
+            .nodes
+            .iter()
+            .zip(&schema)
+            .map(|(nd, s)| classify(trace, nd, s.as_deref()))
+            .collect();
+        // Backward-ness is inherited from ancestors (ops run by an autograd evaluate_function).
+        for &i in &order {
+            if let Some(p) = parent[i as usize] {
+                if class[p as usize].contains(OpClass::BACKWARD) {
+                    class[i as usize] |= OpClass::BACKWARD;
+                }
+            }
+        }
+        Graph {
+            trace,
+            order,
+            parent,
+            child_start: counts,
+            child_list,
+            class,
+            schema,
+            rank,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.trace.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.trace.nodes.is_empty()
+    }
+
+    pub fn children(&self, i: u32) -> &[u32] {
+        &self.child_list
+            [self.child_start[i as usize] as usize..self.child_start[i as usize + 1] as usize]
+    }
+
+    pub fn ancestors(&self, i: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(self.parent[i as usize], move |&p| self.parent[p as usize])
+    }
+
+    pub fn id(&self, i: u32) -> u64 {
+        self.trace.nodes[i as usize].id
+    }
+
+    pub fn name(&self, i: u32) -> &str {
+        self.trace.name(&self.trace.nodes[i as usize])
+    }
+
+    /// `ProfilerStep#N` annotations in execution order: (node index, N).
+    pub fn iterations(&self) -> Vec<(u32, u64)> {
+        self.order
+            .iter()
+            .filter(|&&i| self.class[i as usize].contains(OpClass::ITERATION))
+            .filter_map(|&i| {
+                self.name(i)
+                    .strip_prefix("ProfilerStep#")
+                    .and_then(|s| s.parse().ok())
+                    .map(|n| (i, n))
+            })
+            .collect()
+    }
+
+    /// The replay set: outermost op nodes (no op ancestor), optionally only inside the given
+    /// `ProfilerStep#N` iterations, in execution order; and the reason for every other node.
+    pub fn replay_set(&self, iterations: Option<&[u64]>) -> ReplaySet {
+        let n = self.len();
+        let mut skip: Vec<Option<Skip>> = vec![None; n];
+        let mut ops = Vec::new();
+        let windows: Option<Vec<u32>> = iterations.map(|want| {
+            self.iterations()
+                .into_iter()
+                .filter(|(_, k)| want.contains(k))
+                .map(|(i, _)| i)
+                .collect()
+        });
+        for &i in &self.order {
+            let c = self.class[i as usize];
+            let reason = if c.contains(OpClass::ROOT) {
+                Some(Skip::Root)
+            } else if let Some(p) = self
+                .ancestors(i)
+                .find(|&a| self.class[a as usize].contains(OpClass::OP))
+            {
+                Some(Skip::CoveredBy(self.id(p)))
+            } else if !c.contains(OpClass::OP) {
+                Some(Skip::Annotation)
+            } else if let Some(w) = &windows {
+                if self.ancestors(i).any(|a| w.contains(&a)) {
+                    None
+                } else {
+                    Some(Skip::OutsideIteration)
+                }
+            } else {
+                None
+            };
+            match reason {
+                None => ops.push(i),
+                Some(r) => skip[i as usize] = Some(r),
+            }
+        }
+        ReplaySet { ops, skip }
+    }
+}
+
+/// The operators a replay runs once per iteration, in execution order.
+#[derive(Clone, Debug)]
+pub struct ReplaySet {
+    pub ops: Vec<u32>,
+    /// For every node not in `ops`, why.
+    pub skip: Vec<Option<Skip>>,
+}
+
+impl ReplaySet {
+    pub fn reason(&self, node: u32) -> Option<&Skip> {
+        self.skip[node as usize].as_ref()
+    }
+
+    /// Counts of skip reasons, by kind.
+    pub fn skip_counts(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for s in self.skip.iter().flatten() {
+            let k = match s {
+                Skip::Root => "root",
+                Skip::Annotation => "annotation",
+                Skip::CoveredBy(_) => "covered by parent op",
+                Skip::OutsideIteration => "outside iteration",
+                Skip::NotSelected => "not selected",
+            };
+            *m.entry(k).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// Where one input of a replay-set op comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Read before any op in the set writes it: parameters, data, optimizer state.
+    External,
+    /// Produced by the op at this position of the replay set.
+    Op(u32),
+}
+
+/// A data dependency between two replay-set ops (positions in `ReplaySet::ops`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataEdge {
+    pub from: u32,
+    pub to: u32,
+    pub tensor: TensorKey,
+}
+
+/// Tensor facts over a replay set.
+#[derive(Clone, Debug, Default)]
+pub struct TensorTable {
+    /// Per tensor key, in first-seen order: facts of its first version.
+    pub tensors: indexmap::IndexMap<TensorKey, TensorInfo>,
+    pub edges: Vec<DataEdge>,
+    /// Estimated live bytes after each op of the replay set, per device.
+    pub peak_bytes: std::collections::BTreeMap<String, u64>,
+    /// Position in the replay set where each device's peak occurs.
+    pub peak_at: std::collections::BTreeMap<String, u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub key: TensorKey,
+    pub external: bool,
+    /// First and last replay-set positions that use it (read or write).
+    pub first_use: u32,
+    pub last_use: u32,
+    pub numel: u64,
+    pub itemsize: u64,
+    pub offset: u64,
+    pub device: String,
+    /// How many times an op produced (or wrote in place) a new version of it.
+    pub versions: u32,
+}
+
+impl TensorTable {
+    pub fn externals(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.tensors.values().filter(|t| t.external)
+    }
+}
+
+fn tensors_of(t: &Trace, args: &[et_schema::Arg], out: &mut Vec<u32>) {
+    out.clear();
+    for a in args {
+        t.tensors_in(a.value, out);
+    }
+}
+
+impl Graph<'_> {
+    /// Tensor versions, data edges, external inputs, lifetimes and live bytes over a replay set.
+    pub fn tensors(&self, set: &ReplaySet) -> TensorTable {
+        let t = self.trace;
+        let mut table = TensorTable::default();
+        // Current version of each key: the producing op position (None = external).
+        let mut current: HashMap<TensorKey, Option<u32>> = HashMap::new();
+        // Last in-place writer of each storage, so views of one storage order after writes.
+        let mut storage_writer: HashMap<u64, u32> = HashMap::new();
+        let (mut ins, mut outs) = (Vec::new(), Vec::new());
+        for (pos, &i) in set.ops.iter().enumerate() {
+            let pos = pos as u32;
+            let node = &t.nodes[i as usize];
+            let inplace = self.class[i as usize].contains(OpClass::INPLACE);
+            tensors_of(t, t.inputs(node), &mut ins);
+            tensors_of(t, t.outputs(node), &mut outs);
+            let touch = |x: &et_schema::TensorRef, table: &mut TensorTable, external: bool| {
+                let key = (x.id, x.storage);
+                let e = table.tensors.entry(key).or_insert_with(|| TensorInfo {
+                    key,
+                    external,
+                    first_use: pos,
+                    last_use: pos,
+                    numel: x.numel,
+                    itemsize: x.itemsize,
+                    offset: x.offset,
+                    device: x.device.map_or(String::new(), |d| t.str(d).to_string()),
+                    versions: 0,
+                });
+                e.last_use = pos;
+            };
+            for &ti in &ins {
+                let x = t.tensor(ti);
+                if x.storage == 0 {
+                    continue;
+                }
+                let key = (x.id, x.storage);
+                match current.get(&key) {
+                    Some(Some(p)) => {
+                        if *p != pos {
+                            table.edges.push(DataEdge {
+                                from: *p,
+                                to: pos,
+                                tensor: key,
+                            });
+                        }
+                        touch(x, &mut table, false);
+                    }
+                    Some(None) => touch(x, &mut table, true),
+                    None => {
+                        current.insert(key, None);
+                        touch(x, &mut table, true);
+                    }
+                }
+                if let Some(&w) = storage_writer.get(&x.storage) {
+                    if w != pos
+                        && !table
+                            .edges
+                            .last()
+                            .is_some_and(|e| e.from == w && e.to == pos)
+                    {
+                        table.edges.push(DataEdge {
+                            from: w,
+                            to: pos,
+                            tensor: key,
+                        });
+                    }
+                }
+            }
+            for &ti in &outs {
+                let x = t.tensor(ti);
+                if x.storage == 0 {
+                    continue;
+                }
+                let key = (x.id, x.storage);
+                let was_input = ins.iter().any(|&j| {
+                    let y = t.tensor(j);
+                    (y.id, y.storage) == key
+                });
+                touch(x, &mut table, false);
+                if let Some(info) = table.tensors.get_mut(&key) {
+                    info.versions += 1;
+                }
+                current.insert(key, Some(pos));
+                if inplace || was_input {
+                    storage_writer.insert(x.storage, pos);
+                }
+            }
+        }
+        // Live bytes: storages live from first to last use; external ones from the start.
+        let mut storages: HashMap<(u64, &str), (u32, u32, u64)> = HashMap::new();
+        for info in table.tensors.values() {
+            let e = storages
+                .entry((info.key.1, info.device.as_str()))
+                .or_insert((u32::MAX, 0, 0));
+            let first = if info.external { 0 } else { info.first_use };
+            e.0 = e.0.min(first);
+            e.1 = e.1.max(info.last_use);
+            e.2 = e.2.max((info.offset + info.numel) * info.itemsize);
+        }
+        let n = set.ops.len();
+        let mut delta: HashMap<&str, Vec<i64>> = HashMap::new();
+        for (&(_, dev), &(a, b, bytes)) in &storages {
+            let d = delta.entry(dev).or_insert_with(|| vec![0; n + 1]);
+            d[a as usize] += bytes as i64;
+            d[(b as usize + 1).min(n)] -= bytes as i64;
+        }
+        for (dev, d) in delta {
+            let (mut cur, mut peak, mut at) = (0i64, 0i64, 0u32);
+            for (k, x) in d.iter().enumerate().take(n) {
+                cur += x;
+                if cur > peak {
+                    peak = cur;
+                    at = k as u32;
+                }
+            }
+            table.peak_bytes.insert(dev.to_string(), peak as u64);
+            table.peak_at.insert(dev.to_string(), at);
+        }
+        table
+    }
+}
+
+/// Convenience: the value of an op input as an int list, for shape-carrying args.
+pub fn int_list(t: &Trace, v: Value) -> Option<Vec<i64>> {
+    t.int_list(v)
+}

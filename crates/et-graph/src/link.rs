@@ -1,0 +1,319 @@
+//! Linking ET nodes to the Kineto events of the same run: durations, threads, GPU kernels.
+//!
+//! Exact join on `Record function id` (ET `rf_id`) when Kineto has it; otherwise on
+//! `External id`; otherwise an order-preserving alignment of op names per thread, which links
+//! traces whose ids are offset (older PyTorch). A Kineto file of another iteration or process is
+//! reported, not mislinked.
+
+use crate::class::OpClass;
+use crate::graph::{Graph, ReplaySet};
+use et_schema::kineto::{Category, KinetoTrace, Lane};
+use std::collections::HashMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("the Kineto trace {kineto} has record function ids, but only {matched} of {total} ET ops match one by id and name: it was captured in another iteration or process than {et}")]
+    OtherIteration {
+        et: String,
+        kineto: String,
+        matched: usize,
+        total: usize,
+    },
+    #[error("the Kineto trace {kineto} shares no op sequence with {et} (linked {linked} of {total}): not the same run")]
+    Unrelated {
+        et: String,
+        kineto: String,
+        linked: usize,
+        total: usize,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Method {
+    RecordFunctionId,
+    ExternalId,
+    Alignment,
+}
+
+/// The result: for each replay-set op (by position), its Kineto event index.
+#[derive(Clone, Debug)]
+pub struct Link {
+    pub method: Method,
+    pub event_of: Vec<Option<u32>>,
+    /// GPU events (kernels, memcpy, memset) launched under each linked op, via correlation.
+    pub gpu_events: Vec<Vec<u32>>,
+    pub warnings: Vec<String>,
+}
+
+impl Link {
+    pub fn linked(&self) -> usize {
+        self.event_of.iter().filter(|e| e.is_some()).count()
+    }
+    pub fn fraction(&self) -> f64 {
+        if self.event_of.is_empty() {
+            1.0
+        } else {
+            self.linked() as f64 / self.event_of.len() as f64
+        }
+    }
+}
+
+fn is_cpu_event(k: &KinetoTrace, i: usize) -> bool {
+    let e = &k.events[i];
+    e.ph == b'X' && matches!(e.cat, Category::CpuOp | Category::UserAnnotation)
+}
+
+/// Links a replay set to a Kineto trace.
+pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkError> {
+    let t = g.trace;
+    let cpu: Vec<usize> = (0..k.events.len())
+        .filter(|&i| is_cpu_event(k, i))
+        .collect();
+    let total = set.ops.len();
+    let mut warnings = Vec::new();
+    if let (Some(p), Some(kp)) = (t.meta.pid, k.main_pid()) {
+        if p != kp {
+            warnings.push(format!("ET pid {p} differs from the Kineto pid {kp}"));
+        }
+    }
+    // 1. Exact join on an id, checked by name.
+    let try_ids = |get: &dyn Fn(usize) -> Option<u64>| -> (Vec<Option<u32>>, usize) {
+        let mut by_id: HashMap<u64, usize> = HashMap::new();
+        for &i in &cpu {
+            if let Some(id) = get(i) {
+                by_id.entry(id).or_insert(i);
+            }
+        }
+        let mut out = vec![None; total];
+        let mut n = 0;
+        for (pos, &op) in set.ops.iter().enumerate() {
+            let node = &t.nodes[op as usize];
+            if let Some(e) = node.rf_id.and_then(|r| by_id.get(&r)) {
+                if k.str(k.events[*e].name) == t.name(node) {
+                    out[pos] = Some(*e as u32);
+                    n += 1;
+                }
+            }
+        }
+        (out, n)
+    };
+    let has_rf = cpu
+        .iter()
+        .any(|&i| k.events[i].record_function_id.is_some());
+    let (event_of, method) = if has_rf {
+        let (out, n) = try_ids(&|i| k.events[i].record_function_id);
+        if total > 0 && n * 2 < total {
+            return Err(LinkError::OtherIteration {
+                et: t.source.clone(),
+                kineto: k.source.clone(),
+                matched: n,
+                total,
+            });
+        }
+        (out, Method::RecordFunctionId)
+    } else {
+        let (out, n) = try_ids(&|i| k.events[i].external_id);
+        if total > 0 && n * 10 >= total * 9 {
+            (out, Method::ExternalId)
+        } else {
+            let out = align(g, set, k, &cpu);
+            let n = out.iter().filter(|e| e.is_some()).count();
+            if total > 0 && n * 2 < total {
+                return Err(LinkError::Unrelated {
+                    et: t.source.clone(),
+                    kineto: k.source.clone(),
+                    linked: n,
+                    total,
+                });
+            }
+            (out, Method::Alignment)
+        }
+    };
+    // GPU events by correlation id of the runtime calls under each op's time span and thread.
+    let mut by_corr: HashMap<u64, Vec<u32>> = HashMap::new();
+    for (i, e) in k.events.iter().enumerate() {
+        if matches!(
+            e.cat,
+            Category::Kernel | Category::GpuMemcpy | Category::GpuMemset
+        ) {
+            if let Some(c) = e.correlation {
+                by_corr.entry(c).or_default().push(i as u32);
+            }
+        }
+    }
+    let mut runtime: HashMap<Lane, Vec<usize>> = HashMap::new();
+    for (i, e) in k.events.iter().enumerate() {
+        if matches!(e.cat, Category::CudaRuntime | Category::CudaDriver) {
+            runtime.entry(e.tid).or_default().push(i);
+        }
+    }
+    for v in runtime.values_mut() {
+        v.sort_by(|&a, &b| k.events[a].ts.total_cmp(&k.events[b].ts));
+    }
+    let gpu_events = event_of
+        .iter()
+        .map(|e| {
+            let Some(e) = e else { return vec![] };
+            let ev = &k.events[*e as usize];
+            let Some(rt) = runtime.get(&ev.tid) else {
+                return vec![];
+            };
+            let start = rt.partition_point(|&r| k.events[r].ts < ev.ts);
+            rt[start..]
+                .iter()
+                .take_while(|&&r| k.events[r].ts <= ev.ts + ev.dur)
+                .filter_map(|&r| k.events[r].correlation.and_then(|c| by_corr.get(&c)))
+                .flatten()
+                .copied()
+                .collect()
+        })
+        .collect();
+    Ok(Link {
+        method,
+        event_of,
+        gpu_events,
+        warnings,
+    })
+}
+
+/// Order-preserving alignment by name, per thread. ET threads are paired with the Kineto
+/// thread whose name sequence matches them best.
+fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Option<u32>> {
+    let t = g.trace;
+    // All ET nodes that Kineto would record (ops and annotations), by ET thread, in order.
+    let mut et_threads: HashMap<u64, Vec<u32>> = HashMap::new();
+    for &i in &g.order {
+        let c = g.class[i as usize];
+        if c.contains(OpClass::ROOT) {
+            continue;
+        }
+        et_threads
+            .entry(t.nodes[i as usize].tid.unwrap_or(0))
+            .or_default()
+            .push(i);
+    }
+    let mut k_threads: HashMap<Lane, Vec<usize>> = HashMap::new();
+    for &i in cpu {
+        k_threads.entry(k.events[i].tid).or_default().push(i);
+    }
+    for v in k_threads.values_mut() {
+        // Parents before children: by start time, longer first.
+        v.sort_by(|&a, &b| {
+            k.events[a]
+                .ts
+                .total_cmp(&k.events[b].ts)
+                .then(k.events[b].dur.total_cmp(&k.events[a].dur))
+        });
+    }
+    let mut node_event: HashMap<u32, u32> = HashMap::new();
+    let mut used_k: Vec<Lane> = Vec::new();
+    let mut et_list: Vec<(&u64, &Vec<u32>)> = et_threads.iter().collect();
+    et_list.sort_by_key(|(tid, v)| (std::cmp::Reverse(v.len()), **tid));
+    for (_, nodes) in et_list {
+        let mut best: Option<(usize, Lane, Vec<(u32, u32)>)> = None;
+        for (lane, evs) in &k_threads {
+            if used_k.contains(lane) {
+                continue;
+            }
+            let pairs = greedy(g, nodes, k, evs);
+            if best.as_ref().is_none_or(|b| pairs.len() > b.0) {
+                best = Some((pairs.len(), *lane, pairs));
+            }
+        }
+        if let Some((n, lane, pairs)) = best {
+            if n > 0 {
+                used_k.push(lane);
+                node_event.extend(pairs);
+            }
+        }
+    }
+    set.ops
+        .iter()
+        .map(|op| node_event.get(op).copied())
+        .collect()
+}
+
+/// Greedy in-order matching with a bounded look-ahead, from the best starting event: a Kineto
+/// trace may hold several iterations and the ET only one, or start mid-iteration.
+fn greedy(g: &Graph, nodes: &[u32], k: &KinetoTrace, evs: &[usize]) -> Vec<(u32, u32)> {
+    const WINDOW: usize = 64;
+    const MAX_STARTS: usize = 4096;
+    // Compare interned ids, not strings: names absent from Kineto can never match.
+    let want: Vec<Option<et_schema::Sym>> =
+        nodes.iter().map(|&n| k.strings.lookup(g.name(n))).collect();
+    let have: Vec<et_schema::Sym> = evs.iter().map(|&e| k.events[e].name).collect();
+    let run = |start: usize, out: Option<&mut Vec<(u32, u32)>>| -> usize {
+        let mut j = start;
+        let mut count = 0;
+        let mut out = out;
+        for (n, w) in nodes.iter().zip(&want) {
+            if j >= have.len() {
+                break;
+            }
+            let Some(w) = w else { continue };
+            if let Some(off) = have[j..].iter().take(WINDOW).position(|h| h == w) {
+                if let Some(o) = out.as_deref_mut() {
+                    o.push((*n, evs[j + off] as u32));
+                }
+                count += 1;
+                j += off + 1;
+            }
+        }
+        count
+    };
+    let first = want.iter().flatten().next();
+    let mut best = (run(0, None), 0usize);
+    if let Some(f) = first {
+        for start in (0..have.len()).filter(|&p| have[p] == *f).take(MAX_STARTS) {
+            let c = run(start, None);
+            if c > best.0 {
+                best = (c, start);
+            }
+        }
+    }
+    // Refine with an exact longest-common-subsequence alignment over a window of events from
+    // the best start: it recovers from runs that the greedy look-ahead cannot skip.
+    let lo = best.1;
+    let hi = (lo + nodes.len() * 2 + 256).min(have.len());
+    if (hi - lo) * nodes.len() <= 64 << 20 {
+        let pairs = lcs(&want, &have[lo..hi]);
+        if pairs.len() > best.0 {
+            return pairs
+                .into_iter()
+                .map(|(a, b)| (nodes[a], evs[lo + b] as u32))
+                .collect();
+        }
+    }
+    let mut out = Vec::with_capacity(best.0);
+    run(best.1, Some(&mut out));
+    out
+}
+
+/// Longest common subsequence of two id sequences: matched index pairs, in order.
+fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)> {
+    let (n, m) = (a.len(), b.len());
+    let w = m + 1;
+    let mut dp = vec![0u32; (n + 1) * w];
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            dp[i * w + j] = if a[i] == Some(b[j]) {
+                dp[(i + 1) * w + j + 1] + 1
+            } else {
+                dp[(i + 1) * w + j].max(dp[i * w + j + 1])
+            };
+        }
+    }
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < n && j < m {
+        if a[i] == Some(b[j]) {
+            out.push((i, j));
+            i += 1;
+            j += 1;
+        } else if dp[(i + 1) * w + j] >= dp[i * w + j + 1] {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    out
+}
