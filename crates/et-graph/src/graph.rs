@@ -190,7 +190,8 @@ impl<'t> Graph<'t> {
                 Some(Skip::Root)
             } else if let Some(p) = self
                 .ancestors(i)
-                .find(|&a| self.class[a as usize].contains(OpClass::OP))
+                .filter(|&a| self.class[a as usize].contains(OpClass::OP))
+                .last()
             {
                 Some(Skip::CoveredBy(self.id(p)))
             } else if !c.contains(OpClass::OP) {
@@ -258,6 +259,9 @@ pub struct DataEdge {
     pub from: u32,
     pub to: u32,
     pub tensor: TensorKey,
+    /// The edge orders a read after an in-place write to another view of the same storage,
+    /// rather than after the producer of this tensor version.
+    pub via_storage: bool,
 }
 
 /// Tensor facts over a replay set.
@@ -344,6 +348,7 @@ impl Graph<'_> {
                                 from: *p,
                                 to: pos,
                                 tensor: key,
+                                via_storage: false,
                             });
                         }
                         touch(x, &mut table, false);
@@ -365,6 +370,7 @@ impl Graph<'_> {
                             from: w,
                             to: pos,
                             tensor: key,
+                            via_storage: true,
                         });
                     }
                 }

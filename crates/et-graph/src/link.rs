@@ -19,6 +19,13 @@ pub enum LinkError {
         matched: usize,
         total: usize,
     },
+    #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run")]
+    OtherProcess {
+        et: String,
+        kineto: String,
+        et_pid: i64,
+        kineto_pid: i64,
+    },
     #[error("the Kineto trace {kineto} shares no op sequence with {et} (linked {linked} of {total}): not the same run")]
     Unrelated {
         et: String,
@@ -71,11 +78,10 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
         .collect();
     let total = set.ops.len();
     let mut warnings = Vec::new();
-    if let (Some(p), Some(kp)) = (t.meta.pid, k.main_pid()) {
-        if p != kp {
-            warnings.push(format!("ET pid {p} differs from the Kineto pid {kp}"));
-        }
-    }
+    let pid_mismatch = match (t.meta.pid, k.main_pid()) {
+        (Some(p), Some(kp)) if p != kp => Some((p, kp)),
+        _ => None,
+    };
     // 1. Exact join on an id, checked by name.
     let try_ids = |get: &dyn Fn(usize) -> Option<u64>| -> (Vec<Option<u32>>, usize) {
         let mut by_id: HashMap<u64, usize> = HashMap::new();
@@ -110,8 +116,23 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
                 total,
             });
         }
+        if let Some((p, kp)) = pid_mismatch {
+            warnings.push(format!(
+                "ET pid {p} differs from the Kineto pid {kp}; linked by record function ids"
+            ));
+        }
         (out, Method::RecordFunctionId)
     } else {
+        // Without record function ids only names and order can link: a trace of another
+        // process would be mislinked by name, so the pids must agree.
+        if let Some((et_pid, kineto_pid)) = pid_mismatch {
+            return Err(LinkError::OtherProcess {
+                et: t.source.clone(),
+                kineto: k.source.clone(),
+                et_pid,
+                kineto_pid,
+            });
+        }
         let (out, n) = try_ids(&|i| k.events[i].external_id);
         if total > 0 && n * 10 >= total * 9 {
             (out, Method::ExternalId)

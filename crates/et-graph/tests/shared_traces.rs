@@ -1,0 +1,250 @@
+//! et-graph on every real trace: replay sets, invariants of the tree and the data edges, and
+//! Kineto linking rates.
+
+use et_graph::*;
+use std::path::PathBuf;
+
+fn shared() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces")
+}
+
+fn et_files() -> Vec<PathBuf> {
+    let mut v = vec![];
+    for d in [
+        shared().join("cpu"),
+        shared().join("public"),
+        shared().join("public/param_dlrm_8rank_1.0.1"),
+    ] {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.to_string_lossy().contains(".et.json") {
+                v.push(p);
+            }
+        }
+    }
+    v.sort();
+    assert!(v.len() >= 20);
+    v
+}
+
+#[test]
+fn replay_set_and_invariants_on_every_trace() {
+    for p in et_files() {
+        let t = et_schema::read_trace(&p).unwrap();
+        let g = Graph::new(&t);
+        let set = g.replay_set(None);
+        assert!(!set.ops.is_empty(), "{}", p.display());
+        // Every node is either replayed or has a reason; never both.
+        for i in 0..g.len() as u32 {
+            assert_eq!(
+                set.ops.contains(&i),
+                set.reason(i).is_none(),
+                "{} node {}",
+                p.display(),
+                g.id(i)
+            );
+        }
+        // Replay-set ops are ops, none has an op ancestor, and they are in execution order.
+        for w in set.ops.windows(2) {
+            assert!(g.id(w[0]) < g.id(w[1]));
+        }
+        for &i in &set.ops {
+            assert!(g.class[i as usize].contains(OpClass::OP));
+            assert!(g
+                .ancestors(i)
+                .all(|a| !g.class[a as usize].contains(OpClass::OP)));
+        }
+        // The tree is a forest whose roots are the observer's root nodes.
+        for i in 0..g.len() as u32 {
+            let top = g.ancestors(i).last().unwrap_or(i);
+            assert!(
+                g.class[top as usize].contains(OpClass::ROOT),
+                "{}: node {} hangs off {}",
+                p.display(),
+                g.id(i),
+                g.name(top)
+            );
+        }
+        // Every data edge points backwards in execution order.
+        let tt = g.tensors(&set);
+        for e in &tt.edges {
+            assert!(e.from < e.to, "{}: edge {e:?}", p.display());
+        }
+        // An external input is never produced before it is first read.
+        for info in tt.externals() {
+            assert!(!tt
+                .edges
+                .iter()
+                .any(|e| !e.via_storage && e.tensor == info.key && e.to <= info.first_use));
+        }
+    }
+}
+
+#[test]
+fn covered_ops_name_their_replayed_parent() {
+    let t = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let mut covered = 0;
+    for i in 0..g.len() as u32 {
+        if let Some(Skip::CoveredBy(pid)) = set.reason(i) {
+            let parent_idx = (0..g.len() as u32).find(|&j| g.id(j) == *pid).unwrap();
+            assert!(
+                set.ops.contains(&parent_idx),
+                "node {} covered by {} ({}) which is {:?}",
+                g.id(i),
+                pid,
+                g.name(parent_idx),
+                set.reason(parent_idx)
+            );
+            assert!(g.ancestors(i).any(|a| a == parent_idx));
+            covered += 1;
+        }
+    }
+    assert!(covered > 50);
+    // aten::linear is replayed whole; its aten::addmm child is covered by it.
+    let linear = set
+        .ops
+        .iter()
+        .filter(|&&i| g.name(i) == "aten::linear")
+        .count();
+    assert_eq!(linear, 3);
+    assert!(!set.ops.iter().any(|&i| g.name(i) == "aten::addmm"));
+}
+
+#[test]
+fn inplace_optimizer_updates_version_parameters() {
+    // SGD's add_ writes parameters in place: later readers depend on the writer.
+    let t = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let tt = g.tensors(&set);
+    let inplace: Vec<u32> = set
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, &i)| g.class[i as usize].contains(OpClass::INPLACE))
+        .map(|(p, _)| p as u32)
+        .collect();
+    assert!(!inplace.is_empty());
+    assert!(
+        tt.tensors.values().any(|x| x.external && x.versions > 0),
+        "parameters are external and updated in place"
+    );
+    assert!(tt.peak_bytes["cpu"] > 0);
+}
+
+#[test]
+fn iteration_windows_select_profiler_steps() {
+    // Build a trace with two ProfilerStep annotations around ops.
+    let src = r#"{"schema": "1.1.1-chakra.0.0.4", "nodes": [
+      {"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
+      {"id": 2, "name": "ProfilerStep#7", "ctrl_deps": 1, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
+      {"id": 3, "name": "aten::relu", "ctrl_deps": 2, "inputs": {"values": [[1, 1, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "outputs": {"values": [[2, 2, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "attrs": [{"name": "op_schema", "type": "string", "value": "aten::relu(Tensor self) -> Tensor"}]},
+      {"id": 4, "name": "ProfilerStep#8", "ctrl_deps": 1, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
+      {"id": 5, "name": "aten::relu", "ctrl_deps": 4, "inputs": {"values": [[2, 2, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "outputs": {"values": [[3, 3, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "attrs": [{"name": "op_schema", "type": "string", "value": "aten::relu(Tensor self) -> Tensor"}]}
+    ]}"#;
+    let t = et_schema::parse_trace(src.as_bytes(), "t", &Default::default()).unwrap();
+    let g = Graph::new(&t);
+    assert_eq!(
+        g.iterations().iter().map(|x| x.1).collect::<Vec<_>>(),
+        vec![7, 8]
+    );
+    let all = g.replay_set(None);
+    assert_eq!(all.ops.len(), 2);
+    let tt = g.tensors(&all);
+    assert_eq!(
+        tt.edges,
+        vec![DataEdge {
+            from: 0,
+            to: 1,
+            tensor: (2, 2),
+            via_storage: false
+        }]
+    );
+    assert_eq!(tt.externals().count(), 1);
+    let eight = g.replay_set(Some(&[8]));
+    assert_eq!(eight.ops.len(), 1);
+    assert_eq!(g.id(eight.ops[0]), 5);
+    assert_eq!(eight.reason(2), Some(&Skip::OutsideIteration));
+    // With only step 8, tensor (2,2) is an external input.
+    assert_eq!(g.tensors(&eight).externals().count(), 1);
+}
+
+fn link_pair(et: &str, k: &str) -> (usize, usize, Method) {
+    let t = et_schema::read_trace(&shared().join(et)).unwrap();
+    let kt = et_schema::kineto::read_kineto(&shared().join(k)).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &kt).unwrap_or_else(|e| panic!("{e}"));
+    // Every link joins ops of the same name.
+    for (pos, e) in l.event_of.iter().enumerate() {
+        if let Some(e) = e {
+            assert_eq!(kt.str(kt.events[*e as usize].name), g.name(set.ops[pos]));
+        }
+    }
+    (l.linked(), set.ops.len(), l.method)
+}
+
+#[test]
+fn cpu_pairs_link_completely_by_record_function_id() {
+    for m in [
+        "mlp",
+        "cnn",
+        "dlrm",
+        "transformer",
+        "dist_mlp_w2.rank0",
+        "dist_mlp_w2.rank1",
+    ] {
+        let et = format!(
+            "cpu/{m}.linked.et.json{}",
+            if m == "mlp" { "" } else { ".gz" }
+        );
+        let k = format!("cpu/{m}.kineto.json{}", if m == "mlp" { "" } else { ".gz" });
+        let (linked, total, method) = link_pair(&et, &k);
+        assert_eq!(linked, total, "{m}");
+        assert_eq!(method, Method::RecordFunctionId);
+    }
+}
+
+#[test]
+fn public_pairs_link_at_least_95_percent() {
+    let mut pairs = vec![
+        (
+            "public/param_linear_1.0.1.et.json.gz".to_string(),
+            "public/param_linear_1.0.1.kineto.json.gz".to_string(),
+        ),
+        (
+            "public/hta_simple_add_1.0.1.et.json.gz".to_string(),
+            "public/hta_simple_add_1.0.1.kineto.json.gz".to_string(),
+        ),
+    ];
+    for r in 0..8 {
+        pairs.push((
+            format!("public/param_dlrm_8rank_1.0.1/rank{r}.et.json.gz"),
+            format!("public/param_dlrm_8rank_1.0.1/rank{r}.kineto.json.gz"),
+        ));
+    }
+    for (et, k) in pairs {
+        let (linked, total, _) = link_pair(&et, &k);
+        assert!(linked * 100 >= total * 95, "{et}: {linked}/{total}");
+    }
+}
+
+#[test]
+fn a_kineto_file_of_another_run_is_refused() {
+    let t = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();
+    let k = et_schema::kineto::read_kineto(&shared().join("cpu/mlp.kineto.json")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    // mlp.et.json is another iteration than the one the Kineto trace profiled.
+    assert!(matches!(
+        link(&g, &set, &k),
+        Err(LinkError::OtherIteration { .. })
+    ));
+    let other = et_schema::kineto::read_kineto(
+        &shared().join("public/param_dlrm_8rank_1.0.1/rank0.kineto.json.gz"),
+    )
+    .unwrap();
+    assert!(link(&g, &set, &other).is_err());
+}
