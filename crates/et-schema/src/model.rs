@@ -287,3 +287,64 @@ impl Trace {
             + self.strings.heap_bytes()
     }
 }
+
+impl Trace {
+    /// Appends another trace's nodes and arenas to this one, re-interning its strings. Node ids,
+    /// parents and tensor ids are copied as they are: callers shift them to avoid collisions.
+    /// Returns the index range of the appended nodes.
+    pub fn absorb(&mut self, o: Trace) -> Range<usize> {
+        let map: Vec<Sym> = o
+            .strings
+            .iter()
+            .map(|(_, s)| self.strings.intern(s))
+            .collect();
+        let m = |s: Sym| map[s.0 as usize];
+        let (items0, tensors0, args0, extra0) = (
+            self.items.len() as u32,
+            self.tensors.len() as u32,
+            self.args.len() as u32,
+            self.extra_attrs.len() as u32,
+        );
+        let mv = |v: Value| match v {
+            Value::Str(s) => Value::Str(m(s)),
+            Value::Raw(s) => Value::Raw(m(s)),
+            Value::List { start, len } => Value::List {
+                start: start + items0,
+                len,
+            },
+            Value::Tensor(i) => Value::Tensor(i + tensors0),
+            other => other,
+        };
+        self.items.extend(o.items.into_iter().map(mv));
+        self.tensors
+            .extend(o.tensors.into_iter().map(|t| TensorRef {
+                device: t.device.map(m),
+                ..t
+            }));
+        self.args.extend(o.args.into_iter().map(|a| Arg {
+            value: mv(a.value),
+            shape: mv(a.shape),
+            ty: m(a.ty),
+            strides: a.strides.map(mv),
+        }));
+        self.extra_attrs
+            .extend(o.extra_attrs.into_iter().map(|e| ExtraAttr {
+                name: m(e.name),
+                ty: e.ty.map(m),
+                value: mv(e.value),
+            }));
+        let shift = |r: &Range<u32>, by: u32| r.start + by..r.end + by;
+        let start = self.nodes.len();
+        self.nodes.extend(o.nodes.into_iter().map(|n| Node {
+            name: m(n.name),
+            op_schema: n.op_schema.map(m),
+            kernel_backend: n.kernel_backend.map(m),
+            kernel_file: n.kernel_file.map(m),
+            inputs: shift(&n.inputs, args0),
+            outputs: shift(&n.outputs, args0),
+            extra: shift(&n.extra, extra0),
+            ..n
+        }));
+        start..self.nodes.len()
+    }
+}

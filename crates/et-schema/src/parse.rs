@@ -95,18 +95,70 @@ pub fn read_trace_with(path: &Path, opts: &ParseOptions) -> Result<Trace> {
 pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Trace> {
     let profile = std::env::var_os("ET_PARSE_PROFILE").is_some();
     let t0 = std::time::Instant::now();
-    let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, source))?;
+    let threads = if opts.threads == 0 {
+        // Small traces are not worth a thread.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cores.min(bytes.len() / (4 << 20) + 1)
+    } else {
+        opts.threads
+    };
+    // Fast path: split the nodes array at guessed element boundaries and scan+parse each part
+    // on its own thread; each thread confirms the next one's start by arriving exactly there.
+    // Any surprise (bad guess, bad input) falls back to the serial scan, which also produces
+    // the precise error.
+    let mut parts: Vec<Builder> = Vec::new();
+    let fused = if threads > 1 {
+        scan::scan_with(bytes, |open| {
+            let (p, end) =
+                parse_parallel(bytes, open, threads, source).ok_or(ScanError::Fallback)?;
+            parts = p;
+            Ok(end)
+        })
+        .ok()
+    } else {
+        None
+    };
+    let (top, saw_nodes) = match fused {
+        Some(x) => x,
+        None => {
+            let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, source))?;
+            if profile {
+                eprintln!("et-schema: serial scan {:?}", t0.elapsed());
+            }
+            let chunk = scan.nodes.len().div_ceil(threads.max(1)).max(1);
+            let ranges: Vec<&[std::ops::Range<usize>]> = scan.nodes.chunks(chunk).collect();
+            parts = if ranges.len() <= 1 {
+                vec![parse_chunk(
+                    bytes,
+                    ranges.first().copied().unwrap_or(&[]),
+                    source,
+                )?]
+            } else {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> = ranges
+                        .iter()
+                        .map(|r| s.spawn(move || parse_chunk(bytes, r, source)))
+                        .collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("parser thread panicked"))
+                        .collect::<Result<Vec<_>>>()
+                })?
+            };
+            (scan.top, scan.saw_nodes)
+        }
+    };
     if profile {
-        eprintln!("et-schema: scan {:?}", t0.elapsed());
+        eprintln!("et-schema: scan+nodes {:?}", t0.elapsed());
     }
-    if !scan.saw_nodes {
+    if !saw_nodes {
         return Err(Error::NotATrace {
             path: source.to_string(),
             msg: "no \"nodes\" array at the top level".into(),
         });
     }
     let mut meta = TraceMeta::default();
-    for (key, range) in &scan.top {
+    for (key, range) in &top {
         let text = &bytes[range.clone()];
         let bad = |msg: &str| Error::Syntax {
             path: source.to_string(),
@@ -134,61 +186,21 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
         }
     }
 
-    let threads = if opts.threads == 0 {
-        // Small traces are not worth a thread.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        cores.min(bytes.len() / (4 << 20) + 1)
-    } else {
-        opts.threads
-    };
-    let chunk = scan.nodes.len().div_ceil(threads.max(1)).max(1);
-    let ranges: Vec<&[std::ops::Range<usize>]> = scan.nodes.chunks(chunk).collect();
-
-    let mut parts: Vec<Builder> = if ranges.len() <= 1 {
-        vec![parse_chunk(
-            bytes,
-            ranges.first().copied().unwrap_or(&[]),
-            source,
-        )?]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = ranges
-                .iter()
-                .map(|r| s.spawn(move || parse_chunk(bytes, r, source)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("parser thread panicked"))
-                .collect::<Result<Vec<_>>>()
-        })?
-    };
-
-    if profile {
-        eprintln!("et-schema: scan+nodes {:?}", t0.elapsed());
-    }
-    let mut base = parts.remove(0);
-    for part in parts {
-        base.merge(part);
-    }
-    let layout = base.layout.unwrap_or(
+    let layout = parts.iter().find_map(|p| p.layout).unwrap_or(
         if meta.schema.starts_with("1.0.0") || meta.schema == "1.0.1" {
             Layout::Flat
         } else {
             Layout::Nested
         },
     );
-    let mut trace = Trace {
-        meta,
-        layout,
-        strings: base.strings,
-        nodes: base.nodes,
-        args: base.args,
-        items: base.items,
-        tensors: base.tensors,
-        extra_attrs: base.extra,
-        source: source.to_string(),
-        warnings: Vec::new(),
-    };
+    let mut parts = parts.into_iter();
+    let mut trace = parts.next().map(Builder::into_trace).unwrap_or_default();
+    for part in parts {
+        trace.absorb(part.into_trace());
+    }
+    trace.meta = meta;
+    trace.layout = layout;
+    trace.source = source.to_string();
     if trace.meta.schema.is_empty() {
         trace
             .warnings
@@ -272,6 +284,11 @@ fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
             offset: offset as u64,
             msg: msg.to_string(),
         },
+        ScanError::Fallback => Error::Syntax {
+            path: source.to_string(),
+            offset: 0,
+            msg: "internal: unconfirmed split".into(),
+        },
         ScanError::Eof { offset, in_nodes } => {
             let (complete, last) = if in_nodes {
                 complete_nodes_before(bytes, offset)
@@ -354,32 +371,142 @@ struct Builder {
 
 fn parse_chunk(bytes: &[u8], ranges: &[std::ops::Range<usize>], source: &str) -> Result<Builder> {
     let mut b = Builder::default();
-    let n = ranges.len();
-    b.nodes.reserve(n);
+    b.nodes.reserve(ranges.len());
     let mut acc = NodeAcc::default();
     for r in ranges {
-        let text = &bytes[r.clone()];
-        acc.clear();
-        b.raw.clear();
-        let mut de = serde_json::Deserializer::from_slice(text);
-        let res = NodeSeed {
-            b: &mut b,
-            acc: &mut acc,
-        }
-        .deserialize(&mut de)
-        .and_then(|()| de.end());
-        if let Err(e) = res {
-            return Err(node_error(e, text, r.start, acc.id, source));
-        }
-        b.finish_node(&mut acc, r.start as u64)
-            .map_err(|msg| Error::Node {
-                path: source.to_string(),
-                node_id: acc.id,
-                offset: r.start as u64,
-                msg,
-            })?;
+        parse_one(&mut b, &mut acc, bytes, r.clone(), source)?;
     }
     Ok(b)
+}
+
+fn parse_one(
+    b: &mut Builder,
+    acc: &mut NodeAcc,
+    bytes: &[u8],
+    r: std::ops::Range<usize>,
+    source: &str,
+) -> Result<()> {
+    let text = &bytes[r.clone()];
+    acc.clear();
+    b.raw.clear();
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let res = NodeSeed {
+        b: &mut *b,
+        acc: &mut *acc,
+    }
+    .deserialize(&mut de)
+    .and_then(|()| de.end());
+    if let Err(e) = res {
+        return Err(node_error(e, text, r.start, acc.id, source));
+    }
+    b.finish_node(acc, r.start as u64)
+        .map_err(|msg| Error::Node {
+            path: source.to_string(),
+            node_id: acc.id,
+            offset: r.start as u64,
+            msg,
+        })
+}
+
+/// Scans and parses the nodes array (from its `[` at `open`) on `threads` threads. Returns the
+/// per-thread builders in order and the index after `]`, or `None` to fall back.
+fn parse_parallel(
+    bytes: &[u8],
+    open: usize,
+    threads: usize,
+    source: &str,
+) -> Option<(Vec<Builder>, usize)> {
+    let first = scan::ws(bytes, open + 1);
+    if bytes.get(first) == Some(&b']') {
+        return Some((vec![Builder::default()], first + 1));
+    }
+    let len = bytes.len() - first;
+    let mut starts = vec![first];
+    for k in 1..threads {
+        let guess = first + len / threads * k;
+        // Objects inside a node (`attrs` entries) look like boundaries too: a candidate must
+        // hold a whole node record (an object with an id and inputs).
+        let mut from = guess;
+        while let Some(s) = scan::find_boundary(bytes, from, 1 << 22) {
+            if looks_like_node(bytes, s) {
+                if s > *starts.last().unwrap_or(&0) {
+                    starts.push(s);
+                }
+                break;
+            }
+            from = s + 1;
+        }
+    }
+    let results: Vec<Option<(Builder, usize)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..starts.len())
+            .map(|k| {
+                let (start, stop) = (starts[k], starts.get(k + 1).copied());
+                s.spawn(move || parse_span(bytes, start, stop, source))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().ok().flatten())
+            .collect()
+    });
+    let mut parts = Vec::with_capacity(results.len());
+    let mut end = 0;
+    for r in results {
+        let (b, e) = r?;
+        parts.push(b);
+        end = e;
+    }
+    Some((parts, end))
+}
+
+fn looks_like_node(bytes: &[u8], at: usize) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        #[allow(dead_code)]
+        id: u64,
+        #[allow(dead_code)]
+        inputs: IgnoredAny,
+    }
+    let Ok(end) = scan::skip_value(bytes, at) else {
+        return false;
+    };
+    serde_json::from_slice::<Probe>(&bytes[at..end]).is_ok()
+}
+
+/// Parses elements from `start` until the index `stop` (exclusive, must be hit exactly) or the
+/// closing `]` when `stop` is `None`.
+fn parse_span(
+    bytes: &[u8],
+    start: usize,
+    stop: Option<usize>,
+    source: &str,
+) -> Option<(Builder, usize)> {
+    let mut b = Builder::default();
+    let mut acc = NodeAcc::default();
+    let mut i = start;
+    loop {
+        let end = scan::skip_value(bytes, i).ok()?;
+        if bytes[i] != b'{' {
+            return None;
+        }
+        parse_one(&mut b, &mut acc, bytes, i..end, source).ok()?;
+        let j = scan::ws(bytes, end);
+        match bytes.get(j) {
+            Some(b',') => {
+                i = scan::ws(bytes, j + 1);
+                if let Some(s) = stop {
+                    if i == s {
+                        return Some((b, i));
+                    }
+                    if i > s {
+                        return None;
+                    }
+                }
+            }
+            Some(b']') if stop.is_none() => return Some((b, j + 1)),
+            _ => return None,
+        }
+    }
 }
 
 fn node_error(
@@ -640,60 +767,16 @@ impl Builder {
         Ok(())
     }
 
-    /// Appends another chunk's nodes, re-interning its strings.
-    fn merge(&mut self, o: Builder) {
-        let map: Vec<Sym> = o
-            .strings
-            .iter()
-            .map(|(_, s)| self.strings.intern(s))
-            .collect();
-        let m = |s: Sym| map[s.0 as usize];
-        let (items0, tensors0, args0, extra0) = (
-            self.items.len() as u32,
-            self.tensors.len() as u32,
-            self.args.len() as u32,
-            self.extra.len() as u32,
-        );
-        let mv = |v: Value| match v {
-            Value::Str(s) => Value::Str(m(s)),
-            Value::Raw(s) => Value::Raw(m(s)),
-            Value::List { start, len } => Value::List {
-                start: start + items0,
-                len,
-            },
-            Value::Tensor(i) => Value::Tensor(i + tensors0),
-            other => other,
-        };
-        self.items.extend(o.items.into_iter().map(mv));
-        self.tensors
-            .extend(o.tensors.into_iter().map(|t| TensorRef {
-                device: t.device.map(m),
-                ..t
-            }));
-        self.args.extend(o.args.into_iter().map(|a| Arg {
-            value: mv(a.value),
-            shape: mv(a.shape),
-            ty: m(a.ty),
-            strides: a.strides.map(mv),
-        }));
-        self.extra.extend(o.extra.into_iter().map(|e| ExtraAttr {
-            name: m(e.name),
-            ty: e.ty.map(m),
-            value: mv(e.value),
-        }));
-        let shift = |r: std::ops::Range<u32>, by: u32| r.start + by..r.end + by;
-        self.nodes.extend(o.nodes.into_iter().map(|n| Node {
-            name: m(n.name),
-            op_schema: n.op_schema.map(m),
-            kernel_backend: n.kernel_backend.map(m),
-            kernel_file: n.kernel_file.map(m),
-            inputs: shift(n.inputs, args0),
-            outputs: shift(n.outputs, args0),
-            extra: shift(n.extra, extra0),
-            ..n
-        }));
-        if self.layout.is_none() {
-            self.layout = o.layout;
+    fn into_trace(self) -> Trace {
+        Trace {
+            strings: self.strings,
+            nodes: self.nodes,
+            args: self.args,
+            items: self.items,
+            tensors: self.tensors,
+            extra_attrs: self.extra,
+            layout: self.layout.unwrap_or_default(),
+            ..Trace::default()
         }
     }
 }
@@ -869,6 +952,7 @@ impl<'de> Visitor<'de> for SymSeed<'_> {
 enum Field {
     Id,
     Name,
+    CtrlDeps,
     Parent,
     RfId,
     FwParent,
@@ -895,7 +979,8 @@ fn field(s: &str) -> Field {
     match s {
         "id" => Field::Id,
         "name" => Field::Name,
-        "ctrl_deps" | "parent" => Field::Parent,
+        "ctrl_deps" => Field::CtrlDeps,
+        "parent" => Field::Parent,
         "rf_id" => Field::RfId,
         "fw_parent" => Field::FwParent,
         "seq_id" => Field::SeqId,
@@ -1000,7 +1085,14 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
             match f {
                 Field::Id => acc.id = Some(want_u64(raw_value!(), "id")?),
                 Field::Name => acc.name = Some(map.next_value_seed(SymSeed { strings })?),
-                Field::Parent => acc.parent = Some(want_u64(raw_value!(), "ctrl_deps")?),
+                Field::Parent => {
+                    acc.parent = Some(want_u64(raw_value!(), "parent")?);
+                    acc.layout.get_or_insert(Layout::Flat);
+                }
+                Field::CtrlDeps => {
+                    acc.parent = Some(want_u64(raw_value!(), "ctrl_deps")?);
+                    acc.layout.get_or_insert(Layout::Nested);
+                }
                 Field::RfId => acc.rf_id = Some(want_u64(raw_value!(), "rf_id")?),
                 Field::FwParent => acc.fw_parent = Some(want_u64(raw_value!(), "fw_parent")?),
                 Field::SeqId => {
@@ -1067,6 +1159,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 })?,
                 Field::Attrs => {
                     acc.has_attrs = true;
+                    acc.layout.get_or_insert(Layout::Nested);
                     map.next_value_seed(AttrsSeed {
                         strings,
                         raw,

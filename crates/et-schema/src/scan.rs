@@ -24,9 +24,11 @@ pub(crate) enum ScanError {
         offset: usize,
         msg: &'static str,
     },
+    /// The parallel node parser could not confirm its split points: use the serial path.
+    Fallback,
 }
 
-fn ws(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn ws(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && matches!(b[i], b' ' | b'\n' | b'\r' | b'\t') {
         i += 1;
     }
@@ -189,11 +191,58 @@ fn read_key(b: &[u8], i: usize) -> Result<(String, usize), ScanError> {
 }
 
 pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
-    let mut out = Scan {
-        top: Vec::new(),
-        nodes: Vec::new(),
-        saw_nodes: false,
-    };
+    let mut nodes = Vec::new();
+    let (top, saw_nodes) = scan_with(b, |open| {
+        let mut i = ws(b, open + 1);
+        if b.get(i) == Some(&b']') {
+            return Ok(i + 1);
+        }
+        loop {
+            i = ws(b, i);
+            let start = i;
+            let end = skip_value(b, i).map_err(|e| match e {
+                ScanError::Eof { offset, .. } => ScanError::Eof {
+                    offset,
+                    in_nodes: true,
+                },
+                other => other,
+            })?;
+            nodes.push(start..end);
+            i = ws(b, end);
+            match b.get(i) {
+                Some(b',') => i += 1,
+                Some(b']') => return Ok(i + 1),
+                None => {
+                    return Err(ScanError::Eof {
+                        offset: i,
+                        in_nodes: true,
+                    })
+                }
+                Some(_) => {
+                    return Err(ScanError::Syntax {
+                        offset: i,
+                        msg: "expected ',' or ']' after a node",
+                    })
+                }
+            }
+        }
+    })?;
+    Ok(Scan {
+        top,
+        nodes,
+        saw_nodes,
+    })
+}
+
+/// Scans the top-level object; `on_nodes` handles the `nodes` array from its `[` and returns
+/// the index after its `]`. Returns the other keys' value ranges and whether `nodes` was seen.
+#[allow(clippy::type_complexity)]
+pub(crate) fn scan_with(
+    b: &[u8],
+    mut on_nodes: impl FnMut(usize) -> Result<usize, ScanError>,
+) -> Result<(Vec<(String, std::ops::Range<usize>)>, bool), ScanError> {
+    let mut top = Vec::new();
+    let mut saw_nodes = false;
     let mut i = ws(b, 0);
     // A UTF-8 byte-order mark is tolerated.
     if b[i..].starts_with(&[0xEF, 0xBB, 0xBF]) {
@@ -216,7 +265,7 @@ pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
     }
     i = ws(b, i);
     if b.get(i) == Some(&b'}') {
-        return Ok(out);
+        return Ok((top, saw_nodes));
     }
     loop {
         i = ws(b, i);
@@ -237,48 +286,12 @@ pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
                 })
             }
         }
-        if key == "nodes" && b.get(i) == Some(&b'[') {
-            out.saw_nodes = true;
-            i = ws(b, i + 1);
-            if b.get(i) == Some(&b']') {
-                i += 1;
-            } else {
-                loop {
-                    i = ws(b, i);
-                    let start = i;
-                    let end = skip_value(b, i).map_err(|e| match e {
-                        ScanError::Eof { offset, .. } => ScanError::Eof {
-                            offset,
-                            in_nodes: true,
-                        },
-                        other => other,
-                    })?;
-                    out.nodes.push(start..end);
-                    i = ws(b, end);
-                    match b.get(i) {
-                        Some(b',') => i += 1,
-                        Some(b']') => {
-                            i += 1;
-                            break;
-                        }
-                        None => {
-                            return Err(ScanError::Eof {
-                                offset: i,
-                                in_nodes: true,
-                            })
-                        }
-                        Some(_) => {
-                            return Err(ScanError::Syntax {
-                                offset: i,
-                                msg: "expected ',' or ']' after a node",
-                            })
-                        }
-                    }
-                }
-            }
+        if key == "nodes" && b.get(i) == Some(&b'[') && !saw_nodes {
+            saw_nodes = true;
+            i = on_nodes(i)?;
         } else {
             let end = skip_value(b, i)?;
-            out.top.push((key, i..end));
+            top.push((key, i..end));
             i = end;
         }
         i = ws(b, i);
@@ -292,7 +305,7 @@ pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
                         msg: "trailing data after the trace object",
                     });
                 }
-                return Ok(out);
+                return Ok((top, saw_nodes));
             }
             None => {
                 return Err(ScanError::Eof {
@@ -308,6 +321,32 @@ pub(crate) fn scan(b: &[u8]) -> Result<Scan, ScanError> {
             }
         }
     }
+}
+
+/// A likely start of an array element at or after `from`: a `{` preceded by `,` and a `}`
+/// (whitespace allowed). Only a guess: the parser confirms it by arriving there.
+pub(crate) fn find_boundary(b: &[u8], from: usize, limit: usize) -> Option<usize> {
+    let end = (from + limit).min(b.len());
+    let mut p = from;
+    while p < end {
+        let k = memchr::memchr(b'{', &b[p..end])?;
+        let at = p + k;
+        let mut q = at;
+        while q > 0 && b[q - 1].is_ascii_whitespace() {
+            q -= 1;
+        }
+        if q > 0 && b[q - 1] == b',' {
+            q -= 1;
+            while q > 0 && b[q - 1].is_ascii_whitespace() {
+                q -= 1;
+            }
+            if q > 0 && b[q - 1] == b'}' {
+                return Some(at);
+            }
+        }
+        p = at + 1;
+    }
+    None
 }
 
 #[cfg(test)]

@@ -159,10 +159,27 @@ impl<W: Write> Writer<'_, W> {
                 self.list(args.iter().filter_map(|a| a.strides))?;
             }
         }
-        for e in t.extras(n) {
+        for e in t.extras(n).iter().filter(|e| e.ty.is_none()) {
             self.w.write_all(b", ")?;
             self.key(t.str(e.name))?;
             self.value(e.value)?;
+        }
+        // A flat-layout node that also had an `attrs` list keeps its typed attributes there.
+        if n.flags.has(NodeFlags::HAS_ATTRS) {
+            self.w.write_all(b", \"attrs\": [")?;
+            for (k, e) in t.extras(n).iter().filter(|e| e.ty.is_some()).enumerate() {
+                if k > 0 {
+                    self.w.write_all(b", ")?;
+                }
+                self.w.write_all(b"{\"name\": ")?;
+                self.s(t.str(e.name))?;
+                self.w.write_all(b", \"type\": ")?;
+                self.s(t.str(e.ty.unwrap_or(crate::Interner::EMPTY)))?;
+                self.w.write_all(b", \"value\": ")?;
+                self.value(e.value)?;
+                self.w.write_all(b"}")?;
+            }
+            self.w.write_all(b"]")?;
         }
         self.w.write_all(b"}")
     }

@@ -211,3 +211,17 @@ fn odd_values_are_kept() {
     let again = parse(&write_trace_to_vec(&t)).unwrap();
     assert_eq!(write_trace_to_vec(&again), write_trace_to_vec(&t));
 }
+
+#[test]
+fn fuzz_regressions_round_trip() {
+    // Found by `cargo fuzz run parse_trace`: attrs on a trace whose schema says flat layout,
+    // attributes without values, unknown keys. Whatever parses must write back and re-parse.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    for name in ["fuzz_regression_1.json"] {
+        let t = read_trace(&dir.join(name)).unwrap();
+        let text = write_trace_to_vec(&t);
+        let again = parse(&text)
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", String::from_utf8_lossy(&text)));
+        assert_eq!(write_trace_to_vec(&again), text, "{name}");
+    }
+}
