@@ -211,8 +211,8 @@ fn bench_parse(args: &[&str]) -> Result<()> {
     let size = std::fs::metadata(&big)?.len() as f64;
     let bench_bin = root().join("target/release/parse-bench");
     let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
-    let (mut ours, mut ours_total, mut rss, mut py_s, mut py_rss) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut ours, mut ours_total, mut rss, mut py_s, mut py_rss, mut graph) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for round in 0..rounds {
         // Alternate the two so that machine noise hits both alike.
         let o = Command::new(&bench_bin).arg(&big).output()?;
@@ -223,6 +223,7 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         ours.push(j["parse_s"].as_f64().unwrap_or(f64::NAN));
         ours_total.push(j["read_s"].as_f64().unwrap_or(0.0) + j["parse_s"].as_f64().unwrap_or(0.0));
         rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
+        graph.push(j["graph_s"].as_f64().unwrap_or(f64::NAN));
         let p = Command::new(python())
             .arg("-c")
             .arg(py)

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod compose_cmd;
 mod graph_cmd;
 mod inspect;
 
@@ -48,8 +49,79 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Extract a selection of ops (with their subtrees) into a new trace.
+    Select {
+        trace: PathBuf,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        /// Output trace (.json, .json.gz, or - for stdout).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Make new traces from existing ones: repeat, concat, scale, dtype, remove.
+    Compose {
+        #[command(subcommand)]
+        op: ComposeOp,
+    },
+    /// Export a selection as Graphviz DOT (ops and data edges).
+    Export {
+        trace: PathBuf,
+        /// DOT output (the only format for now).
+        #[arg(long)]
+        dot: bool,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,
+}
+
+#[derive(Subcommand)]
+enum ComposeOp {
+    /// Repeat the iteration N times (fresh node ids; parameters are shared across copies).
+    Repeat {
+        trace: PathBuf,
+        n: usize,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Concatenate traces (ids of later ones shifted).
+    Concat {
+        #[arg(required = true, num_args = 2..)]
+        traces: Vec<PathBuf>,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Scale every dimension of size DIM by FACTOR (e.g. batch 64 -> 128).
+    Scale {
+        trace: PathBuf,
+        #[arg(long)]
+        dim: i64,
+        #[arg(long)]
+        factor: i64,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Change an element type everywhere (e.g. --from float32 --to bfloat16).
+    Dtype {
+        trace: PathBuf,
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Remove the selected ops and their subtrees.
+    Remove {
+        trace: PathBuf,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -82,6 +154,38 @@ fn run(cli: Cli) -> Result<()> {
             iteration,
         } => graph_cmd::graph(&trace, json, iteration),
         Cmd::Link { et, kineto, json } => graph_cmd::link(&et, &kineto, json),
+        Cmd::Select {
+            trace,
+            filters,
+            output,
+        } => compose_cmd::select(&trace, &filters, &output),
+        Cmd::Export {
+            trace,
+            dot: _,
+            filters,
+            output,
+        } => compose_cmd::export_dot(&trace, &filters, &output),
+        Cmd::Compose { op } => match op {
+            ComposeOp::Repeat { trace, n, output } => compose_cmd::repeat(&trace, n, &output),
+            ComposeOp::Concat { traces, output } => compose_cmd::concat(&traces, &output),
+            ComposeOp::Scale {
+                trace,
+                dim,
+                factor,
+                output,
+            } => compose_cmd::scale(&trace, dim, factor, &output),
+            ComposeOp::Dtype {
+                trace,
+                from,
+                to,
+                output,
+            } => compose_cmd::dtype(&trace, &from, &to, &output),
+            ComposeOp::Remove {
+                trace,
+                filters,
+                output,
+            } => compose_cmd::remove(&trace, &filters, &output),
+        },
         Cmd::Env => {
             println!("{}", replay::env_report());
             Ok(())

@@ -17,11 +17,14 @@
 //! Architecture invariant: depends on `et-schema` only, never on libtorch.
 
 pub mod class;
+pub mod compose;
 pub mod graph;
 pub mod link;
+pub mod select;
 pub mod summary;
 
 pub use class::OpClass;
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, Source, TensorInfo, TensorKey, TensorTable};
 pub use link::{link, Link, LinkError, Method};
+pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

@@ -231,7 +231,9 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
     let mut et_list: Vec<(&u64, &Vec<u32>)> = et_threads.iter().collect();
     et_list.sort_by_key(|(tid, v)| (std::cmp::Reverse(v.len()), **tid));
     for (_, nodes) in et_list {
-        let mut best: Option<(usize, Lane, Vec<(u32, u32)>)> = None;
+        // (matched count, Kineto thread, node -> event pairs)
+        type Best = (usize, Lane, Vec<(u32, u32)>);
+        let mut best: Option<Best> = None;
         for (lane, evs) in &k_threads {
             if used_k.contains(lane) {
                 continue;

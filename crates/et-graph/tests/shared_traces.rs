@@ -248,3 +248,105 @@ fn a_kineto_file_of_another_run_is_refused() {
     .unwrap();
     assert!(link(&g, &set, &other).is_err());
 }
+
+#[test]
+fn selection_by_scope_kind_and_producers() {
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.et.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let opt = g
+        .select(&Selection {
+            scope: Some(regex::Regex::new("^Optimizer.step").unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(!opt.ops.is_empty());
+    for &i in &opt.ops {
+        assert!(g
+            .ancestors(i)
+            .any(|a| g.name(a).starts_with("Optimizer.step")));
+    }
+    // Producers pull in the forward ops that produce what a backward op reads.
+    let mm = Selection {
+        name: Some(regex::Regex::new("^aten::mm$").unwrap()),
+        ..Default::default()
+    };
+    let plain = g.select(&mm).unwrap();
+    let closed = g
+        .select(&Selection {
+            with_producers: true,
+            ..mm
+        })
+        .unwrap();
+    assert!(closed.ops.len() > plain.ops.len());
+    assert!(plain.ops.iter().all(|i| closed.ops.contains(i)));
+    assert!(matches!(
+        g.select(&Selection {
+            name: Some(regex::Regex::new("no_such_op").unwrap()),
+            ..Default::default()
+        }),
+        Err(SelectError::Empty { .. })
+    ));
+    // comm / compute split on the Gloo trace.
+    let d = et_schema::read_trace(&shared().join("cpu/dist_mlp_w2.rank0.et.json")).unwrap();
+    let gd = Graph::new(&d);
+    let comm = gd
+        .select(&Selection {
+            kind: Kind::Comm,
+            ..Default::default()
+        })
+        .unwrap();
+    let compute = gd
+        .select(&Selection {
+            kind: Kind::Compute,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        comm.ops.len() + compute.ops.len(),
+        gd.replay_set(None).ops.len()
+    );
+    assert_eq!(
+        comm.ops.len(),
+        6,
+        "{:?}",
+        comm.ops.iter().map(|&i| gd.name(i)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn dtype_and_scale_rewrite_consistently() {
+    let t = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();
+    let g = Graph::new(&t);
+    let bf =
+        et_graph::compose::change_dtype(&g, et_schema::DType::Float32, et_schema::DType::BFloat16);
+    let bf = et_schema::parse_trace(
+        &et_schema::write_trace_to_vec(&bf),
+        "bf",
+        &Default::default(),
+    )
+    .unwrap();
+    let mut floats = 0;
+    for a in &bf.args {
+        if let et_schema::Value::Tensor(i) = a.value {
+            let d = bf.dtype_of(a);
+            assert_ne!(d, Some(et_schema::DType::Float32));
+            if d == Some(et_schema::DType::BFloat16) {
+                assert_eq!(bf.tensor(i).itemsize, 2);
+                floats += 1;
+            }
+        }
+    }
+    assert!(floats > 100);
+    let s = et_graph::compose::scale_dim(&t, 64, 2);
+    let s = et_schema::parse_trace(&et_schema::write_trace_to_vec(&s), "s", &Default::default())
+        .unwrap();
+    for a in &s.args {
+        if let et_schema::Value::Tensor(i) = a.value {
+            let shape = s.int_list(a.shape).unwrap();
+            assert!(!shape.contains(&64), "{shape:?}");
+            if shape.contains(&128) {
+                assert_eq!(s.tensor(i).numel as i64, shape.iter().product::<i64>());
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! `select`, `compose` and `export`: argument plumbing around et-graph's selection/composition.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use et_graph::{Graph, Kind, Selection};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Filters shared by select, remove and export.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Filters {
+    /// Only these ProfilerStep#N iterations (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub iteration: Option<Vec<u64>>,
+    /// Op name regex.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Regex on an enclosing annotation (`Optimizer.step`, `## backward ##`, a module name).
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// Node id range `A..B` (inclusive).
+    #[arg(long)]
+    pub ids: Option<String>,
+    /// all | compute | comm.
+    #[arg(long, default_value = "all")]
+    pub only: Kind,
+    /// Also select the producers of inputs the selection needs (dependency closure).
+    #[arg(long)]
+    pub with_producers: bool,
+}
+
+impl Filters {
+    pub fn selection(&self) -> Result<Selection> {
+        let re = |s: &Option<String>| -> Result<Option<regex::Regex>> {
+            s.as_deref()
+                .map(|r| regex::Regex::new(r).with_context(|| format!("bad regex {r:?}")))
+                .transpose()
+        };
+        let ids = match &self.ids {
+            None => None,
+            Some(s) => {
+                let (a, b) = s
+                    .split_once("..")
+                    .with_context(|| format!("--ids wants A..B, got {s:?}"))?;
+                let b = b.trim_start_matches('=');
+                Some(
+                    a.parse::<u64>().with_context(|| format!("--ids: {a:?}"))?
+                        ..=b.parse::<u64>().with_context(|| format!("--ids: {b:?}"))?,
+                )
+            }
+        };
+        Ok(Selection {
+            iterations: self.iteration.clone(),
+            name: re(&self.name)?,
+            scope: re(&self.scope)?,
+            ids,
+            kind: self.only,
+            with_producers: self.with_producers,
+        })
+    }
+}
+
+/// Writes a trace to a file (`.gz` compresses) or stdout (`-`).
+pub fn write_out(t: &et_schema::Trace, out: &Path) -> Result<()> {
+    let text = et_schema::write_trace_to_vec(t);
+    if out.as_os_str() == "-" {
+        std::io::stdout().lock().write_all(&text)?;
+        return Ok(());
+    }
+    let f = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    if out.extension().is_some_and(|e| e == "gz") {
+        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
+        gz.write_all(&text)?;
+        gz.finish()?;
+    } else {
+        let mut f = std::io::BufWriter::new(f);
+        f.write_all(&text)?;
+        f.flush()?;
+    }
+    Ok(())
+}
+
+fn report(t: &et_schema::Trace, out: &Path, what: &str) {
+    if out.as_os_str() != "-" {
+        eprintln!("{what}: wrote {} nodes to {}", t.nodes.len(), out.display());
+    }
+}
+
+pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    let t = et_schema::read_trace(trace)?;
+    let g = Graph::new(&t);
+    let set = g.select(&f.selection()?)?;
+    let new = et_graph::compose::extract(&g, &set);
+    write_out(&new, out)?;
+    report(&new, out, &format!("selected {} ops", set.ops.len()));
+    Ok(())
+}
+
+pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    let t = et_schema::read_trace(trace)?;
+    let g = Graph::new(&t);
+    let set = g.select(&f.selection()?)?;
+    let new = et_graph::compose::remove(&g, &set);
+    write_out(&new, out)?;
+    report(&new, out, &format!("removed {} ops", set.ops.len()));
+    Ok(())
+}
+
+pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
+    anyhow::ensure!(n >= 1, "repeat count must be at least 1");
+    let t = et_schema::read_trace(trace)?;
+    let new = et_graph::compose::repeat(&t, n);
+    write_out(&new, out)?;
+    report(&new, out, &format!("repeated x{n}"));
+    Ok(())
+}
+
+pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
+    anyhow::ensure!(traces.len() >= 2, "concat needs at least two traces");
+    let mut acc = et_schema::read_trace(&traces[0])?;
+    for p in &traces[1..] {
+        let b = et_schema::read_trace(p)?;
+        acc = et_graph::compose::concat(&acc, &b);
+    }
+    write_out(&acc, out)?;
+    report(&acc, out, &format!("concatenated {} traces", traces.len()));
+    Ok(())
+}
+
+pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
+    anyhow::ensure!(dim > 0 && factor > 0, "--dim and --factor must be positive");
+    let t = et_schema::read_trace(trace)?;
+    let new = et_graph::compose::scale_dim(&t, dim, factor);
+    write_out(&new, out)?;
+    report(&new, out, &format!("scaled dimension {dim} x{factor}"));
+    Ok(())
+}
+
+pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
+    let parse = |s: &str| {
+        et_schema::DType::from_et_name(s)
+            .with_context(|| format!("unknown dtype {s:?} (float32, bfloat16, float16, ...)"))
+    };
+    let (from, to) = (parse(from)?, parse(to)?);
+    let t = et_schema::read_trace(trace)?;
+    let g = Graph::new(&t);
+    let new = et_graph::compose::change_dtype(&g, from, to);
+    write_out(&new, out)?;
+    report(&new, out, &format!("{from} -> {to}"));
+    Ok(())
+}
+
+pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    let t = et_schema::read_trace(trace)?;
+    let g = Graph::new(&t);
+    let set = g.select(&f.selection()?)?;
+    let tensors = g.tensors(&set);
+    let dot = et_graph::compose::to_dot(&g, &set, &tensors);
+    if out.as_os_str() == "-" {
+        std::io::stdout().lock().write_all(dot.as_bytes())?;
+    } else {
+        std::fs::write(out, dot).with_context(|| format!("writing {}", out.display()))?;
+        eprintln!(
+            "exported {} ops, {} edges to {}",
+            set.ops.len(),
+            tensors.edges.len(),
+            out.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! graph, link, select, compose and export through the real binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mystique"))
+}
+
+fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(rel)
+}
+
+fn json(args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let out = bin().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn link_json_reports_ops_and_linked() {
+    let j = json(&[
+        "link".as_ref(),
+        shared("cpu/cnn.linked.et.json.gz").as_os_str(),
+        shared("cpu/cnn.kineto.json.gz").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert!(j["ops"].as_u64().unwrap() > 100);
+    assert_eq!(j["ops"], j["linked"]);
+    let out = bin()
+        .arg("link")
+        .arg(shared("cpu/cnn.et.json.gz"))
+        .arg(shared("cpu/cnn.kineto.json.gz"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another iteration"));
+}
+
+#[test]
+fn graph_select_compose_and_export_round_trip() {
+    let dir = std::env::temp_dir().join(format!("mystique-compose-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = shared("cpu/transformer.et.json.gz");
+    let g = json(&["graph".as_ref(), t.as_os_str(), "--json".as_ref()]);
+    let ops = g["replay_set"]["ops"].as_u64().unwrap();
+    assert!(g["tensors"]["peak_live_bytes"]["cpu"].as_u64().unwrap() > 0);
+
+    let rep = dir.join("rep.json.gz");
+    let s = bin()
+        .args(["compose", "repeat"])
+        .arg(&t)
+        .arg("2")
+        .arg("-o")
+        .arg(&rep)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let g2 = json(&["graph".as_ref(), rep.as_os_str(), "--json".as_ref()]);
+    assert_eq!(g2["replay_set"]["ops"].as_u64().unwrap(), 2 * ops);
+
+    let sel = dir.join("sel.json");
+    let s = bin()
+        .arg("select")
+        .arg(&t)
+        .args(["--scope", "Optimizer", "-o"])
+        .arg(&sel)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let g3 = json(&["graph".as_ref(), sel.as_os_str(), "--json".as_ref()]);
+    assert!(g3["replay_set"]["ops"].as_u64().unwrap() < ops);
+    let i = json(&["inspect".as_ref(), sel.as_os_str(), "--json".as_ref()]);
+    assert_eq!(i["schema"], "1.1.1-chakra.0.0.4");
+
+    let out = bin()
+        .arg("export")
+        .arg(&t)
+        .args(["--dot", "--name", "aten::linear"])
+        .output()
+        .unwrap();
+    let dot = String::from_utf8(out.stdout).unwrap();
+    assert!(dot.starts_with("digraph") && dot.contains("aten::linear"));
+
+    let out = bin()
+        .arg("select")
+        .arg(&t)
+        .args(["--name", "zzz", "-o"])
+        .arg(dir.join("none.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("matches no op"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

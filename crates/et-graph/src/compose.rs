@@ -1,0 +1,329 @@
+//! Composition and what-if edits. Each produces a new, valid trace in the input's layout that
+//! this project (and PyTorch's tools) re-read: extract a selection, repeat iterations, concatenate
+//! traces, scale a dimension, change a dtype, remove ops; and DOT export.
+
+use crate::class::{is_root_name, OpClass};
+use crate::graph::{Graph, ReplaySet, TensorTable};
+use et_schema::{DType, Trace, Value, ValueType};
+use std::collections::HashSet;
+use std::fmt::Write as _;
+
+fn is_root(t: &Trace, i: usize) -> bool {
+    is_root_name(t.name(&t.nodes[i]))
+}
+
+/// Keeps the selected ops with their whole subtrees, the annotations enclosing them and the
+/// roots; drops everything else.
+pub fn extract(g: &Graph, set: &ReplaySet) -> Trace {
+    let mut keep = vec![false; g.len()];
+    let mut stack: Vec<u32> = set.ops.clone();
+    while let Some(i) = stack.pop() {
+        if !keep[i as usize] {
+            keep[i as usize] = true;
+            stack.extend_from_slice(g.children(i));
+        }
+    }
+    for &i in &set.ops {
+        for a in g.ancestors(i) {
+            keep[a as usize] = true;
+        }
+    }
+    for (i, k) in keep.iter_mut().enumerate() {
+        if g.class[i].contains(OpClass::ROOT) {
+            *k = true;
+        }
+    }
+    retain(g.trace, &keep)
+}
+
+/// Removes the selected ops and their subtrees.
+pub fn remove(g: &Graph, set: &ReplaySet) -> Trace {
+    let mut keep = vec![true; g.len()];
+    let mut stack: Vec<u32> = set.ops.clone();
+    while let Some(i) = stack.pop() {
+        if keep[i as usize] {
+            keep[i as usize] = false;
+            stack.extend_from_slice(g.children(i));
+        }
+    }
+    retain(g.trace, &keep)
+}
+
+fn retain(t: &Trace, keep: &[bool]) -> Trace {
+    let mut out = t.clone();
+    let mut k = keep.iter();
+    out.nodes.retain(|_| *k.next().unwrap_or(&false));
+    out
+}
+
+fn max_id(t: &Trace) -> u64 {
+    t.nodes.iter().map(|n| n.id).max().unwrap_or(0)
+}
+
+/// Repeats the trace's iteration `n` times: copies of every non-root node with fresh node ids
+/// (and record-function ids) placed after the original, so that execution order is original,
+/// copy 1, copy 2, ... Tensor ids stay: each copy re-produces its intermediates and updates the
+/// same parameters, as consecutive iterations do.
+pub fn repeat(t: &Trace, n: usize) -> Trace {
+    let mut out = t.clone();
+    if n <= 1 {
+        return out;
+    }
+    let roots: HashSet<u64> = (0..t.nodes.len())
+        .filter(|&i| is_root(t, i))
+        .map(|i| t.nodes[i].id)
+        .collect();
+    let body: Vec<usize> = (0..t.nodes.len()).filter(|&i| !is_root(t, i)).collect();
+    let lo = body.iter().map(|&i| t.nodes[i].id).min().unwrap_or(0);
+    let span = max_id(t).saturating_sub(lo) + 1;
+    let rf_span = t
+        .nodes
+        .iter()
+        .filter_map(|n| n.rf_id)
+        .max()
+        .map_or(0, |m| m + 1);
+    for k in 1..n as u64 {
+        for &i in &body {
+            let mut node = t.nodes[i].clone();
+            node.id += k * span;
+            node.parent = node.parent.map(|p| {
+                if roots.contains(&p) || p == 0 {
+                    p
+                } else {
+                    p + k * span
+                }
+            });
+            node.rf_id = node.rf_id.map(|r| r + k * rf_span);
+            out.nodes.push(node);
+        }
+    }
+    out
+}
+
+/// Appends trace `b` after trace `a`: `b`'s node ids follow `a`'s, its tensor and storage ids
+/// are shifted past `a`'s (they are different tensors), its thread roots hang under `a`'s
+/// process root. The result has `a`'s schema and layout.
+pub fn concat(a: &Trace, b: &Trace) -> Trace {
+    let mut out = a.clone();
+    let mut b = b.clone();
+    let id_off = max_id(a);
+    let t_off = a.tensors.iter().map(|x| x.id).max().unwrap_or(0) + 1;
+    let s_off = a.tensors.iter().map(|x| x.storage).max().unwrap_or(0) + 1;
+    let rf_off = a
+        .nodes
+        .iter()
+        .filter_map(|n| n.rf_id)
+        .max()
+        .map_or(0, |m| m + 1);
+    let a_process = a.nodes.iter().find(|n| t_is_process(a, n)).map(|n| n.id);
+    let b_process: Option<u64> = b.nodes.iter().find(|n| t_is_process(&b, n)).map(|n| n.id);
+    for x in &mut b.tensors {
+        x.id += t_off;
+        if x.storage != 0 {
+            x.storage += s_off;
+        }
+    }
+    let mut nodes = Vec::with_capacity(b.nodes.len());
+    for n in std::mem::take(&mut b.nodes) {
+        if Some(n.id) == b_process && a_process.is_some() {
+            continue;
+        }
+        let mut n = n;
+        n.parent = n.parent.map(|p| {
+            if Some(p) == b_process {
+                a_process.unwrap_or(p + id_off)
+            } else if p == 0 {
+                0
+            } else {
+                p + id_off
+            }
+        });
+        n.id += id_off;
+        n.rf_id = n.rf_id.map(|r| r + rf_off);
+        nodes.push(n);
+    }
+    b.nodes = nodes;
+    out.absorb(b);
+    out
+}
+
+fn t_is_process(t: &Trace, n: &et_schema::Node) -> bool {
+    let name = t.name(n);
+    is_root_name(name) && name.ends_with("process]")
+}
+
+/// Rewrites the types of one element type to another (e.g. float -> bfloat16): tensor type
+/// strings, item sizes, and `ScalarType` arguments (by op schema).
+pub fn change_dtype(g: &Graph, from: DType, to: DType) -> Trace {
+    let t = g.trace;
+    let mut out = t.clone();
+    let mut retype: std::collections::HashMap<et_schema::Sym, Option<et_schema::Sym>> =
+        Default::default();
+    let mut seen_tensor = vec![false; out.tensors.len()];
+    for (ni, node) in t.nodes.iter().enumerate() {
+        for a in t.inputs(node).iter().chain(t.outputs(node)) {
+            retype.entry(a.ty).or_insert_with(|| {
+                let new = swap_dtype(&ValueType::parse(t.str(a.ty)).ok()?, from, to)?;
+                Some(out.strings.intern(&new.to_string()))
+            });
+            let mut ts = Vec::new();
+            t.tensors_typed(a.value, &t.arg_type(a), &mut ts);
+            for (ti, d) in ts {
+                if d == Some(from) && !seen_tensor[ti as usize] {
+                    seen_tensor[ti as usize] = true;
+                    out.tensors[ti as usize].itemsize = to.size_bytes() as u64;
+                }
+            }
+        }
+        // `ScalarType` arguments (`dtype=6`), found by the op schema's argument positions.
+        if let Some(schema) = g.schema[ni].as_deref() {
+            for (k, a) in t.inputs(node).iter().enumerate() {
+                let is_dtype = schema
+                    .args
+                    .get(k)
+                    .is_some_and(|sa| sa.ty.base_name() == Some("ScalarType"));
+                if is_dtype && a.value == Value::Int(from.scalar_type_code()) {
+                    out.args[node.inputs.start as usize + k].value =
+                        Value::Int(to.scalar_type_code());
+                }
+            }
+        }
+    }
+    for a in &mut out.args {
+        if let Some(Some(n)) = retype.get(&a.ty) {
+            a.ty = *n;
+        }
+    }
+    out
+}
+
+fn swap_dtype(ty: &ValueType, from: DType, to: DType) -> Option<ValueType> {
+    match ty {
+        ValueType::Tensor { dtype: Some(d), .. } if *d == from => Some(ValueType::Tensor {
+            dtype: Some(to),
+            raw: to.et_name().to_string(),
+        }),
+        ValueType::List(v) | ValueType::Tuple(v) => {
+            let mut changed = false;
+            let items: Vec<ValueType> = v
+                .iter()
+                .map(|x| match swap_dtype(x, from, to) {
+                    Some(n) => {
+                        changed = true;
+                        n
+                    }
+                    None => x.clone(),
+                })
+                .collect();
+            if !changed {
+                return None;
+            }
+            Some(if matches!(ty, ValueType::List(_)) {
+                ValueType::List(items)
+            } else {
+                ValueType::Tuple(items)
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Scales every tensor dimension of size `size` by `factor` (say batch 64 -> 128), with the
+/// int-list arguments that carry it (`view`/`reshape`/`expand` sizes) so that ops whose schemas
+/// tie shapes together stay consistent; element counts and contiguous strides follow.
+pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Trace {
+    let mut out = t.clone();
+    let int_list = |out: &Trace, v: Value| -> Option<Vec<i64>> { out.int_list(v) };
+    let mut done_items: HashSet<u32> = HashSet::new();
+    for ai in 0..out.args.len() {
+        let a = out.args[ai];
+        let ty = out.arg_type(&a);
+        match (a.value, &ty) {
+            (Value::Tensor(ti), _) => {
+                let Some(shape) = int_list(&out, a.shape) else {
+                    continue;
+                };
+                if !shape.contains(&size) {
+                    continue;
+                }
+                let new: Vec<i64> = shape
+                    .iter()
+                    .map(|&d| if d == size { d * factor } else { d })
+                    .collect();
+                let Value::List { start, .. } = a.shape else {
+                    continue;
+                };
+                if done_items.insert(start) {
+                    for (k, d) in new.iter().enumerate() {
+                        out.items[start as usize + k] = Value::Int(*d);
+                    }
+                }
+                let old_numel: i64 = shape.iter().product();
+                let numel: i64 = new.iter().product();
+                let x = &mut out.tensors[ti as usize];
+                if x.numel as i64 == old_numel {
+                    x.numel = numel.max(0) as u64;
+                }
+                if let Some(Value::List { start: s0, .. }) = a.strides {
+                    if let Some(strides) = int_list(&out, a.strides.unwrap_or(Value::Null)) {
+                        if strides == contiguous(&shape) && done_items.insert(s0) {
+                            for (k, d) in contiguous(&new).iter().enumerate() {
+                                out.items[s0 as usize + k] = Value::Int(*d);
+                            }
+                        }
+                    }
+                }
+            }
+            (Value::List { start, len }, ValueType::List(elems))
+                if elems.iter().all(|e| *e == ValueType::Int) && len > 0 =>
+            {
+                for k in 0..len {
+                    if out.items[(start + k) as usize] == Value::Int(size) {
+                        out.items[(start + k) as usize] = Value::Int(size * factor);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn contiguous(shape: &[i64]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1].max(1);
+    }
+    s
+}
+
+/// Graphviz DOT of a replay set: one box per op, data edges labelled with the tensor id.
+pub fn to_dot(g: &Graph, set: &ReplaySet, tensors: &TensorTable) -> String {
+    let mut s = String::from("digraph trace {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
+    for (pos, &i) in set.ops.iter().enumerate() {
+        let c = g.class[i as usize];
+        let color = if c.contains(OpClass::COLLECTIVE) {
+            "lightsalmon"
+        } else if c.contains(OpClass::BACKWARD) {
+            "lightblue"
+        } else {
+            "white"
+        };
+        let _ = writeln!(
+            s,
+            "  n{pos} [label=\"{} #{}\", style=filled, fillcolor={color}];",
+            g.name(i).replace('"', "\\\""),
+            g.id(i)
+        );
+    }
+    for e in &tensors.edges {
+        let style = if e.via_storage { ", style=dashed" } else { "" };
+        let _ = writeln!(
+            s,
+            "  n{} -> n{} [label=\"t{}\"{style}];",
+            e.from, e.to, e.tensor.0
+        );
+    }
+    s.push_str("}\n");
+    s
+}

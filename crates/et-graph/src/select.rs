@@ -1,0 +1,165 @@
+//! Selecting part of a replay set: by iteration, op name, enclosing scope, id range and class,
+//! optionally pulling in the producers of the inputs the selection needs.
+
+use crate::class::OpClass;
+use crate::graph::{Graph, ReplaySet, Skip};
+use regex::Regex;
+use std::ops::RangeInclusive;
+
+/// Which kinds of ops to keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kind {
+    #[default]
+    All,
+    /// Everything but collectives.
+    Compute,
+    /// Collectives only.
+    Comm,
+}
+
+impl std::str::FromStr for Kind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Kind, String> {
+        match s {
+            "all" => Ok(Kind::All),
+            "compute" => Ok(Kind::Compute),
+            "comm" => Ok(Kind::Comm),
+            _ => Err(format!("unknown op kind {s:?} (all, compute, comm)")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    /// `ProfilerStep#N` iterations; `None` = the whole trace.
+    pub iterations: Option<Vec<u64>>,
+    /// Op name regex (searched, not anchored).
+    pub name: Option<Regex>,
+    /// Regex on the name of any enclosing annotation (`Optimizer.step`, `## backward ##`, ...).
+    pub scope: Option<Regex>,
+    pub ids: Option<RangeInclusive<u64>>,
+    pub kind: Kind,
+    /// Also select, transitively, the ops producing inputs of selected ops.
+    pub with_producers: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error(
+        "{source_name}: the selection matches no op of the {total} in the replay set ({what})"
+    )]
+    Empty {
+        source_name: String,
+        total: usize,
+        what: String,
+    },
+    #[error("{source_name}: no ProfilerStep#{missing} in the trace (present: {present:?})")]
+    NoIteration {
+        source_name: String,
+        missing: u64,
+        present: Vec<u64>,
+    },
+}
+
+impl Selection {
+    fn describe(&self) -> String {
+        let mut v = vec![];
+        if let Some(i) = &self.iterations {
+            v.push(format!("iterations {i:?}"));
+        }
+        if let Some(r) = &self.name {
+            v.push(format!("name ~ /{r}/"));
+        }
+        if let Some(r) = &self.scope {
+            v.push(format!("scope ~ /{r}/"));
+        }
+        if let Some(r) = &self.ids {
+            v.push(format!("ids {}..={}", r.start(), r.end()));
+        }
+        if self.kind != Kind::All {
+            v.push(format!("{:?}", self.kind).to_lowercase());
+        }
+        if v.is_empty() {
+            "everything".into()
+        } else {
+            v.join(", ")
+        }
+    }
+}
+
+impl Graph<'_> {
+    /// The replay set restricted by a selection; unselected ops get [`Skip::NotSelected`].
+    pub fn select(&self, sel: &Selection) -> Result<ReplaySet, SelectError> {
+        if let Some(its) = &sel.iterations {
+            let present: Vec<u64> = self.iterations().iter().map(|x| x.1).collect();
+            if let Some(&missing) = its.iter().find(|i| !present.contains(i)) {
+                return Err(SelectError::NoIteration {
+                    source_name: self.trace.source.clone(),
+                    missing,
+                    present,
+                });
+            }
+        }
+        let base = self.replay_set(sel.iterations.as_deref());
+        let keep = |i: u32| -> bool {
+            let c = self.class[i as usize];
+            if let Some(r) = &sel.name {
+                if !r.is_match(self.name(i)) {
+                    return false;
+                }
+            }
+            if let Some(r) = &sel.scope {
+                if !self.ancestors(i).any(|a| {
+                    self.class[a as usize].contains(OpClass::ANNOTATION) && r.is_match(self.name(a))
+                }) {
+                    return false;
+                }
+            }
+            if let Some(ids) = &sel.ids {
+                if !ids.contains(&self.id(i)) {
+                    return false;
+                }
+            }
+            match sel.kind {
+                Kind::All => true,
+                Kind::Compute => !c.contains(OpClass::COLLECTIVE),
+                Kind::Comm => c.contains(OpClass::COLLECTIVE),
+            }
+        };
+        let mut chosen: Vec<bool> = base.ops.iter().map(|&i| keep(i)).collect();
+        if sel.with_producers {
+            let tensors = self.tensors(&base);
+            // Edges point backwards, so one reverse sweep closes over producers.
+            let mut preds: Vec<Vec<u32>> = vec![vec![]; base.ops.len()];
+            for e in &tensors.edges {
+                preds[e.to as usize].push(e.from);
+            }
+            for pos in (0..base.ops.len()).rev() {
+                if chosen[pos] {
+                    for &p in &preds[pos] {
+                        chosen[p as usize] = true;
+                    }
+                }
+            }
+        }
+        let mut out = ReplaySet {
+            ops: Vec::new(),
+            skip: base.skip,
+        };
+        for (pos, &i) in base.ops.iter().enumerate() {
+            if chosen[pos] {
+                out.ops.push(i);
+            } else {
+                out.skip[i as usize] = Some(Skip::NotSelected);
+            }
+        }
+        if out.ops.is_empty() {
+            return Err(SelectError::Empty {
+                source_name: self.trace.source.clone(),
+                total: base.ops.len(),
+                what: sel.describe(),
+            });
+        }
+        Ok(out)
+    }
+}
