@@ -278,5 +278,10 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         pr / 1e6,
         pr / size
     );
+    let gs = median(&mut graph);
+    println!(
+        "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
+        gs / o
+    );
     Ok(())
 }

@@ -70,8 +70,8 @@ impl<'t> Graph<'t> {
             .map(|nd| {
                 nd.parent
                     .filter(|&p| p != 0 && p != nd.id)
-                    .and_then(|p| index.get(&p))
-                    .map(|&i| i as u32)
+                    .and_then(|p| index.position(p))
+                    .map(|i| i as u32)
             })
             .collect();
         // CSR children, in execution order.

@@ -137,8 +137,8 @@ impl Summary {
             }
             let mut p = n.parent.filter(|&p| p != n.id);
             let mut nested = false;
-            while let Some(pi) = p.and_then(|p| index.get(&p)) {
-                let pn = &t.nodes[*pi];
+            while let Some(pi) = p.and_then(|p| index.position(p)) {
+                let pn = &t.nodes[pi];
                 if is_coll(pn) && !is_backend_annotation(t.name(pn)) {
                     nested = true;
                     break;

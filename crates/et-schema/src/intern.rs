@@ -11,6 +11,9 @@ pub struct Sym(pub u32);
 pub struct Interner {
     strings: Vec<Box<str>>,
     index: FxHashMap<Box<str>, Sym>,
+    /// Direct-mapped cache of short strings (devices, `Int`, `None`, ...), which make up most
+    /// lookups: one multiply instead of hashing and probing the map.
+    short: Box<[(u64, u32); 256]>,
 }
 
 impl Default for Interner {
@@ -18,6 +21,8 @@ impl Default for Interner {
         let mut i = Interner {
             strings: Vec::new(),
             index: FxHashMap::default(),
+            // u64::MAX never matches: a real key's top byte is its length, at most 7.
+            short: Box::new([(u64::MAX, 0); 256]),
         };
         i.intern("");
         i
@@ -28,13 +33,33 @@ impl Interner {
     pub const EMPTY: Sym = Sym(0);
 
     pub fn intern(&mut self, s: &str) -> Sym {
+        // Strings of at most 7 bytes pack with their length into a u64 that identifies them.
+        let key = (s.len() < 8).then(|| {
+            let mut b = [0u8; 8];
+            b[..s.len()].copy_from_slice(s.as_bytes());
+            b[7] = s.len() as u8;
+            u64::from_le_bytes(b)
+        });
+        let slot = key.map(|k| (k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize);
+        if let (Some(k), Some(i)) = (key, slot) {
+            let (ck, sym) = self.short[i];
+            if ck == k {
+                return Sym(sym);
+            }
+        }
         if let Some(&sym) = self.index.get(s) {
+            if let (Some(k), Some(i)) = (key, slot) {
+                self.short[i] = (k, sym.0);
+            }
             return sym;
         }
         let sym = Sym(self.strings.len() as u32);
         let boxed: Box<str> = s.into();
         self.strings.push(boxed.clone());
         self.index.insert(boxed, sym);
+        if let (Some(k), Some(i)) = (key, slot) {
+            self.short[i] = (k, sym.0);
+        }
         sym
     }
 

@@ -263,12 +263,10 @@ impl Trace {
         }
     }
 
-    pub fn node_by_id(&self) -> rustc_hash::FxHashMap<u64, usize> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id, i))
-            .collect()
+    /// Node id -> position in `nodes`. Last one wins for duplicate ids (validation rejects
+    /// those unless it was turned off).
+    pub fn node_by_id(&self) -> IdIndex {
+        IdIndex::new(self.nodes.iter().map(|n| n.id))
     }
 
     /// Whether the schema string is one whose layout this crate was written against.
@@ -346,5 +344,48 @@ impl Trace {
             ..n
         }));
         start..self.nodes.len()
+    }
+}
+
+/// A map from node id to node position. Observer ids are dense, so a vector indexed by
+/// `id - min` serves most traces; sparse ids fall back to a hash map.
+#[derive(Clone, Debug)]
+pub enum IdIndex {
+    Dense { min: u64, pos: Vec<u32> },
+    Sparse(rustc_hash::FxHashMap<u64, usize>),
+}
+
+impl IdIndex {
+    const NONE: u32 = u32::MAX;
+
+    pub fn new(ids: impl Iterator<Item = u64> + Clone) -> IdIndex {
+        let n = ids.clone().count();
+        let (min, max) = ids
+            .clone()
+            .fold((u64::MAX, 0), |(a, b), x| (a.min(x), b.max(x)));
+        if n > 0 && max - min < (4 * n as u64).max(1024) && n < u32::MAX as usize {
+            let mut pos = vec![Self::NONE; (max - min + 1) as usize];
+            for (i, id) in ids.enumerate() {
+                pos[(id - min) as usize] = i as u32;
+            }
+            IdIndex::Dense { min, pos }
+        } else {
+            IdIndex::Sparse(ids.enumerate().map(|(i, id)| (id, i)).collect())
+        }
+    }
+
+    pub fn position(&self, id: u64) -> Option<usize> {
+        match self {
+            IdIndex::Dense { min, pos } => id
+                .checked_sub(*min)
+                .and_then(|k| pos.get(k as usize))
+                .filter(|&&p| p != Self::NONE)
+                .map(|&p| p as usize),
+            IdIndex::Sparse(m) => m.get(&id).copied(),
+        }
+    }
+
+    pub fn contains(&self, id: u64) -> bool {
+        self.position(id).is_some()
     }
 }

@@ -227,22 +227,23 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
 /// Checks structural invariants: unique ids, parents that exist, no parent cycles.
 pub fn validate(t: &Trace) -> Result<()> {
     let path = || t.source.clone();
-    let mut index: FxHashMap<u64, usize> = FxHashMap::default();
-    index.reserve(t.nodes.len());
+    let index = t.node_by_id();
+    // The index keeps the last node of an id: any node that is not the one found is a duplicate.
     for (i, n) in t.nodes.iter().enumerate() {
-        if let Some(prev) = index.insert(n.id, i) {
+        let last = index.position(n.id).unwrap_or(i);
+        if last != i {
             return Err(Error::DuplicateId {
                 path: path(),
                 id: n.id,
-                first_offset: t.nodes[prev].offset,
-                second_offset: n.offset,
+                first_offset: n.offset,
+                second_offset: t.nodes[last].offset,
             });
         }
     }
     let parent_of = |n: &Node| n.parent.filter(|&p| p != 0 && p != n.id);
     for n in &t.nodes {
         if let Some(p) = parent_of(n) {
-            if !index.contains_key(&p) {
+            if !index.contains(p) {
                 return Err(Error::MissingParent {
                     path: path(),
                     id: n.id,
@@ -260,7 +261,7 @@ pub fn validate(t: &Trace) -> Result<()> {
             state[i] = 1;
             path_stack.push(i);
             match parent_of(&t.nodes[i]) {
-                Some(p) => i = index[&p],
+                Some(p) => i = index.position(p).unwrap_or(i),
                 None => break,
             }
         }
@@ -473,6 +474,30 @@ fn looks_like_node(bytes: &[u8], at: usize) -> bool {
     serde_json::from_slice::<Probe>(&bytes[at..end]).is_ok()
 }
 
+thread_local! {
+    /// The builder and node accumulator that [`NodeMarker`] parses into on this thread.
+    static SINK: std::cell::Cell<Option<(*mut Builder, *mut NodeAcc)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Parses one node into the thread's [`SINK`]. It exists so that serde_json's
+/// `StreamDeserializer`, which reports where a value ends, can drive the node visitor: that
+/// saves a separate structural pass over every record on the parallel path.
+struct NodeMarker;
+
+impl<'de> serde::Deserialize<'de> for NodeMarker {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<NodeMarker, D::Error> {
+        let (b, acc) = SINK
+            .with(|s| s.get())
+            .ok_or_else(|| de::Error::custom("no node sink"))?;
+        // SAFETY: `parse_span` sets SINK to pointers to its own locals for the duration of the
+        // `next()` call that runs this, on this thread, and clears it before they go away; no
+        // other reference to them is live meanwhile.
+        let (b, acc) = unsafe { (&mut *b, &mut *acc) };
+        NodeSeed { b, acc }.deserialize(d)?;
+        Ok(NodeMarker)
+    }
+}
+
 /// Parses elements from `start` until the index `stop` (exclusive, must be hit exactly) or the
 /// closing `]` when `stop` is `None`.
 fn parse_span(
@@ -485,11 +510,23 @@ fn parse_span(
     let mut acc = NodeAcc::default();
     let mut i = start;
     loop {
-        let end = scan::skip_value(bytes, i).ok()?;
-        if bytes[i] != b'{' {
+        if bytes.get(i) != Some(&b'{') {
             return None;
         }
-        parse_one(&mut b, &mut acc, bytes, i..end, source).ok()?;
+        acc.clear();
+        b.raw.clear();
+        let mut stream =
+            serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<NodeMarker>();
+        SINK.with(|s| s.set(Some((&mut b as *mut Builder, &mut acc as *mut NodeAcc))));
+        let parsed = stream.next();
+        SINK.with(|s| s.set(None));
+        match parsed {
+            Some(Ok(NodeMarker)) => {}
+            _ => return None,
+        }
+        let end = i + stream.byte_offset();
+        b.finish_node(&mut acc, i as u64).ok()?;
+        let _ = source;
         let j = scan::ws(bytes, end);
         match bytes.get(j) {
             Some(b',') => {
@@ -1285,7 +1322,7 @@ impl<'de> Visitor<'de> for AttrsSeed<'_> {
             raw,
             stack,
         })? {
-            let name = strings.get(a.name);
+            let name = a.name.as_str(strings);
             let as_u64 = match a.value {
                 Value::Int(i) if i >= 0 => Some(i as u64),
                 Value::UInt(u) => Some(u),
@@ -1311,7 +1348,7 @@ impl<'de> Visitor<'de> for AttrsSeed<'_> {
                 "kernel_file" => Some(&mut acc.kernel_file),
                 _ => None,
             };
-            let ty = strings.get(a.ty);
+            let ty = a.ty.as_str(strings);
             let stored = match (slot_u64, slot_sym, a.value) {
                 (Some(slot), _, _) if as_u64.is_some() && ty == "uint64" && slot.is_none() => {
                     *slot = as_u64;
@@ -1330,9 +1367,10 @@ impl<'de> Visitor<'de> for AttrsSeed<'_> {
                 _ => false,
             };
             if !stored {
+                let (name, ty) = (a.name.sym(strings), a.ty.sym(strings));
                 acc.extra.push(ExtraAttr {
-                    name: a.name,
-                    ty: Some(a.ty),
+                    name,
+                    ty: Some(ty),
                     value: a.value,
                 });
             }
@@ -1348,9 +1386,72 @@ struct AttrSeed<'a> {
 }
 
 struct RawAttr {
-    name: Sym,
-    ty: Sym,
+    name: Word,
+    ty: Word,
     value: Value,
+}
+
+/// Attribute names and types the observer writes on every node: matched without interning.
+const ATTR_WORDS: &[&str] = &[
+    "rf_id",
+    "fw_parent",
+    "seq_id",
+    "scope",
+    "tid",
+    "fw_tid",
+    "op_schema",
+    "kernel_backend",
+    "kernel_file",
+    "uint64",
+    "int64",
+    "string",
+    "tensor_range",
+];
+
+/// A string that is one of [`ATTR_WORDS`] or else interned.
+#[derive(Clone, Copy)]
+enum Word {
+    Known(u8),
+    Other(Sym),
+}
+
+impl Word {
+    fn as_str<'s>(&self, strings: &'s Interner) -> &'s str {
+        match *self {
+            Word::Known(i) => ATTR_WORDS[i as usize],
+            Word::Other(s) => strings.get(s),
+        }
+    }
+    fn sym(&self, strings: &mut Interner) -> Sym {
+        match *self {
+            Word::Known(i) => strings.intern(ATTR_WORDS[i as usize]),
+            Word::Other(s) => s,
+        }
+    }
+}
+
+struct WordSeed<'a> {
+    strings: &'a mut Interner,
+}
+
+impl<'de> DeserializeSeed<'de> for WordSeed<'_> {
+    type Value = Word;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Word, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for WordSeed<'_> {
+    type Value = Word;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string")
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Word, E> {
+        Ok(match ATTR_WORDS.iter().position(|w| *w == v) {
+            Some(i) => Word::Known(i as u8),
+            None => Word::Other(self.strings.intern(v)),
+        })
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for AttrSeed<'_> {
@@ -1374,8 +1475,8 @@ impl<'de> Visitor<'de> for AttrSeed<'_> {
         let (mut name, mut ty, mut value) = (None, None, None);
         while let Some(key) = map.next_key_seed(NameSeed(&["name", "type", "value"]))? {
             match key {
-                Some(0) => name = Some(map.next_value_seed(SymSeed { strings })?),
-                Some(1) => ty = Some(map.next_value_seed(SymSeed { strings })?),
+                Some(0) => name = Some(map.next_value_seed(WordSeed { strings })?),
+                Some(1) => ty = Some(map.next_value_seed(WordSeed { strings })?),
                 Some(2) => {
                     value = Some(map.next_value_seed(RawSeed {
                         strings,
@@ -1390,7 +1491,7 @@ impl<'de> Visitor<'de> for AttrSeed<'_> {
         }
         Ok(RawAttr {
             name: name.ok_or_else(|| de::Error::custom("attribute without \"name\""))?,
-            ty: ty.unwrap_or(Interner::EMPTY),
+            ty: ty.unwrap_or(Word::Other(Interner::EMPTY)),
             value: value.unwrap_or(Value::Null),
         })
     }
