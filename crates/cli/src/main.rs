@@ -8,6 +8,7 @@ use std::process::ExitCode;
 mod compose_cmd;
 mod graph_cmd;
 mod inspect;
+mod replay_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -74,6 +75,8 @@ enum Cmd {
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
     },
+    /// Replay the trace's operators for real through libtorch and report coverage and timing.
+    Replay(replay_cmd::ReplayArgs),
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,
 }
@@ -186,6 +189,7 @@ fn run(cli: Cli) -> Result<()> {
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
         },
+        Cmd::Replay(a) => replay_cmd::run(&a),
         Cmd::Env => {
             println!("{}", replay::env_report());
             Ok(())

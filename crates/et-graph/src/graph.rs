@@ -112,6 +112,34 @@ impl<'t> Graph<'t> {
             .zip(&schema)
             .map(|(nd, s)| classify(trace, nd, s.as_deref()))
             .collect();
+        // A namespaced record_function scope without a schema (`torch::distributed::reducer::
+        // mul_out`) looks like an op by name; if an op with a schema runs inside it, it is a
+        // scope, and the op inside is what a replay must run.
+        let mut has_schema_child = vec![false; n];
+        for (i, p) in parent.iter().enumerate() {
+            if let Some(p) = p {
+                if schema[i].is_some() || trace.op_schema_str(&trace.nodes[i]).is_some() {
+                    has_schema_child[*p as usize] = true;
+                }
+            }
+        }
+        for i in 0..n {
+            let c = class[i];
+            let no_schema = trace.op_schema_str(&trace.nodes[i]).is_none();
+            if c.contains(OpClass::OP)
+                && no_schema
+                && !c.intersects(OpClass::COLLECTIVE | OpClass::KERNEL)
+                && has_schema_child[i]
+            {
+                class[i] = (c
+                    - (OpClass::OP
+                        | OpClass::ATEN
+                        | OpClass::CUSTOM
+                        | OpClass::VIEW
+                        | OpClass::INPLACE))
+                    | OpClass::ANNOTATION;
+            }
+        }
         // Backward-ness is inherited from ancestors (ops run by an autograd evaluate_function).
         for &i in &order {
             if let Some(p) = parent[i as usize] {

@@ -1,7 +1,160 @@
 //! # replay
 //!
-//! The replay runtime: runs a trace's operators through libtorch. For now it reports the
-//! libtorch it links and whether CUDA is usable; the runtime lands with the replay issue.
+//! Runs an execution trace's operators for real through libtorch. [`plan::compile`] turns an
+//! et-graph replay set into an immutable [`plan::Plan`] (resolved dispatcher handles, argument
+//! templates, tensor slots, frees); [`runner::run`] materialises the external inputs and
+//! executes the plan for warm-up and measured iterations, timing every op.
+//!
+//! Architecture invariant: everything that touches libtorch, CUDA or c10d lives in this crate.
+
+pub mod ffi;
+pub mod plan;
+pub mod runner;
+
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("materialising inputs: {0}")]
+    Materialise(String),
+    #[error("op {op} (node {id}) failed and --strict is set: {reason}")]
+    Strict { op: String, id: u64, reason: String },
+    #[error("{0}")]
+    Device(String),
+    #[error("loading {path}: {reason}")]
+    Library { path: String, reason: String },
+}
+
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    pub device: tch::Device,
+    pub warmup: usize,
+    pub iters: usize,
+    pub only: et_graph::Kind,
+    pub strict: bool,
+    pub trace_out: Option<PathBuf>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            device: tch::Device::Cpu,
+            warmup: 2,
+            iters: 10,
+            only: et_graph::Kind::All,
+            strict: false,
+            trace_out: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub op: String,
+    pub count: usize,
+    pub reason: String,
+}
+
+/// An op that ran as something else on this device (reported per op).
+#[derive(Clone, Debug, Serialize)]
+pub struct Fallback {
+    pub op: String,
+    pub count: usize,
+    pub ran_as: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OpTiming {
+    pub op: String,
+    /// Calls per iteration.
+    pub count: usize,
+    /// Milliseconds per iteration.
+    pub total_ms: f64,
+    pub mean_us: f64,
+}
+
+/// What a replay did. Op counts are per iteration of the replay set.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub trace: String,
+    pub device: String,
+    pub threads: i32,
+    pub warmup: usize,
+    pub iters: usize,
+    pub ops_selected: usize,
+    pub ops_replayed: usize,
+    pub ops_failed: usize,
+    /// Collectives left out by `--only compute`.
+    pub ops_skipped: usize,
+    pub failures: Vec<Failure>,
+    /// Wall time per measured iteration.
+    pub iter_ms: metrics::Stats,
+    /// Sum of op times per measured iteration.
+    pub op_ms: metrics::Stats,
+    /// Replay bookkeeping per op: (iteration - sum of ops) / ops.
+    pub overhead_us_per_op: f64,
+    /// Peak bytes of live storages during the first iteration.
+    pub peak_bytes: u64,
+    pub external_bytes: u64,
+    pub externals: usize,
+    /// Per op name, most time first.
+    pub ops: Vec<OpTiming>,
+    /// Ops replayed through a device fallback.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// Parses `cpu`, `cuda`, `cuda:N`; CUDA must be present.
+pub fn parse_device(s: &str) -> Result<tch::Device, ReplayError> {
+    let d = match s {
+        "cpu" => tch::Device::Cpu,
+        "cuda" => tch::Device::Cuda(0),
+        _ => match s.strip_prefix("cuda:").and_then(|i| i.parse().ok()) {
+            Some(i) => tch::Device::Cuda(i),
+            None => {
+                return Err(ReplayError::Device(format!(
+                    "unknown device {s:?} (cpu, cuda, cuda:N)"
+                )))
+            }
+        },
+    };
+    if let tch::Device::Cuda(i) = d {
+        if !tch::Cuda::is_available() {
+            return Err(ReplayError::Device(
+                "no CUDA device: this machine has no usable GPU (replay with --device cpu)".into(),
+            ));
+        }
+        if i >= tch::Cuda::device_count() as usize {
+            return Err(ReplayError::Device(format!(
+                "cuda:{i} does not exist ({} CUDA devices)",
+                tch::Cuda::device_count()
+            )));
+        }
+    }
+    Ok(d)
+}
+
+/// Loads a custom-op library (like `torch.ops.load_library`).
+pub fn load_library(path: &std::path::Path) -> Result<(), ReplayError> {
+    ffi::load_library(path).map_err(|reason| ReplayError::Library {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+/// Plans and runs a replay of `set`; returns the report and (with `trace_out`) the op slices.
+pub fn replay(
+    g: &et_graph::Graph,
+    set: &et_graph::ReplaySet,
+    opts: &ReplayOptions,
+) -> Result<(Report, Vec<metrics::Slice>), ReplayError> {
+    let plan = plan::compile(g, set, opts.device);
+    let selected = match opts.only {
+        et_graph::Kind::Compute => plan.steps.iter().filter(|s| !s.collective).count(),
+        _ => plan.steps.len(),
+    };
+    runner::run(&plan, opts, &g.trace.source, selected)
+}
 
 /// A one-line description of the libtorch runtime: version, threads, CUDA.
 pub fn env_report() -> String {

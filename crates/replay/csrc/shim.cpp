@@ -1,0 +1,193 @@
+// Boxed operator dispatch for mystique's replay: find any registered operator by name and
+// overload and call it with a stack of IValues built from trace values. tch's generated
+// functions cannot do this (they drop defaulted scalars, omit _foreach/fused ops), so this
+// small shim talks to c10::Dispatcher directly. Every entry point catches C++ exceptions and
+// reports them through mq_last_error(): nothing unwinds into Rust.
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return 1;
+}
+}  // namespace
+
+struct MqStack {
+  torch::jit::Stack s;
+};
+
+extern "C" {
+
+const char* mq_last_error() { return last_error.c_str(); }
+
+// Returns an opaque handle (a heap c10::OperatorHandle), or null with the error set.
+void* mq_find_op(const char* name, const char* overload) {
+  void* out = nullptr;
+  guarded([&] {
+    auto h = c10::Dispatcher::singleton().findSchema({name, overload});
+    if (!h.has_value()) {
+      last_error = std::string("no operator ") + name + (overload[0] ? "." : "") + overload +
+                   " is registered in this libtorch (load its library with --load-library)";
+      return;
+    }
+    out = new c10::OperatorHandle(*h);
+  });
+  return out;
+}
+
+void mq_op_free(void* op) { delete static_cast<c10::OperatorHandle*>(op); }
+
+// Number of schema arguments, or -1.
+int64_t mq_op_num_args(void* op) {
+  return static_cast<int64_t>(static_cast<c10::OperatorHandle*>(op)->schema().arguments().size());
+}
+
+// Pushes the schema's default for argument i; returns 1 if it has none.
+int mq_push_default(MqStack* st, void* op, int64_t i) {
+  const auto& args = static_cast<c10::OperatorHandle*>(op)->schema().arguments();
+  if (i < 0 || static_cast<size_t>(i) >= args.size() || !args[i].default_value().has_value()) {
+    last_error = "argument has no default";
+    return 1;
+  }
+  st->s.push_back(*args[i].default_value());
+  return 0;
+}
+
+MqStack* mq_stack_new() { return new MqStack(); }
+void mq_stack_free(MqStack* st) { delete st; }
+void mq_stack_clear(MqStack* st) { st->s.clear(); }
+size_t mq_stack_len(MqStack* st) { return st->s.size(); }
+
+void mq_push_none(MqStack* st) { st->s.emplace_back(); }
+void mq_push_tensor(MqStack* st, const at::Tensor* t) { st->s.emplace_back(*t); }
+void mq_push_undefined_tensor(MqStack* st) { st->s.emplace_back(at::Tensor()); }
+void mq_push_int(MqStack* st, int64_t v) { st->s.emplace_back(v); }
+void mq_push_double(MqStack* st, double v) { st->s.emplace_back(v); }
+void mq_push_bool(MqStack* st, bool v) { st->s.emplace_back(v); }
+void mq_push_string(MqStack* st, const char* v) { st->s.emplace_back(std::string(v)); }
+void mq_push_scalar_int(MqStack* st, int64_t v) { st->s.emplace_back(c10::Scalar(v)); }
+void mq_push_scalar_double(MqStack* st, double v) { st->s.emplace_back(c10::Scalar(v)); }
+void mq_push_scalar_bool(MqStack* st, bool v) { st->s.emplace_back(c10::Scalar(v)); }
+void mq_push_int_list(MqStack* st, const int64_t* v, size_t n) {
+  st->s.emplace_back(std::vector<int64_t>(v, v + n));
+}
+void mq_push_double_list(MqStack* st, const double* v, size_t n) {
+  st->s.emplace_back(std::vector<double>(v, v + n));
+}
+void mq_push_bool_list(MqStack* st, const uint8_t* v, size_t n) {
+  c10::List<bool> l;
+  for (size_t i = 0; i < n; i++) l.push_back(v[i] != 0);
+  st->s.emplace_back(l);
+}
+void mq_push_tensor_list(MqStack* st, const at::Tensor* const* v, size_t n) {
+  c10::List<at::Tensor> l;
+  for (size_t i = 0; i < n; i++) l.push_back(v[i] ? *v[i] : at::Tensor());
+  st->s.emplace_back(l);
+}
+void mq_push_opt_tensor_list(MqStack* st, const at::Tensor* const* v, size_t n) {
+  c10::List<std::optional<at::Tensor>> l;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i]) {
+      l.push_back(std::optional<at::Tensor>(*v[i]));
+    } else {
+      l.push_back(std::optional<at::Tensor>());
+    }
+  }
+  st->s.emplace_back(l);
+}
+// Scalar[] (e.g. _foreach_addcdiv_.ScalarList): a generic list of numbers.
+void mq_push_scalar_list(MqStack* st, const double* v, size_t n) {
+  c10::impl::GenericList l(c10::NumberType::get());
+  for (size_t i = 0; i < n; i++) l.push_back(c10::IValue(c10::Scalar(v[i])));
+  st->s.emplace_back(l);
+}
+// type: 0 cpu, 1 cuda; index -1 = current.
+void mq_push_device(MqStack* st, int type, int index) {
+  st->s.emplace_back(c10::Device(type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                                 static_cast<c10::DeviceIndex>(index)));
+}
+
+// Calls the operator on the stack (arguments in schema order); results replace them.
+int mq_call(void* op, MqStack* st) {
+  return guarded([&] {
+    // The trace already holds the backward ops as explicit aten calls: no autograd here.
+    c10::AutoGradMode no_grad(false);
+    static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
+  });
+}
+
+// 0 none, 1 tensor, 2 tensor list, 3 other.
+int mq_stack_kind(MqStack* st, size_t i) {
+  const auto& v = st->s.at(i);
+  if (v.isNone()) return 0;
+  if (v.isTensor()) return 1;
+  if (v.isTensorList()) return 2;
+  return 3;
+}
+
+// A new owned at::Tensor for result i (caller frees through tch).
+at::Tensor* mq_stack_tensor(MqStack* st, size_t i) { return new at::Tensor(st->s.at(i).toTensor()); }
+size_t mq_stack_list_len(MqStack* st, size_t i) { return st->s.at(i).toTensorList().size(); }
+at::Tensor* mq_stack_list_tensor(MqStack* st, size_t i, size_t k) {
+  return new at::Tensor(st->s.at(i).toTensorList().get(k));
+}
+
+// Materialises a tensor view of a fresh storage: empty_strided on the device.
+at::Tensor* mq_empty_strided(const int64_t* size, const int64_t* stride, size_t ndim, int dtype,
+                             int device_type, int device_index) {
+  at::Tensor* out = nullptr;
+  guarded([&] {
+    auto opts = at::TensorOptions()
+                    .dtype(static_cast<c10::ScalarType>(dtype))
+                    .device(c10::Device(device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                                        static_cast<c10::DeviceIndex>(device_index)));
+    out = new at::Tensor(at::empty_strided(c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim), opts));
+  });
+  return out;
+}
+
+// The storage a tensor views (data pointer and bytes), to count live memory once per storage.
+void mq_storage_info(const at::Tensor* t, uintptr_t* ptr, size_t* nbytes) {
+  if (!t->defined() || !t->has_storage()) {
+    *ptr = 0;
+    *nbytes = 0;
+    return;
+  }
+  const auto& st = t->storage();
+  *ptr = reinterpret_cast<uintptr_t>(st.data_ptr().get());
+  *nbytes = st.nbytes();
+}
+
+// dlopen with RTLD_GLOBAL so that the library's operator registrations run.
+int mq_load_library(const char* path) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (!h) {
+    last_error = dlerror();
+    return 1;
+  }
+  return 0;
+}
+
+}  // extern "C"

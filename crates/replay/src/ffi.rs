@@ -1,0 +1,286 @@
+//! Safe wrappers over the C++ boxed-dispatch shim (`csrc/shim.cpp`).
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::ptr::NonNull;
+use tch::Tensor;
+use torch_sys::C_tensor;
+
+#[repr(C)]
+pub struct MqStack {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    fn mq_last_error() -> *const c_char;
+    fn mq_find_op(name: *const c_char, overload: *const c_char) -> *mut c_void;
+    fn mq_op_free(op: *mut c_void);
+    fn mq_op_num_args(op: *mut c_void) -> i64;
+    fn mq_push_default(st: *mut MqStack, op: *mut c_void, i: i64) -> i32;
+    fn mq_stack_new() -> *mut MqStack;
+    fn mq_stack_free(st: *mut MqStack);
+    fn mq_stack_clear(st: *mut MqStack);
+    fn mq_stack_len(st: *mut MqStack) -> usize;
+    fn mq_push_none(st: *mut MqStack);
+    fn mq_push_tensor(st: *mut MqStack, t: *const C_tensor);
+    fn mq_push_undefined_tensor(st: *mut MqStack);
+    fn mq_push_int(st: *mut MqStack, v: i64);
+    fn mq_push_double(st: *mut MqStack, v: f64);
+    fn mq_push_bool(st: *mut MqStack, v: bool);
+    fn mq_push_string(st: *mut MqStack, v: *const c_char);
+    fn mq_push_scalar_int(st: *mut MqStack, v: i64);
+    fn mq_push_scalar_double(st: *mut MqStack, v: f64);
+    fn mq_push_scalar_bool(st: *mut MqStack, v: bool);
+    fn mq_push_int_list(st: *mut MqStack, v: *const i64, n: usize);
+    fn mq_push_double_list(st: *mut MqStack, v: *const f64, n: usize);
+    fn mq_push_bool_list(st: *mut MqStack, v: *const u8, n: usize);
+    fn mq_push_tensor_list(st: *mut MqStack, v: *const *const C_tensor, n: usize);
+    fn mq_push_opt_tensor_list(st: *mut MqStack, v: *const *const C_tensor, n: usize);
+    fn mq_push_device(st: *mut MqStack, ty: i32, index: i32);
+    fn mq_push_scalar_list(st: *mut MqStack, v: *const f64, n: usize);
+    fn mq_call(op: *mut c_void, st: *mut MqStack) -> i32;
+    fn mq_stack_kind(st: *mut MqStack, i: usize) -> i32;
+    fn mq_stack_tensor(st: *mut MqStack, i: usize) -> *mut C_tensor;
+    fn mq_stack_list_len(st: *mut MqStack, i: usize) -> usize;
+    fn mq_stack_list_tensor(st: *mut MqStack, i: usize, k: usize) -> *mut C_tensor;
+    fn mq_empty_strided(
+        size: *const i64,
+        stride: *const i64,
+        ndim: usize,
+        dtype: i32,
+        dev_type: i32,
+        dev_index: i32,
+    ) -> *mut C_tensor;
+    fn mq_load_library(path: *const c_char) -> i32;
+    fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
+}
+
+/// (storage data pointer, storage bytes) of a tensor; (0, 0) when it has none.
+pub fn storage_info(t: &Tensor) -> (usize, usize) {
+    let (mut p, mut n) = (0usize, 0usize);
+    // SAFETY: a live tensor; the shim writes two integers.
+    unsafe { mq_storage_info(t.as_ptr(), &mut p, &mut n) };
+    (p, n)
+}
+
+fn last_error() -> String {
+    // SAFETY: mq_last_error returns a pointer into a thread-local std::string that lives until
+    // the next shim call on this thread; it is copied at once.
+    unsafe { CStr::from_ptr(mq_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A resolved operator (a c10::OperatorHandle).
+pub struct Op(NonNull<c_void>);
+
+// SAFETY: an OperatorHandle is an immutable reference into the global dispatcher.
+unsafe impl Send for Op {}
+unsafe impl Sync for Op {}
+
+impl Op {
+    /// Finds `name.overload` (e.g. `aten::add`, `Tensor`) in the dispatcher.
+    pub fn find(name: &str, overload: &str) -> Result<Op, String> {
+        let n = CString::new(name).map_err(|e| e.to_string())?;
+        let o = CString::new(overload).map_err(|e| e.to_string())?;
+        // SAFETY: valid NUL-terminated strings; the shim returns null on failure.
+        NonNull::new(unsafe { mq_find_op(n.as_ptr(), o.as_ptr()) })
+            .map(Op)
+            .ok_or_else(last_error)
+    }
+
+    pub fn num_args(&self) -> usize {
+        // SAFETY: a live handle.
+        unsafe { mq_op_num_args(self.0.as_ptr()) }.max(0) as usize
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        // SAFETY: allocated by mq_find_op, freed once.
+        unsafe { mq_op_free(self.0.as_ptr()) }
+    }
+}
+
+/// What a result on the stack is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    None,
+    Tensor,
+    TensorList,
+    Other,
+}
+
+/// A reusable IValue stack.
+pub struct Stack(NonNull<MqStack>);
+
+impl Default for Stack {
+    fn default() -> Self {
+        // SAFETY: the shim allocates a fresh stack.
+        Stack(NonNull::new(unsafe { mq_stack_new() }).expect("allocating an IValue stack"))
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: allocated by mq_stack_new, freed once.
+        unsafe { mq_stack_free(self.0.as_ptr()) }
+    }
+}
+
+// All pushes copy their data into the C++ stack before returning.
+impl Stack {
+    fn p(&self) -> *mut MqStack {
+        self.0.as_ptr()
+    }
+    pub fn clear(&mut self) {
+        unsafe { mq_stack_clear(self.p()) }
+    }
+    pub fn len(&self) -> usize {
+        unsafe { mq_stack_len(self.p()) }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    pub fn none(&mut self) {
+        unsafe { mq_push_none(self.p()) }
+    }
+    pub fn tensor(&mut self, t: &Tensor) {
+        unsafe { mq_push_tensor(self.p(), t.as_ptr()) }
+    }
+    pub fn undefined_tensor(&mut self) {
+        unsafe { mq_push_undefined_tensor(self.p()) }
+    }
+    pub fn int(&mut self, v: i64) {
+        unsafe { mq_push_int(self.p(), v) }
+    }
+    pub fn double(&mut self, v: f64) {
+        unsafe { mq_push_double(self.p(), v) }
+    }
+    pub fn bool(&mut self, v: bool) {
+        unsafe { mq_push_bool(self.p(), v) }
+    }
+    pub fn string(&mut self, v: &CStr) {
+        unsafe { mq_push_string(self.p(), v.as_ptr()) }
+    }
+    pub fn scalar_int(&mut self, v: i64) {
+        unsafe { mq_push_scalar_int(self.p(), v) }
+    }
+    pub fn scalar_double(&mut self, v: f64) {
+        unsafe { mq_push_scalar_double(self.p(), v) }
+    }
+    pub fn scalar_bool(&mut self, v: bool) {
+        unsafe { mq_push_scalar_bool(self.p(), v) }
+    }
+    pub fn int_list(&mut self, v: &[i64]) {
+        unsafe { mq_push_int_list(self.p(), v.as_ptr(), v.len()) }
+    }
+    pub fn double_list(&mut self, v: &[f64]) {
+        unsafe { mq_push_double_list(self.p(), v.as_ptr(), v.len()) }
+    }
+    pub fn bool_list(&mut self, v: &[u8]) {
+        unsafe { mq_push_bool_list(self.p(), v.as_ptr(), v.len()) }
+    }
+    pub fn scalar_list(&mut self, v: &[f64]) {
+        unsafe { mq_push_scalar_list(self.p(), v.as_ptr(), v.len()) }
+    }
+    /// `None` entries become undefined tensors.
+    pub fn tensor_list(&mut self, v: &[Option<&Tensor>]) {
+        let ptrs: Vec<*const C_tensor> = v
+            .iter()
+            .map(|t| t.map_or(std::ptr::null(), |t| t.as_ptr()))
+            .collect();
+        unsafe { mq_push_tensor_list(self.p(), ptrs.as_ptr(), ptrs.len()) }
+    }
+    /// `None` entries stay None (`Tensor?[]`).
+    pub fn opt_tensor_list(&mut self, v: &[Option<&Tensor>]) {
+        let ptrs: Vec<*const C_tensor> = v
+            .iter()
+            .map(|t| t.map_or(std::ptr::null(), |t| t.as_ptr()))
+            .collect();
+        unsafe { mq_push_opt_tensor_list(self.p(), ptrs.as_ptr(), ptrs.len()) }
+    }
+    pub fn device(&mut self, d: tch::Device) {
+        let (ty, idx) = match d {
+            tch::Device::Cuda(i) => (1, i as i32),
+            _ => (0, -1),
+        };
+        unsafe { mq_push_device(self.p(), ty, idx) }
+    }
+    /// Pushes the schema default of argument `i` of `op`.
+    pub fn default_of(&mut self, op: &Op, i: usize) -> Result<(), String> {
+        if unsafe { mq_push_default(self.p(), op.0.as_ptr(), i as i64) } == 0 {
+            Ok(())
+        } else {
+            Err(last_error())
+        }
+    }
+
+    /// Calls `op` with the arguments on the stack; results replace them.
+    pub fn call(&mut self, op: &Op) -> Result<(), String> {
+        // SAFETY: live op and stack; the shim catches every C++ exception.
+        if unsafe { mq_call(op.0.as_ptr(), self.p()) } == 0 {
+            Ok(())
+        } else {
+            Err(last_error())
+        }
+    }
+
+    pub fn kind(&self, i: usize) -> Kind {
+        match unsafe { mq_stack_kind(self.p(), i) } {
+            0 => Kind::None,
+            1 => Kind::Tensor,
+            2 => Kind::TensorList,
+            _ => Kind::Other,
+        }
+    }
+
+    pub fn take_tensor(&self, i: usize) -> Tensor {
+        // SAFETY: the shim returns a new heap at::Tensor that tch takes ownership of.
+        unsafe { Tensor::from_ptr(mq_stack_tensor(self.p(), i)) }
+    }
+
+    pub fn take_list(&self, i: usize) -> Vec<Tensor> {
+        let n = unsafe { mq_stack_list_len(self.p(), i) };
+        (0..n)
+            .map(|k| unsafe { Tensor::from_ptr(mq_stack_list_tensor(self.p(), i, k)) })
+            .collect()
+    }
+}
+
+/// A fresh tensor with the given size and strides (c10 ScalarType code) on a device.
+pub fn empty_strided(
+    size: &[i64],
+    stride: &[i64],
+    dtype_code: i32,
+    device: tch::Device,
+) -> Result<Tensor, String> {
+    let (ty, idx) = match device {
+        tch::Device::Cuda(i) => (1, i as i32),
+        _ => (0, -1),
+    };
+    let p = unsafe {
+        mq_empty_strided(
+            size.as_ptr(),
+            stride.as_ptr(),
+            size.len().min(stride.len()),
+            dtype_code,
+            ty,
+            idx,
+        )
+    };
+    if p.is_null() {
+        Err(last_error())
+    } else {
+        Ok(unsafe { Tensor::from_ptr(p) })
+    }
+}
+
+/// Loads a library of custom operators (like `torch.ops.load_library`).
+pub fn load_library(path: &std::path::Path) -> Result<(), String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    if unsafe { mq_load_library(c.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}

@@ -1,0 +1,368 @@
+//! Executing a [`Plan`]: materialise external inputs once, then run warm-up and measured
+//! iterations, timing each op, recording failures and synthesising their outputs so that
+//! dependants still run.
+
+use crate::ffi::{self, Stack};
+use crate::plan::{Arg, Fill, Out, Plan, Step, TensorSpec};
+use crate::{Failure, OpTiming, ReplayError, ReplayOptions, Report};
+use metrics::{Clock, Slice, Stats};
+use std::collections::{BTreeMap, HashMap};
+use tch::{Device, Kind, Tensor};
+
+fn kind_of(d: et_schema::DType) -> Kind {
+    use et_schema::DType as D;
+    match d {
+        D::UInt8 => Kind::Uint8,
+        D::Int8 => Kind::Int8,
+        D::Int16 => Kind::Int16,
+        D::Int32 => Kind::Int,
+        D::Int64 => Kind::Int64,
+        D::Float16 => Kind::Half,
+        D::Float64 => Kind::Double,
+        D::Bool => Kind::Bool,
+        D::BFloat16 => Kind::BFloat16,
+        D::Complex64 => Kind::ComplexFloat,
+        D::Complex128 => Kind::ComplexDouble,
+        _ => Kind::Float,
+    }
+}
+
+/// Allocates the external inputs: one allocation per trace storage, views into it, values
+/// that suit their consumers (random floats; valid indices; sorted offsets).
+pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, ReplayError> {
+    let mut slots: Vec<Option<Tensor>> = (0..plan.n_slots).map(|_| None).collect();
+    // Group by (storage, dtype): views of one storage share one allocation.
+    let mut groups: BTreeMap<(u64, et_schema::DType), Vec<usize>> = BTreeMap::new();
+    for (k, (_, spec, _)) in plan.externals.iter().enumerate() {
+        groups
+            .entry((spec.storage, spec.dtype))
+            .or_default()
+            .push(k);
+    }
+    for ((_, dtype), members) in groups {
+        let extent = members
+            .iter()
+            .map(|&k| plan.externals[k].1.extent())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut base = ffi::empty_strided(&[extent], &[1], dtype.scalar_type_code() as i32, device)
+            .map_err(ReplayError::Materialise)?;
+        // Floats get small random values (no NaN/denormal slow paths, like trained weights);
+        // integers and bools start at zero and index inputs are filled per view below.
+        if dtype.is_floating_point() {
+            let _ = base.normal_(0.0, 0.1);
+        } else {
+            let _ = base.zero_();
+        }
+        for k in members {
+            let (slot, spec, fill) = &plan.externals[k];
+            let mut view = base
+                .f_as_strided(spec.shape.as_slice(), spec.strides.as_slice(), spec.offset)
+                .map_err(|e| ReplayError::Materialise(e.to_string()))?;
+            fill_view(&mut view, spec, fill, device)?;
+            slots[*slot as usize] = Some(view);
+        }
+    }
+    Ok(slots)
+}
+
+fn fill_view(
+    view: &mut Tensor,
+    spec: &TensorSpec,
+    fill: &Fill,
+    device: Device,
+) -> Result<(), ReplayError> {
+    let kind = kind_of(spec.dtype);
+    let src = match fill {
+        Fill::Random | Fill::Zeros => return Ok(()),
+        Fill::Indices(bound) => {
+            Tensor::f_randint_low(0, (*bound).max(1), spec.shape.as_slice(), (kind, device))
+        }
+        Fill::Offsets(total) => {
+            let n = spec.shape.iter().product::<i64>().max(1);
+            let step = (*total / n).max(0);
+            Tensor::f_arange(n, (kind, device))
+                .and_then(|t| t.f_mul_scalar(step))
+                .and_then(|t| t.f_reshape(spec.shape.as_slice()))
+        }
+    }
+    .map_err(|e| ReplayError::Materialise(e.to_string()))?;
+    view.f_copy_(&src)
+        .map_err(|e| ReplayError::Materialise(e.to_string()))
+}
+
+fn synthesise(spec: &TensorSpec, device: Device) -> Option<Tensor> {
+    let t = ffi::empty_strided(
+        &spec.shape,
+        &spec.strides,
+        spec.dtype.scalar_type_code() as i32,
+        device,
+    )
+    .ok()?;
+    let mut t = t;
+    let _ = t.f_zero_();
+    Some(t)
+}
+
+fn push_args(
+    stack: &mut Stack,
+    step: &Step,
+    slots: &[Option<Tensor>],
+    device: Device,
+) -> Result<(), String> {
+    let op = step.op.as_ref().map_err(|e| e.clone())?;
+    stack.clear();
+    for a in &step.args {
+        match a {
+            Arg::Tensor(s) => match &slots[*s as usize] {
+                Some(t) => stack.tensor(t),
+                None => stack.undefined_tensor(),
+            },
+            Arg::UndefinedTensor => stack.undefined_tensor(),
+            Arg::None => stack.none(),
+            Arg::TensorList { slots: l, optional } => {
+                let v: Vec<Option<&Tensor>> = l
+                    .iter()
+                    .map(|s| s.and_then(|s| slots[s as usize].as_ref()))
+                    .collect();
+                if *optional {
+                    stack.opt_tensor_list(&v)
+                } else {
+                    stack.tensor_list(&v)
+                }
+            }
+            Arg::Int(i) => stack.int(*i),
+            Arg::Double(f) => stack.double(*f),
+            Arg::Bool(b) => stack.bool(*b),
+            Arg::Str(s) => stack.string(s),
+            Arg::IntList(v) => stack.int_list(v),
+            Arg::DoubleList(v) => stack.double_list(v),
+            Arg::BoolList(v) => stack.bool_list(v),
+            Arg::ScalarInt(i) => stack.scalar_int(*i),
+            Arg::ScalarDouble(f) => stack.scalar_double(*f),
+            Arg::ScalarBool(b) => stack.scalar_bool(*b),
+            Arg::ScalarList(v) => stack.scalar_list(v),
+            Arg::Device => stack.device(device),
+            Arg::Default(k) => stack.default_of(op, *k)?,
+        }
+    }
+    Ok(())
+}
+
+/// Puts the results of a call into their slots; returns false if they do not match the trace.
+fn take_outputs(stack: &Stack, step: &Step, slots: &mut [Option<Tensor>]) -> bool {
+    let mut ok = true;
+    for (k, out) in step.outs.iter().enumerate() {
+        if k >= stack.len() {
+            ok &= matches!(out, Out::Ignore);
+            continue;
+        }
+        match (out, stack.kind(k)) {
+            (Out::Tensor(s), ffi::Kind::Tensor) => slots[*s as usize] = Some(stack.take_tensor(k)),
+            (Out::List(ss), ffi::Kind::TensorList) => {
+                for (s, t) in ss.iter().zip(stack.take_list(k)) {
+                    if let Some(s) = s {
+                        slots[*s as usize] = Some(t);
+                    }
+                }
+            }
+            (Out::Ignore, _) => {}
+            _ => ok = false,
+        }
+    }
+    ok
+}
+
+fn fill_missing_outputs(step: &Step, slots: &mut [Option<Tensor>], device: Device) {
+    for (s, spec) in &step.out_specs {
+        if slots[*s as usize].is_none() {
+            slots[*s as usize] = synthesise(spec, device);
+        }
+    }
+}
+
+fn live_bytes(slots: &[Option<Tensor>]) -> u64 {
+    let mut seen: HashMap<usize, usize> = HashMap::new();
+    for t in slots.iter().flatten() {
+        let (p, n) = ffi::storage_info(t);
+        if p != 0 {
+            seen.insert(p, n);
+        }
+    }
+    seen.values().map(|&n| n as u64).sum()
+}
+
+pub fn run(
+    plan: &Plan,
+    opts: &ReplayOptions,
+    source: &str,
+    ops_selected: usize,
+) -> Result<(Report, Vec<Slice>), ReplayError> {
+    let device = opts.device;
+    let externals = materialise(plan, device)?;
+    let external_bytes = live_bytes(&externals);
+    let mut stack = Stack::default();
+    let clock = Clock::default();
+    let total_iters = opts.warmup + opts.iters.max(1);
+    let mut iter_ms = Vec::new();
+    let mut op_ms = Vec::new();
+    let mut failures: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut per_op: HashMap<&str, (usize, f64)> = HashMap::new();
+    let mut peak = 0u64;
+    let mut slices = Vec::new();
+    let (mut replayed, mut failed, mut skipped) = (0, 0, 0);
+    for it in 0..total_iters {
+        let measured = it >= opts.warmup;
+        let last = it + 1 == total_iters;
+        // External slots persist (in-place updates carry over); intermediates start empty.
+        let mut slots: Vec<Option<Tensor>> = externals
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.shallow_clone()))
+            .collect();
+        let (mut it_replayed, mut it_failed, mut it_skipped) = (0, 0, 0);
+        let mut sum_ops = 0.0;
+        let mut excluded_us = 0.0;
+        let t_iter = clock.now_us();
+        for step in &plan.steps {
+            if step.elide || (step.collective && opts.only == et_graph::Kind::Compute) {
+                for (from, to) in &step.passthrough {
+                    slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
+                }
+                fill_missing_outputs(step, &mut slots, device);
+                if step.elide {
+                    it_replayed += 1;
+                } else {
+                    it_skipped += 1;
+                }
+                for s in &step.frees {
+                    slots[*s as usize] = None;
+                }
+                continue;
+            }
+            let t0 = clock.now_us();
+            let res = push_args(&mut stack, step, &slots, device)
+                .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
+            let t1 = clock.now_us();
+            match res {
+                Ok(()) => {
+                    if !take_outputs(&stack, step, &mut slots) {
+                        fill_missing_outputs(step, &mut slots, device);
+                    }
+                    it_replayed += 1;
+                }
+                Err(reason) => {
+                    if opts.strict {
+                        return Err(ReplayError::Strict {
+                            op: step.name.clone(),
+                            id: step.id,
+                            reason,
+                        });
+                    }
+                    if it == 0 {
+                        *failures
+                            .entry((step.name.clone(), first_line(&reason)))
+                            .or_default() += 1;
+                    }
+                    fill_missing_outputs(step, &mut slots, device);
+                    it_failed += 1;
+                }
+            }
+            stack.clear();
+            if it == 0 {
+                // Counting live storages walks every slot: keep it out of the timings.
+                let t_peak = clock.now_us();
+                peak = peak.max(live_bytes(&slots));
+                excluded_us += clock.now_us() - t_peak;
+            }
+            for s in &step.frees {
+                slots[*s as usize] = None;
+            }
+            if measured {
+                let d = t1 - t0;
+                sum_ops += d;
+                let e = per_op.entry(step.name.as_str()).or_default();
+                e.0 += 1;
+                e.1 += d;
+                if last && opts.trace_out.is_some() {
+                    slices.push(Slice {
+                        name: step.name.clone(),
+                        cat: "op",
+                        ts: t0,
+                        dur: d,
+                        tid: 1,
+                        args: serde_json::json!({"id": step.id}),
+                    });
+                }
+            }
+        }
+        let t_end = clock.now_us();
+        if measured {
+            iter_ms.push((t_end - t_iter - excluded_us) / 1000.0);
+            op_ms.push(sum_ops / 1000.0);
+        }
+        (replayed, failed, skipped) = (it_replayed, it_failed, it_skipped);
+    }
+    let n_iters = opts.iters.max(1) as f64;
+    let mut ops: Vec<OpTiming> = per_op
+        .into_iter()
+        .map(|(name, (count, us))| OpTiming {
+            op: name.to_string(),
+            count: count / opts.iters.max(1),
+            total_ms: us / 1000.0 / n_iters,
+            mean_us: us / count.max(1) as f64,
+        })
+        .collect();
+    ops.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+    let iter = Stats::of(&iter_ms);
+    let opsum = Stats::of(&op_ms);
+    let steps = (replayed + failed).max(1) as f64;
+    let report = Report {
+        trace: source.to_string(),
+        device: format!("{device:?}").to_lowercase(),
+        threads: tch::get_num_threads(),
+        warmup: opts.warmup,
+        iters: opts.iters.max(1),
+        ops_selected,
+        ops_replayed: replayed,
+        ops_failed: failed,
+        ops_skipped: skipped,
+        failures: failures
+            .into_iter()
+            .map(|((op, reason), count)| Failure { op, count, reason })
+            .collect(),
+        iter_ms: iter,
+        op_ms: opsum,
+        overhead_us_per_op: ((iter.median - opsum.median) * 1000.0 / steps).max(0.0),
+        peak_bytes: peak,
+        external_bytes,
+        externals: plan.externals.len(),
+        ops,
+        fallbacks: fallbacks(plan),
+    };
+    Ok((report, slices))
+}
+
+fn first_line(s: &str) -> String {
+    let l = s.lines().next().unwrap_or("").trim();
+    if l.len() > 300 {
+        format!(
+            "{}...",
+            &l[..l.char_indices().nth(300).map_or(l.len(), |c| c.0)]
+        )
+    } else {
+        l.to_string()
+    }
+}
+
+fn fallbacks(plan: &Plan) -> Vec<crate::Fallback> {
+    let mut m: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for s in &plan.steps {
+        if let Some(f) = &s.fallback {
+            *m.entry((s.name.clone(), f.clone())).or_default() += 1;
+        }
+    }
+    m.into_iter()
+        .map(|((op, ran_as), count)| crate::Fallback { op, count, ran_as })
+        .collect()
+}
