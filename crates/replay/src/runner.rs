@@ -366,3 +366,37 @@ fn fallbacks(plan: &Plan) -> Vec<crate::Fallback> {
         .map(|((op, ran_as), count)| crate::Fallback { op, count, ran_as })
         .collect()
 }
+
+/// Runs the plan once without freeing anything and returns every slot and the failures: for
+/// tests and tools that inspect the values a replay produced.
+pub fn run_once_keep(
+    plan: &Plan,
+    device: Device,
+) -> Result<(Vec<Option<Tensor>>, Vec<(String, String)>), ReplayError> {
+    let mut slots = materialise(plan, device)?;
+    let mut stack = Stack::default();
+    let mut failures = Vec::new();
+    for step in &plan.steps {
+        if step.elide {
+            for (from, to) in &step.passthrough {
+                slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
+            }
+            continue;
+        }
+        let res = push_args(&mut stack, step, &slots, device)
+            .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
+        match res {
+            Ok(()) => {
+                if !take_outputs(&stack, step, &mut slots) {
+                    fill_missing_outputs(step, &mut slots, device);
+                }
+            }
+            Err(e) => {
+                failures.push((step.name.clone(), e));
+                fill_missing_outputs(step, &mut slots, device);
+            }
+        }
+        stack.clear();
+    }
+    Ok((slots, failures))
+}

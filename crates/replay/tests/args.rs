@@ -1,0 +1,338 @@
+//! Real libtorch, hand-written traces: every argument kind reaches the operator with its value,
+//! views share storage, failures do not stop the run.
+
+use et_graph::Graph;
+use replay::plan::{compile, Arg, Out};
+use replay::runner::run_once_keep;
+use serde_json::{json, Value as J};
+use tch::{Device, Tensor};
+
+/// A trace of ops: (name, schema, inputs [(value, shape, type)], outputs).
+fn trace(ops: &[(&str, &str, Vec<(J, J, &str)>, Vec<(J, J, &str)>)]) -> et_schema::Trace {
+    let mut nodes = vec![
+        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}),
+    ];
+    for (k, (name, schema, ins, outs)) in ops.iter().enumerate() {
+        let io = |v: &Vec<(J, J, &str)>| json!({"values": v.iter().map(|x| x.0.clone()).collect::<Vec<_>>(), "shapes": v.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), "types": v.iter().map(|x| x.2).collect::<Vec<_>>()});
+        nodes.push(json!({"id": k + 2, "name": name, "ctrl_deps": 1, "inputs": io(ins), "outputs": io(outs),
+            "attrs": [{"name": "rf_id", "type": "uint64", "value": k}, {"name": "op_schema", "type": "string", "value": schema}]}));
+    }
+    let doc = json!({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes});
+    et_schema::parse_trace(
+        &serde_json::to_vec(&doc).unwrap(),
+        "hand",
+        &Default::default(),
+    )
+    .unwrap()
+}
+
+fn t(id: u64, storage: u64, numel: u64) -> J {
+    json!([id, storage, 0, numel, 4, "cpu"])
+}
+
+fn run(
+    tr: &et_schema::Trace,
+) -> (
+    Vec<Option<Tensor>>,
+    Vec<(String, String)>,
+    replay::plan::Plan,
+) {
+    let g = Graph::new(tr);
+    let set = g.replay_set(None);
+    let plan = compile(&g, &set, Device::Cpu);
+    let (slots, failures) = run_once_keep(&plan, Device::Cpu).unwrap();
+    (slots, failures, plan)
+}
+
+fn out_slot(plan: &replay::plan::Plan, step: usize, k: usize) -> usize {
+    match &plan.steps[step].outs[k] {
+        Out::Tensor(s) => *s as usize,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    let t = t.to_kind(tch::Kind::Double).flatten(0, -1);
+    (0..t.size()[0]).map(|i| t.double_value(&[i])).collect()
+}
+
+const FULL: &str = "aten::full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
+
+#[test]
+fn scalars_int_lists_dtypes_layouts_devices_and_defaulted_alpha() {
+    // full([2,3], 2.0, dtype=float(6), layout=strided(0), device="cuda:0" (remapped), pin=False)
+    // then add.Tensor(x, x, alpha=3) = 2 + 3*2 = 8; then add.Tensor with alpha left to its default.
+    let tr = trace(&[
+        (
+            "aten::full",
+            FULL,
+            vec![
+                (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
+                (json!(2.0), json!([]), "Double"),
+                (json!(6), json!([]), "Int"),
+                (json!(0), json!([]), "Int"),
+                (json!("cuda:0"), json!([]), "Device"),
+                (json!(false), json!([]), "Bool"),
+            ],
+            vec![(t(10, 20, 6), json!([2, 3]), "Tensor(float)")],
+        ),
+        (
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            vec![
+                (t(10, 20, 6), json!([2, 3]), "Tensor(float)"),
+                (t(10, 20, 6), json!([2, 3]), "Tensor(float)"),
+                (json!(3), json!([]), "Int"),
+            ],
+            vec![(t(11, 21, 6), json!([2, 3]), "Tensor(float)")],
+        ),
+        (
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            vec![
+                (t(11, 21, 6), json!([2, 3]), "Tensor(float)"),
+                (t(10, 20, 6), json!([2, 3]), "Tensor(float)"),
+            ],
+            vec![(t(12, 22, 6), json!([2, 3]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(matches!(plan.steps[1].args[2], Arg::ScalarInt(3)));
+    assert!(matches!(plan.steps[2].args[2], Arg::Default(2)));
+    let x = slots[out_slot(&plan, 0, 0)].as_ref().unwrap();
+    assert_eq!(x.size(), vec![2, 3]);
+    assert_eq!(x.kind(), tch::Kind::Float);
+    assert_eq!(values(x), vec![2.0; 6]);
+    assert_eq!(
+        values(slots[out_slot(&plan, 1, 0)].as_ref().unwrap()),
+        vec![8.0; 6]
+    );
+    assert_eq!(
+        values(slots[out_slot(&plan, 2, 0)].as_ref().unwrap()),
+        vec![10.0; 6]
+    );
+}
+
+#[test]
+fn tensor_lists_optional_tensors_strings_bools_floats_and_none() {
+    let full = |id: u64, v: f64| {
+        (
+            "aten::full",
+            FULL,
+            vec![
+                (json!([2]), json!([[]]), "GenericList[Int]"),
+                (json!(v), json!([]), "Double"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+            ],
+            vec![(t(id, id, 2), json!([2]), "Tensor(float)")],
+        )
+    };
+    let tr = trace(&[
+        full(1, 1.0),
+        full(2, 6.0),
+        // Tensor[]: cat([a, b]) = [1, 1, 6, 6]
+        ("aten::cat", "aten::cat(Tensor[] tensors, int dim=0) -> Tensor", vec![(json!([t(1, 1, 2), t(2, 2, 2)]), json!([[2], [2]]), "GenericList[Tensor(float),Tensor(float)]"), (json!(0), json!([]), "Int")], vec![(t(3, 3, 4), json!([4]), "Tensor(float)")]),
+        // str: div(b, a*4?) with rounding_mode "floor": floor(6 / 4) via div(cat, 4.0 scalar) is not
+        // a Tensor op; use div.Tensor_mode(b, b2) where b2 = full(4)
+        full(4, 4.0),
+        ("aten::div", "aten::div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor", vec![(t(2, 2, 2), json!([2]), "Tensor(float)"), (t(4, 4, 2), json!([2]), "Tensor(float)"), (json!("floor"), json!([]), "String")], vec![(t(5, 5, 2), json!([2]), "Tensor(float)")]),
+        // float + bool + optional tensor None: layer_norm-free check through clamp(min=0.5, max=None)
+        ("aten::clamp", "aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor", vec![(t(5, 5, 2), json!([2]), "Tensor(float)"), (json!(1.5), json!([]), "Double"), (json!("<None>"), json!([]), "None")], vec![(t(6, 6, 2), json!([2]), "Tensor(float)")]),
+        // Tensor?[]: index(cat, [None]) is invalid; use index with one index tensor from arange
+        ("aten::arange", "aten::arange(Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor", vec![(json!(2), json!([]), "Int"), (json!(4), json!([]), "Int"), (json!("<None>"), json!([]), "None"), (json!("cpu"), json!([]), "Device"), (json!(false), json!([]), "Bool")], vec![(json!([7, 7, 0, 2, 8, "cpu"]), json!([2]), "Tensor(long int)")]),
+        ("aten::index", "aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor", vec![(t(3, 3, 4), json!([4]), "Tensor(float)"), (json!([[7, 7, 0, 2, 8, "cpu"]]), json!([[2]]), "GenericList[Tensor(long int)]")], vec![(t(8, 8, 2), json!([2]), "Tensor(float)")]),
+        // bool: sum(dim=[0], keepdim=True)
+        ("aten::sum", "aten::sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor", vec![(t(3, 3, 4), json!([4]), "Tensor(float)"), (json!([0]), json!([[]]), "GenericList[Int]"), (json!(true), json!([]), "Bool"), (json!("<None>"), json!([]), "None")], vec![(t(9, 9, 1), json!([1]), "Tensor(float)")]),
+        // memory format: contiguous(memory_format=0)
+        ("aten::contiguous", "aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)", vec![(t(3, 3, 4), json!([4]), "Tensor(float)"), (json!(0), json!([]), "Int")], vec![(t(3, 3, 4), json!([4]), "Tensor(float)")]),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(
+        values(slots[out_slot(&plan, 2, 0)].as_ref().unwrap()),
+        vec![1.0, 1.0, 6.0, 6.0]
+    );
+    assert_eq!(
+        values(slots[out_slot(&plan, 4, 0)].as_ref().unwrap()),
+        vec![1.0, 1.0]
+    );
+    assert_eq!(
+        values(slots[out_slot(&plan, 5, 0)].as_ref().unwrap()),
+        vec![1.5, 1.5]
+    );
+    let idx = slots[out_slot(&plan, 6, 0)].as_ref().unwrap();
+    assert_eq!(idx.kind(), tch::Kind::Int64);
+    assert_eq!(
+        values(slots[out_slot(&plan, 7, 0)].as_ref().unwrap()),
+        vec![1.0, 1.0]
+    );
+    assert_eq!(
+        values(slots[out_slot(&plan, 8, 0)].as_ref().unwrap()),
+        vec![14.0]
+    );
+    assert!(matches!(plan.steps[8].args[1], Arg::IntList(_)));
+}
+
+#[test]
+fn foreach_ops_with_scalar_lists_run() {
+    let tr = trace(&[(
+        "aten::_foreach_mul_",
+        "aten::_foreach_mul_.ScalarList(Tensor(a!)[] self, Scalar[] scalars) -> ()",
+        vec![
+            (
+                json!([t(1, 1, 2), t(2, 2, 2)]),
+                json!([[2], [2]]),
+                "GenericList[Tensor(float),Tensor(float)]",
+            ),
+            (
+                json!([2.0, 3.0]),
+                json!([[], []]),
+                "GenericList[Double,Double]",
+            ),
+        ],
+        vec![],
+    )]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(plan.externals.len(), 2);
+    assert!(slots.iter().flatten().count() == 2);
+}
+
+#[test]
+fn views_of_one_storage_share_it() {
+    // Two external views of storage 50: a = [0..4), b = [2..4). fill_(a, 5) must show in b.
+    let a = json!([1, 50, 0, 4, 4, "cpu"]);
+    let b = json!([2, 50, 2, 2, 4, "cpu"]);
+    let tr = trace(&[
+        (
+            "aten::fill_",
+            "aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)",
+            vec![
+                (a.clone(), json!([4]), "Tensor(float)"),
+                (json!(5.0), json!([]), "Double"),
+            ],
+            vec![(a, json!([4]), "Tensor(float)")],
+        ),
+        (
+            "aten::neg",
+            "aten::neg(Tensor self) -> Tensor",
+            vec![(b, json!([2]), "Tensor(float)")],
+            vec![(t(3, 51, 2), json!([2]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(plan.externals.len(), 2);
+    assert_eq!(
+        values(slots[out_slot(&plan, 1, 0)].as_ref().unwrap()),
+        vec![-5.0, -5.0]
+    );
+}
+
+#[test]
+fn a_failing_op_is_recorded_and_its_dependants_still_run() {
+    let tr = trace(&[
+        // mm of mismatched shapes fails; its output is synthesised from the recorded shape.
+        (
+            "aten::mm",
+            "aten::mm(Tensor self, Tensor mat2) -> Tensor",
+            vec![
+                (t(1, 1, 6), json!([2, 3]), "Tensor(float)"),
+                (t(2, 2, 8), json!([2, 4]), "Tensor(float)"),
+            ],
+            vec![(t(3, 3, 8), json!([2, 4]), "Tensor(float)")],
+        ),
+        (
+            "aten::relu",
+            "aten::relu(Tensor self) -> Tensor",
+            vec![(t(3, 3, 8), json!([2, 4]), "Tensor(float)")],
+            vec![(t(4, 4, 8), json!([2, 4]), "Tensor(float)")],
+        ),
+        (
+            "aten::no_such_op",
+            "aten::no_such_op(Tensor self) -> Tensor",
+            vec![(t(4, 4, 8), json!([2, 4]), "Tensor(float)")],
+            vec![(t(5, 5, 8), json!([2, 4]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert!(
+        failures[0]
+            .1
+            .contains("mat1 and mat2 shapes cannot be multiplied"),
+        "{}",
+        failures[0].1
+    );
+    assert!(
+        failures[1].1.contains("no operator aten::no_such_op"),
+        "{}",
+        failures[1].1
+    );
+    assert_eq!(
+        slots[out_slot(&plan, 1, 0)].as_ref().unwrap().size(),
+        vec![2, 4]
+    );
+    // Through the public API: strict mode stops at the first failure.
+    let g = Graph::new(&tr);
+    let set = g.replay_set(None);
+    let opts = replay::ReplayOptions {
+        strict: true,
+        iters: 1,
+        warmup: 0,
+        ..Default::default()
+    };
+    assert!(matches!(
+        replay::replay(&g, &set, &opts),
+        Err(replay::ReplayError::Strict { .. })
+    ));
+    let (report, _) = replay::replay(
+        &g,
+        &set,
+        &replay::ReplayOptions {
+            iters: 2,
+            warmup: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (report.ops_selected, report.ops_replayed, report.ops_failed),
+        (3, 1, 2)
+    );
+    assert_eq!(report.failures.len(), 2);
+}
+
+#[test]
+fn unsupported_argument_types_are_reported_not_panicked() {
+    let tr = trace(&[(
+        "aten::record_stream",
+        "aten::record_stream(Tensor(a!) self, Stream s) -> ()",
+        vec![
+            (t(1, 1, 2), json!([2]), "Tensor(float)"),
+            (json!("<Stream>"), json!([]), "Stream"),
+        ],
+        vec![],
+    )]);
+    // On CPU it is a no-op by design; the plan says so.
+    let (_, failures, plan) = run(&tr);
+    assert!(failures.is_empty());
+    assert!(plan.steps[0].elide);
+    assert!(plan.steps[0]
+        .fallback
+        .as_deref()
+        .unwrap()
+        .contains("no-op on CPU"));
+    let tr = trace(&[(
+        "aten::x",
+        "aten::x(Dimname d) -> Tensor",
+        vec![(json!("n"), json!([]), "String")],
+        vec![],
+    )]);
+    let (_, failures, _) = run(&tr);
+    assert!(failures[0].1.contains("not supported"), "{failures:?}");
+}

@@ -1,0 +1,85 @@
+//! Real traces, real libtorch: every shared CPU trace replays completely on CPU.
+
+use std::path::PathBuf;
+
+fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(rel)
+}
+
+fn replay(rel: &str, only: et_graph::Kind) -> replay::Report {
+    tch::set_num_threads(1);
+    let t = et_schema::read_trace(&shared(rel)).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g
+        .select(&et_graph::Selection {
+            kind: only,
+            ..Default::default()
+        })
+        .unwrap();
+    let opts = replay::ReplayOptions {
+        iters: 2,
+        warmup: 1,
+        only,
+        ..Default::default()
+    };
+    replay::replay(&g, &set, &opts).unwrap().0
+}
+
+#[test]
+fn every_single_rank_cpu_trace_replays_without_failures() {
+    for m in [
+        "mlp.et.json",
+        "cnn.et.json.gz",
+        "transformer.et.json.gz",
+        "dlrm.et.json",
+        "mlp.linked.et.json",
+        "cnn.linked.et.json.gz",
+        "transformer.linked.et.json.gz",
+        "dlrm.linked.et.json.gz",
+    ] {
+        let r = replay(&format!("cpu/{m}"), et_graph::Kind::All);
+        assert_eq!(r.ops_failed, 0, "{m}: {:?}", r.failures);
+        assert_eq!(r.ops_replayed, r.ops_selected, "{m}");
+        assert!(r.ops_selected > 40, "{m}");
+        assert!(r.iter_ms.median > 0.0 && r.peak_bytes > 0, "{m}");
+    }
+}
+
+#[test]
+fn the_gloo_traces_replay_their_compute_on_cpu() {
+    for m in ["dist_mlp_w2.rank0.et.json", "dist_mlp_w2.rank1.et.json"] {
+        let r = replay(&format!("cpu/{m}"), et_graph::Kind::Compute);
+        assert_eq!(r.ops_failed, 0, "{m}: {:?}", r.failures);
+        assert_eq!(r.ops_replayed, r.ops_selected);
+    }
+}
+
+#[test]
+fn gpu_traces_replay_on_cpu_with_fallbacks() {
+    // A DDP ResNet captured on a GPU: cudnn batch-norm backward runs as the native op on CPU.
+    // (Only a window of it: the whole iteration takes tens of seconds on two cores.)
+    let t = et_schema::read_trace(&shared("public/param_resnet_1.1.0.et.json.gz")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g
+        .select(&et_graph::Selection {
+            kind: et_graph::Kind::Compute,
+            name: Some(regex::Regex::new("batch_norm|relu|threshold|add").unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+    let opts = replay::ReplayOptions {
+        iters: 1,
+        warmup: 0,
+        only: et_graph::Kind::Compute,
+        ..Default::default()
+    };
+    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+    assert_eq!(r.ops_failed, 0, "{:?}", r.failures);
+    assert!(r
+        .fallbacks
+        .iter()
+        .any(|f| f.op == "aten::cudnn_batch_norm_backward"
+            && f.ran_as.contains("native_batch_norm_backward")));
+}
