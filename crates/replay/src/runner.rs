@@ -367,12 +367,12 @@ fn fallbacks(plan: &Plan) -> Vec<crate::Fallback> {
         .collect()
 }
 
+/// Every slot after a run, and the (op, reason) of each failure.
+pub type Kept = (Vec<Option<Tensor>>, Vec<(String, String)>);
+
 /// Runs the plan once without freeing anything and returns every slot and the failures: for
 /// tests and tools that inspect the values a replay produced.
-pub fn run_once_keep(
-    plan: &Plan,
-    device: Device,
-) -> Result<(Vec<Option<Tensor>>, Vec<(String, String)>), ReplayError> {
+pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
     let mut slots = materialise(plan, device)?;
     let mut stack = Stack::default();
     let mut failures = Vec::new();
