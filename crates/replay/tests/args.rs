@@ -7,13 +7,17 @@ use replay::runner::run_once_keep;
 use serde_json::{json, Value as J};
 use tch::{Device, Tensor};
 
-/// A trace of ops: (name, schema, inputs [(value, shape, type)], outputs).
-fn trace(ops: &[(&str, &str, Vec<(J, J, &str)>, Vec<(J, J, &str)>)]) -> et_schema::Trace {
+/// One recorded value: (value, shape, type string).
+type V<'a> = (J, J, &'a str);
+/// One op: (name, schema, inputs, outputs).
+type OpRec<'a> = (&'a str, &'a str, Vec<V<'a>>, Vec<V<'a>>);
+
+fn trace(ops: &[OpRec]) -> et_schema::Trace {
     let mut nodes = vec![
         json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}),
     ];
     for (k, (name, schema, ins, outs)) in ops.iter().enumerate() {
-        let io = |v: &Vec<(J, J, &str)>| json!({"values": v.iter().map(|x| x.0.clone()).collect::<Vec<_>>(), "shapes": v.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), "types": v.iter().map(|x| x.2).collect::<Vec<_>>()});
+        let io = |v: &Vec<V>| json!({"values": v.iter().map(|x| x.0.clone()).collect::<Vec<_>>(), "shapes": v.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), "types": v.iter().map(|x| x.2).collect::<Vec<_>>()});
         nodes.push(json!({"id": k + 2, "name": name, "ctrl_deps": 1, "inputs": io(ins), "outputs": io(outs),
             "attrs": [{"name": "rf_id", "type": "uint64", "value": k}, {"name": "op_schema", "type": "string", "value": schema}]}));
     }
