@@ -19,13 +19,15 @@ fn main() -> Result<()> {
         ["test", rest @ ..] => test(rest),
         ["bench", "parse", rest @ ..] => bench_parse(rest),
         ["example"] => example(),
+        ["fidelity", rest @ ..] => fidelity(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
-                 example        setup, then run mystique on a bundled example trace\n\
+                 example        setup, then inspect and replay the bundled example trace\n\
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
-                 bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load"
+                 bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
+                 fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)"
             );
             std::process::exit(2)
         }
@@ -159,7 +161,15 @@ fn setup() -> Result<PathBuf> {
 fn example() -> Result<()> {
     let bin = setup()?;
     let trace = root().join("examples/traces/mlp.et.json.gz");
-    run(Command::new(bin).arg("inspect").arg(&trace))
+    run(Command::new(&bin)
+        .arg("inspect")
+        .arg(&trace)
+        .args(["--top", "8"]))?;
+    println!();
+    run(Command::new(&bin)
+        .arg("replay")
+        .arg(&trace)
+        .args(["--threads", "1"]))
 }
 
 fn test(extra: &[&str]) -> Result<()> {
@@ -283,5 +293,73 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
         gs / o
     );
+    Ok(())
+}
+
+fn fidelity(args: &[&str]) -> Result<()> {
+    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let bin = setup()?;
+    let torch_py = cache_dir().join("torch-2.11.0");
+    let cpu = shared().join("traces/cpu");
+    let models = [
+        ("mlp", ""),
+        ("cnn", ".gz"),
+        ("transformer", ".gz"),
+        ("dlrm", ".gz"),
+    ];
+    println!(
+        "fidelity: median over {rounds} alternating rounds, 1 thread; ratio = replay / original"
+    );
+    println!(
+        "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8}",
+        "model", "orig ms", "replay ms", "ratio", "+gaps ms", "ratio"
+    );
+    for (m, gz) in models {
+        let et = cpu.join(format!("{m}.linked.et.json{gz}"));
+        let kineto = cpu.join(format!("{m}.kineto.json{gz}"));
+        let (mut orig, mut plain, mut gaps) = (vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let o = Command::new(python())
+                .arg(shared().join("tools/gen_traces.py"))
+                .args(["--time", m])
+                .env("PYTHONPATH", &torch_py)
+                .stderr(std::process::Stdio::null())
+                .output()?;
+            let line = String::from_utf8_lossy(&o.stdout);
+            let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
+                .with_context(|| format!("gen_traces.py --time {m}: {line}"))?;
+            orig.push(j["iter_ms_median"].as_f64().context("no iter_ms_median")?);
+            for (with_gaps, out) in [(false, &mut plain), (true, &mut gaps)] {
+                let mut c = Command::new(&bin);
+                c.arg("replay").arg(&et).args([
+                    "--threads",
+                    "1",
+                    "--iters",
+                    "30",
+                    "--warmup",
+                    "3",
+                    "--json",
+                ]);
+                if with_gaps {
+                    c.arg("--kineto").arg(&kineto).arg("--emulate-gaps");
+                }
+                let r = c.output()?;
+                if !r.status.success() {
+                    bail!(
+                        "replay of {m} failed: {}",
+                        String::from_utf8_lossy(&r.stderr)
+                    );
+                }
+                let j: serde_json::Value = serde_json::from_slice(&r.stdout)?;
+                out.push(j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN));
+            }
+        }
+        let (o, p, g) = (median(&mut orig), median(&mut plain), median(&mut gaps));
+        println!(
+            "{m:<12} {o:>10.3} {p:>10.3} {:>8.3} {g:>10.3} {:>8.3}",
+            p / o,
+            g / o
+        );
+    }
     Ok(())
 }

@@ -77,6 +77,8 @@ enum Cmd {
     },
     /// Replay the trace's operators for real through libtorch and report coverage and timing.
     Replay(replay_cmd::ReplayArgs),
+    /// Replay a linked ET and compare it with its Kineto trace, per op and per iteration.
+    Compare(replay_cmd::CompareArgs),
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,
 }
@@ -190,6 +192,7 @@ fn run(cli: Cli) -> Result<()> {
             } => compose_cmd::remove(&trace, &filters, &output),
         },
         Cmd::Replay(a) => replay_cmd::run(&a),
+        Cmd::Compare(a) => replay_cmd::compare(&a),
         Cmd::Env => {
             println!("{}", replay::env_report());
             Ok(())

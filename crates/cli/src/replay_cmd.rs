@@ -2,7 +2,7 @@ use crate::inspect::human_bytes;
 use anyhow::{Context, Result};
 use et_graph::{Graph, Kind, Selection};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
@@ -36,6 +36,35 @@ pub struct ReplayArgs {
     /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
     #[arg(long)]
     pub load_library: Vec<PathBuf>,
+    /// The Kineto trace captured with this ET (needed by --emulate-gaps).
+    #[arg(long)]
+    pub kineto: Option<PathBuf>,
+    /// Reproduce the original run's time outside operators (Python, autograd) between ops.
+    #[arg(long, requires = "kineto")]
+    pub emulate_gaps: bool,
+}
+
+/// Gaps to emulate: the Kineto gaps corrected for profiler overhead, calibrated with a short
+/// replay of the same ops (see `et_graph::corrected_gaps`).
+fn calibrated_gaps(
+    g: &Graph,
+    set: &et_graph::ReplaySet,
+    kineto: &Path,
+    device: tch::Device,
+) -> Result<(Vec<f64>, f64)> {
+    let kt = et_schema::kineto::read_kineto(kineto)?;
+    let l = et_graph::link(g, set, &kt)?;
+    let orig = et_graph::original_timing(&l, &kt);
+    let calib = replay::ReplayOptions {
+        device,
+        warmup: 1,
+        iters: 3,
+        per_step: true,
+        ..Default::default()
+    };
+    let (r, _) = replay::replay(g, set, &calib)?;
+    let us: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+    Ok(et_graph::corrected_gaps(&l, &kt, &orig, &us))
 }
 
 pub fn run(a: &ReplayArgs) -> Result<()> {
@@ -58,6 +87,10 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         kind: a.only,
         ..Default::default()
     })?;
+    let gaps_us = match (&a.kineto, a.emulate_gaps) {
+        (Some(k), true) => Some(calibrated_gaps(&g, &set, k, device)?.0),
+        _ => None,
+    };
     let opts = replay::ReplayOptions {
         device,
         warmup: a.warmup,
@@ -65,6 +98,8 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         only: a.only,
         strict: a.strict,
         trace_out: a.trace_out.clone(),
+        gaps_us,
+        per_step: false,
     };
     if !a.json {
         eprintln!(
@@ -119,6 +154,13 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
         "overhead   {:.2} us/op of replay bookkeeping",
         r.overhead_us_per_op
     )?;
+    if r.gaps_ms > 0.0 {
+        writeln!(
+            out,
+            "gaps       {:.3} ms per iteration emulated between ops (from Kineto)",
+            r.gaps_ms
+        )?;
+    }
     writeln!(
         out,
         "memory     peak {} live, {} in {} external inputs",
@@ -145,6 +187,146 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
             out,
             "  {:>9.3} {:>6} {:>9.1}  {}",
             o.total_ms, o.count, o.mean_us, o.op
+        )?;
+    }
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The ET captured together with the Kineto trace (`*.linked.et.json`).
+    pub trace: PathBuf,
+    pub kineto: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG plot of the ops contributing most to the difference.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Emulate the original's time outside operators.
+    #[arg(long)]
+    pub emulate_gaps: bool,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    #[arg(long)]
+    pub threads: Option<i32>,
+    #[arg(long, default_value = "all")]
+    pub only: Kind,
+}
+
+/// Replays a linked ET and compares it op by op with its Kineto trace.
+pub fn compare(a: &CompareArgs) -> Result<()> {
+    if let Some(n) = a.threads {
+        anyhow::ensure!(n > 0, "--threads must be positive");
+        tch::set_num_threads(n);
+    }
+    let trace = et_schema::read_trace(&a.trace)?;
+    let kt = et_schema::kineto::read_kineto(&a.kineto)?;
+    let g = Graph::new(&trace);
+    let set = g.select(&Selection {
+        kind: a.only,
+        ..Default::default()
+    })?;
+    let l = et_graph::link(&g, &set, &kt)?;
+    let orig = et_graph::original_timing(&l, &kt);
+    let (gaps, per_event_us) = if a.emulate_gaps {
+        calibrated_gaps(&g, &set, &a.kineto, tch::Device::Cpu)?
+    } else {
+        (vec![], 0.0)
+    };
+    let opts = replay::ReplayOptions {
+        warmup: a.warmup,
+        iters: a.iters,
+        only: a.only,
+        gaps_us: a.emulate_gaps.then_some(gaps),
+        per_step: true,
+        ..Default::default()
+    };
+    let (r, _) = replay::replay(&g, &set, &opts)?;
+    // Per op name: original vs replay time per iteration, linked ops only.
+    let mut by: std::collections::BTreeMap<&str, (usize, f64, f64)> = Default::default();
+    for (k, st) in r.steps.iter().enumerate() {
+        if let Some(o) = orig.op_us[k] {
+            let e = by.entry(st.op.as_str()).or_default();
+            e.0 += 1;
+            e.1 += o;
+            e.2 += st.us;
+        }
+    }
+    let mut rows: Vec<(String, usize, f64, f64)> = by
+        .into_iter()
+        .map(|(k, (n, o, p))| (k.to_string(), n, o, p))
+        .collect();
+    rows.sort_by(|x, y| (y.3 - y.2).abs().total_cmp(&(x.3 - x.2).abs()));
+    let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
+    let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
+    let orig_iter_ms = orig.span_us / 1000.0;
+    let j = serde_json::json!({
+        "trace": trace.source,
+        "kineto": kt.source,
+        "linked": l.linked(),
+        "ops": set.ops.len(),
+        "original": {"iter_ms": orig_iter_ms, "ops_ms": orig_ops_ms, "gaps_ms": gaps_ms},
+        "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms},
+        "ratio_iter": r.iter_ms.median / orig_iter_ms.max(1e-9),
+        "ratio_ops": r.op_ms.median / orig_ops_ms.max(1e-9),
+        "emulate_gaps": a.emulate_gaps,
+        "profiler_us_per_event": per_event_us,
+        "top_differences": rows.iter().take(15).map(|(k, n, o, p)| serde_json::json!({"op": k, "calls": n, "original_us": o, "replay_us": p, "ratio": p / o.max(1e-9)})).collect::<Vec<_>>(),
+    });
+    if let Some(svg) = &a.svg {
+        let bars: Vec<(String, f64, f64)> = rows
+            .iter()
+            .take(20)
+            .map(|(k, n, o, p)| (format!("{k} x{n}"), o / 1000.0, p / 1000.0))
+            .collect();
+        let title = format!(
+            "{}: original {:.2} ms vs replay {:.2} ms per iteration",
+            trace.source, orig_iter_ms, r.iter_ms.median
+        );
+        std::fs::write(
+            svg,
+            metrics::svg_bars(&title, "ms", ("original (Kineto)", "replay"), &bars),
+        )
+        .with_context(|| format!("writing {}", svg.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    if a.json {
+        serde_json::to_writer(&mut out, &j)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "linked     {} of {} ops", l.linked(), set.ops.len())?;
+    writeln!(out, "original   {orig_iter_ms:.3} ms per iteration ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them)")?;
+    writeln!(
+        out,
+        "replay     {:.3} ms per iteration ({:.3} ms in ops{})",
+        r.iter_ms.median,
+        r.op_ms.median,
+        if a.emulate_gaps {
+            format!(", {:.3} ms emulated gaps", r.gaps_ms)
+        } else {
+            String::new()
+        }
+    )?;
+    writeln!(
+        out,
+        "ratio      {:.3} per iteration, {:.3} in ops",
+        j["ratio_iter"].as_f64().unwrap_or(0.0),
+        j["ratio_ops"].as_f64().unwrap_or(0.0)
+    )?;
+    writeln!(out, "largest differences (per iteration)")?;
+    writeln!(
+        out,
+        "  {:>10} {:>10} {:>7} {:>6}  op",
+        "orig us", "replay us", "ratio", "calls"
+    )?;
+    for (k, n, o, p) in rows.iter().take(15) {
+        writeln!(
+            out,
+            "  {o:>10.1} {p:>10.1} {:>7.2} {n:>6}  {k}",
+            p / o.max(1e-9)
         )?;
     }
     Ok(())

@@ -340,3 +340,104 @@ fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)
     }
     out
 }
+
+/// Timing of the original run, per replay-set op, from the linked Kineto events.
+#[derive(Clone, Debug, Default)]
+pub struct OriginalTiming {
+    /// Kineto duration of each op (µs); `None` when unlinked.
+    pub op_us: Vec<Option<f64>>,
+    /// Time between the end of the previous op and the start of this one (µs), spent outside
+    /// operators (Python, autograd bookkeeping); 0 when unlinked or overlapping.
+    pub gap_us: Vec<f64>,
+    /// From the first op's start to the last op's end (µs).
+    pub span_us: f64,
+}
+
+/// Durations and gaps of the original run along the replay set's execution order.
+pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
+    let mut out = OriginalTiming {
+        op_us: Vec::with_capacity(l.event_of.len()),
+        gap_us: Vec::with_capacity(l.event_of.len()),
+        span_us: 0.0,
+    };
+    let mut prev_end: Option<f64> = None;
+    let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
+    for e in &l.event_of {
+        match e {
+            Some(e) => {
+                let ev = &k.events[*e as usize];
+                out.op_us.push(Some(ev.dur));
+                out.gap_us
+                    .push(prev_end.map_or(0.0, |p| (ev.ts - p).max(0.0)));
+                prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
+                first = first.min(ev.ts);
+                last = last.max(ev.ts + ev.dur);
+            }
+            None => {
+                out.op_us.push(None);
+                out.gap_us.push(0.0);
+            }
+        }
+    }
+    if last > first {
+        out.span_us = last - first;
+    }
+    out
+}
+
+/// Gaps corrected for the profiler's own cost. Kineto slows every recorded event down, so the
+/// time between ops in a profiled run overstates the model's own time outside operators. The
+/// per-event cost `c` is fitted from the ops themselves: an op's profiled duration exceeds its
+/// replayed duration by about `c` times the events recorded inside it. Each gap then loses `c`
+/// per event that starts in it (plus the op boundary). Returns the gaps (µs) and `c` (µs).
+pub fn corrected_gaps(
+    l: &Link,
+    k: &KinetoTrace,
+    orig: &OriginalTiming,
+    replay_us: &[f64],
+) -> (Vec<f64>, f64) {
+    let mut starts_by_tid: HashMap<Lane, Vec<f64>> = HashMap::new();
+    let mut all_starts: Vec<f64> = Vec::new();
+    for (i, e) in k.events.iter().enumerate() {
+        if is_cpu_event(k, i) {
+            starts_by_tid.entry(e.tid).or_default().push(e.ts);
+            all_starts.push(e.ts);
+        }
+    }
+    for v in starts_by_tid.values_mut() {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    all_starts.sort_by(|a, b| a.total_cmp(b));
+    let count_in =
+        |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
+    // Least squares through the origin: excess_k = c * nested_k.
+    let (mut num, mut den) = (0.0, 0.0);
+    for (pos, e) in l.event_of.iter().enumerate() {
+        let (Some(e), Some(&r)) = (e, replay_us.get(pos)) else {
+            continue;
+        };
+        let ev = &k.events[*e as usize];
+        let nested = starts_by_tid
+            .get(&ev.tid)
+            .map_or(1, |v| count_in(v, ev.ts, ev.ts + ev.dur)) as f64;
+        let excess = ev.dur - r;
+        num += nested * excess;
+        den += nested * nested;
+    }
+    let c = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+    let mut prev_end: Option<f64> = None;
+    let gaps = l
+        .event_of
+        .iter()
+        .zip(&orig.gap_us)
+        .map(|(e, &g)| {
+            let Some(e) = e else { return 0.0 };
+            let ev = &k.events[*e as usize];
+            let in_gap =
+                prev_end.map_or(0, |p| count_in(&all_starts, p, ev.ts).saturating_sub(1)) as f64;
+            prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
+            (g - c * (in_gap + 1.0)).max(0.0)
+        })
+        .collect();
+    (gaps, c)
+}

@@ -34,6 +34,11 @@ pub struct ReplayOptions {
     pub only: et_graph::Kind,
     pub strict: bool,
     pub trace_out: Option<PathBuf>,
+    /// Time to spend before each step (µs), reproducing the original run's time outside
+    /// operators (from a linked Kineto trace).
+    pub gaps_us: Option<Vec<f64>>,
+    /// Record the median time of every step in the report.
+    pub per_step: bool,
 }
 
 impl Default for ReplayOptions {
@@ -45,6 +50,8 @@ impl Default for ReplayOptions {
             only: et_graph::Kind::All,
             strict: false,
             trace_out: None,
+            gaps_us: None,
+            per_step: false,
         }
     }
 }
@@ -102,6 +109,18 @@ pub struct Report {
     pub ops: Vec<OpTiming>,
     /// Ops replayed through a device fallback.
     pub fallbacks: Vec<Fallback>,
+    /// Emulated time outside operators per iteration (ms), 0 without `--emulate-gaps`.
+    pub gaps_ms: f64,
+    /// Median time of each step (with `per_step`), in replay-set order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepTiming>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepTiming {
+    pub id: u64,
+    pub op: String,
+    pub us: f64,
 }
 
 /// Parses `cpu`, `cuda`, `cuda:N`; CUDA must be present.

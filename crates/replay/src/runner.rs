@@ -211,6 +211,15 @@ pub fn run(
     let mut per_op: HashMap<&str, (usize, f64)> = HashMap::new();
     let mut peak = 0u64;
     let mut slices = Vec::new();
+    let mut step_us: Vec<Vec<f64>> = if opts.per_step {
+        vec![Vec::new(); plan.steps.len()]
+    } else {
+        Vec::new()
+    };
+    let gaps = opts
+        .gaps_us
+        .as_deref()
+        .filter(|g| g.len() == plan.steps.len());
     let (mut replayed, mut failed, mut skipped) = (0, 0, 0);
     for it in 0..total_iters {
         let measured = it >= opts.warmup;
@@ -224,7 +233,14 @@ pub fn run(
         let mut sum_ops = 0.0;
         let mut excluded_us = 0.0;
         let t_iter = clock.now_us();
-        for step in &plan.steps {
+        for (pos, step) in plan.steps.iter().enumerate() {
+            if let Some(g) = gaps {
+                // Busy, like the Python and autograd work it stands for.
+                let until = clock.now_us() + g[pos];
+                while clock.now_us() < until {
+                    std::hint::spin_loop();
+                }
+            }
             if step.elide || (step.collective && opts.only == et_graph::Kind::Compute) {
                 for (from, to) in &step.passthrough {
                     slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
@@ -281,6 +297,9 @@ pub fn run(
             if measured {
                 let d = t1 - t0;
                 sum_ops += d;
+                if opts.per_step {
+                    step_us[pos].push(d);
+                }
                 let e = per_op.entry(step.name.as_str()).or_default();
                 e.0 += 1;
                 e.1 += d;
@@ -333,12 +352,28 @@ pub fn run(
             .collect(),
         iter_ms: iter,
         op_ms: opsum,
-        overhead_us_per_op: ((iter.median - opsum.median) * 1000.0 / steps).max(0.0),
+        overhead_us_per_op: ((iter.median
+            - opsum.median
+            - gaps.map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0))
+            * 1000.0
+            / steps)
+            .max(0.0),
         peak_bytes: peak,
         external_bytes,
         externals: plan.externals.len(),
         ops,
         fallbacks: fallbacks(plan),
+        gaps_ms: gaps.map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0),
+        steps: plan
+            .steps
+            .iter()
+            .zip(&step_us)
+            .map(|(s, v)| crate::StepTiming {
+                id: s.id,
+                op: s.name.clone(),
+                us: Stats::of(v).median,
+            })
+            .collect(),
     };
     Ok((report, slices))
 }

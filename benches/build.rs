@@ -1,0 +1,8 @@
+//! Benchmarks link libtorch through replay: same rpath and `--no-as-needed -ltorch` as the CLI.
+fn main() {
+    let lib =
+        std::env::var("DEP_TCH_LIBTORCH_LIB").expect("torch-sys exports the libtorch lib dir");
+    let lib = std::fs::canonicalize(&lib).unwrap_or_else(|_| lib.into());
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch,--as-needed");
+}

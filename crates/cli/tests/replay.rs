@@ -1,0 +1,122 @@
+//! `mystique replay` and `compare` through the real binary on real traces.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mystique"))
+}
+
+fn shared(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(rel)
+}
+
+#[test]
+fn replay_json_has_the_documented_fields_and_writes_a_perfetto_trace() {
+    let out_trace =
+        std::env::temp_dir().join(format!("mystique-replay-{}.json", std::process::id()));
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/dlrm.et.json"))
+        .args([
+            "--json",
+            "--threads",
+            "1",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--trace-out",
+        ])
+        .arg(&out_trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in [
+        "ops_selected",
+        "ops_replayed",
+        "ops_failed",
+        "failures",
+        "iter_ms",
+        "peak_bytes",
+    ] {
+        assert!(j.get(k).is_some(), "missing {k}: {j}");
+    }
+    assert_eq!(j["ops_failed"], 0, "{}", j["failures"]);
+    assert_eq!(j["ops_selected"], j["ops_replayed"]);
+    for k in ["median", "min", "max"] {
+        assert!(j["iter_ms"][k].as_f64().unwrap() > 0.0);
+    }
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&out_trace).unwrap()).unwrap();
+    let slices = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .count();
+    assert_eq!(slices as u64, j["ops_replayed"].as_u64().unwrap());
+    std::fs::remove_file(&out_trace).unwrap();
+}
+
+#[test]
+fn replay_reports_missing_cuda_and_bad_devices_cleanly() {
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .args(["--device", "tpu"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device"));
+    if !tch::Cuda::is_available() {
+        let out = bin()
+            .arg("replay")
+            .arg(shared("cpu/mlp.et.json"))
+            .args(["--device", "cuda"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("no CUDA device"));
+    }
+}
+
+#[test]
+fn compare_reports_ratios_and_an_svg() {
+    let svg = std::env::temp_dir().join(format!("mystique-compare-{}.svg", std::process::id()));
+    let out = bin()
+        .arg("compare")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .arg(shared("cpu/mlp.kineto.json"))
+        .args([
+            "--json",
+            "--threads",
+            "1",
+            "--iters",
+            "3",
+            "--emulate-gaps",
+            "--svg",
+        ])
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["linked"], j["ops"]);
+    assert!(j["ratio_iter"].as_f64().unwrap() > 0.0);
+    assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
+    assert!(!j["top_differences"].as_array().unwrap().is_empty());
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.contains("aten::"));
+    std::fs::remove_file(&svg).unwrap();
+}
