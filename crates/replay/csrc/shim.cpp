@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,15 @@ void mq_op_free(void* op) { delete static_cast<c10::OperatorHandle*>(op); }
 // Number of schema arguments, or -1.
 int64_t mq_op_num_args(void* op) {
   return static_cast<int64_t>(static_cast<c10::OperatorHandle*>(op)->schema().arguments().size());
+}
+
+// The registered schema as text (valid until the next call on this thread).
+const char* mq_op_schema(void* op) {
+  static thread_local std::string text;
+  std::ostringstream os;
+  os << static_cast<c10::OperatorHandle*>(op)->schema();
+  text = os.str();
+  return text.c_str();
 }
 
 // Pushes the schema's default for argument i; returns 1 if it has none.

@@ -15,6 +15,7 @@ extern "C" {
     fn mq_find_op(name: *const c_char, overload: *const c_char) -> *mut c_void;
     fn mq_op_free(op: *mut c_void);
     fn mq_op_num_args(op: *mut c_void) -> i64;
+    fn mq_op_schema(op: *mut c_void) -> *const c_char;
     fn mq_push_default(st: *mut MqStack, op: *mut c_void, i: i64) -> i32;
     fn mq_stack_new() -> *mut MqStack;
     fn mq_stack_free(st: *mut MqStack);
@@ -86,6 +87,14 @@ impl Op {
         NonNull::new(unsafe { mq_find_op(n.as_ptr(), o.as_ptr()) })
             .map(Op)
             .ok_or_else(last_error)
+    }
+
+    /// The schema this libtorch registered for the operator.
+    pub fn schema(&self) -> String {
+        // SAFETY: a thread-local string in the shim, copied at once.
+        unsafe { CStr::from_ptr(mq_op_schema(self.0.as_ptr())) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     pub fn num_args(&self) -> usize {

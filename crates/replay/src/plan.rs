@@ -550,13 +550,35 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                 }
             }
         }
-        let op = match (&problem, &schema, fallback_op) {
+        let mut op = match (&problem, &schema, fallback_op.take()) {
             (Some(p), _, _) => Err(p.clone()),
             (None, _, Some(op)) => op,
             (None, _, None) if elide => Err("elided: a no-op on this device".into()),
             (None, Some(s), None) => b.resolve(s),
             (None, None, None) => Err("no op schema".into()),
         };
+        // A trace from another PyTorch version may record an older schema of the operator:
+        // rebuild the arguments against the registered schema, by name, with its defaults.
+        if let (Ok(o), Some(s), None) = (&op, &schema, &fallback) {
+            if let Ok(reg) = OpSchema::parse(&o.schema()) {
+                if reg
+                    .args
+                    .iter()
+                    .map(|a| (&a.name, a.ty.to_string()))
+                    .ne(s.args.iter().map(|a| (&a.name, a.ty.to_string())))
+                {
+                    match reconcile(&mut b, step, &reg, s, inputs) {
+                        Ok(a) => args = a,
+                        Err(e) => {
+                            op = Err(format!(
+                                "recorded schema differs from this libtorch's ({}): {e}",
+                                o.schema()
+                            ))
+                        }
+                    }
+                }
+            }
+        }
         // Outputs: each trace output value becomes a new slot (a new version of its key).
         let mut outs = Vec::new();
         let mut out_specs = Vec::new();
@@ -663,4 +685,37 @@ fn cpu_fallback(s: &OpSchema, args: &mut Vec<Arg>) -> Option<(&'static str, &'st
         }
         _ => None,
     }
+}
+
+/// Builds arguments for the registered schema from a trace recorded with another one, matching
+/// arguments by name and using the registered defaults for arguments the trace does not have.
+fn reconcile(
+    b: &mut Builder,
+    step: usize,
+    reg: &OpSchema,
+    recorded: &OpSchema,
+    inputs: &[et_schema::Arg],
+) -> Result<Vec<Arg>, String> {
+    let mut out = Vec::with_capacity(reg.args.len());
+    for (k, ra) in reg.args.iter().enumerate() {
+        let pos = recorded
+            .args
+            .iter()
+            .position(|a| a.name.is_some() && a.name == ra.name);
+        match pos.and_then(|p| inputs.get(p)) {
+            Some(a) => out.push(
+                build_arg(b, step, &ra.ty, a)
+                    .map_err(|e| format!("argument {}: {e}", ra.name.as_deref().unwrap_or("?")))?,
+            ),
+            None if ra.default.is_some() => out.push(Arg::Default(k)),
+            None if ra.ty.is_optional() => out.push(Arg::None),
+            None => {
+                return Err(format!(
+                    "argument {} has no recorded value and no default",
+                    ra.name.as_deref().unwrap_or("?")
+                ))
+            }
+        }
+    }
+    Ok(out)
 }

@@ -340,3 +340,61 @@ fn unsupported_argument_types_are_reported_not_panicked() {
     let (_, failures, _) = run(&tr);
     assert!(failures[0].1.contains("not supported"), "{failures:?}");
 }
+
+#[test]
+fn traces_recorded_with_another_schema_are_reconciled_by_name() {
+    // An older PyTorch recorded add.Tensor without alpha, and clamp with its optional bounds in
+    // the other order: arguments are matched to this libtorch's schema by name.
+    let full = |id: u64, v: f64| {
+        (
+            "aten::full",
+            FULL,
+            vec![
+                (json!([2]), json!([[]]), "GenericList[Int]"),
+                (json!(v), json!([]), "Double"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+            ],
+            vec![(t(id, id, 2), json!([2]), "Tensor(float)")],
+        )
+    };
+    let tr = trace(&[
+        full(1, 3.0),
+        (
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other) -> Tensor",
+            vec![
+                (t(1, 1, 2), json!([2]), "Tensor(float)"),
+                (t(1, 1, 2), json!([2]), "Tensor(float)"),
+            ],
+            vec![(t(2, 2, 2), json!([2]), "Tensor(float)")],
+        ),
+        (
+            "aten::clamp",
+            "aten::clamp(Tensor self, Scalar? max=None, Scalar? min=None) -> Tensor",
+            vec![
+                (t(2, 2, 2), json!([2]), "Tensor(float)"),
+                (json!(5.0), json!([]), "Double"),
+                (json!("<None>"), json!([]), "None"),
+            ],
+            vec![(t(3, 3, 2), json!([2]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(matches!(
+        plan.steps[1].args.as_slice(),
+        [Arg::Tensor(_), Arg::Tensor(_), Arg::Default(2)]
+    ));
+    assert_eq!(
+        values(slots[out_slot(&plan, 1, 0)].as_ref().unwrap()),
+        vec![6.0, 6.0]
+    );
+    // max=5 applied, not min=5.
+    assert_eq!(
+        values(slots[out_slot(&plan, 2, 0)].as_ref().unwrap()),
+        vec![5.0, 5.0]
+    );
+}
