@@ -80,8 +80,23 @@ pub fn write_out(t: &et_schema::Trace, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether commands print a JSON summary instead of a message (`--json`).
+static JSON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn set_json(on: bool) {
+    JSON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn report(t: &et_schema::Trace, out: &Path, what: &str) {
-    if out.as_os_str() != "-" {
+    if JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        let g = Graph::new(t);
+        let j = serde_json::json!({"output": out.display().to_string(), "what": what, "nodes": t.nodes.len(), "ops": g.replay_set(None).ops.len(), "schema": t.meta.schema});
+        if out.as_os_str() == "-" {
+            eprintln!("{j}");
+        } else {
+            println!("{j}");
+        }
+    } else if out.as_os_str() != "-" {
         eprintln!("{what}: wrote {} nodes to {}", t.nodes.len(), out.display());
     }
 }

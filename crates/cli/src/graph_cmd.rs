@@ -62,6 +62,8 @@ pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()
             "external_inputs": externals,
             "external_bytes": external_bytes,
             "data_edges": tensors.edges.len(),
+            "storages": tensors.alias_groups().len(),
+            "alias_groups": tensors.alias_groups().values().filter(|v| v.len() > 1).count(),
             "peak_live_bytes": tensors.peak_bytes,
         },
     });

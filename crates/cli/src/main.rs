@@ -19,6 +19,9 @@ mod replay_cmd;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Print one JSON object instead of tables (every command).
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -27,9 +30,6 @@ enum Cmd {
     Inspect {
         /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
-        /// Print one JSON object instead of tables.
-        #[arg(long)]
-        json: bool,
         /// How many ops of the histogram to print in the table (all with --json).
         #[arg(long, default_value_t = 25)]
         top: usize,
@@ -37,19 +37,12 @@ enum Cmd {
     /// Graph statistics: replay set, op classes, skipped nodes with reasons, tensors, peak memory.
     Graph {
         trace: PathBuf,
-        #[arg(long)]
-        json: bool,
         /// Only these ProfilerStep#N iterations (comma-separated).
         #[arg(long, value_delimiter = ',')]
         iteration: Option<Vec<u64>>,
     },
     /// Link the replay-set ops of an ET to the events of its Kineto trace.
-    Link {
-        et: PathBuf,
-        kineto: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Link { et: PathBuf, kineto: PathBuf },
     /// Extract a selection of ops (with their subtrees) into a new trace.
     Select {
         trace: PathBuf,
@@ -151,14 +144,12 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    compose_cmd::set_json(cli.json);
+    let json = cli.json;
     match cli.cmd {
-        Cmd::Inspect { trace, json, top } => inspect::run(&trace, json, top),
-        Cmd::Graph {
-            trace,
-            json,
-            iteration,
-        } => graph_cmd::graph(&trace, json, iteration),
-        Cmd::Link { et, kineto, json } => graph_cmd::link(&et, &kineto, json),
+        Cmd::Inspect { trace, top } => inspect::run(&trace, json, top),
+        Cmd::Graph { trace, iteration } => graph_cmd::graph(&trace, json, iteration),
+        Cmd::Link { et, kineto } => graph_cmd::link(&et, &kineto, json),
         Cmd::Select {
             trace,
             filters,
@@ -191,8 +182,8 @@ fn run(cli: Cli) -> Result<()> {
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
         },
-        Cmd::Replay(a) => replay_cmd::run(&a),
-        Cmd::Compare(a) => replay_cmd::compare(&a),
+        Cmd::Replay(a) => replay_cmd::run(&a, json),
+        Cmd::Compare(a) => replay_cmd::compare(&a, json),
         Cmd::Env => {
             println!("{}", replay::env_report());
             Ok(())

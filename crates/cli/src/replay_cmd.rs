@@ -8,9 +8,6 @@ use std::path::{Path, PathBuf};
 pub struct ReplayArgs {
     /// ET file (.json, .json.gz, or - for stdin).
     pub trace: PathBuf,
-    /// Print one JSON object instead of tables.
-    #[arg(long)]
-    pub json: bool,
     /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -67,7 +64,7 @@ fn calibrated_gaps(
     Ok(et_graph::corrected_gaps(&l, &kt, &orig, &us))
 }
 
-pub fn run(a: &ReplayArgs) -> Result<()> {
+pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
@@ -101,7 +98,7 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         gaps_us,
         per_step: false,
     };
-    if !a.json {
+    if !json {
         eprintln!(
             "replaying {} ops x {} warm-up + {} measured iterations on {} ...",
             set.ops.len(),
@@ -121,7 +118,7 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         )?;
     }
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if json {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
         return Ok(());
@@ -197,8 +194,6 @@ pub struct CompareArgs {
     /// The ET captured together with the Kineto trace (`*.linked.et.json`).
     pub trace: PathBuf,
     pub kineto: PathBuf,
-    #[arg(long)]
-    pub json: bool,
     /// Write an SVG plot of the ops contributing most to the difference.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -216,7 +211,7 @@ pub struct CompareArgs {
 }
 
 /// Replays a linked ET and compares it op by op with its Kineto trace.
-pub fn compare(a: &CompareArgs) -> Result<()> {
+pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     if let Some(n) = a.threads {
         anyhow::ensure!(n > 0, "--threads must be positive");
         tch::set_num_threads(n);
@@ -292,7 +287,7 @@ pub fn compare(a: &CompareArgs) -> Result<()> {
         .with_context(|| format!("writing {}", svg.display()))?;
     }
     let mut out = std::io::stdout().lock();
-    if a.json {
+    if json {
         serde_json::to_writer(&mut out, &j)?;
         writeln!(out)?;
         return Ok(());

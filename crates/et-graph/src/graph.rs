@@ -323,6 +323,18 @@ impl TensorTable {
     pub fn externals(&self) -> impl Iterator<Item = &TensorInfo> {
         self.tensors.values().filter(|t| t.external)
     }
+
+    /// Tensors grouped by the storage they view: groups of more than one are aliases (views of
+    /// one allocation), which a replay must materialise as one storage.
+    pub fn alias_groups(&self) -> std::collections::BTreeMap<(u64, &str), Vec<TensorKey>> {
+        let mut m: std::collections::BTreeMap<(u64, &str), Vec<TensorKey>> = Default::default();
+        for t in self.tensors.values() {
+            m.entry((t.key.1, t.device.as_str()))
+                .or_default()
+                .push(t.key);
+        }
+        m
+    }
 }
 
 fn tensors_of(t: &Trace, args: &[et_schema::Arg], out: &mut Vec<u32>) {

@@ -132,6 +132,13 @@ fn inplace_optimizer_updates_version_parameters() {
         "parameters are external and updated in place"
     );
     assert!(tt.peak_bytes["cpu"] > 0);
+    // Views (t, as_strided) share their parameter's storage: some storages hold several tensors.
+    let groups = tt.alias_groups();
+    assert!(groups.values().any(|v| v.len() > 1));
+    assert_eq!(
+        groups.values().map(Vec::len).sum::<usize>(),
+        tt.tensors.len()
+    );
 }
 
 #[test]
