@@ -44,6 +44,7 @@ fn main() {
         }
     };
     let parse_s = t1.elapsed().as_secs_f64();
+    let parse_rss = peak_rss_bytes();
     let n = bytes.len();
     drop(bytes);
     // Graph build + replay set + tensor analysis, the work every command does after parsing.
@@ -69,6 +70,7 @@ fn main() {
             "data_edges": edges,
             "model_bytes": trace.heap_bytes(),
             "peak_rss": peak_rss_bytes(),
+            "peak_rss_after_parse": parse_rss,
         })
     );
 }

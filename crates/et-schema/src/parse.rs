@@ -149,7 +149,9 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
         }
     };
     if profile {
-        eprintln!("et-schema: scan+nodes {:?}", t0.elapsed());
+        let hwm = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let hwm = hwm.lines().find(|l| l.starts_with("VmHWM")).unwrap_or("");
+        eprintln!("et-schema: scan+nodes {:?} {hwm}", t0.elapsed());
     }
     if !saw_nodes {
         return Err(Error::NotATrace {
