@@ -124,6 +124,39 @@ fn install_libtorch() -> Result<PathBuf> {
     Ok(torch)
 }
 
+/// fbgemm_gpu's CPU operators (PyPI `fbgemm-gpu-cpu`, the build that matches torch 2.11's ABI),
+/// for replaying DLRM-style traces with `--load-library`. Installed once beside libtorch.
+const FBGEMM: &str = "fbgemm-gpu-cpu==1.6.0";
+
+fn install_fbgemm() -> Result<PathBuf> {
+    let dir = cache_dir().join("fbgemm-gpu-cpu-1.6.0");
+    let marker = dir.join(".mystique-complete");
+    if !marker.exists() {
+        let tmp = cache_dir().join(format!("fbgemm.partial-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp)?;
+        eprintln!("[setup] installing PyPI {FBGEMM} (custom ops for DLRM traces)...");
+        run(Command::new(python())
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--no-compile",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "--target",
+            ])
+            .arg(&tmp)
+            .arg(FBGEMM))?;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::rename(&tmp, &dir)?;
+        std::fs::write(&marker, FBGEMM)?;
+    }
+    Ok(dir.join("fbgemm_gpu"))
+}
+
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
@@ -177,10 +210,14 @@ fn test(extra: &[&str]) -> Result<()> {
     let t = Instant::now();
     run(cargo().args(["fmt", "--all", "--check"]))
         .context("cargo fmt --check: run `cargo fmt --all`")?;
+    // The public DLRM trace's fbgemm ops replay with fbgemm's CPU library loaded: make that
+    // test mandatory here, where the library is installed.
+    let fbgemm = install_fbgemm()?;
     // Release profile: the release build of torch-sys from setup is reused, not rebuilt.
     run(cargo()
         .args(["test", "--workspace", "--release"])
-        .args(extra))?;
+        .args(extra)
+        .env("MYSTIQUE_FBGEMM_DIR", &fbgemm))?;
     eprintln!(
         "[test] all tests passed in {:.0} s",
         t.elapsed().as_secs_f64()

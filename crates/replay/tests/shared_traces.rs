@@ -83,3 +83,69 @@ fn gpu_traces_replay_on_cpu_with_fallbacks() {
         .any(|f| f.op == "aten::cudnn_batch_norm_backward"
             && f.ran_as.contains("native_batch_norm_backward")));
 }
+
+/// The 8-rank DLRM trace (GPU, 2023) calls fbgemm_gpu operators; with fbgemm's CPU library
+/// loaded all but the GPU-only fused Adagrad lookup replay on CPU. `cargo xtask test` installs
+/// the library and sets MYSTIQUE_FBGEMM_DIR; without it this test only checks the rest.
+#[test]
+fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
+    let dir = std::env::var_os("MYSTIQUE_FBGEMM_DIR").map(PathBuf::from);
+    let mut loaded = false;
+    if let Some(d) = &dir {
+        let mut libs: Vec<PathBuf> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("fbgemm_gpu_")
+                    && p.extension().is_some_and(|e| e == "so")
+            })
+            .collect();
+        libs.sort();
+        assert!(!libs.is_empty(), "no fbgemm_gpu_*.so in {}", d.display());
+        for l in libs {
+            replay::load_library(&l).unwrap();
+        }
+        loaded = true;
+    }
+    let t =
+        et_schema::read_trace(&shared("public/param_dlrm_8rank_1.0.1/rank3.et.json.gz")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g
+        .select(&et_graph::Selection {
+            kind: et_graph::Kind::Compute,
+            ..Default::default()
+        })
+        .unwrap();
+    let opts = replay::ReplayOptions {
+        iters: 1,
+        warmup: 0,
+        only: et_graph::Kind::Compute,
+        ..Default::default()
+    };
+    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+    let non_fbgemm: Vec<_> = r
+        .failures
+        .iter()
+        .filter(|f| !f.op.starts_with("fbgemm::"))
+        .collect();
+    assert!(non_fbgemm.is_empty(), "{non_fbgemm:?}");
+    if loaded {
+        assert!(
+            r.ops_replayed * 100 >= r.ops_selected * 99,
+            "{} of {}: {:?}",
+            r.ops_replayed,
+            r.ops_selected,
+            r.failures
+        );
+        assert!(
+            r.failures
+                .iter()
+                .all(|f| f.op == "fbgemm::split_embedding_codegen_lookup_adagrad_function"),
+            "{:?}",
+            r.failures
+        );
+    }
+}
