@@ -410,7 +410,7 @@ pub fn corrected_gaps(
     all_starts.sort_by(|a, b| a.total_cmp(b));
     let count_in =
         |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
-    // Least squares through the origin: excess_k = c * nested_k.
+    // excess_k = c * nested_k, fitted as a ratio of sums: robust to the noise of single ops.
     let (mut num, mut den) = (0.0, 0.0);
     for (pos, e) in l.event_of.iter().enumerate() {
         let (Some(e), Some(&r)) = (e, replay_us.get(pos)) else {
@@ -421,8 +421,8 @@ pub fn corrected_gaps(
             .get(&ev.tid)
             .map_or(1, |v| count_in(v, ev.ts, ev.ts + ev.dur)) as f64;
         let excess = ev.dur - r;
-        num += nested * excess;
-        den += nested * nested;
+        num += excess;
+        den += nested;
     }
     let c = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
     let mut prev_end: Option<f64> = None;
