@@ -73,34 +73,14 @@ fn install_libtorch() -> Result<PathBuf> {
     if marker.exists() {
         eprintln!("[setup] libtorch: {} (cached)", dir.display());
     } else {
-        let tmp = cache_dir().join(format!("torch-2.11.0.partial-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp)?;
         eprintln!(
             "[setup] installing PyPI {TORCH} into {} (about 4.5 GB, once per user)...",
             dir.display()
         );
         let t = Instant::now();
-        run(Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--no-compile",
-                "--disable-pip-version-check",
-                "--progress-bar",
-                "on",
-                "--target",
-            ])
-            .arg(&tmp)
-            .arg(TORCH))
-        .context(
+        pip_install_into(&dir, TORCH, &["--progress-bar", "on"]).context(
             "pip install of libtorch failed; is python3 with pip available and PyPI reachable?",
         )?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        std::fs::rename(&tmp, &dir)?;
-        std::fs::write(&marker, TORCH)?;
         eprintln!(
             "[setup] libtorch installed in {:.0} s",
             t.elapsed().as_secs_f64()
@@ -132,29 +112,35 @@ fn install_fbgemm() -> Result<PathBuf> {
     let dir = cache_dir().join("fbgemm-gpu-cpu-1.6.0");
     let marker = dir.join(".mystique-complete");
     if !marker.exists() {
-        let tmp = cache_dir().join(format!("fbgemm.partial-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp)?;
         eprintln!("[setup] installing PyPI {FBGEMM} (custom ops for DLRM traces)...");
-        run(Command::new(python())
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--no-compile",
-                "--no-deps",
-                "--disable-pip-version-check",
-                "-q",
-                "--target",
-            ])
-            .arg(&tmp)
-            .arg(FBGEMM))?;
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        std::fs::rename(&tmp, &dir)?;
-        std::fs::write(&marker, FBGEMM)?;
+        pip_install_into(&dir, FBGEMM, &["--no-deps", "-q"])?;
     }
     Ok(dir.join("fbgemm_gpu"))
+}
+
+/// `pip install --target` into a temporary folder renamed into place, then marked complete: an
+/// interrupted install is never mistaken for a finished one.
+fn pip_install_into(dir: &std::path::Path, package: &str, extra: &[&str]) -> Result<()> {
+    let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    run(Command::new(python())
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--no-compile",
+            "--disable-pip-version-check",
+        ])
+        .args(extra)
+        .arg("--target")
+        .arg(&tmp)
+        .arg(package))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::rename(&tmp, dir)?;
+    std::fs::write(dir.join(".mystique-complete"), package)?;
+    Ok(())
 }
 
 fn cargo() -> Command {

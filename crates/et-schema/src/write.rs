@@ -113,6 +113,32 @@ impl<W: Write> Writer<'_, W> {
         self.w.write_all(b"\n  ]\n}\n")
     }
 
+    /// Attributes without a type (flat-layout keys) as top-level keys.
+    fn untyped_extras(&mut self, n: &Node) -> io::Result<()> {
+        let t = self.t;
+        for e in t.extras(n).iter().filter(|e| e.ty.is_none()) {
+            self.w.write_all(b", ")?;
+            self.key(t.str(e.name))?;
+            self.value(e.value)?;
+        }
+        Ok(())
+    }
+
+    /// One `{"name", "type", "value"}` entry of an `attrs` list.
+    fn attr(&mut self, first: &mut bool, name: &str, ty: &str, v: Value) -> io::Result<()> {
+        if !*first {
+            self.w.write_all(b", ")?;
+        }
+        *first = false;
+        self.w.write_all(b"{\"name\": ")?;
+        self.s(name)?;
+        self.w.write_all(b", \"type\": ")?;
+        self.s(ty)?;
+        self.w.write_all(b", \"value\": ")?;
+        self.value(v)?;
+        self.w.write_all(b"}")
+    }
+
     fn flat_node(&mut self, n: &Node) -> io::Result<()> {
         let t = self.t;
         self.w.write_all(b"{")?;
@@ -159,25 +185,18 @@ impl<W: Write> Writer<'_, W> {
                 self.list(args.iter().filter_map(|a| a.strides))?;
             }
         }
-        for e in t.extras(n).iter().filter(|e| e.ty.is_none()) {
-            self.w.write_all(b", ")?;
-            self.key(t.str(e.name))?;
-            self.value(e.value)?;
-        }
+        self.untyped_extras(n)?;
         // A flat-layout node that also had an `attrs` list keeps its typed attributes there.
         if n.flags.has(NodeFlags::HAS_ATTRS) {
             self.w.write_all(b", \"attrs\": [")?;
-            for (k, e) in t.extras(n).iter().filter(|e| e.ty.is_some()).enumerate() {
-                if k > 0 {
-                    self.w.write_all(b", ")?;
-                }
-                self.w.write_all(b"{\"name\": ")?;
-                self.s(t.str(e.name))?;
-                self.w.write_all(b", \"type\": ")?;
-                self.s(t.str(e.ty.unwrap_or(crate::Interner::EMPTY)))?;
-                self.w.write_all(b", \"value\": ")?;
-                self.value(e.value)?;
-                self.w.write_all(b"}")?;
+            let mut first = true;
+            for e in t.extras(n).iter().filter(|e| e.ty.is_some()) {
+                self.attr(
+                    &mut first,
+                    t.str(e.name),
+                    t.str(e.ty.unwrap_or(crate::Interner::EMPTY)),
+                    e.value,
+                )?;
             }
             self.w.write_all(b"]")?;
         }
@@ -209,39 +228,22 @@ impl<W: Write> Writer<'_, W> {
             self.w.write_all(b"}")?;
         }
         // Flat-layout extras (no type) stay top-level keys.
-        for e in t.extras(n).iter().filter(|e| e.ty.is_none()) {
-            self.w.write_all(b", ")?;
-            self.key(t.str(e.name))?;
-            self.value(e.value)?;
-        }
+        self.untyped_extras(n)?;
         if n.flags.has(NodeFlags::HAS_ATTRS) {
             self.w.write_all(b", \"attrs\": [")?;
             let mut first = true;
-            let mut attr = |w: &mut Self, name: &str, ty: &str, v: Value| -> io::Result<()> {
-                if !first {
-                    w.w.write_all(b", ")?;
-                }
-                first = false;
-                w.w.write_all(b"{\"name\": ")?;
-                w.s(name)?;
-                w.w.write_all(b", \"type\": ")?;
-                w.s(ty)?;
-                w.w.write_all(b", \"value\": ")?;
-                w.value(v)?;
-                w.w.write_all(b"}")
-            };
             let u = |x: u64| i64::try_from(x).map_or(Value::UInt(x), Value::Int);
             for (k, v) in [("rf_id", n.rf_id), ("fw_parent", n.fw_parent)] {
                 if let Some(v) = v {
-                    attr(self, k, "uint64", u(v))?;
+                    self.attr(&mut first, k, "uint64", u(v))?;
                 }
             }
             if let Some(v) = n.seq_id {
-                attr(self, "seq_id", "int64", Value::Int(v))?;
+                self.attr(&mut first, "seq_id", "int64", Value::Int(v))?;
             }
             for (k, v) in [("scope", n.scope), ("tid", n.tid), ("fw_tid", n.fw_tid)] {
                 if let Some(v) = v {
-                    attr(self, k, "uint64", u(v))?;
+                    self.attr(&mut first, k, "uint64", u(v))?;
                 }
             }
             for (k, v) in [
@@ -250,12 +252,12 @@ impl<W: Write> Writer<'_, W> {
                 ("kernel_file", n.kernel_file),
             ] {
                 if let Some(v) = v {
-                    attr(self, k, "string", Value::Str(v))?;
+                    self.attr(&mut first, k, "string", Value::Str(v))?;
                 }
             }
             for e in t.extras(n) {
                 if let Some(ty) = e.ty {
-                    attr(self, t.str(e.name), t.str(ty), e.value)?;
+                    self.attr(&mut first, t.str(e.name), t.str(ty), e.value)?;
                 }
             }
             self.w.write_all(b"]")?;

@@ -8,8 +8,8 @@ pub fn shared_traces() -> PathBuf {
     p
 }
 
-/// Every ET file under shared/traces (not Kineto, not meta).
-pub fn all_et_files() -> Vec<PathBuf> {
+/// Files under shared/traces whose name contains `pattern`, sorted.
+fn files_containing(pattern: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![shared_traces()];
     while let Some(d) = stack.pop() {
@@ -17,17 +17,18 @@ pub fn all_et_files() -> Vec<PathBuf> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else if p
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .contains(".et.json")
-            {
+            } else if p.file_name().unwrap().to_string_lossy().contains(pattern) {
                 out.push(p);
             }
         }
     }
     out.sort();
+    out
+}
+
+/// Every ET file under shared/traces (not Kineto, not meta).
+pub fn all_et_files() -> Vec<PathBuf> {
+    let out = files_containing(".et.json");
     assert!(
         out.len() >= 20,
         "expected the shared traces, found {}",
@@ -37,25 +38,7 @@ pub fn all_et_files() -> Vec<PathBuf> {
 }
 
 pub fn all_kineto_files() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![shared_traces()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .contains(".kineto.json")
-            {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    files_containing(".kineto.json")
 }
 
 /// Reads any file the independent way: flate2 by extension, serde_json DOM.
