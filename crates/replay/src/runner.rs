@@ -174,6 +174,57 @@ fn take_outputs(stack: &Stack, step: &Step, slots: &mut [Option<Tensor>]) -> boo
     ok
 }
 
+/// Whether an error says the device has no kernel for a half-precision dtype.
+fn low_precision_gap(e: &str) -> bool {
+    e.contains("not implemented for 'Half'")
+        || e.contains("not implemented for 'BFloat16'")
+        || e.contains("Low precision dtypes not supported")
+}
+
+/// Runs one step. When the device lacks a half-precision kernel the op runs in float32 (its
+/// half/bfloat16 tensor inputs cast up, its outputs cast back to the recorded dtype); returns
+/// whether that fallback was used.
+fn call_step(
+    stack: &mut Stack,
+    step: &Step,
+    slots: &mut [Option<Tensor>],
+    device: Device,
+) -> Result<bool, String> {
+    let first = push_args(stack, step, slots, device)
+        .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
+    match first {
+        Ok(()) => {
+            if !take_outputs(stack, step, slots) {
+                fill_missing_outputs(step, slots, device);
+            }
+            Ok(false)
+        }
+        Err(e) if low_precision_gap(&e) => {
+            let up = |t: &Tensor| {
+                if matches!(t.kind(), Kind::Half | Kind::BFloat16) {
+                    t.to_kind(Kind::Float)
+                } else {
+                    t.shallow_clone()
+                }
+            };
+            let mut view: Vec<Option<Tensor>> = slots.iter().map(|t| t.as_ref().map(up)).collect();
+            push_args(stack, step, &view, device)?;
+            stack
+                .call(step.op.as_ref().map_err(|e| e.clone())?)
+                .map_err(|e2| format!("{e} (and in float32: {e2})"))?;
+            take_outputs(stack, step, &mut view);
+            for (s, spec) in &step.out_specs {
+                if let Some(t) = view[*s as usize].take() {
+                    slots[*s as usize] = Some(t.to_kind(kind_of(spec.dtype)));
+                }
+            }
+            fill_missing_outputs(step, slots, device);
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn fill_missing_outputs(step: &Step, slots: &mut [Option<Tensor>], device: Device) {
     for (s, spec) in &step.out_specs {
         if slots[*s as usize].is_none() {
@@ -220,6 +271,7 @@ pub fn run(
         .gaps_us
         .as_deref()
         .filter(|g| g.len() == plan.steps.len());
+    let mut dtype_fallbacks: BTreeMap<String, usize> = BTreeMap::new();
     let (mut replayed, mut failed, mut skipped) = (0, 0, 0);
     for it in 0..total_iters {
         let measured = it >= opts.warmup;
@@ -257,13 +309,12 @@ pub fn run(
                 continue;
             }
             let t0 = clock.now_us();
-            let res = push_args(&mut stack, step, &slots, device)
-                .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
+            let res = call_step(&mut stack, step, &mut slots, device);
             let t1 = clock.now_us();
             match res {
-                Ok(()) => {
-                    if !take_outputs(&stack, step, &mut slots) {
-                        fill_missing_outputs(step, &mut slots, device);
+                Ok(upcast) => {
+                    if upcast && it == 0 {
+                        *dtype_fallbacks.entry(step.name.clone()).or_default() += 1;
                     }
                     it_replayed += 1;
                 }
@@ -362,7 +413,21 @@ pub fn run(
         external_bytes,
         externals: plan.externals.len(),
         ops,
-        fallbacks: fallbacks(plan),
+        fallbacks: fallbacks(plan)
+            .into_iter()
+            .chain(
+                dtype_fallbacks
+                    .into_iter()
+                    .map(|(op, count)| crate::Fallback {
+                        op,
+                        count,
+                        ran_as: format!(
+                            "in float32: no half-precision kernel on {}",
+                            format!("{device:?}").to_lowercase()
+                        ),
+                    }),
+            )
+            .collect(),
         gaps_ms: gaps.map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0),
         steps: plan
             .steps
@@ -418,14 +483,8 @@ pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
             }
             continue;
         }
-        let res = push_args(&mut stack, step, &slots, device)
-            .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
-        match res {
-            Ok(()) => {
-                if !take_outputs(&stack, step, &mut slots) {
-                    fill_missing_outputs(step, &mut slots, device);
-                }
-            }
+        match call_step(&mut stack, step, &mut slots, device) {
+            Ok(_) => {}
             Err(e) => {
                 failures.push((step.name.clone(), e));
                 fill_missing_outputs(step, &mut slots, device);

@@ -398,3 +398,49 @@ fn traces_recorded_with_another_schema_are_reconciled_by_name() {
         vec![5.0, 5.0]
     );
 }
+
+#[test]
+fn ops_without_a_half_kernel_on_cpu_run_in_float32() {
+    // cdist has no CPU kernel for Half in libtorch 2.11: replayed in float32, the output cast
+    // back to the recorded dtype, and reported as a fallback.
+    let h = |id: u64| json!([id, id, 0, 12, 2, "cpu"]);
+    let tr = trace(&[(
+        "aten::_cdist_forward",
+        "aten::_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor",
+        vec![
+            (h(1), json!([4, 3]), "Tensor(c10::Half)"),
+            (h(2), json!([4, 3]), "Tensor(c10::Half)"),
+            (json!(2.0), json!([]), "Double"),
+            (json!("<None>"), json!([]), "None"),
+        ],
+        vec![(
+            json!([3, 3, 0, 16, 2, "cpu"]),
+            json!([4, 4]),
+            "Tensor(c10::Half)",
+        )],
+    )]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    let out = slots[out_slot(&plan, 0, 0)].as_ref().unwrap();
+    assert_eq!(out.kind(), tch::Kind::Half);
+    assert_eq!(out.size(), vec![4, 4]);
+    let g = Graph::new(&tr);
+    let (r, _) = replay::replay(
+        &g,
+        &g.replay_set(None),
+        &replay::ReplayOptions {
+            iters: 1,
+            warmup: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(r.ops_failed, 0);
+    assert!(
+        r.fallbacks
+            .iter()
+            .any(|f| f.op == "aten::_cdist_forward" && f.ran_as.contains("float32")),
+        "{:?}",
+        r.fallbacks
+    );
+}
