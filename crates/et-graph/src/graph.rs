@@ -2,7 +2,7 @@
 //! versions and data dependencies.
 
 use crate::class::{classify, OpClass};
-use et_schema::{OpSchema, Trace, Value};
+use et_schema::{OpSchema, Trace};
 use std::collections::HashMap;
 use std::fmt;
 
@@ -272,15 +272,6 @@ impl ReplaySet {
     }
 }
 
-/// Where one input of a replay-set op comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// Read before any op in the set writes it: parameters, data, optimizer state.
-    External,
-    /// Produced by the op at this position of the replay set.
-    Op(u32),
-}
-
 /// A data dependency between two replay-set ops (positions in `ReplaySet::ops`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataEdge {
@@ -467,9 +458,4 @@ impl Graph<'_> {
         }
         table
     }
-}
-
-/// Convenience: the value of an op input as an int list, for shape-carrying args.
-pub fn int_list(t: &Trace, v: Value) -> Option<Vec<i64>> {
-    t.int_list(v)
 }

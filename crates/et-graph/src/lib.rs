@@ -24,7 +24,7 @@ pub mod select;
 pub mod summary;
 
 pub use class::OpClass;
-pub use graph::{DataEdge, Graph, ReplaySet, Skip, Source, TensorInfo, TensorKey, TensorTable};
+pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable};
 pub use link::{corrected_gaps, link, original_timing, Link, LinkError, Method, OriginalTiming};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

@@ -92,15 +92,15 @@ fn fill_view(
         .map_err(|e| ReplayError::Materialise(e.to_string()))
 }
 
+/// A zero tensor of the recorded shape, strides and dtype: the stand-in output of a failed op.
 fn synthesise(spec: &TensorSpec, device: Device) -> Option<Tensor> {
-    let t = ffi::empty_strided(
+    let mut t = ffi::empty_strided(
         &spec.shape,
         &spec.strides,
         spec.dtype.scalar_type_code() as i32,
         device,
     )
     .ok()?;
-    let mut t = t;
     let _ = t.f_zero_();
     Some(t)
 }
