@@ -97,6 +97,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         trace_out: a.trace_out.clone(),
         gaps_us,
         per_step: false,
+        progress: !json,
     };
     if !json {
         eprintln!(

@@ -39,6 +39,8 @@ pub struct ReplayOptions {
     pub gaps_us: Option<Vec<f64>>,
     /// Record the median time of every step in the report.
     pub per_step: bool,
+    /// Report progress (materialisation, each iteration) on stderr.
+    pub progress: bool,
 }
 
 impl Default for ReplayOptions {
@@ -52,6 +54,7 @@ impl Default for ReplayOptions {
             trace_out: None,
             gaps_us: None,
             per_step: false,
+            progress: false,
         }
     }
 }

@@ -251,6 +251,19 @@ pub fn run(
     ops_selected: usize,
 ) -> Result<(Report, Vec<Slice>), ReplayError> {
     let device = opts.device;
+    if opts.progress {
+        let mut per_storage: HashMap<(u64, et_schema::DType), i64> = HashMap::new();
+        for (_, s, _) in &plan.externals {
+            let e = per_storage.entry((s.storage, s.dtype)).or_default();
+            *e = (*e).max(s.extent() * s.dtype.size_bytes() as i64);
+        }
+        let bytes: i64 = per_storage.values().sum();
+        eprintln!(
+            "[replay] materialising {} external inputs (about {:.1} MiB) ...",
+            plan.externals.len(),
+            bytes as f64 / (1 << 20) as f64
+        );
+    }
     let externals = materialise(plan, device)?;
     let external_bytes = live_bytes(&externals);
     let mut stack = Stack::default();
@@ -367,6 +380,15 @@ pub fn run(
             }
         }
         let t_end = clock.now_us();
+        // Long iterations (big traces, slow devices) report as they finish; short ones stay quiet.
+        if opts.progress && t_end - t_iter >= 500_000.0 {
+            let kind = if measured { "measured" } else { "warm-up" };
+            eprintln!(
+                "[replay] iteration {}/{total_iters} ({kind}): {:.3} ms, {it_failed} failed",
+                it + 1,
+                (t_end - t_iter - excluded_us) / 1000.0
+            );
+        }
         if measured {
             iter_ms.push((t_end - t_iter - excluded_us) / 1000.0);
             op_ms.push(sum_ops / 1000.0);
