@@ -11,16 +11,8 @@ pub struct ReplayArgs {
     /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
-    #[arg(long, default_value_t = 10)]
-    pub iters: usize,
-    /// Intra-op threads (default: libtorch's own default).
-    #[arg(long)]
-    pub threads: Option<i32>,
-    /// all | compute | comm.
-    #[arg(long, default_value = "all")]
-    pub only: Kind,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Only these ProfilerStep#N iterations (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub iteration: Option<Vec<u64>>,
@@ -41,17 +33,45 @@ pub struct ReplayArgs {
     pub emulate_gaps: bool,
 }
 
+/// How a replay runs, shared by `replay` and `compare`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Intra-op threads (default: libtorch's own default).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// all | compute | comm.
+    #[arg(long, default_value = "all")]
+    pub only: Kind,
+}
+
+impl RunArgs {
+    /// Sets libtorch's intra-op thread count when `--threads` is given.
+    fn apply_threads(&self) -> Result<()> {
+        if let Some(n) = self.threads {
+            anyhow::ensure!(n > 0, "--threads must be positive");
+            tch::set_num_threads(n);
+        }
+        Ok(())
+    }
+}
+
 /// Gaps to emulate: the Kineto gaps corrected for profiler overhead, calibrated with a short
 /// replay of the same ops (see `et_graph::corrected_gaps`).
 fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
-    kineto: &Path,
+    kineto: &Linked,
     device: tch::Device,
 ) -> Result<(Vec<f64>, f64)> {
-    let kt = et_schema::kineto::read_kineto(kineto)?;
-    let l = et_graph::link(g, set, &kt)?;
-    let orig = et_graph::original_timing(&l, &kt);
+    let Linked {
+        kineto: kt,
+        link: l,
+        original: orig,
+    } = kineto;
     let calib = replay::ReplayOptions {
         device,
         warmup: 1,
@@ -61,17 +81,34 @@ fn calibrated_gaps(
     };
     let (r, _) = replay::replay(g, set, &calib)?;
     let us: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
-    Ok(et_graph::corrected_gaps(&l, &kt, &orig, &us))
+    Ok(et_graph::corrected_gaps(l, kt, orig, &us))
+}
+
+/// A Kineto trace linked to a replay set, with the original run's timing.
+struct Linked {
+    kineto: et_schema::kineto::KinetoTrace,
+    link: et_graph::Link,
+    original: et_graph::OriginalTiming,
+}
+
+impl Linked {
+    fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path) -> Result<Linked> {
+        let kineto = et_schema::kineto::read_kineto(path)?;
+        let link = et_graph::link(g, set, &kineto)?;
+        let original = et_graph::original_timing(&link, &kineto);
+        Ok(Linked {
+            kineto,
+            link,
+            original,
+        })
+    }
 }
 
 pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
-    if let Some(n) = a.threads {
-        anyhow::ensure!(n > 0, "--threads must be positive");
-        tch::set_num_threads(n);
-    }
+    a.run.apply_threads()?;
     let device = replay::parse_device(&a.device)?;
     let trace = et_schema::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
@@ -81,18 +118,18 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     })?;
     let set = g.select(&Selection {
         iterations: a.iteration.clone(),
-        kind: a.only,
+        kind: a.run.only,
         ..Default::default()
     })?;
     let gaps_us = match (&a.kineto, a.emulate_gaps) {
-        (Some(k), true) => Some(calibrated_gaps(&g, &set, k, device)?.0),
+        (Some(k), true) => Some(calibrated_gaps(&g, &set, &Linked::new(&g, &set, k)?, device)?.0),
         _ => None,
     };
     let opts = replay::ReplayOptions {
         device,
-        warmup: a.warmup,
-        iters: a.iters,
-        only: a.only,
+        warmup: a.run.warmup,
+        iters: a.run.iters,
+        only: a.run.only,
         strict: a.strict,
         trace_out: a.trace_out.clone(),
         gaps_us,
@@ -103,8 +140,8 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         eprintln!(
             "replaying {} ops x {} warm-up + {} measured iterations on {} ...",
             set.ops.len(),
-            a.warmup,
-            a.iters.max(1),
+            a.run.warmup,
+            a.run.iters.max(1),
             a.device
         );
     }
@@ -201,40 +238,30 @@ pub struct CompareArgs {
     /// Emulate the original's time outside operators.
     #[arg(long)]
     pub emulate_gaps: bool,
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
-    #[arg(long, default_value_t = 10)]
-    pub iters: usize,
-    #[arg(long)]
-    pub threads: Option<i32>,
-    #[arg(long, default_value = "all")]
-    pub only: Kind,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// Replays a linked ET and compares it op by op with its Kineto trace.
 pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
-    if let Some(n) = a.threads {
-        anyhow::ensure!(n > 0, "--threads must be positive");
-        tch::set_num_threads(n);
-    }
+    a.run.apply_threads()?;
     let trace = et_schema::read_trace(&a.trace)?;
-    let kt = et_schema::kineto::read_kineto(&a.kineto)?;
     let g = Graph::new(&trace);
     let set = g.select(&Selection {
-        kind: a.only,
+        kind: a.run.only,
         ..Default::default()
     })?;
-    let l = et_graph::link(&g, &set, &kt)?;
-    let orig = et_graph::original_timing(&l, &kt);
+    let linked = Linked::new(&g, &set, &a.kineto)?;
+    let (kt, l, orig) = (&linked.kineto, &linked.link, &linked.original);
     let (gaps, per_event_us) = if a.emulate_gaps {
-        calibrated_gaps(&g, &set, &a.kineto, tch::Device::Cpu)?
+        calibrated_gaps(&g, &set, &linked, tch::Device::Cpu)?
     } else {
         (vec![], 0.0)
     };
     let opts = replay::ReplayOptions {
-        warmup: a.warmup,
-        iters: a.iters,
-        only: a.only,
+        warmup: a.run.warmup,
+        iters: a.run.iters,
+        only: a.run.only,
         gaps_us: a.emulate_gaps.then_some(gaps),
         per_step: true,
         ..Default::default()

@@ -60,11 +60,6 @@ void* mq_find_op(const char* name, const char* overload) {
 
 void mq_op_free(void* op) { delete static_cast<c10::OperatorHandle*>(op); }
 
-// Number of schema arguments, or -1.
-int64_t mq_op_num_args(void* op) {
-  return static_cast<int64_t>(static_cast<c10::OperatorHandle*>(op)->schema().arguments().size());
-}
-
 // The registered schema as text (valid until the next call on this thread).
 const char* mq_op_schema(void* op) {
   static thread_local std::string text;

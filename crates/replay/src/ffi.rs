@@ -14,7 +14,6 @@ extern "C" {
     fn mq_last_error() -> *const c_char;
     fn mq_find_op(name: *const c_char, overload: *const c_char) -> *mut c_void;
     fn mq_op_free(op: *mut c_void);
-    fn mq_op_num_args(op: *mut c_void) -> i64;
     fn mq_op_schema(op: *mut c_void) -> *const c_char;
     fn mq_push_default(st: *mut MqStack, op: *mut c_void, i: i64) -> i32;
     fn mq_stack_new() -> *mut MqStack;
@@ -95,11 +94,6 @@ impl Op {
         unsafe { CStr::from_ptr(mq_op_schema(self.0.as_ptr())) }
             .to_string_lossy()
             .into_owned()
-    }
-
-    pub fn num_args(&self) -> usize {
-        // SAFETY: a live handle.
-        unsafe { mq_op_num_args(self.0.as_ptr()) }.max(0) as usize
     }
 }
 

@@ -174,6 +174,15 @@ fn take_outputs(stack: &Stack, step: &Step, slots: &mut [Option<Tensor>]) -> boo
     ok
 }
 
+/// A step that is not run: outputs that are inputs of the same tensor pass through, the rest
+/// are synthesised from the recorded specs.
+fn pass_through(step: &Step, slots: &mut [Option<Tensor>], device: Device) {
+    for (from, to) in &step.passthrough {
+        slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
+    }
+    fill_missing_outputs(step, slots, device);
+}
+
 /// Whether an error says the device has no kernel for a half-precision dtype.
 fn low_precision_gap(e: &str) -> bool {
     e.contains("not implemented for 'Half'")
@@ -307,10 +316,7 @@ pub fn run(
                 }
             }
             if step.elide || (step.collective && opts.only == et_graph::Kind::Compute) {
-                for (from, to) in &step.passthrough {
-                    slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
-                }
-                fill_missing_outputs(step, &mut slots, device);
+                pass_through(step, &mut slots, device);
                 if step.elide {
                     it_replayed += 1;
                 } else {
@@ -500,9 +506,7 @@ pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
     let mut failures = Vec::new();
     for step in &plan.steps {
         if step.elide {
-            for (from, to) in &step.passthrough {
-                slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
-            }
+            pass_through(step, &mut slots, device);
             continue;
         }
         match call_step(&mut stack, step, &mut slots, device) {

@@ -10,18 +10,27 @@ fn shared(rel: &str) -> PathBuf {
 
 fn replay(rel: &str, only: et_graph::Kind) -> replay::Report {
     tch::set_num_threads(1);
+    let sel = et_graph::Selection {
+        kind: only,
+        ..Default::default()
+    };
+    replay_selected(rel, &sel, 2, 1)
+}
+
+/// Replays the selected ops of a shared trace (with `sel.kind` as `--only`).
+fn replay_selected(
+    rel: &str,
+    sel: &et_graph::Selection,
+    iters: usize,
+    warmup: usize,
+) -> replay::Report {
     let t = et_schema::read_trace(&shared(rel)).unwrap();
     let g = et_graph::Graph::new(&t);
-    let set = g
-        .select(&et_graph::Selection {
-            kind: only,
-            ..Default::default()
-        })
-        .unwrap();
+    let set = g.select(sel).unwrap();
     let opts = replay::ReplayOptions {
-        iters: 2,
-        warmup: 1,
-        only,
+        iters,
+        warmup,
+        only: sel.kind,
         ..Default::default()
     };
     replay::replay(&g, &set, &opts).unwrap().0
@@ -60,22 +69,12 @@ fn the_gloo_traces_replay_their_compute_on_cpu() {
 fn gpu_traces_replay_on_cpu_with_fallbacks() {
     // A DDP ResNet captured on a GPU: cudnn batch-norm backward runs as the native op on CPU.
     // (Only a window of it: the whole iteration takes tens of seconds on two cores.)
-    let t = et_schema::read_trace(&shared("public/param_resnet_1.1.0.et.json.gz")).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g
-        .select(&et_graph::Selection {
-            kind: et_graph::Kind::Compute,
-            name: Some(regex::Regex::new("batch_norm|relu|threshold|add").unwrap()),
-            ..Default::default()
-        })
-        .unwrap();
-    let opts = replay::ReplayOptions {
-        iters: 1,
-        warmup: 0,
-        only: et_graph::Kind::Compute,
+    let sel = et_graph::Selection {
+        kind: et_graph::Kind::Compute,
+        name: Some(regex::Regex::new("batch_norm|relu|threshold|add").unwrap()),
         ..Default::default()
     };
-    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+    let r = replay_selected("public/param_resnet_1.1.0.et.json.gz", &sel, 1, 0);
     assert_eq!(r.ops_failed, 0, "{:?}", r.failures);
     assert!(r
         .fallbacks
@@ -110,22 +109,11 @@ fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
         }
         loaded = true;
     }
-    let t =
-        et_schema::read_trace(&shared("public/param_dlrm_8rank_1.0.1/rank3.et.json.gz")).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g
-        .select(&et_graph::Selection {
-            kind: et_graph::Kind::Compute,
-            ..Default::default()
-        })
-        .unwrap();
-    let opts = replay::ReplayOptions {
-        iters: 1,
-        warmup: 0,
-        only: et_graph::Kind::Compute,
+    let sel = et_graph::Selection {
+        kind: et_graph::Kind::Compute,
         ..Default::default()
     };
-    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+    let r = replay_selected("public/param_dlrm_8rank_1.0.1/rank3.et.json.gz", &sel, 1, 0);
     let non_fbgemm: Vec<_> = r
         .failures
         .iter()
