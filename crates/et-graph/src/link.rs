@@ -49,6 +49,10 @@ pub struct Link {
     pub event_of: Vec<Option<u32>>,
     /// GPU events (kernels, memcpy, memset) launched under each linked op, via correlation.
     pub gpu_events: Vec<Vec<u32>>,
+    /// The captured iteration's extent on the Kineto clock (µs): from the first to the end of
+    /// the last event of any ET node (annotations such as `Optimizer.zero_grad` included).
+    /// Known when linked by record function ids.
+    pub span: Option<(f64, f64)>,
     pub warnings: Vec<String>,
 }
 
@@ -189,10 +193,29 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
                 .collect()
         })
         .collect();
+    // The iteration is what the ET recorded: every node with a record function id, not only
+    // the replayed ops, bounds it (the optimizer's zero_grad before the first op, its step
+    // after the last).
+    let span = (method == Method::RecordFunctionId)
+        .then(|| {
+            let ids: std::collections::HashSet<u64> =
+                t.nodes.iter().filter_map(|n| n.rf_id).collect();
+            let (mut a, mut b) = (f64::INFINITY, f64::NEG_INFINITY);
+            for &i in &cpu {
+                let e = &k.events[i];
+                if e.record_function_id.is_some_and(|r| ids.contains(&r)) {
+                    a = a.min(e.ts);
+                    b = b.max(e.ts + e.dur);
+                }
+            }
+            (a < b).then_some((a, b))
+        })
+        .flatten();
     Ok(Link {
         method,
         event_of,
         gpu_events,
+        span,
         warnings,
     })
 }
@@ -347,9 +370,12 @@ pub struct OriginalTiming {
     /// Kineto duration of each op (µs); `None` when unlinked.
     pub op_us: Vec<Option<f64>>,
     /// Time between the end of the previous op and the start of this one (µs), spent outside
-    /// operators (Python, autograd bookkeeping); 0 when unlinked or overlapping.
+    /// operators (Python, autograd bookkeeping); 0 when unlinked or overlapping. The first
+    /// linked op's gap is the iteration's time before its first op and after its last (the
+    /// iteration repeats, so both fall between two ops).
     pub gap_us: Vec<f64>,
-    /// From the first op's start to the last op's end (µs).
+    /// The iteration (µs): [`Link::span`] when known, else from the first op's start to the
+    /// last op's end.
     pub span_us: f64,
 }
 
@@ -362,7 +388,8 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
     };
     let mut prev_end: Option<f64> = None;
     let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
-    for e in &l.event_of {
+    let mut first_pos = None;
+    for (pos, e) in l.event_of.iter().enumerate() {
         match e {
             Some(e) => {
                 let ev = &k.events[*e as usize];
@@ -372,6 +399,7 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
                 prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
                 first = first.min(ev.ts);
                 last = last.max(ev.ts + ev.dur);
+                first_pos.get_or_insert(pos);
             }
             None => {
                 out.op_us.push(None);
@@ -379,17 +407,26 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
             }
         }
     }
+    if let (Some((a, b)), Some(p)) = (l.span, first_pos) {
+        out.gap_us[p] = (first - a).max(0.0) + (b - last).max(0.0);
+        (first, last) = (first.min(a), last.max(b));
+    }
     if last > first {
         out.span_us = last - first;
     }
     out
 }
 
-/// Gaps corrected for the profiler's own cost. Kineto slows every recorded event down, so the
-/// time between ops in a profiled run overstates the model's own time outside operators. The
-/// per-event cost `c` is fitted from the ops themselves: an op's profiled duration exceeds its
-/// replayed duration by about `c` times the events recorded inside it. Each gap then loses `c`
-/// per event that starts in it (plus the op boundary). Returns the gaps (µs) and `c` (µs).
+/// Gaps corrected for the profiler's own cost. Kineto with shapes and the execution trace
+/// observer slow every recorded event down, so the time between ops in a profiled run
+/// overstates the model's own time outside operators. The per-event cost `c` is fitted from
+/// the ops themselves: an op's profiled duration exceeds its plain replayed duration by about
+/// `c` times the events recorded inside it (itself included). Each gap then loses `c` per
+/// event that starts in it, plus one for the op boundary. Returns the gaps (µs) and `c` (µs).
+///
+/// `c` is the median of the per-op ratios, not a ratio of sums: a few long ops carry most of
+/// the absolute noise (a cold first call under the profiler, a large matmul whose replay
+/// differs by more than the profiler's cost) and would otherwise set it.
 pub fn corrected_gaps(
     l: &Link,
     k: &KinetoTrace,
@@ -410,21 +447,26 @@ pub fn corrected_gaps(
     all_starts.sort_by(|a, b| a.total_cmp(b));
     let count_in =
         |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
-    // excess_k = c * nested_k, fitted as a ratio of sums: robust to the noise of single ops.
-    let (mut num, mut den) = (0.0, 0.0);
-    for (pos, e) in l.event_of.iter().enumerate() {
-        let (Some(e), Some(&r)) = (e, replay_us.get(pos)) else {
-            continue;
-        };
-        let ev = &k.events[*e as usize];
-        let nested = starts_by_tid
-            .get(&ev.tid)
-            .map_or(1, |v| count_in(v, ev.ts, ev.ts + ev.dur)) as f64;
-        let excess = ev.dur - r;
-        num += excess;
-        den += nested;
-    }
-    let c = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+    let mut per_op: Vec<f64> = l
+        .event_of
+        .iter()
+        .zip(replay_us)
+        .filter_map(|(e, &r)| {
+            let ev = &k.events[(*e)? as usize];
+            let events = starts_by_tid
+                .get(&ev.tid)
+                .map_or(1, |v| count_in(v, ev.ts, ev.ts + ev.dur).max(1));
+            Some((ev.dur - r) / events as f64)
+        })
+        .collect();
+    per_op.sort_by(|a, b| a.total_cmp(b));
+    let c = median_sorted(&per_op).max(0.0);
+    let last_end = l
+        .event_of
+        .iter()
+        .flatten()
+        .map(|&e| k.events[e as usize].ts + k.events[e as usize].dur)
+        .fold(f64::NEG_INFINITY, f64::max);
     let mut prev_end: Option<f64> = None;
     let gaps = l
         .event_of
@@ -433,11 +475,26 @@ pub fn corrected_gaps(
         .map(|(e, &g)| {
             let Some(e) = e else { return 0.0 };
             let ev = &k.events[*e as usize];
-            let in_gap =
-                prev_end.map_or(0, |p| count_in(&all_starts, p, ev.ts).saturating_sub(1)) as f64;
+            let in_gap = match (prev_end, l.span) {
+                (Some(p), _) => count_in(&all_starts, p, ev.ts).saturating_sub(1),
+                // The first op's gap: the iteration's time before it and after the last op.
+                (None, Some((a, b))) => {
+                    count_in(&all_starts, a, ev.ts).saturating_sub(1)
+                        + count_in(&all_starts, last_end, b).saturating_sub(1)
+                }
+                (None, None) => 0,
+            } as f64;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
             (g - c * (in_gap + 1.0)).max(0.0)
         })
         .collect();
     (gaps, c)
+}
+
+fn median_sorted(v: &[f64]) -> f64 {
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }

@@ -357,3 +357,67 @@ fn dtype_and_scale_rewrite_consistently() {
         }
     }
 }
+
+#[test]
+fn the_iteration_spans_every_et_node_and_its_edges_count_as_a_gap() {
+    let t = et_schema::read_trace(&shared().join("cpu/dlrm.linked.et.json.gz")).unwrap();
+    let kt = et_schema::kineto::read_kineto(&shared().join("cpu/dlrm.kineto.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &kt).unwrap();
+    let (a, b) = l.span.expect("linked by record function ids");
+    // The optimizer's zero_grad runs before the first op and its step ends after the last:
+    // both are ET nodes, so the iteration reaches them.
+    let ev = |name: &str| {
+        kt.events
+            .iter()
+            .find(|e| kt.str(e.name) == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let zero = ev("Optimizer.zero_grad#SGD.zero_grad");
+    let step = ev("Optimizer.step#SGD.step");
+    assert_eq!(a, zero.ts);
+    assert_eq!(b, step.ts + step.dur);
+    let ops: Vec<_> = l
+        .event_of
+        .iter()
+        .map(|e| &kt.events[e.unwrap() as usize])
+        .collect();
+    let first = ops[0].ts;
+    let last = ops.iter().map(|e| e.ts + e.dur).fold(0.0, f64::max);
+    assert!(a < first && last <= b);
+    let o = original_timing(&l, &kt);
+    assert!((o.gap_us[0] - ((first - a) + (b - last))).abs() < 1e-6);
+    assert!((o.span_us - (b - a)).abs() < 1e-6);
+    // Ops and gaps add up to the iteration where ops do not overlap.
+    let total: f64 = o.op_us.iter().flatten().sum::<f64>() + o.gap_us.iter().sum::<f64>();
+    assert!((total - o.span_us).abs() < 1.0, "{total} vs {}", o.span_us);
+}
+
+#[test]
+fn gap_correction_subtracts_only_the_profilers_measured_excess() {
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
+    let kt =
+        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &kt).unwrap();
+    let o = original_timing(&l, &kt);
+    // Replayed exactly as long as profiled: no excess, so no cost per event, gaps unchanged.
+    let same: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let (gaps, c) = corrected_gaps(&l, &kt, &o, &same);
+    assert_eq!(c, 0.0);
+    assert_eq!(gaps, o.gap_us);
+    // Replayed in a tenth of the time: a positive cost, and every gap shrinks, none below 0.
+    let fast: Vec<f64> = same.iter().map(|d| d / 10.0).collect();
+    let (gaps, c) = corrected_gaps(&l, &kt, &o, &fast);
+    assert!(c > 0.0);
+    assert!(gaps.iter().zip(&o.gap_us).all(|(g, o)| *g >= 0.0 && g <= o));
+    assert!(gaps.iter().sum::<f64>() < o.gap_us.iter().sum::<f64>());
+    // The cost is a typical op's, not a sum's: one op made hugely slower in the original
+    // (a cold first call) leaves it unchanged.
+    let mut one_slow = fast.clone();
+    one_slow[0] = -1e6;
+    let (_, c2) = corrected_gaps(&l, &kt, &o, &one_slow);
+    assert!((c2 - c).abs() < 0.05 * c, "{c2} vs {c}");
+}
