@@ -331,7 +331,7 @@ fn fidelity(args: &[&str]) -> Result<()> {
         ("dlrm", ".gz"),
     ];
     println!(
-        "fidelity: median over {rounds} alternating rounds, 1 thread; ratio = replay / original"
+        "fidelity: {rounds} alternating rounds, 1 thread; ms: medians; ratio: median of the rounds' replay / original"
     );
     println!(
         "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8}",
@@ -377,12 +377,13 @@ fn fidelity(args: &[&str]) -> Result<()> {
                 out.push(j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN));
             }
         }
+        // The ratio of each round's neighbouring measurements, then the median: this machine's
+        // speed drifts between rounds, and a ratio of medians taken apart would carry it.
+        let mut rp: Vec<f64> = plain.iter().zip(&orig).map(|(p, o)| p / o).collect();
+        let mut rg: Vec<f64> = gaps.iter().zip(&orig).map(|(g, o)| g / o).collect();
+        let (rp, rg) = (median(&mut rp), median(&mut rg));
         let (o, p, g) = (median(&mut orig), median(&mut plain), median(&mut gaps));
-        println!(
-            "{m:<12} {o:>10.3} {p:>10.3} {:>8.3} {g:>10.3} {:>8.3}",
-            p / o,
-            g / o
-        );
+        println!("{m:<12} {o:>10.3} {p:>10.3} {rp:>8.3} {g:>10.3} {rg:>8.3}");
     }
     Ok(())
 }

@@ -59,29 +59,30 @@ impl RunArgs {
     }
 }
 
-/// Gaps to emulate: the Kineto gaps corrected for profiler overhead, calibrated with a short
-/// replay of the same ops (see `et_graph::corrected_gaps`).
+/// Gaps to emulate: the Kineto gaps corrected for the profiler's cost, calibrated with a short
+/// plain replay of the same ops (see `et_graph::corrected_gaps`). Returns the gaps and the
+/// fitted cost per profiled event (µs).
 fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     device: tch::Device,
 ) -> Result<(Vec<f64>, f64)> {
-    let Linked {
-        kineto: kt,
-        link: l,
-        original: orig,
-    } = kineto;
     let calib = replay::ReplayOptions {
         device,
         warmup: 1,
-        iters: 3,
+        iters: 5,
         per_step: true,
         ..Default::default()
     };
     let (r, _) = replay::replay(g, set, &calib)?;
     let us: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
-    Ok(et_graph::corrected_gaps(l, kt, orig, &us))
+    Ok(et_graph::corrected_gaps(
+        &kineto.link,
+        &kineto.kineto,
+        &kineto.original,
+        &us,
+    ))
 }
 
 /// A Kineto trace linked to a replay set, with the original run's timing.
@@ -135,6 +136,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         gaps_us,
         per_step: false,
         progress: !json,
+        instrument: false,
     };
     if !json {
         eprintln!(
@@ -258,33 +260,78 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     } else {
         (vec![], 0.0)
     };
+    // One more iteration runs under the capture's instrumentation: its op windows compare
+    // with the original's Kineto durations like for like (both carry the profiler's cost).
     let opts = replay::ReplayOptions {
         warmup: a.run.warmup,
         iters: a.run.iters,
         only: a.run.only,
         gaps_us: a.emulate_gaps.then_some(gaps),
         per_step: true,
+        instrument: true,
         ..Default::default()
     };
-    let (r, _) = replay::replay(&g, &set, &opts)?;
-    // Per op name: original vs replay time per iteration, linked ops only.
-    let mut by: std::collections::BTreeMap<&str, (usize, f64, f64)> = Default::default();
+    let r = match replay::replay(&g, &set, &opts) {
+        Ok((r, _)) => r,
+        Err(e @ replay::ReplayError::Instrument(_)) => {
+            eprintln!("warning: {e}; ops are compared with their plain replay times only");
+            let plain = replay::ReplayOptions {
+                instrument: false,
+                ..opts
+            };
+            replay::replay(&g, &set, &plain)?.0
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Per op name, linked ops only: calls, original (Kineto), plain replay, and replay under
+    // the instrumentation (when every call of the name was found in its profile).
+    let mut by: std::collections::BTreeMap<&str, (usize, f64, f64, Option<f64>)> =
+        Default::default();
     for (k, st) in r.steps.iter().enumerate() {
         if let Some(o) = orig.op_us[k] {
-            let e = by.entry(st.op.as_str()).or_default();
+            let e = by.entry(st.op.as_str()).or_insert((0, 0.0, 0.0, Some(0.0)));
             e.0 += 1;
             e.1 += o;
             e.2 += st.us;
+            let prof = r.profiled.get(k).copied().flatten();
+            e.3 = e.3.zip(prof).map(|(acc, p)| acc + p.end_us - p.start_us);
         }
     }
-    let mut rows: Vec<(String, usize, f64, f64)> = by
-        .into_iter()
-        .map(|(k, (n, o, p))| (k.to_string(), n, o, p))
-        .collect();
-    rows.sort_by(|x, y| (y.3 - y.2).abs().total_cmp(&(x.3 - x.2).abs()));
+    let rows: Vec<Row> = {
+        let mut rows: Vec<Row> = by
+            .into_iter()
+            .map(|(op, (calls, original, plain, profiled))| Row {
+                op: op.to_string(),
+                calls,
+                original,
+                plain,
+                profiled,
+            })
+            .collect();
+        // Largest like-for-like difference first: the profiled replay where there is one.
+        rows.sort_by(|x, y| y.difference().abs().total_cmp(&x.difference().abs()));
+        rows
+    };
     let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
     let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
     let orig_iter_ms = orig.span_us / 1000.0;
+    // Like for like over the ops found in both profiles.
+    let (mut prof_ms, mut prof_orig_ms, mut found) = (0.0, 0.0, 0);
+    for (k, p) in r.profiled.iter().enumerate() {
+        if let (Some(p), Some(o)) = (p, orig.op_us.get(k).copied().flatten()) {
+            prof_ms += (p.end_us - p.start_us) / 1000.0;
+            prof_orig_ms += o / 1000.0;
+            found += 1;
+        }
+    }
+    let instrumented = (found > 0).then(|| {
+        serde_json::json!({
+            "ops": found,
+            "ops_ms": prof_ms,
+            "original_ops_ms": prof_orig_ms,
+            "ratio_ops": prof_ms / prof_orig_ms.max(1e-9),
+        })
+    });
     let j = serde_json::json!({
         "trace": trace.source,
         "kineto": kt.source,
@@ -296,21 +343,41 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "ratio_ops": r.op_ms.median / orig_ops_ms.max(1e-9),
         "emulate_gaps": a.emulate_gaps,
         "profiler_us_per_event": per_event_us,
-        "top_differences": rows.iter().take(15).map(|(k, n, o, p)| serde_json::json!({"op": k, "calls": n, "original_us": o, "replay_us": p, "ratio": p / o.max(1e-9)})).collect::<Vec<_>>(),
+        "instrumented": instrumented,
+        "top_differences": rows.iter().take(15).map(|r| serde_json::json!({
+            "op": r.op,
+            "calls": r.calls,
+            "original_us": r.original,
+            "replay_us": r.plain,
+            "ratio": r.plain / r.original.max(1e-9),
+            "replay_instrumented_us": r.profiled,
+            "ratio_instrumented": r.profiled.map(|p| p / r.original.max(1e-9)),
+        })).collect::<Vec<_>>(),
     });
     if let Some(svg) = &a.svg {
         let bars: Vec<(String, f64, f64)> = rows
             .iter()
             .take(20)
-            .map(|(k, n, o, p)| (format!("{k} x{n}"), o / 1000.0, p / 1000.0))
+            .map(|r| {
+                (
+                    format!("{} x{}", r.op, r.calls),
+                    r.original / 1000.0,
+                    r.profiled.unwrap_or(r.plain) / 1000.0,
+                )
+            })
             .collect();
         let title = format!(
             "{}: original {:.2} ms vs replay {:.2} ms per iteration",
             trace.source, orig_iter_ms, r.iter_ms.median
         );
+        let label = if instrumented.is_some() {
+            "replay (same instrumentation)"
+        } else {
+            "replay"
+        };
         std::fs::write(
             svg,
-            metrics::svg_bars(&title, "ms", ("original (Kineto)", "replay"), &bars),
+            metrics::svg_bars(&title, "ms", ("original (Kineto)", label), &bars),
         )
         .with_context(|| format!("writing {}", svg.display()))?;
     }
@@ -339,18 +406,49 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         j["ratio_iter"].as_f64().unwrap_or(0.0),
         j["ratio_ops"].as_f64().unwrap_or(0.0)
     )?;
+    if found > 0 {
+        writeln!(
+            out,
+            "profiled   {prof_ms:.3} ms in {found} ops replayed under the capture's instrumentation vs {prof_orig_ms:.3} ms in the original: ratio {:.3}",
+            prof_ms / prof_orig_ms.max(1e-9)
+        )?;
+    }
     writeln!(out, "largest differences (per iteration)")?;
     writeln!(
         out,
-        "  {:>10} {:>10} {:>7} {:>6}  op",
-        "orig us", "replay us", "ratio", "calls"
+        "  {:>10} {:>10} {:>7} {:>10} {:>7} {:>6}  op",
+        "orig us", "replay us", "ratio", "profiled", "ratio", "calls"
     )?;
-    for (k, n, o, p) in rows.iter().take(15) {
+    for r in rows.iter().take(15) {
+        let o = r.original.max(1e-9);
+        let (pu, pr) = match r.profiled {
+            Some(p) => (format!("{p:.1}"), format!("{:.2}", p / o)),
+            None => ("-".into(), "-".into()),
+        };
         writeln!(
             out,
-            "  {o:>10.1} {p:>10.1} {:>7.2} {n:>6}  {k}",
-            p / o.max(1e-9)
+            "  {:>10.1} {:>10.1} {:>7.2} {pu:>10} {pr:>7} {:>6}  {}",
+            r.original,
+            r.plain,
+            r.plain / o,
+            r.calls,
+            r.op
         )?;
     }
     Ok(())
+}
+
+/// One op name in `compare`: per iteration, over its linked calls (µs).
+struct Row {
+    op: String,
+    calls: usize,
+    original: f64,
+    plain: f64,
+    profiled: Option<f64>,
+}
+
+impl Row {
+    fn difference(&self) -> f64 {
+        self.profiled.unwrap_or(self.plain) - self.original
+    }
 }

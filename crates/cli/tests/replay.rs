@@ -116,6 +116,16 @@ fn compare_reports_ratios_and_an_svg() {
     assert!(j["ratio_iter"].as_f64().unwrap() > 0.0);
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
     assert!(!j["top_differences"].as_array().unwrap().is_empty());
+    // The extra iteration under the capture's instrumentation profiled every linked op, and
+    // compares like for like with the original's profiled durations.
+    assert_eq!(j["instrumented"]["ops"], j["linked"]);
+    assert!(j["instrumented"]["ratio_ops"].as_f64().unwrap() > 0.0);
+    assert!(
+        j["top_differences"][0]["replay_instrumented_us"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.contains("aten::"));
     std::fs::remove_file(&svg).unwrap();

@@ -10,6 +10,11 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/profiler/standalone/execution_trace_observer.h>
+
+#include <cstdlib>
+#include <memory>
 
 #include <cstring>
 #include <sstream>
@@ -194,5 +199,76 @@ int mq_load_library(const char* path) {
   }
   return 0;
 }
+
+// --- The capture's instrumentation, reproduced around a replayed iteration ---
+//
+// A linked ET + Kineto pair is captured with the execution trace observer and the Kineto
+// profiler (record_shapes) both on, and their per-op cost lands partly inside op windows and
+// partly in the gaps between them. Replaying one iteration under the same instrumentation
+// measures that cost for these very ops, so the gaps can be corrected by measurement rather
+// than by a model of the profiler. Order as torch.profiler.profile: the ET observer is added,
+// the profiler prepared, the observer enabled, then the profiler enabled.
+
+struct MqEvents {
+  std::vector<std::string> names;
+  std::vector<uint64_t> start_ns, end_ns, tid;
+  uint64_t self_tid = 0;
+};
+
+static int saved_log_level = 0;
+
+int mq_instr_begin(const char* et_path) {
+  return guarded([&] {
+    // Kineto logs an error per missing GPU and the observer a warning per start/stop: the
+    // calibration is internal, keep stderr for the user's messages.
+    setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+    saved_log_level = FLAGS_caffe2_log_level;
+    FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
+    using namespace torch::profiler::impl;
+    if (!torch::profiler::impl::addExecutionTraceObserver(et_path)) {
+      throw std::runtime_error(std::string("cannot start the execution trace observer on ") +
+                               et_path);
+    }
+    ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/true);
+    std::set<ActivityType> acts{ActivityType::CPU};
+    torch::autograd::profiler::prepareProfiler(cfg, acts);
+    torch::profiler::impl::enableExecutionTraceObserver();
+    torch::autograd::profiler::enableProfiler(cfg, acts);
+  });
+}
+
+// Stops both (profiler first, then the observer, which writes and closes its file) and returns
+// the CPU events, or null with mq_last_error set.
+MqEvents* mq_instr_end() {
+  MqEvents* out = nullptr;
+  int rc = guarded([&] {
+    auto result = torch::autograd::profiler::disableProfiler();
+    torch::profiler::impl::disableExecutionTraceObserver();
+    torch::profiler::impl::removeExecutionTraceObserver();
+    FLAGS_caffe2_log_level = saved_log_level;
+    auto ev = std::make_unique<MqEvents>();
+    ev->self_tid = at::RecordFunction::currentThreadId();
+    for (const auto& e : result->events()) {
+      if (e.deviceType() != c10::DeviceType::CPU || e.isAsync()) continue;
+      ev->names.push_back(e.name());
+      ev->start_ns.push_back(e.startNs());
+      ev->end_ns.push_back(e.endNs());
+      ev->tid.push_back(e.startThreadId());
+    }
+    out = ev.release();
+  });
+  return rc == 0 ? out : nullptr;
+}
+
+size_t mq_events_len(const MqEvents* ev) { return ev->names.size(); }
+uint64_t mq_events_self_tid(const MqEvents* ev) { return ev->self_tid; }
+const char* mq_event(const MqEvents* ev, size_t i, uint64_t* start_ns, uint64_t* end_ns,
+                     uint64_t* tid) {
+  *start_ns = ev->start_ns[i];
+  *end_ns = ev->end_ns[i];
+  *tid = ev->tid[i];
+  return ev->names[i].c_str();
+}
+void mq_events_free(MqEvents* ev) { delete ev; }
 
 }  // extern "C"

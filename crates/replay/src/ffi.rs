@@ -52,6 +52,23 @@ extern "C" {
     ) -> *mut C_tensor;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
+    fn mq_instr_begin(et_path: *const c_char) -> i32;
+    fn mq_instr_end() -> *mut MqEvents;
+    fn mq_events_len(ev: *const MqEvents) -> usize;
+    fn mq_events_self_tid(ev: *const MqEvents) -> u64;
+    fn mq_event(
+        ev: *const MqEvents,
+        i: usize,
+        start_ns: *mut u64,
+        end_ns: *mut u64,
+        tid: *mut u64,
+    ) -> *const c_char;
+    fn mq_events_free(ev: *mut MqEvents);
+}
+
+#[repr(C)]
+struct MqEvents {
+    _private: [u8; 0],
 }
 
 /// (storage data pointer, storage bytes) of a tensor; (0, 0) when it has none.
@@ -285,5 +302,83 @@ pub fn load_library(path: &std::path::Path) -> Result<(), String> {
         Ok(())
     } else {
         Err(last_error())
+    }
+}
+
+/// A CPU event recorded by the Kineto profiler during an instrumented iteration.
+#[derive(Clone, Debug)]
+pub struct ProfiledEvent {
+    pub name: String,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// The instrumentation a linked ET + Kineto pair is captured with (execution trace observer
+/// and Kineto with input shapes), switched on around a piece of work. Only one can be active
+/// in a process; [`Instrumentation::finish`] switches it off and removes the observer's file.
+pub struct Instrumentation {
+    et_path: std::path::PathBuf,
+    active: bool,
+}
+
+impl Instrumentation {
+    pub fn start() -> Result<Instrumentation, String> {
+        let et_path = std::env::temp_dir().join(format!(
+            "mystique-calibration-{}-{:?}.et.json",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let c = CString::new(et_path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+        // SAFETY: a valid C string; errors come back as a code.
+        if unsafe { mq_instr_begin(c.as_ptr()) } != 0 {
+            let _ = std::fs::remove_file(&et_path);
+            return Err(last_error());
+        }
+        Ok(Instrumentation {
+            et_path,
+            active: true,
+        })
+    }
+
+    /// Stops the instrumentation; returns the CPU events recorded on this thread.
+    pub fn finish(mut self) -> Result<Vec<ProfiledEvent>, String> {
+        self.active = false;
+        // SAFETY: started by `start` on this process; null means an error was recorded.
+        let ev = unsafe { mq_instr_end() };
+        let _ = std::fs::remove_file(&self.et_path);
+        if ev.is_null() {
+            return Err(last_error());
+        }
+        let mut out = Vec::new();
+        // SAFETY: `ev` is a live event list until mq_events_free; names are copied out.
+        unsafe {
+            let me = mq_events_self_tid(ev);
+            for i in 0..mq_events_len(ev) {
+                let (mut s, mut e, mut tid) = (0, 0, 0);
+                let name = mq_event(ev, i, &mut s, &mut e, &mut tid);
+                if tid == me {
+                    out.push(ProfiledEvent {
+                        name: CStr::from_ptr(name).to_string_lossy().into_owned(),
+                        start_ns: s,
+                        end_ns: e,
+                    });
+                }
+            }
+            mq_events_free(ev);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Instrumentation {
+    fn drop(&mut self) {
+        if self.active {
+            // SAFETY: as in `finish`; the events are not needed.
+            let ev = unsafe { mq_instr_end() };
+            if !ev.is_null() {
+                unsafe { mq_events_free(ev) };
+            }
+            let _ = std::fs::remove_file(&self.et_path);
+        }
     }
 }

@@ -22,6 +22,8 @@ pub enum ReplayError {
     Strict { op: String, id: u64, reason: String },
     #[error("{0}")]
     Device(String),
+    #[error("instrumenting the replay (execution trace observer + Kineto): {0}")]
+    Instrument(String),
     #[error("loading {path}: {reason}")]
     Library { path: String, reason: String },
 }
@@ -41,6 +43,10 @@ pub struct ReplayOptions {
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
     pub progress: bool,
+    /// After the measured iterations, run one more under the instrumentation a linked ET +
+    /// Kineto pair is captured with, and report each step's profiled window
+    /// ([`Report::profiled`]): what that instrumentation costs on these ops, measured.
+    pub instrument: bool,
 }
 
 impl Default for ReplayOptions {
@@ -55,6 +61,7 @@ impl Default for ReplayOptions {
             gaps_us: None,
             per_step: false,
             progress: false,
+            instrument: false,
         }
     }
 }
@@ -117,6 +124,19 @@ pub struct Report {
     /// Median time of each step (with `per_step`), in replay-set order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTiming>,
+    /// With `instrument`: each step's profiled window, in replay-set order (`None` for steps
+    /// not dispatched or not found among the profiler's events).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profiled: Vec<Option<ProfiledStep>>,
+}
+
+/// One step of the instrumented iteration (see [`ReplayOptions::instrument`]): its profiled
+/// window on the profiler's clock (µs) and the events recorded inside it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ProfiledStep {
+    pub start_us: f64,
+    pub end_us: f64,
+    pub nested: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]

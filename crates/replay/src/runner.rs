@@ -277,7 +277,8 @@ pub fn run(
     let external_bytes = live_bytes(&externals);
     let mut stack = Stack::default();
     let clock = Clock::default();
-    let total_iters = opts.warmup + opts.iters.max(1);
+    let total_iters = opts.warmup + opts.iters.max(1) + opts.instrument as usize;
+    let mut profiled = Vec::new();
     let mut iter_ms = Vec::new();
     let mut op_ms = Vec::new();
     let mut failures: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -296,8 +297,16 @@ pub fn run(
     let mut dtype_fallbacks: BTreeMap<String, usize> = BTreeMap::new();
     let (mut replayed, mut failed, mut skipped) = (0, 0, 0);
     for it in 0..total_iters {
-        let measured = it >= opts.warmup;
-        let last = it + 1 == total_iters;
+        let instrumented = opts.instrument && it + 1 == total_iters;
+        let measured = it >= opts.warmup && !instrumented;
+        let last = it + 1 + opts.instrument as usize == total_iters;
+        // Steps dispatched in the instrumented iteration, to find their profiler events.
+        let mut dispatched: Vec<(usize, &str)> = Vec::new();
+        let instr = if instrumented {
+            Some(ffi::Instrumentation::start().map_err(ReplayError::Instrument)?)
+        } else {
+            None
+        };
         // External slots persist (in-place updates carry over); intermediates start empty.
         let mut slots: Vec<Option<Tensor>> = externals
             .iter()
@@ -307,10 +316,14 @@ pub fn run(
         let mut sum_ops = 0.0;
         let mut excluded_us = 0.0;
         let t_iter = clock.now_us();
+        // A gap is the time from the previous op's end to this op's start: the replay's own
+        // bookkeeping in between (frees, stack handling) counts toward it, as the original's
+        // tensor frees count toward its gaps.
+        let mut last_op_end = t_iter;
         for (pos, step) in plan.steps.iter().enumerate() {
             if let Some(g) = gaps {
                 // Busy, like the Python and autograd work it stands for.
-                let until = clock.now_us() + g[pos];
+                let until = last_op_end + g[pos];
                 while clock.now_us() < until {
                     std::hint::spin_loop();
                 }
@@ -327,9 +340,13 @@ pub fn run(
                 }
                 continue;
             }
+            if instrumented {
+                dispatched.push((pos, step.name.as_str()));
+            }
             let t0 = clock.now_us();
             let res = call_step(&mut stack, step, &mut slots, device);
             let t1 = clock.now_us();
+            last_op_end = t1;
             match res {
                 Ok(upcast) => {
                     if upcast && it == 0 {
@@ -359,7 +376,9 @@ pub fn run(
                 // Counting live storages walks every slot: keep it out of the timings.
                 let t_peak = clock.now_us();
                 peak = peak.max(live_bytes(&slots));
-                excluded_us += clock.now_us() - t_peak;
+                let spent = clock.now_us() - t_peak;
+                excluded_us += spent;
+                last_op_end += spent;
             }
             for s in &step.frees {
                 slots[*s as usize] = None;
@@ -386,6 +405,10 @@ pub fn run(
             }
         }
         let t_end = clock.now_us();
+        if let Some(instr) = instr {
+            let events = instr.finish().map_err(ReplayError::Instrument)?;
+            profiled = match_profiled(&events, &dispatched, plan.steps.len());
+        }
         // Long iterations (big traces, slow devices) report as they finish; short ones stay quiet.
         if opts.progress && t_end - t_iter >= 500_000.0 {
             let kind = if measured { "measured" } else { "warm-up" };
@@ -399,7 +422,9 @@ pub fn run(
             iter_ms.push((t_end - t_iter - excluded_us) / 1000.0);
             op_ms.push(sum_ops / 1000.0);
         }
-        (replayed, failed, skipped) = (it_replayed, it_failed, it_skipped);
+        if !instrumented {
+            (replayed, failed, skipped) = (it_replayed, it_failed, it_skipped);
+        }
     }
     let n_iters = opts.iters.max(1) as f64;
     let mut ops: Vec<OpTiming> = per_op
@@ -467,8 +492,55 @@ pub fn run(
                 us: Stats::of(v).median,
             })
             .collect(),
+        profiled,
     };
     Ok((report, slices))
+}
+
+/// Finds each dispatched step's event among the profiler's: the outermost events of this
+/// thread, in order, matched by name. Extra outermost events (the casts of a float32
+/// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
+/// within a few events is left unmatched rather than shifting every later match.
+fn match_profiled(
+    events: &[ffi::ProfiledEvent],
+    dispatched: &[(usize, &str)],
+    n_steps: usize,
+) -> Vec<Option<crate::ProfiledStep>> {
+    const LOOKAHEAD: usize = 8;
+    let mut order: Vec<usize> = (0..events.len()).collect();
+    order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
+    // Outermost events with the number of events that start inside each.
+    let mut top: Vec<(usize, u32)> = Vec::new();
+    let mut open_end = 0u64;
+    for &i in &order {
+        let e = &events[i];
+        if top.is_empty() || e.start_ns >= open_end {
+            top.push((i, 0));
+            open_end = e.end_ns;
+        } else if let Some(t) = top.last_mut() {
+            t.1 += 1;
+        }
+    }
+    let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
+    let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
+    let mut out = vec![None; n_steps];
+    let mut j = 0;
+    for &(pos, name) in dispatched {
+        let found = top[j.min(top.len())..]
+            .iter()
+            .take(LOOKAHEAD)
+            .position(|&(i, _)| events[i].name == name);
+        if let Some(k) = found {
+            let (i, nested) = top[j + k];
+            out[pos] = Some(crate::ProfiledStep {
+                start_us: us(events[i].start_ns),
+                end_us: us(events[i].end_ns),
+                nested,
+            });
+            j += k + 1;
+        }
+    }
+    out
 }
 
 fn first_line(s: &str) -> String {

@@ -137,3 +137,54 @@ fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
         );
     }
 }
+
+/// One extra iteration under the capture's instrumentation (execution trace observer + Kineto)
+/// finds every dispatched op among the profiler's events, in order, and leaves no file behind.
+#[test]
+fn an_instrumented_iteration_profiles_every_op() {
+    tch::set_num_threads(1);
+    let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.replay_set(None);
+    let opts = replay::ReplayOptions {
+        warmup: 1,
+        iters: 2,
+        instrument: true,
+        ..Default::default()
+    };
+    // Twice: the observer and the profiler must be switched off cleanly after each.
+    for _ in 0..2 {
+        let r = replay::replay(&g, &set, &opts).unwrap().0;
+        assert_eq!(r.ops_failed, 0);
+        assert_eq!(r.profiled.len(), set.ops.len());
+        let mut prev_end = f64::NEG_INFINITY;
+        for (pos, p) in r.profiled.iter().enumerate() {
+            let p =
+                p.unwrap_or_else(|| panic!("step {pos} ({}) not profiled", g.name(set.ops[pos])));
+            assert!(
+                p.start_us >= prev_end && p.end_us >= p.start_us,
+                "step {pos}"
+            );
+            prev_end = p.end_us;
+        }
+        // aten::linear runs aten::t and aten::addmm inside it: nested events are counted.
+        let linear = set
+            .ops
+            .iter()
+            .position(|&o| g.name(o) == "aten::linear")
+            .unwrap();
+        assert!(r.profiled[linear].unwrap().nested >= 2);
+        // The measured iterations are the plain ones.
+        assert_eq!(r.iters, 2);
+    }
+    let leftovers = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("mystique-calibration-{}-", std::process::id()))
+        })
+        .count();
+    assert_eq!(leftovers, 0);
+}
