@@ -334,13 +334,14 @@ fn fidelity(args: &[&str]) -> Result<()> {
         "fidelity: {rounds} alternating rounds, 1 thread; ms: medians; ratio: median of the rounds' replay / original"
     );
     println!(
-        "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8}",
-        "model", "orig ms", "replay ms", "ratio", "+gaps ms", "ratio"
+        "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8} {:>9}",
+        "model", "orig ms", "replay ms", "ratio", "+gaps ms", "ratio", "gaps ms"
     );
     for (m, gz) in models {
         let et = cpu.join(format!("{m}.linked.et.json{gz}"));
         let kineto = cpu.join(format!("{m}.kineto.json{gz}"));
         let (mut orig, mut plain, mut gaps) = (vec![], vec![], vec![]);
+        let mut emulated = vec![];
         for _ in 0..rounds {
             let o = Command::new(python())
                 .arg(shared().join("tools/gen_traces.py"))
@@ -375,6 +376,9 @@ fn fidelity(args: &[&str]) -> Result<()> {
                 }
                 let j: serde_json::Value = serde_json::from_slice(&r.stdout)?;
                 out.push(j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN));
+                if with_gaps {
+                    emulated.push(j["gaps_ms"].as_f64().unwrap_or(f64::NAN));
+                }
             }
         }
         // The ratio of each round's neighbouring measurements, then the median: this machine's
@@ -383,7 +387,8 @@ fn fidelity(args: &[&str]) -> Result<()> {
         let mut rg: Vec<f64> = gaps.iter().zip(&orig).map(|(g, o)| g / o).collect();
         let (rp, rg) = (median(&mut rp), median(&mut rg));
         let (o, p, g) = (median(&mut orig), median(&mut plain), median(&mut gaps));
-        println!("{m:<12} {o:>10.3} {p:>10.3} {rp:>8.3} {g:>10.3} {rg:>8.3}");
+        let e = median(&mut emulated);
+        println!("{m:<12} {o:>10.3} {p:>10.3} {rp:>8.3} {g:>10.3} {rg:>8.3} {e:>9.3}");
     }
     Ok(())
 }
