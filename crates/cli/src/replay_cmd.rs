@@ -285,8 +285,10 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     };
     // Per op name, linked ops only: calls, original (Kineto), plain replay, and replay under
     // the instrumentation (when every call of the name was found in its profile).
+    // Also the like-for-like totals over the ops found in both profiles.
     let mut by: std::collections::BTreeMap<&str, (usize, f64, f64, Option<f64>)> =
         Default::default();
+    let (mut prof_ms, mut prof_orig_ms, mut found) = (0.0, 0.0, 0);
     for (k, st) in r.steps.iter().enumerate() {
         if let Some(o) = orig.op_us[k] {
             let e = by.entry(st.op.as_str()).or_insert((0, 0.0, 0.0, Some(0.0)));
@@ -295,6 +297,11 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             e.2 += st.us;
             let prof = r.profiled.get(k).copied().flatten();
             e.3 = e.3.zip(prof).map(|(acc, p)| acc + p.end_us - p.start_us);
+            if let Some(p) = prof {
+                prof_ms += (p.end_us - p.start_us) / 1000.0;
+                prof_orig_ms += o / 1000.0;
+                found += 1;
+            }
         }
     }
     let rows: Vec<Row> = {
@@ -315,15 +322,6 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
     let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
     let orig_iter_ms = orig.span_us / 1000.0;
-    // Like for like over the ops found in both profiles.
-    let (mut prof_ms, mut prof_orig_ms, mut found) = (0.0, 0.0, 0);
-    for (k, p) in r.profiled.iter().enumerate() {
-        if let (Some(p), Some(o)) = (p, orig.op_us.get(k).copied().flatten()) {
-            prof_ms += (p.end_us - p.start_us) / 1000.0;
-            prof_orig_ms += o / 1000.0;
-            found += 1;
-        }
-    }
     let instrumented = (found > 0).then(|| {
         serde_json::json!({
             "ops": found,

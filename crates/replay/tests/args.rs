@@ -30,6 +30,23 @@ fn trace(ops: &[OpRec]) -> et_schema::Trace {
     .unwrap()
 }
 
+/// `aten::full([2], v)` producing tensor `id` (its own storage).
+fn full(id: u64, v: f64) -> OpRec<'static> {
+    (
+        "aten::full",
+        FULL,
+        vec![
+            (json!([2]), json!([[]]), "GenericList[Int]"),
+            (json!(v), json!([]), "Double"),
+            (json!("<None>"), json!([]), "None"),
+            (json!("<None>"), json!([]), "None"),
+            (json!("<None>"), json!([]), "None"),
+            (json!("<None>"), json!([]), "None"),
+        ],
+        vec![(t(id, id, 2), json!([2]), "Tensor(float)")],
+    )
+}
+
 fn t(id: u64, storage: u64, numel: u64) -> J {
     json!([id, storage, 0, numel, 4, "cpu"])
 }
@@ -120,21 +137,6 @@ fn scalars_int_lists_dtypes_layouts_devices_and_defaulted_alpha() {
 
 #[test]
 fn tensor_lists_optional_tensors_strings_bools_floats_and_none() {
-    let full = |id: u64, v: f64| {
-        (
-            "aten::full",
-            FULL,
-            vec![
-                (json!([2]), json!([[]]), "GenericList[Int]"),
-                (json!(v), json!([]), "Double"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-            ],
-            vec![(t(id, id, 2), json!([2]), "Tensor(float)")],
-        )
-    };
     let tr = trace(&[
         full(1, 1.0),
         full(2, 6.0),
@@ -345,21 +347,6 @@ fn unsupported_argument_types_are_reported_not_panicked() {
 fn traces_recorded_with_another_schema_are_reconciled_by_name() {
     // An older PyTorch recorded add.Tensor without alpha, and clamp with its optional bounds in
     // the other order: arguments are matched to this libtorch's schema by name.
-    let full = |id: u64, v: f64| {
-        (
-            "aten::full",
-            FULL,
-            vec![
-                (json!([2]), json!([[]]), "GenericList[Int]"),
-                (json!(v), json!([]), "Double"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-                (json!("<None>"), json!([]), "None"),
-            ],
-            vec![(t(id, id, 2), json!([2]), "Tensor(float)")],
-        )
-    };
     let tr = trace(&[
         full(1, 3.0),
         (
