@@ -157,6 +157,13 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             &slices,
         )?;
     }
+    if report.nonfinite_externals > 0 {
+        eprintln!(
+            "warning: {} input tensors hold NaN/Inf after the replay: its values diverged, so \
+             kernels may have taken paths the original did not",
+            report.nonfinite_externals
+        );
+    }
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, &report)?;
@@ -205,6 +212,9 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
         human_bytes(r.external_bytes),
         r.externals
     )?;
+    if let Some(f) = r.page_faults_per_iter {
+        writeln!(out, "faults     {f:.1} minor page faults per iteration")?;
+    }
     if !r.failures.is_empty() {
         writeln!(out, "failures")?;
         for f in &r.failures {

@@ -41,6 +41,21 @@ impl Stats {
     }
 }
 
+/// Minor page faults this process has taken so far (`getrusage`); `None` where the platform
+/// does not count them. A fault per first touch of a fresh page: a replay that returns its
+/// memory to the OS after every iteration pays them again each time, a warm model does not.
+#[cfg(unix)]
+pub fn minor_page_faults() -> Option<u64> {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    (unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } == 0).then_some(u.ru_minflt as u64)
+}
+
+#[cfg(not(unix))]
+pub fn minor_page_faults() -> Option<u64> {
+    None
+}
+
 /// A monotonic CPU clock anchored at creation; `now_us` is microseconds since then.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock(Instant);

@@ -113,6 +113,14 @@ pub struct Report {
     pub overhead_us_per_op: f64,
     /// Peak bytes of live storages during the first iteration.
     pub peak_bytes: u64,
+    /// Minor page faults of the process per measured iteration (`None`: not counted on this
+    /// platform). A warm model takes about none; many mean the replay keeps re-touching fresh
+    /// memory, which costs time the original does not spend.
+    pub page_faults_per_iter: Option<f64>,
+    /// External input tensors holding NaN or Inf after the run: the replay's values diverged
+    /// (an in-place update fed by values the original never had), so its kernels may have run
+    /// slow or fast paths the original did not. 0 for a faithful run.
+    pub nonfinite_externals: usize,
     pub external_bytes: u64,
     pub externals: usize,
     /// Per op name, most time first.

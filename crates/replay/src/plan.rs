@@ -46,6 +46,10 @@ impl TensorSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Fill {
     Random,
+    /// Random and non-negative: a value some consumer needs so (a variance, a second moment).
+    NonNegative,
+    /// Every element this value.
+    Value(f64),
     /// Indices into a dimension of this size: uniform in `[0, bound)`.
     Indices(i64),
     /// EmbeddingBag offsets over `total` indices: sorted, starting at 0.
@@ -204,6 +208,9 @@ struct Builder<'g, 't> {
     /// Shape and dtype each slot holds, as the trace records it.
     slot_meta: Vec<Option<(Vec<i64>, DType)>>,
     ops: HashMap<(String, String), Result<Arc<Op>, String>>,
+    /// The slot an in-place op's output was written over (same tensor key), to find the
+    /// external input an in-place chain started from.
+    written_over: HashMap<Slot, Slot>,
 }
 
 impl Builder<'_, '_> {
@@ -234,6 +241,11 @@ impl Builder<'_, '_> {
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let fill = if spec.dtype.is_integral() {
             Fill::Zeros
+        } else if spec.shape.iter().product::<i64>() == 1 {
+            // A one-element float input is most often a hyper-parameter held as a tensor (an
+            // optimizer's lr, betas, step): a negative one turns `exp_avg_sq.mul_(beta2)`
+            // negative and its sqrt NaN.
+            Fill::NonNegative
         } else {
             Fill::Random
         };
@@ -241,6 +253,19 @@ impl Builder<'_, '_> {
         self.externals.push((s, spec, fill));
         self.current.insert(key, s);
         Some(s)
+    }
+
+    /// Makes the external input a value flows from (through in-place updates) non-negative.
+    fn mark_nonnegative(&mut self, mut slot: Slot) {
+        while let Some(&prev) = self.written_over.get(&slot) {
+            slot = prev;
+        }
+        if let Some(&e) = self.external_index.get(&slot) {
+            let ext = &mut self.externals[e];
+            if ext.1.dtype.is_floating_point() && matches!(ext.2, Fill::Random) {
+                ext.2 = Fill::NonNegative;
+            }
+        }
     }
 
     fn resolve(&mut self, schema: &OpSchema) -> Result<Arc<Op>, String> {
@@ -391,7 +416,39 @@ fn build_arg(
     }
 }
 
-/// Integer inputs that index something get values valid for their consumer.
+/// Float arguments only valid when non-negative. Random signs there turn an optimizer's first
+/// step into NaN (Adam's `exp_avg_sq.sqrt()`), and NaN flows into every parameter and later
+/// iteration, where kernels take paths the original never ran.
+fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
+    const OPS: &[&str] = &[
+        "aten::sqrt",
+        "aten::sqrt_",
+        "aten::rsqrt",
+        "aten::rsqrt_",
+        "aten::log",
+        "aten::log_",
+        "aten::log2",
+        "aten::log10",
+        "aten::_foreach_sqrt",
+        "aten::_foreach_sqrt_",
+        "aten::_foreach_rsqrt",
+        "aten::_foreach_rsqrt_",
+        "aten::_foreach_log",
+        "aten::_foreach_log_",
+    ];
+    const ARGS: &[&str] = &[
+        "running_var",
+        "exp_avg_sqs",
+        "max_exp_avg_sqs",
+        "state_sums",
+    ];
+    OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a))
+}
+
+/// Inputs whose values their consumer constrains: integers that index something get indices
+/// valid for it; a loss's `total_weight` (saved by the forward op inside a composite the replay
+/// does not look into) gets the target count it divides by, not a random divisor that scales
+/// every gradient by up to 1e4 and drives SGD to Inf within a few iterations.
 fn index_fill(
     op: &str,
     arg_name: &str,
@@ -424,6 +481,19 @@ fn index_fill(
     };
     let base = op.trim_start_matches("aten::");
     match (base, arg_name) {
+        (b, "total_weight") if b.starts_with("nll_loss") => Some(Fill::Value(
+            shape_of("target").map_or(1, |s| s.iter().product::<i64>().max(1)) as f64,
+        )),
+        // A (log-)softmax output saved for backward: uniform probabilities over the softmax
+        // dim, so the gradient the backward forms sums to zero like the real one does.
+        ("_log_softmax_backward_data" | "_softmax_backward_data", "output") => {
+            let n = dim_size("output")?.max(1) as f64;
+            Some(Fill::Value(if base.starts_with("_log") {
+                -n.ln()
+            } else {
+                1.0 / n
+            }))
+        }
         (b, "indices") if b.contains("embedding") => {
             Some(Fill::Indices(shape_of("weight")?.first().copied()?))
         }
@@ -460,6 +530,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         last_use: Vec::new(),
         slot_meta: Vec::new(),
         ops: HashMap::new(),
+        written_over: HashMap::new(),
     };
     let mut steps = Vec::with_capacity(set.ops.len());
     for (step, &i) in set.ops.iter().enumerate() {
@@ -485,11 +556,24 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                         Some(a) => match build_arg(&mut b, step, &sa.ty, a) {
                             Ok(arg) => {
                                 if let (Some(n), Arg::Tensor(slot)) = (&sa.name, &arg) {
+                                    if needs_nonnegative(&name, Some(n)) {
+                                        b.mark_nonnegative(*slot);
+                                    }
                                     if let Some(fill) = index_fill(&name, n, inputs, t, s) {
                                         if let Some(&e) = b.external_index.get(slot) {
-                                            if b.externals[e].1.dtype.is_integral() {
+                                            let ext = &b.externals[e].1;
+                                            if ext.dtype.is_integral()
+                                                || matches!(fill, Fill::Value(_))
+                                            {
                                                 b.externals[e].2 = fill;
                                             }
+                                        }
+                                    }
+                                }
+                                if let Arg::TensorList { slots, .. } = &arg {
+                                    if needs_nonnegative(&name, sa.name.as_deref()) {
+                                        for s in slots.iter().flatten() {
+                                            b.mark_nonnegative(*s);
                                         }
                                     }
                                 }
@@ -595,6 +679,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                 let s = b.new_slot(step, spec.as_ref().map(|sp| (sp.shape.clone(), sp.dtype)));
                 if let Some(&(_, prev)) = input_keys.iter().find(|(k, _)| *k == key) {
                     passthrough.push((prev, s));
+                    b.written_over.insert(s, prev);
                 }
                 b.current.insert(key, s);
                 if let Some(spec) = spec {

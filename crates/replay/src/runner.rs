@@ -48,10 +48,12 @@ pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, R
             .max(1);
         let mut base = ffi::empty_strided(&[extent], &[1], dtype.scalar_type_code() as i32, device)
             .map_err(ReplayError::Materialise)?;
-        // Floats get small random values (no NaN/denormal slow paths, like trained weights);
-        // integers and bools start at zero and index inputs are filled per view below.
+        // Floats get standard normal values, scaled per view below; integers and bools start
+        // at zero and index inputs are filled per view below.
         if dtype.is_floating_point() {
-            let _ = base.normal_(0.0, 0.1);
+            if base.f_normal_(0.0, 1.0).is_err() {
+                let _ = base.f_zero_();
+            }
         } else {
             let _ = base.zero_();
         }
@@ -74,8 +76,32 @@ fn fill_view(
     device: Device,
 ) -> Result<(), ReplayError> {
     let kind = kind_of(spec.dtype);
+    // Random values at the scale of an initialised model (std 1/sqrt(fan-in), like PyTorch's
+    // default inits): activations keep their magnitude through a deep stack of layers instead
+    // of growing by sqrt(fan-in) x std per layer to Inf (a 30-layer 1024-wide MLP did at 0.1),
+    // and no value is denormal. Best effort: a view whose elements overlap cannot be scaled in
+    // place and keeps the standard normal values.
+    if matches!(fill, Fill::Random | Fill::NonNegative) {
+        let fan_in = match spec.shape.as_slice() {
+            [] | [_] => 100,
+            [rows, ..] => (spec.shape.iter().product::<i64>() / (*rows).max(1)).max(1),
+        };
+        let _ = view.f_mul_scalar_(1.0 / (fan_in as f64).sqrt());
+    }
     let src = match fill {
         Fill::Random | Fill::Zeros => return Ok(()),
+        Fill::Value(v) => {
+            return view
+                .f_fill_(*v)
+                .map(|_| ())
+                .map_err(|e| ReplayError::Materialise(e.to_string()))
+        }
+        Fill::NonNegative => {
+            return view
+                .f_abs_()
+                .map(|_| ())
+                .map_err(|e| ReplayError::Materialise(e.to_string()))
+        }
         Fill::Indices(bound) => {
             Tensor::f_randint_low(0, (*bound).max(1), spec.shape.as_slice(), (kind, device))
         }
@@ -253,6 +279,27 @@ fn live_bytes(slots: &[Option<Tensor>]) -> u64 {
     seen.values().map(|&n| n as u64).sum()
 }
 
+/// Makes glibc keep freed memory in the process instead of handing it back to the OS.
+///
+/// A model's process in its steady state re-uses its heap: the shared CPU models fault about one
+/// fresh page per training iteration. With glibc's defaults a replay does not: it frees every
+/// intermediate at the end of an iteration, the top of the heap is trimmed (and blocks above the
+/// dynamic mmap threshold are unmapped), so the next iteration faults its tensors in again
+/// (cnn: ~400 faults, a third of its op time). Fixed thresholds at the values glibc's dynamic
+/// ones reach in a long-running process: blocks up to 32 MiB come from the heap, which is never
+/// trimmed. Process-wide and idempotent; other allocators are left alone.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        // SAFETY: mallopt only changes allocator parameters; any value is accepted or refused.
+        ONCE.call_once(|| unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        });
+    }
+}
+
 pub fn run(
     plan: &Plan,
     opts: &ReplayOptions,
@@ -273,6 +320,7 @@ pub fn run(
             bytes as f64 / (1 << 20) as f64
         );
     }
+    keep_freed_memory();
     let externals = materialise(plan, device)?;
     let external_bytes = live_bytes(&externals);
     let mut stack = Stack::default();
@@ -281,6 +329,7 @@ pub fn run(
     let mut profiled = Vec::new();
     let mut iter_ms = Vec::new();
     let mut op_ms = Vec::new();
+    let mut faults: Option<u64> = Some(0);
     let mut failures: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut per_op: HashMap<&str, (usize, f64)> = HashMap::new();
     let mut peak = 0u64;
@@ -313,6 +362,7 @@ pub fn run(
             .map(|t| t.as_ref().map(|t| t.shallow_clone()))
             .collect();
         let (mut it_replayed, mut it_failed, mut it_skipped) = (0, 0, 0);
+        let faults_before = metrics::minor_page_faults().filter(|_| measured);
         let mut sum_ops = 0.0;
         let mut excluded_us = 0.0;
         let t_iter = clock.now_us();
@@ -419,6 +469,10 @@ pub fn run(
             );
         }
         if measured {
+            faults = match (faults, faults_before, metrics::minor_page_faults()) {
+                (Some(sum), Some(a), Some(b)) => Some(sum + b.saturating_sub(a)),
+                _ => None,
+            };
             iter_ms.push((t_end - t_iter - excluded_us) / 1000.0);
             op_ms.push(sum_ops / 1000.0);
         }
@@ -426,6 +480,19 @@ pub fn run(
             (replayed, failed, skipped) = (it_replayed, it_failed, it_skipped);
         }
     }
+    // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
+    // never ran (e.g. max_pool2d 2.5x faster on NaN): count them for the report.
+    let nonfinite_externals = externals
+        .iter()
+        .flatten()
+        .filter(|t| t.is_floating_point())
+        .filter(|t| {
+            t.f_isfinite()
+                .and_then(|f| f.f_all())
+                .map(|a| a.int64_value(&[]) == 0)
+                .unwrap_or(false)
+        })
+        .count();
     let n_iters = opts.iters.max(1) as f64;
     let mut ops: Vec<OpTiming> = per_op
         .into_iter()
@@ -463,6 +530,8 @@ pub fn run(
             / steps)
             .max(0.0),
         peak_bytes: peak,
+        page_faults_per_iter: faults.map(|f| f as f64 / n_iters),
+        nonfinite_externals,
         external_bytes,
         externals: plan.externals.len(),
         ops,
