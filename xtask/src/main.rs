@@ -331,64 +331,103 @@ fn fidelity(args: &[&str]) -> Result<()> {
         ("dlrm", ".gz"),
     ];
     println!(
-        "fidelity: {rounds} alternating rounds, 1 thread; ms: medians; ratio: median of the rounds' replay / original"
+        "fidelity: {rounds} rounds of original, replay, replay + emulated gaps (order alternating), 1 thread, 30 iterations each\n\
+         ms: median iteration; ratio: median over rounds of the round's replay / original, \
+         from median iterations (med) and from fastest iterations (min, less sensitive to a busy machine)"
     );
     println!(
-        "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8} {:>9}",
-        "model", "orig ms", "replay ms", "ratio", "+gaps ms", "ratio", "gaps ms"
+        "{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>8}",
+        "model", "orig ms", "replay", "med", "min", "+gaps", "med", "min", "gaps ms"
     );
     for (m, gz) in models {
         let et = cpu.join(format!("{m}.linked.et.json{gz}"));
         let kineto = cpu.join(format!("{m}.kineto.json{gz}"));
-        let (mut orig, mut plain, mut gaps) = (vec![], vec![], vec![]);
+        // [original, replay, replay + gaps] x (median, min) per round.
+        let mut runs: Vec<Round> = vec![];
         let mut emulated = vec![];
-        for _ in 0..rounds {
-            let o = Command::new(python())
-                .arg(shared().join("tools/gen_traces.py"))
-                .args(["--time", m])
-                .env("PYTHONPATH", &torch_py)
-                .stderr(std::process::Stdio::null())
-                .output()?;
-            let line = String::from_utf8_lossy(&o.stdout);
-            let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
-                .with_context(|| format!("gen_traces.py --time {m}: {line}"))?;
-            orig.push(j["iter_ms_median"].as_f64().context("no iter_ms_median")?);
-            for (with_gaps, out) in [(false, &mut plain), (true, &mut gaps)] {
-                let mut c = Command::new(&bin);
-                c.arg("replay").arg(&et).args([
-                    "--threads",
-                    "1",
-                    "--iters",
-                    "30",
-                    "--warmup",
-                    "3",
-                    "--json",
-                ]);
-                if with_gaps {
-                    c.arg("--kineto").arg(&kineto).arg("--emulate-gaps");
-                }
-                let r = c.output()?;
-                if !r.status.success() {
-                    bail!(
-                        "replay of {m} failed: {}",
-                        String::from_utf8_lossy(&r.stderr)
-                    );
-                }
-                let j: serde_json::Value = serde_json::from_slice(&r.stdout)?;
-                out.push(j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN));
-                if with_gaps {
-                    emulated.push(j["gaps_ms"].as_f64().unwrap_or(f64::NAN));
-                }
+        for round in 0..rounds {
+            let mut r = [(f64::NAN, f64::NAN); 3];
+            // Alternate the order so a drift of the machine's speed within a round does not
+            // always favour the same side.
+            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            for which in order {
+                r[which] = if which == 0 {
+                    time_original(m, &torch_py)?
+                } else {
+                    let (med, min, gaps) =
+                        time_replay(&bin, m, &et, (which == 2).then_some(&kineto))?;
+                    if which == 2 {
+                        emulated.push(gaps);
+                    }
+                    (med, min)
+                };
             }
+            runs.push(r);
         }
-        // The ratio of each round's neighbouring measurements, then the median: this machine's
-        // speed drifts between rounds, and a ratio of medians taken apart would carry it.
-        let mut rp: Vec<f64> = plain.iter().zip(&orig).map(|(p, o)| p / o).collect();
-        let mut rg: Vec<f64> = gaps.iter().zip(&orig).map(|(g, o)| g / o).collect();
-        let (rp, rg) = (median(&mut rp), median(&mut rg));
-        let (o, p, g) = (median(&mut orig), median(&mut plain), median(&mut gaps));
-        let e = median(&mut emulated);
-        println!("{m:<12} {o:>10.3} {p:>10.3} {rp:>8.3} {g:>10.3} {rg:>8.3} {e:>9.3}");
+        let col = |f: &dyn Fn(&Round) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+        println!(
+            "{m:<12} {:>9.3} {:>9.3} {:>7.3} {:>7.3} {:>9.3} {:>7.3} {:>7.3} {:>8.3}",
+            col(&|r| r[0].0),
+            col(&|r| r[1].0),
+            col(&|r| r[1].0 / r[0].0),
+            col(&|r| r[1].1 / r[0].1),
+            col(&|r| r[2].0),
+            col(&|r| r[2].0 / r[0].0),
+            col(&|r| r[2].1 / r[0].1),
+            median(&mut emulated),
+        );
     }
     Ok(())
+}
+
+/// One fidelity round: (median, fastest) iteration ms of the original, the replay and the
+/// replay with emulated gaps.
+type Round = [(f64, f64); 3];
+
+/// The original model's (median, fastest) iteration in ms, from `gen_traces.py --time`.
+fn time_original(m: &str, torch_py: &std::path::Path) -> Result<(f64, f64)> {
+    let o = Command::new(python())
+        .arg(shared().join("tools/gen_traces.py"))
+        .args(["--time", m])
+        .env("PYTHONPATH", torch_py)
+        .stderr(std::process::Stdio::null())
+        .output()?;
+    let line = String::from_utf8_lossy(&o.stdout);
+    let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
+        .with_context(|| format!("gen_traces.py --time {m}: {line}"))?;
+    let get = |k: &str| {
+        j[k].as_f64()
+            .with_context(|| format!("gen_traces.py --time {m}: no {k}"))
+    };
+    Ok((get("iter_ms_median")?, get("iter_ms_min")?))
+}
+
+/// A replay's (median, fastest) iteration and its emulated gaps in ms.
+fn time_replay(
+    bin: &std::path::Path,
+    m: &str,
+    et: &std::path::Path,
+    kineto: Option<&PathBuf>,
+) -> Result<(f64, f64, f64)> {
+    let mut c = Command::new(bin);
+    c.arg("replay")
+        .arg(et)
+        .args(["--threads", "1", "--iters", "30", "--warmup", "3", "--json"]);
+    if let Some(k) = kineto {
+        c.arg("--kineto").arg(k).arg("--emulate-gaps");
+    }
+    let r = c.output()?;
+    if !r.status.success() {
+        bail!(
+            "replay of {m} failed: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+    }
+    let j: serde_json::Value = serde_json::from_slice(&r.stdout)?;
+    let get = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    Ok((
+        get(&j["iter_ms"]["median"]),
+        get(&j["iter_ms"]["min"]),
+        get(&j["gaps_ms"]),
+    ))
 }
