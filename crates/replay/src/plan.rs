@@ -449,7 +449,7 @@ fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
 /// valid for it; a loss's `total_weight` (saved by the forward op inside a composite the replay
 /// does not look into) gets the target count it divides by, not a random divisor that scales
 /// every gradient by up to 1e4 and drives SGD to Inf within a few iterations.
-fn index_fill(
+fn consumer_fill(
     op: &str,
     arg_name: &str,
     args: &[et_schema::Arg],
@@ -555,11 +555,19 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                     match inputs.get(k) {
                         Some(a) => match build_arg(&mut b, step, &sa.ty, a) {
                             Ok(arg) => {
-                                if let (Some(n), Arg::Tensor(slot)) = (&sa.name, &arg) {
-                                    if needs_nonnegative(&name, Some(n)) {
-                                        b.mark_nonnegative(*slot);
+                                if needs_nonnegative(&name, sa.name.as_deref()) {
+                                    match &arg {
+                                        Arg::Tensor(slot) => b.mark_nonnegative(*slot),
+                                        Arg::TensorList { slots, .. } => {
+                                            for s in slots.iter().flatten() {
+                                                b.mark_nonnegative(*s);
+                                            }
+                                        }
+                                        _ => {}
                                     }
-                                    if let Some(fill) = index_fill(&name, n, inputs, t, s) {
+                                }
+                                if let (Some(n), Arg::Tensor(slot)) = (&sa.name, &arg) {
+                                    if let Some(fill) = consumer_fill(&name, n, inputs, t, s) {
                                         if let Some(&e) = b.external_index.get(slot) {
                                             let ext = &b.externals[e].1;
                                             if ext.dtype.is_integral()
@@ -567,13 +575,6 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                                             {
                                                 b.externals[e].2 = fill;
                                             }
-                                        }
-                                    }
-                                }
-                                if let Arg::TensorList { slots, .. } = &arg {
-                                    if needs_nonnegative(&name, sa.name.as_deref()) {
-                                        for s in slots.iter().flatten() {
-                                            b.mark_nonnegative(*s);
                                         }
                                     }
                                 }
