@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// all | compute | comm.
     #[arg(long, default_value = "all")]
     pub only: Kind,
+    /// Replay the forward ops without autograd recording (by default they record a graph, as
+    /// the original's did: same nodes, saved tensors and differentiable kernel paths).
+    #[arg(long)]
+    pub no_autograd: bool,
 }
 
 impl RunArgs {
@@ -67,9 +71,11 @@ fn calibrated_gaps(
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     device: tch::Device,
+    autograd: bool,
 ) -> Result<(Vec<f64>, f64)> {
     let calib = replay::ReplayOptions {
         device,
+        autograd,
         warmup: 1,
         iters: 5,
         per_step: true,
@@ -123,7 +129,10 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         ..Default::default()
     })?;
     let gaps_us = match (&a.kineto, a.emulate_gaps) {
-        (Some(k), true) => Some(calibrated_gaps(&g, &set, &Linked::new(&g, &set, k)?, device)?.0),
+        (Some(k), true) => {
+            let linked = Linked::new(&g, &set, k)?;
+            Some(calibrated_gaps(&g, &set, &linked, device, !a.run.no_autograd)?.0)
+        }
         _ => None,
     };
     let opts = replay::ReplayOptions {
@@ -137,6 +146,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         per_step: false,
         progress: !json,
         instrument: false,
+        autograd: !a.run.no_autograd,
     };
     if !json {
         eprintln!(
@@ -266,7 +276,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let linked = Linked::new(&g, &set, &a.kineto)?;
     let (kt, l, orig) = (&linked.kineto, &linked.link, &linked.original);
     let (gaps, per_event_us) = if a.emulate_gaps {
-        calibrated_gaps(&g, &set, &linked, tch::Device::Cpu)?
+        calibrated_gaps(&g, &set, &linked, tch::Device::Cpu, !a.run.no_autograd)?
     } else {
         (vec![], 0.0)
     };
@@ -279,6 +289,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         gaps_us: a.emulate_gaps.then_some(gaps),
         per_step: true,
         instrument: true,
+        autograd: !a.run.no_autograd,
         ..Default::default()
     };
     let r = match replay::replay(&g, &set, &opts) {

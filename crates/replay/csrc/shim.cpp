@@ -139,13 +139,19 @@ void mq_push_device(MqStack* st, int type, int index) {
                                  static_cast<c10::DeviceIndex>(index)));
 }
 
-// Calls the operator on the stack (arguments in schema order); results replace them.
-int mq_call(void* op, MqStack* st) {
+// Calls the operator on the stack (arguments in schema order); results replace them. With
+// `grad`, autograd records the call as the original's forward did (the trace holds the backward
+// ops as explicit calls, so nothing ever runs backward through what it records).
+int mq_call(void* op, MqStack* st, int grad) {
   return guarded([&] {
-    // The trace already holds the backward ops as explicit aten calls: no autograd here.
-    c10::AutoGradMode no_grad(false);
+    c10::AutoGradMode mode(grad != 0);
     static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
   });
+}
+
+// Makes a leaf tensor require grad (a parameter of the original model).
+int mq_set_requires_grad(at::Tensor* t) {
+  return guarded([&] { t->set_requires_grad(true); });
 }
 
 // 0 none, 1 tensor, 2 tensor list, 3 other.
@@ -179,6 +185,9 @@ at::Tensor* mq_empty_strided(const int64_t* size, const int64_t* stride, size_t 
 }
 
 // The storage a tensor views (data pointer and bytes), to count live memory once per storage.
+// Flushes denormal floats to zero on this thread (FTZ/DAZ); false where the CPU cannot.
+int mq_flush_denormal() { return at::globalContext().setFlushDenormal(true) ? 1 : 0; }
+
 void mq_storage_info(const at::Tensor* t, uintptr_t* ptr, size_t* nbytes) {
   if (!t->defined() || !t->has_storage()) {
     *ptr = 0;

@@ -37,7 +37,8 @@ extern "C" {
     fn mq_push_opt_tensor_list(st: *mut MqStack, v: *const *const C_tensor, n: usize);
     fn mq_push_device(st: *mut MqStack, ty: i32, index: i32);
     fn mq_push_scalar_list(st: *mut MqStack, v: *const f64, n: usize);
-    fn mq_call(op: *mut c_void, st: *mut MqStack) -> i32;
+    fn mq_call(op: *mut c_void, st: *mut MqStack, grad: i32) -> i32;
+    fn mq_set_requires_grad(t: *mut C_tensor) -> i32;
     fn mq_stack_kind(st: *mut MqStack, i: usize) -> i32;
     fn mq_stack_tensor(st: *mut MqStack, i: usize) -> *mut C_tensor;
     fn mq_stack_list_len(st: *mut MqStack, i: usize) -> usize;
@@ -51,6 +52,7 @@ extern "C" {
         dev_index: i32,
     ) -> *mut C_tensor;
     fn mq_load_library(path: *const c_char) -> i32;
+    fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_instr_begin(et_path: *const c_char) -> i32;
     fn mq_instr_end() -> *mut MqEvents;
@@ -69,6 +71,12 @@ extern "C" {
 #[repr(C)]
 struct MqEvents {
     _private: [u8; 0],
+}
+
+/// Flushes denormal floats to zero on the calling thread; false where the CPU cannot.
+pub fn flush_denormal() -> bool {
+    // SAFETY: no arguments; sets the calling thread's floating-point control flags.
+    unsafe { mq_flush_denormal() != 0 }
 }
 
 /// (storage data pointer, storage bytes) of a tensor; (0, 0) when it has none.
@@ -235,10 +243,11 @@ impl Stack {
         }
     }
 
-    /// Calls `op` with the arguments on the stack; results replace them.
-    pub fn call(&mut self, op: &Op) -> Result<(), String> {
+    /// Calls `op` with the arguments on the stack; results replace them. `grad`: with autograd
+    /// recording the call, as the original's forward ops were.
+    pub fn call(&mut self, op: &Op, grad: bool) -> Result<(), String> {
         // SAFETY: live op and stack; the shim catches every C++ exception.
-        if unsafe { mq_call(op.0.as_ptr(), self.p()) } == 0 {
+        if unsafe { mq_call(op.0.as_ptr(), self.p(), grad as i32) } == 0 {
             Ok(())
         } else {
             Err(last_error())
@@ -268,6 +277,16 @@ impl Stack {
 }
 
 /// A fresh tensor with the given size and strides (c10 ScalarType code) on a device.
+/// Makes `t` require grad; fails for a tensor that is not a leaf.
+pub fn set_requires_grad(t: &mut Tensor) -> Result<(), String> {
+    // SAFETY: a live tensor; the shim catches every C++ exception.
+    if unsafe { mq_set_requires_grad(t.as_mut_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(last_error())
+    }
+}
+
 pub fn empty_strided(
     size: &[i64],
     stride: &[i64],

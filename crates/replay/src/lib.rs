@@ -47,6 +47,10 @@ pub struct ReplayOptions {
     /// Kineto pair is captured with, and report each step's profiled window
     /// ([`Report::profiled`]): what that instrumentation costs on these ops, measured.
     pub instrument: bool,
+    /// Replay the ops the original recorded for autograd (its forward) with autograd on, the
+    /// parameters requiring grad: graph nodes are built and tensors saved as in the original,
+    /// and composite ops take their differentiable paths.
+    pub autograd: bool,
 }
 
 impl Default for ReplayOptions {
@@ -62,6 +66,7 @@ impl Default for ReplayOptions {
             per_step: false,
             progress: false,
             instrument: false,
+            autograd: true,
         }
     }
 }

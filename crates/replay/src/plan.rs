@@ -110,6 +110,10 @@ pub struct Step {
     pub fallback: Option<String>,
     /// Run nothing: outputs pass through (a no-op on this device, e.g. record_stream on CPU).
     pub elide: bool,
+    /// The original recorded this call for autograd (a forward op with a sequence number):
+    /// replay it with autograd on, so it builds the same graph nodes and saves the same tensors
+    /// and composite ops take the same (differentiable) paths.
+    pub autograd: bool,
 }
 
 pub struct Plan {
@@ -117,6 +121,9 @@ pub struct Plan {
     pub n_slots: usize,
     /// External inputs: slot, spec, fill.
     pub externals: Vec<(Slot, TensorSpec, Fill)>,
+    /// External float inputs of autograd steps: the model's parameters (and inputs), made to
+    /// require grad so the forward records a graph.
+    pub grad_inputs: Vec<Slot>,
 }
 
 fn tensor_spec(
@@ -241,6 +248,12 @@ impl Builder<'_, '_> {
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let fill = if spec.dtype.is_integral() {
             Fill::Zeros
+        } else if spec.shape.is_empty() && spec.dtype == DType::Float64 {
+            // A 0-dim double is how a Python number passed to a Tensor overload reaches the op
+            // (a "wrapped number": `exp_avg_sq.mul_(beta2)`), its value unrecorded. 1 keeps
+            // such factors neutral: a random 0.08 as beta2 decayed Adam's second moments to
+            // denormals within 30 iterations.
+            Fill::Value(1.0)
         } else if spec.shape.iter().product::<i64>() == 1 {
             // A one-element float input is most often a hyper-parameter held as a tensor (an
             // optimizer's lr, betas, step): a negative one turns `exp_avg_sq.mul_(beta2)`
@@ -533,6 +546,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         written_over: HashMap::new(),
     };
     let mut steps = Vec::with_capacity(set.ops.len());
+    let mut grad_inputs = std::collections::BTreeSet::new();
     for (step, &i) in set.ops.iter().enumerate() {
         let node = &t.nodes[i as usize];
         let name = t.name(node).to_string();
@@ -694,6 +708,30 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                 (true, _) => Out::List(slots),
             });
         }
+        let autograd = node.seq_id.is_some_and(|s| s >= 0) && !collective;
+        if let (true, Some(s)) = (autograd, &schema) {
+            for (a, sa) in args.iter().zip(&s.args) {
+                // Buffers a module updates without autograd (batch norm's running statistics).
+                if matches!(
+                    sa.name.as_deref(),
+                    Some("running_mean" | "running_var" | "num_batches_tracked")
+                ) {
+                    continue;
+                }
+                let slots: Vec<Slot> = match a {
+                    Arg::Tensor(s) => vec![*s],
+                    Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
+                    _ => vec![],
+                };
+                for s in slots {
+                    if let Some(&e) = b.external_index.get(&s) {
+                        if b.externals[e].1.dtype.is_floating_point() {
+                            grad_inputs.insert(s);
+                        }
+                    }
+                }
+            }
+        }
         steps.push(Step {
             node: i,
             id: node.id,
@@ -707,6 +745,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
             passthrough,
             fallback,
             elide,
+            autograd,
         });
     }
     // Frees at last use, except external inputs, which persist across iterations (parameters
@@ -721,6 +760,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         steps,
         n_slots: b.n_slots as usize,
         externals: b.externals,
+        grad_inputs: grad_inputs.into_iter().collect(),
     }
 }
 

@@ -69,6 +69,17 @@ pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, R
     Ok(slots)
 }
 
+/// Marks the plan's grad inputs (the parameters) as requiring grad, as the model's were.
+fn require_grad(plan: &Plan, externals: &[Option<Tensor>]) {
+    for &s in &plan.grad_inputs {
+        if let Some(t) = &externals[s as usize] {
+            // A view of a storage another input shares is a leaf too; one that is not (none
+            // are made so) keeps running without a graph.
+            let _ = ffi::set_requires_grad(&mut t.shallow_clone());
+        }
+    }
+}
+
 fn fill_view(
     view: &mut Tensor,
     spec: &TensorSpec,
@@ -216,6 +227,28 @@ fn low_precision_gap(e: &str) -> bool {
         || e.contains("Low precision dtypes not supported")
 }
 
+/// Runs a step, with autograd when `grad`. Autograd refuses some calls the original made
+/// without it (an in-place op on an input the replay made a parameter): those run plain, and the
+/// refusal comes back (`Some`) so the caller runs that step plain from then on. A call that
+/// fails plain too is a plain failure.
+fn call_step_grad(
+    stack: &mut Stack,
+    step: &Step,
+    slots: &mut [Option<Tensor>],
+    device: Device,
+    grad: bool,
+) -> (Result<bool, String>, Option<String>) {
+    match call_step(stack, step, slots, device, grad) {
+        Err(e) if grad => {
+            stack.clear();
+            let plain = call_step(stack, step, slots, device, false);
+            let refused = plain.is_ok().then(|| first_line(&e));
+            (plain, refused)
+        }
+        res => (res, None),
+    }
+}
+
 /// Runs one step. When the device lacks a half-precision kernel the op runs in float32 (its
 /// half/bfloat16 tensor inputs cast up, its outputs cast back to the recorded dtype); returns
 /// whether that fallback was used.
@@ -224,9 +257,10 @@ fn call_step(
     step: &Step,
     slots: &mut [Option<Tensor>],
     device: Device,
+    grad: bool,
 ) -> Result<bool, String> {
     let first = push_args(stack, step, slots, device)
-        .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?));
+        .and_then(|()| stack.call(step.op.as_ref().map_err(|e| e.clone())?, grad));
     match first {
         Ok(()) => {
             if !take_outputs(stack, step, slots) {
@@ -245,7 +279,7 @@ fn call_step(
             let mut view: Vec<Option<Tensor>> = slots.iter().map(|t| t.as_ref().map(up)).collect();
             push_args(stack, step, &view, device)?;
             stack
-                .call(step.op.as_ref().map_err(|e| e.clone())?)
+                .call(step.op.as_ref().map_err(|e| e.clone())?, grad)
                 .map_err(|e2| format!("{e} (and in float32: {e2})"))?;
             take_outputs(stack, step, &mut view);
             for (s, spec) in &step.out_specs {
@@ -321,7 +355,16 @@ pub fn run(
         );
     }
     keep_freed_memory();
+    // Synthetic values can decay into denormals the original's real ones never reached (an
+    // optimizer's second moment under a stand-in beta): each op on them takes the CPU's
+    // microcode path, 10-100x slower (AdamW's sqrt: 950 us instead of 10).
+    ffi::flush_denormal();
     let externals = materialise(plan, device)?;
+    if opts.autograd {
+        require_grad(plan, &externals);
+    }
+    let mut no_grad = vec![false; plan.steps.len()];
+    let mut grad_refused: BTreeMap<String, (usize, String)> = BTreeMap::new();
     let external_bytes = live_bytes(&externals);
     let mut stack = Stack::default();
     let clock = Clock::default();
@@ -394,7 +437,15 @@ pub fn run(
                 dispatched.push((pos, step.name.as_str()));
             }
             let t0 = clock.now_us();
-            let res = call_step(&mut stack, step, &mut slots, device);
+            let grad = opts.autograd && step.autograd && !no_grad[pos];
+            let (res, refused) = call_step_grad(&mut stack, step, &mut slots, device, grad);
+            if let Some(why) = refused {
+                no_grad[pos] = true;
+                grad_refused
+                    .entry(step.name.clone())
+                    .or_insert_with(|| (0, why))
+                    .0 += 1;
+            }
             let t1 = clock.now_us();
             last_op_end = t1;
             match res {
@@ -549,6 +600,15 @@ pub fn run(
                         ),
                     }),
             )
+            .chain(
+                grad_refused
+                    .into_iter()
+                    .map(|(op, (count, reason))| crate::Fallback {
+                        op,
+                        count,
+                        ran_as: format!("without autograd recording: {reason}"),
+                    }),
+            )
             .collect(),
         gaps_ms: gaps.map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0),
         steps: plan
@@ -643,6 +703,7 @@ pub type Kept = (Vec<Option<Tensor>>, Vec<(String, String)>);
 /// tests and tools that inspect the values a replay produced.
 pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
     let mut slots = materialise(plan, device)?;
+    require_grad(plan, &slots);
     let mut stack = Stack::default();
     let mut failures = Vec::new();
     for step in &plan.steps {
@@ -650,7 +711,7 @@ pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
             pass_through(step, &mut slots, device);
             continue;
         }
-        match call_step(&mut stack, step, &mut slots, device) {
+        match call_step_grad(&mut stack, step, &mut slots, device, step.autograd).0 {
             Ok(_) => {}
             Err(e) => {
                 failures.push((step.name.clone(), e));

@@ -431,3 +431,14 @@ fn ops_without_a_half_kernel_on_cpu_run_in_float32() {
         r.fallbacks
     );
 }
+
+/// The replay flushes denormals (synthetic values can decay into them; the original's real
+/// ones did not): after `flush_denormal`, a denormal input reads as zero.
+#[test]
+fn denormals_flush_to_zero() {
+    if !replay::ffi::flush_denormal() {
+        return; // a CPU without FTZ/DAZ
+    }
+    let t = Tensor::from_slice(&[1e-39f32, 1.0]);
+    assert_eq!(values(&t.f_mul_scalar(1.0).unwrap()), vec![0.0, 1.0]);
+}

@@ -53,7 +53,32 @@ fn every_single_rank_cpu_trace_replays_without_failures() {
         assert_eq!(r.ops_replayed, r.ops_selected, "{m}");
         assert!(r.ops_selected > 40, "{m}");
         assert!(r.iter_ms.median > 0.0 && r.peak_bytes > 0, "{m}");
+        // Every forward op the original recorded for autograd is recorded again.
+        assert!(r.fallbacks.is_empty(), "{m}: {:?}", r.fallbacks);
     }
+}
+
+/// The forward runs as the original's did, recording a graph from parameters that require
+/// grad; the trace's explicit backward and optimizer ops run without one.
+#[test]
+fn forward_ops_record_autograd_and_backward_ops_do_not() {
+    let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.select(&Default::default()).unwrap();
+    let plan = replay::plan::compile(&g, &set, tch::Device::Cpu);
+    assert!(!plan.grad_inputs.is_empty());
+    let (slots, failures) = replay::runner::run_once_keep(&plan, tch::Device::Cpu).unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    let out = |name: &str| {
+        let step = plan.steps.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(step.autograd, name == "aten::linear", "{name}");
+        match &step.outs[0] {
+            replay::plan::Out::Tensor(s) => slots[*s as usize].as_ref().unwrap().shallow_clone(),
+            o => panic!("{o:?}"),
+        }
+    };
+    assert!(out("aten::linear").requires_grad());
+    assert!(!out("aten::threshold_backward").requires_grad());
 }
 
 #[test]
@@ -209,4 +234,29 @@ fn values_stay_finite_over_many_iterations() {
         assert_eq!(r.ops_failed, 0, "{m}: {:?}", r.failures);
         assert_eq!(r.nonfinite_externals, 0, "{m}");
     }
+}
+
+/// Python numbers passed to Tensor overloads reach the trace as 0-dim doubles without their
+/// value (Adam's `exp_avg_sq.mul_(beta2)`): the replay uses 1, a neutral factor, not a random
+/// one that decays the optimizer state into denormals over a few tens of iterations.
+#[test]
+fn wrapped_python_numbers_are_neutral_factors() {
+    let t = et_schema::read_trace(&shared("cpu/cnn.linked.et.json.gz")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.select(&Default::default()).unwrap();
+    let plan = replay::plan::compile(&g, &set, tch::Device::Cpu);
+    let mut wrapped = 0;
+    for step in plan.steps.iter().filter(|s| s.name == "aten::mul_") {
+        let replay::plan::Arg::Tensor(other) = &step.args[1] else {
+            continue;
+        };
+        if let Some((_, spec, fill)) = plan.externals.iter().find(|e| e.0 == *other) {
+            if spec.shape.is_empty() && spec.dtype == et_schema::DType::Float64 {
+                assert_eq!(*fill, replay::plan::Fill::Value(1.0));
+                wrapped += 1;
+            }
+        }
+    }
+    // One beta2 per parameter of the cnn's Adam step.
+    assert_eq!(wrapped, 10);
 }
