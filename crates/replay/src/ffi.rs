@@ -340,8 +340,28 @@ pub struct Instrumentation {
     active: bool,
 }
 
+/// Whether an [`Instrumentation`] is active: libtorch would let a second start replace the
+/// first's observer and profiler session silently, and the first's `finish` then fail.
+static INSTRUMENTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 impl Instrumentation {
     pub fn start() -> Result<Instrumentation, String> {
+        use std::sync::atomic::Ordering;
+        if INSTRUMENTED.swap(true, Ordering::AcqRel) {
+            return Err(
+                "another instrumentation is active in this process (the profiler and the \
+                        execution trace observer are process-wide)"
+                    .into(),
+            );
+        }
+        let started = Self::begin();
+        if started.is_err() {
+            INSTRUMENTED.store(false, Ordering::Release);
+        }
+        started
+    }
+
+    fn begin() -> Result<Instrumentation, String> {
         let et_path = std::env::temp_dir().join(format!(
             "mystique-calibration-{}-{:?}.et.json",
             std::process::id(),
@@ -364,6 +384,7 @@ impl Instrumentation {
         self.active = false;
         // SAFETY: started by `start` on this process; null means an error was recorded.
         let ev = unsafe { mq_instr_end() };
+        INSTRUMENTED.store(false, std::sync::atomic::Ordering::Release);
         let _ = std::fs::remove_file(&self.et_path);
         if ev.is_null() {
             return Err(last_error());
@@ -398,6 +419,7 @@ impl Drop for Instrumentation {
                 unsafe { mq_events_free(ev) };
             }
             let _ = std::fs::remove_file(&self.et_path);
+            INSTRUMENTED.store(false, std::sync::atomic::Ordering::Release);
         }
     }
 }

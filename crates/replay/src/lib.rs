@@ -22,8 +22,6 @@ pub enum ReplayError {
     Strict { op: String, id: u64, reason: String },
     #[error("{0}")]
     Device(String),
-    #[error("instrumenting the replay (execution trace observer + Kineto): {0}")]
-    Instrument(String),
     #[error("loading {path}: {reason}")]
     Library { path: String, reason: String },
 }
@@ -141,6 +139,10 @@ pub struct Report {
     /// not dispatched or not found among the profiler's events).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiled: Vec<Option<ProfiledStep>>,
+    /// With `instrument`: why the instrumented iteration could not run or be read back (the
+    /// measured iterations stand; `profiled` is then empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrument_error: Option<String>,
 }
 
 /// One step of the instrumented iteration (see [`ReplayOptions::instrument`]): its profiled

@@ -370,6 +370,7 @@ pub fn run(
     let clock = Clock::default();
     let total_iters = opts.warmup + opts.iters.max(1) + opts.instrument as usize;
     let mut profiled = Vec::new();
+    let mut instrument_error = None;
     let mut iter_ms = Vec::new();
     let mut op_ms = Vec::new();
     let mut faults: Option<u64> = Some(0);
@@ -395,7 +396,14 @@ pub fn run(
         // Steps dispatched in the instrumented iteration, to find their profiler events.
         let mut dispatched: Vec<(usize, &str)> = Vec::new();
         let instr = if instrumented {
-            Some(ffi::Instrumentation::start().map_err(ReplayError::Instrument)?)
+            match ffi::Instrumentation::start() {
+                Ok(i) => Some(i),
+                // The measured iterations stand; only the profiled windows are missing.
+                Err(e) => {
+                    instrument_error = Some(e);
+                    break;
+                }
+            }
         } else {
             None
         };
@@ -507,8 +515,10 @@ pub fn run(
         }
         let t_end = clock.now_us();
         if let Some(instr) = instr {
-            let events = instr.finish().map_err(ReplayError::Instrument)?;
-            profiled = match_profiled(&events, &dispatched, plan.steps.len());
+            match instr.finish() {
+                Ok(events) => profiled = match_profiled(&events, &dispatched, plan.steps.len()),
+                Err(e) => instrument_error = Some(e),
+            }
         }
         // Long iterations (big traces, slow devices) report as they finish; short ones stay quiet.
         if opts.progress && t_end - t_iter >= 500_000.0 {
@@ -622,6 +632,7 @@ pub fn run(
             })
             .collect(),
         profiled,
+        instrument_error,
     };
     Ok((report, slices))
 }
