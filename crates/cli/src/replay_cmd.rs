@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// the original's did: same nodes, saved tensors and differentiable kernel paths).
     #[arg(long)]
     pub no_autograd: bool,
+    /// Check every op's outputs for NaN/Inf and name the first op that produced one (slow;
+    /// kept out of the timings).
+    #[arg(long)]
+    pub check_values: bool,
 }
 
 impl RunArgs {
@@ -147,6 +151,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         progress: !json,
         instrument: false,
         autograd: !a.run.no_autograd,
+        check_values: a.run.check_values,
     };
     if !json {
         eprintln!(
@@ -167,11 +172,22 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             &slices,
         )?;
     }
+    if let Some(f) = &report.first_nonfinite {
+        eprintln!(
+            "warning: values went NaN/Inf first at {} (node {}) in iteration {}",
+            f.op, f.id, f.iteration
+        );
+    }
     if report.nonfinite_externals > 0 {
         eprintln!(
             "warning: {} input tensors hold NaN/Inf after the replay: its values diverged, so \
-             kernels may have taken paths the original did not",
-            report.nonfinite_externals
+             kernels may have taken paths the original did not{}",
+            report.nonfinite_externals,
+            if a.run.check_values {
+                ""
+            } else {
+                " (--check-values names the op where it started)"
+            }
         );
     }
     let mut out = std::io::stdout().lock();

@@ -49,6 +49,9 @@ pub struct ReplayOptions {
     /// parameters requiring grad: graph nodes are built and tensors saved as in the original,
     /// and composite ops take their differentiable paths.
     pub autograd: bool,
+    /// Check every op's float outputs for NaN/Inf (slow; outside the timings) and report the
+    /// first op that produced one ([`Report::first_nonfinite`]).
+    pub check_values: bool,
 }
 
 impl Default for ReplayOptions {
@@ -65,6 +68,7 @@ impl Default for ReplayOptions {
             progress: false,
             instrument: false,
             autograd: true,
+            check_values: false,
         }
     }
 }
@@ -143,6 +147,19 @@ pub struct Report {
     /// measured iterations stand; `profiled` is then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrument_error: Option<String>,
+    /// With `check_values`: the first op whose output held NaN/Inf.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_nonfinite: Option<NonFinite>,
+}
+
+/// Where a replay's values first went NaN/Inf.
+#[derive(Clone, Debug, Serialize)]
+pub struct NonFinite {
+    pub op: String,
+    /// The op's ET node id.
+    pub id: u64,
+    /// The iteration (warm-up ones included) it happened in.
+    pub iteration: usize,
 }
 
 /// One step of the instrumented iteration (see [`ReplayOptions::instrument`]): its profiled

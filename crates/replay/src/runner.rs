@@ -69,6 +69,31 @@ pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, R
     Ok(slots)
 }
 
+/// Whether a float tensor a step touched holds NaN/Inf after it: its outputs, and its inputs,
+/// which in-place ops write (`_foreach_add_` returns nothing). Allocating ops (`empty*`) are
+/// skipped: their outputs hold whatever the memory held.
+fn produced_nonfinite(step: &Step, slots: &[Option<Tensor>]) -> bool {
+    let inputs = step.args.iter().flat_map(|a| match a {
+        Arg::Tensor(s) => vec![*s],
+        Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
+        _ => vec![],
+    });
+    !step.name.contains("empty")
+        && step
+            .out_specs
+            .iter()
+            .map(|(s, _)| *s)
+            .chain(inputs)
+            .any(|s| {
+                slots[s as usize].as_ref().is_some_and(|t| {
+                    t.is_floating_point()
+                        && t.f_isfinite()
+                            .and_then(|f| f.f_all())
+                            .is_ok_and(|a| a.int64_value(&[]) == 0)
+                })
+            })
+}
+
 /// Marks the plan's grad inputs (the parameters) as requiring grad, as the model's were.
 fn require_grad(plan: &Plan, externals: &[Option<Tensor>]) {
     for &s in &plan.grad_inputs {
@@ -92,7 +117,7 @@ fn fill_view(
     // of growing by sqrt(fan-in) x std per layer to Inf (a 30-layer 1024-wide MLP did at 0.1),
     // and no value is denormal. Best effort: a view whose elements overlap cannot be scaled in
     // place and keeps the standard normal values.
-    if matches!(fill, Fill::Random | Fill::NonNegative) {
+    if matches!(fill, Fill::Random | Fill::NonNegative) && spec.dtype.is_floating_point() {
         let fan_in = match spec.shape.as_slice() {
             [] | [_] => 100,
             [rows, ..] => (spec.shape.iter().product::<i64>() / (*rows).max(1)).max(1),
@@ -371,6 +396,7 @@ pub fn run(
     let total_iters = opts.warmup + opts.iters.max(1) + opts.instrument as usize;
     let mut profiled = Vec::new();
     let mut instrument_error = None;
+    let mut first_nonfinite = None;
     let mut iter_ms = Vec::new();
     let mut op_ms = Vec::new();
     let mut faults: Option<u64> = Some(0);
@@ -481,6 +507,19 @@ pub fn run(
                 }
             }
             stack.clear();
+            if opts.check_values && first_nonfinite.is_none() {
+                let t_check = clock.now_us();
+                if produced_nonfinite(step, &slots) {
+                    first_nonfinite = Some(crate::NonFinite {
+                        op: step.name.clone(),
+                        id: step.id,
+                        iteration: it,
+                    });
+                }
+                let spent = clock.now_us() - t_check;
+                excluded_us += spent;
+                last_op_end += spent;
+            }
             if it == 0 {
                 // Counting live storages walks every slot: keep it out of the timings.
                 let t_peak = clock.now_us();
@@ -633,6 +672,7 @@ pub fn run(
             .collect(),
         profiled,
         instrument_error,
+        first_nonfinite,
     };
     Ok((report, slices))
 }

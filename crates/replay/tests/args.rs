@@ -442,3 +442,72 @@ fn denormals_flush_to_zero() {
     let t = Tensor::from_slice(&[1e-39f32, 1.0]);
     assert_eq!(values(&t.f_mul_scalar(1.0).unwrap()), vec![0.0, 1.0]);
 }
+
+/// External inputs of every kind materialise: bool and complex ones too (bool masks are
+/// neither integers nor floats; scaling them like weights must not be tried).
+#[test]
+fn bool_and_complex_external_inputs_materialise() {
+    let tr = trace(&[
+        (
+            "aten::logical_not",
+            "aten::logical_not(Tensor self) -> Tensor",
+            vec![(json!([1, 1, 0, 4, 1, "cpu"]), json!([4]), "Tensor(bool)")],
+            vec![(json!([2, 2, 0, 4, 1, "cpu"]), json!([4]), "Tensor(bool)")],
+        ),
+        (
+            "aten::abs",
+            "aten::abs(Tensor self) -> Tensor",
+            vec![(
+                json!([3, 3, 0, 4, 8, "cpu"]),
+                json!([4]),
+                "Tensor(c10::complex<float>)",
+            )],
+            vec![(json!([4, 4, 0, 4, 4, "cpu"]), json!([4]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(
+        values(slots[out_slot(&plan, 0, 0)].as_ref().unwrap()),
+        vec![1.0; 4]
+    );
+}
+
+/// `check_values` names the first op whose output went NaN (0/0 here), for a user chasing a
+/// diverging replay; without it nothing is checked.
+#[test]
+fn check_values_names_the_first_op_that_produced_nan() {
+    let tr = trace(&[
+        full(1, 0.0),
+        full(2, 0.0),
+        (
+            "aten::div",
+            "aten::div.Tensor(Tensor self, Tensor other) -> Tensor",
+            vec![
+                (t(1, 1, 2), json!([2]), "Tensor(float)"),
+                (t(2, 2, 2), json!([2]), "Tensor(float)"),
+            ],
+            vec![(t(3, 3, 2), json!([2]), "Tensor(float)")],
+        ),
+        (
+            "aten::neg",
+            "aten::neg(Tensor self) -> Tensor",
+            vec![(t(3, 3, 2), json!([2]), "Tensor(float)")],
+            vec![(t(4, 4, 2), json!([2]), "Tensor(float)")],
+        ),
+    ]);
+    let g = Graph::new(&tr);
+    let set = g.replay_set(None);
+    let run = |check_values| {
+        let opts = replay::ReplayOptions {
+            iters: 1,
+            warmup: 0,
+            check_values,
+            ..Default::default()
+        };
+        replay::replay(&g, &set, &opts).unwrap().0
+    };
+    let f = run(true).first_nonfinite.expect("0/0 is NaN");
+    assert_eq!((f.op.as_str(), f.id, f.iteration), ("aten::div", 4, 0));
+    assert!(run(false).first_nonfinite.is_none());
+}
