@@ -83,6 +83,17 @@ pub enum Arg {
     Default(usize),
 }
 
+impl Arg {
+    /// The tensor slots this argument passes (one, a list's, or none).
+    pub fn slots(&self) -> Vec<Slot> {
+        match self {
+            Arg::Tensor(s) => vec![*s],
+            Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Out {
     Tensor(Slot),
@@ -570,14 +581,8 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                         Some(a) => match build_arg(&mut b, step, &sa.ty, a) {
                             Ok(arg) => {
                                 if needs_nonnegative(&name, sa.name.as_deref()) {
-                                    match &arg {
-                                        Arg::Tensor(slot) => b.mark_nonnegative(*slot),
-                                        Arg::TensorList { slots, .. } => {
-                                            for s in slots.iter().flatten() {
-                                                b.mark_nonnegative(*s);
-                                            }
-                                        }
-                                        _ => {}
+                                    for s in arg.slots() {
+                                        b.mark_nonnegative(s);
                                     }
                                 }
                                 if let (Some(n), Arg::Tensor(slot)) = (&sa.name, &arg) {
@@ -718,12 +723,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                 ) {
                     continue;
                 }
-                let slots: Vec<Slot> = match a {
-                    Arg::Tensor(s) => vec![*s],
-                    Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
-                    _ => vec![],
-                };
-                for s in slots {
+                for s in a.slots() {
                     if let Some(&e) = b.external_index.get(&s) {
                         if b.externals[e].1.dtype.is_floating_point() {
                             grad_inputs.insert(s);

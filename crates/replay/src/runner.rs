@@ -73,11 +73,7 @@ pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, R
 /// which in-place ops write (`_foreach_add_` returns nothing). Allocating ops (`empty*`) are
 /// skipped: their outputs hold whatever the memory held.
 fn produced_nonfinite(step: &Step, slots: &[Option<Tensor>]) -> bool {
-    let inputs = step.args.iter().flat_map(|a| match a {
-        Arg::Tensor(s) => vec![*s],
-        Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
-        _ => vec![],
-    });
+    let inputs = step.args.iter().flat_map(Arg::slots);
     !step.name.contains("empty")
         && step
             .out_specs

@@ -17,6 +17,14 @@ fn replay(rel: &str, only: et_graph::Kind) -> replay::Report {
     replay_selected(rel, &sel, 2, 1)
 }
 
+/// The compiled CPU plan of a shared trace's whole replay set.
+fn cpu_plan(rel: &str) -> replay::plan::Plan {
+    let t = et_schema::read_trace(&shared(rel)).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.select(&Default::default()).unwrap();
+    replay::plan::compile(&g, &set, tch::Device::Cpu)
+}
+
 /// Replays the selected ops of a shared trace (with `sel.kind` as `--only`).
 fn replay_selected(
     rel: &str,
@@ -62,10 +70,7 @@ fn every_single_rank_cpu_trace_replays_without_failures() {
 /// grad; the trace's explicit backward and optimizer ops run without one.
 #[test]
 fn forward_ops_record_autograd_and_backward_ops_do_not() {
-    let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g.select(&Default::default()).unwrap();
-    let plan = replay::plan::compile(&g, &set, tch::Device::Cpu);
+    let plan = cpu_plan("cpu/mlp.linked.et.json");
     assert!(!plan.grad_inputs.is_empty());
     let (slots, failures) = replay::runner::run_once_keep(&plan, tch::Device::Cpu).unwrap();
     assert!(failures.is_empty(), "{failures:?}");
@@ -241,10 +246,7 @@ fn values_stay_finite_over_many_iterations() {
 /// one that decays the optimizer state into denormals over a few tens of iterations.
 #[test]
 fn wrapped_python_numbers_are_neutral_factors() {
-    let t = et_schema::read_trace(&shared("cpu/cnn.linked.et.json.gz")).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g.select(&Default::default()).unwrap();
-    let plan = replay::plan::compile(&g, &set, tch::Device::Cpu);
+    let plan = cpu_plan("cpu/cnn.linked.et.json.gz");
     let mut wrapped = 0;
     for step in plan.steps.iter().filter(|s| s.name == "aten::mul_") {
         let replay::plan::Arg::Tensor(other) = &step.args[1] else {
