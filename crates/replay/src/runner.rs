@@ -62,7 +62,7 @@ pub fn materialise(plan: &Plan, device: Device) -> Result<Vec<Option<Tensor>>, R
             let mut view = base
                 .f_as_strided(spec.shape.as_slice(), spec.strides.as_slice(), spec.offset)
                 .map_err(|e| ReplayError::Materialise(e.to_string()))?;
-            fill_view(&mut view, spec, fill, device)?;
+            fill_view(&mut view, spec, fill, device);
             slots[*slot as usize] = Some(view);
         }
     }
@@ -101,38 +101,33 @@ fn require_grad(plan: &Plan, externals: &[Option<Tensor>]) {
     }
 }
 
-fn fill_view(
-    view: &mut Tensor,
-    spec: &TensorSpec,
-    fill: &Fill,
-    device: Device,
-) -> Result<(), ReplayError> {
+/// Shapes a view's values for its consumer. Best effort: libtorch refuses in-place writes to a
+/// view whose elements overlap (an expanded input, stride 0), and such a view keeps the values
+/// of its storage (standard normal floats, zero integers: valid indices). Only Tensor-argument
+/// calls here: tch's Scalar-taking ones panic when libtorch reports an error.
+fn fill_view(view: &mut Tensor, spec: &TensorSpec, fill: &Fill, device: Device) {
     let kind = kind_of(spec.dtype);
+    let scalar = |v: f64| Tensor::from(v).to_device(device);
     // Random values at the scale of an initialised model (std 1/sqrt(fan-in), like PyTorch's
     // default inits): activations keep their magnitude through a deep stack of layers instead
     // of growing by sqrt(fan-in) x std per layer to Inf (a 30-layer 1024-wide MLP did at 0.1),
-    // and no value is denormal. Best effort: a view whose elements overlap cannot be scaled in
-    // place and keeps the standard normal values.
+    // and no value is denormal.
     if matches!(fill, Fill::Random | Fill::NonNegative) && spec.dtype.is_floating_point() {
         let fan_in = match spec.shape.as_slice() {
             [] | [_] => 100,
             [rows, ..] => (spec.shape.iter().product::<i64>() / (*rows).max(1)).max(1),
         };
-        let _ = view.f_mul_scalar_(1.0 / (fan_in as f64).sqrt());
+        let _ = view.f_mul_(&scalar(1.0 / (fan_in as f64).sqrt()));
     }
     let src = match fill {
-        Fill::Random | Fill::Zeros => return Ok(()),
+        Fill::Random | Fill::Zeros => return,
         Fill::Value(v) => {
-            return view
-                .f_fill_(*v)
-                .map(|_| ())
-                .map_err(|e| ReplayError::Materialise(e.to_string()))
+            let _ = view.f_fill_tensor_(&scalar(*v));
+            return;
         }
         Fill::NonNegative => {
-            return view
-                .f_abs_()
-                .map(|_| ())
-                .map_err(|e| ReplayError::Materialise(e.to_string()))
+            let _ = view.f_abs_();
+            return;
         }
         Fill::Indices(bound) => {
             Tensor::f_randint_low(0, (*bound).max(1), spec.shape.as_slice(), (kind, device))
@@ -141,13 +136,13 @@ fn fill_view(
             let n = spec.shape.iter().product::<i64>().max(1);
             let step = (*total / n).max(0);
             Tensor::f_arange(n, (kind, device))
-                .and_then(|t| t.f_mul_scalar(step))
+                .and_then(|t| t.f_mul(&Tensor::from(step).to_device(device)))
                 .and_then(|t| t.f_reshape(spec.shape.as_slice()))
         }
+    };
+    if let Ok(src) = src {
+        let _ = view.f_copy_(&src);
     }
-    .map_err(|e| ReplayError::Materialise(e.to_string()))?;
-    view.f_copy_(&src)
-        .map_err(|e| ReplayError::Materialise(e.to_string()))
 }
 
 /// A zero tensor of the recorded shape, strides and dtype: the stand-in output of a failed op.

@@ -511,3 +511,31 @@ fn check_values_names_the_first_op_that_produced_nan() {
     assert_eq!((f.op.as_str(), f.id, f.iteration), ("aten::div", 4, 0));
     assert!(run(false).first_nonfinite.is_none());
 }
+
+/// External inputs recorded as expanded views (stride 0: elements share one memory location)
+/// materialise: libtorch refuses in-place scaling or filling of such a view, and the refusal
+/// must not become a panic (tch's Scalar-taking calls panic on errors).
+#[test]
+fn expanded_external_inputs_materialise() {
+    let op = |id: u64, name: &str, schema: &str, ty: &str, out_ty: &str| {
+        json!({"id": id, "name": name, "ctrl_deps": 1,
+            "inputs": {"values": [t(id * 10, id * 10, 1)], "shapes": [[4]], "strides": [[0]], "types": [ty]},
+            "outputs": {"values": [t(id * 10 + 1, id * 10 + 1, 4)], "shapes": [[4]], "types": [out_ty]},
+            "attrs": [{"name": "op_schema", "type": "string", "value": schema}]})
+    };
+    let doc = json!({"schema": "1.1.1-chakra.0.0.4", "nodes": [
+        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}),
+        // One input scaled like a weight, one also folded non-negative (a sqrt input).
+        op(2, "aten::neg", "aten::neg(Tensor self) -> Tensor", "Tensor(float)", "Tensor(float)"),
+        op(3, "aten::sqrt", "aten::sqrt(Tensor self) -> Tensor", "Tensor(float)", "Tensor(float)"),
+    ]});
+    let tr = et_schema::parse_trace(
+        &serde_json::to_vec(&doc).unwrap(),
+        "hand",
+        &Default::default(),
+    )
+    .unwrap();
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(slots[out_slot(&plan, 0, 0)].is_some());
+}
