@@ -1,26 +1,10 @@
 //! graph, link, select, compose and export through the real binary.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mystique"))
-}
-
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces")
-        .join(rel)
-}
+mod common;
+use common::{bin, shared};
 
 fn json(args: &[&std::ffi::OsStr]) -> serde_json::Value {
-    let out = bin().args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::json(bin().args(args))
 }
 
 #[test]

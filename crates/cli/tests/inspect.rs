@@ -1,15 +1,9 @@
 //! The real `mystique` binary on the real shared traces.
 
+mod common;
+use common::{bin, json, shared};
 use std::path::PathBuf;
 use std::process::Command;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mystique"))
-}
-
-fn shared() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces")
-}
 
 fn dom(p: &std::path::Path) -> serde_json::Value {
     let bytes = std::fs::read(p).unwrap();
@@ -25,9 +19,9 @@ fn dom(p: &std::path::Path) -> serde_json::Value {
 fn et_files() -> Vec<PathBuf> {
     let mut v = vec![];
     for d in [
-        shared().join("cpu"),
-        shared().join("public"),
-        shared().join("public/param_dlrm_8rank_1.0.1"),
+        shared("cpu"),
+        shared("public"),
+        shared("public/param_dlrm_8rank_1.0.1"),
     ] {
         for e in std::fs::read_dir(d).unwrap() {
             let p = e.unwrap().path();
@@ -43,14 +37,7 @@ fn et_files() -> Vec<PathBuf> {
 #[test]
 fn inspect_json_counts_match_an_independent_count() {
     for p in et_files() {
-        let out = bin().arg("inspect").arg(&p).arg("--json").output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            p.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let j = json(bin().arg("inspect").arg(&p).arg("--json"));
         let d = dom(&p);
         let nodes = d["nodes"].as_array().unwrap();
         assert_eq!(j["nodes"].as_u64().unwrap() as usize, nodes.len());
@@ -101,13 +88,12 @@ fn inspect_json_counts_match_an_independent_count() {
 
 #[test]
 fn inspect_counts_the_six_gloo_collectives() {
-    let out = bin()
-        .arg("inspect")
-        .arg(shared().join("cpu/dist_mlp_w2.rank0.et.json"))
-        .arg("--json")
-        .output()
-        .unwrap();
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json(
+        bin()
+            .arg("inspect")
+            .arg(shared("cpu/dist_mlp_w2.rank0.et.json"))
+            .arg("--json"),
+    );
     let total: u64 = j["collectives"]
         .as_object()
         .unwrap()
@@ -120,7 +106,7 @@ fn inspect_counts_the_six_gloo_collectives() {
 
 #[test]
 fn inspect_reads_stdin_and_prints_a_table() {
-    let p = shared().join("cpu/mlp.et.json");
+    let p = shared("cpu/mlp.et.json");
     let out = bin()
         .arg("inspect")
         .arg("-")
@@ -137,7 +123,7 @@ fn inspect_reads_stdin_and_prints_a_table() {
 fn bad_input_exits_2_with_the_file_and_place() {
     let dir = std::env::temp_dir().join(format!("mystique-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let full = std::fs::read(shared().join("cpu/mlp.et.json")).unwrap();
+    let full = std::fs::read(shared("cpu/mlp.et.json")).unwrap();
     let cut = dir.join("cut.json");
     std::fs::write(&cut, &full[..full.len() / 2]).unwrap();
     let garbage = dir.join("garbage.json");

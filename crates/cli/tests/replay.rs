@@ -1,44 +1,28 @@
 //! `mystique replay` and `compare` through the real binary on real traces.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mystique"))
-}
-
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces")
-        .join(rel)
-}
+mod common;
+use common::{bin, json, shared};
 
 #[test]
 fn replay_json_has_the_documented_fields_and_writes_a_perfetto_trace() {
     let out_trace =
         std::env::temp_dir().join(format!("mystique-replay-{}.json", std::process::id()));
-    let out = bin()
-        .arg("replay")
-        .arg(shared("cpu/dlrm.et.json"))
-        .args([
-            "--json",
-            "--threads",
-            "1",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--trace-out",
-        ])
-        .arg(&out_trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let j = json(
+        bin()
+            .arg("replay")
+            .arg(shared("cpu/dlrm.et.json"))
+            .args([
+                "--json",
+                "--threads",
+                "1",
+                "--iters",
+                "3",
+                "--warmup",
+                "1",
+                "--trace-out",
+            ])
+            .arg(&out_trace),
     );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for k in [
         "ops_selected",
         "ops_replayed",
@@ -90,28 +74,22 @@ fn replay_reports_missing_cuda_and_bad_devices_cleanly() {
 #[test]
 fn compare_reports_ratios_and_an_svg() {
     let svg = std::env::temp_dir().join(format!("mystique-compare-{}.svg", std::process::id()));
-    let out = bin()
-        .arg("compare")
-        .arg(shared("cpu/mlp.linked.et.json"))
-        .arg(shared("cpu/mlp.kineto.json"))
-        .args([
-            "--json",
-            "--threads",
-            "1",
-            "--iters",
-            "3",
-            "--emulate-gaps",
-            "--svg",
-        ])
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(shared("cpu/mlp.linked.et.json"))
+            .arg(shared("cpu/mlp.kineto.json"))
+            .args([
+                "--json",
+                "--threads",
+                "1",
+                "--iters",
+                "3",
+                "--emulate-gaps",
+                "--svg",
+            ])
+            .arg(&svg),
     );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["linked"], j["ops"]);
     assert!(j["ratio_iter"].as_f64().unwrap() > 0.0);
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
