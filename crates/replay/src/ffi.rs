@@ -73,6 +73,13 @@ struct MqEvents {
     _private: [u8; 0],
 }
 
+/// The shim's view of a tensor list: a null pointer for `None`.
+fn tensor_ptrs(v: &[Option<&Tensor>]) -> Vec<*const C_tensor> {
+    v.iter()
+        .map(|t| t.map_or(std::ptr::null(), |t| t.as_ptr()))
+        .collect()
+}
+
 /// Flushes denormal floats to zero on the calling thread; false where the CPU cannot.
 pub fn flush_denormal() -> bool {
     // SAFETY: no arguments; sets the calling thread's floating-point control flags.
@@ -213,18 +220,12 @@ impl Stack {
     }
     /// `None` entries become undefined tensors.
     pub fn tensor_list(&mut self, v: &[Option<&Tensor>]) {
-        let ptrs: Vec<*const C_tensor> = v
-            .iter()
-            .map(|t| t.map_or(std::ptr::null(), |t| t.as_ptr()))
-            .collect();
+        let ptrs = tensor_ptrs(v);
         unsafe { mq_push_tensor_list(self.p(), ptrs.as_ptr(), ptrs.len()) }
     }
     /// `None` entries stay None (`Tensor?[]`).
     pub fn opt_tensor_list(&mut self, v: &[Option<&Tensor>]) {
-        let ptrs: Vec<*const C_tensor> = v
-            .iter()
-            .map(|t| t.map_or(std::ptr::null(), |t| t.as_ptr()))
-            .collect();
+        let ptrs = tensor_ptrs(v);
         unsafe { mq_push_opt_tensor_list(self.p(), ptrs.as_ptr(), ptrs.len()) }
     }
     pub fn device(&mut self, d: tch::Device) {
