@@ -51,23 +51,19 @@ fn replay_json_has_the_documented_fields_and_writes_a_perfetto_trace() {
 
 #[test]
 fn replay_reports_missing_cuda_and_bad_devices_cleanly() {
-    let out = bin()
-        .arg("replay")
-        .arg(shared("cpu/mlp.et.json"))
-        .args(["--device", "tpu"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown device"));
-    if !tch::Cuda::is_available() {
+    let refused = |device: &str, why: &str| {
         let out = bin()
             .arg("replay")
             .arg(shared("cpu/mlp.et.json"))
-            .args(["--device", "cuda"])
+            .args(["--device", device])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("no CUDA device"));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(why));
+    };
+    refused("tpu", "unknown device");
+    if !tch::Cuda::is_available() {
+        refused("cuda", "no CUDA device");
     }
 }
 

@@ -1,16 +1,11 @@
 //! A replay whose instrumentation cannot start, in a test binary of its own: it holds the
 //! process-wide execution trace observer, which no other test may see.
 
-use std::path::PathBuf;
+mod common;
 
 #[test]
 fn a_replay_whose_instrumentation_cannot_start_keeps_its_measurements() {
     tch::set_num_threads(1);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces/cpu/mlp.linked.et.json");
-    let t = et_schema::read_trace(&path).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g.select(&Default::default()).unwrap();
     // Someone else (here: this test) is profiling already.
     let held = replay::ffi::Instrumentation::start().unwrap();
     let opts = replay::ReplayOptions {
@@ -19,7 +14,7 @@ fn a_replay_whose_instrumentation_cannot_start_keeps_its_measurements() {
         instrument: true,
         ..Default::default()
     };
-    let r = replay::replay(&g, &set, &opts).unwrap().0;
+    let r = common::replay_with("cpu/mlp.linked.et.json", &Default::default(), &opts);
     // The held instrumentation is intact: the replay did not take it over.
     held.finish().unwrap();
     assert!(r.instrument_error.is_some());

@@ -1,7 +1,7 @@
 //! The replay's own memory behaviour, in a test binary of its own: page faults are counted per
 //! process, so no other test may run beside this one.
 
-use std::path::PathBuf;
+mod common;
 
 /// A warm model re-uses its heap (the shared cnn faults about one page per training iteration
 /// in Python); a replay that hands freed memory back to the OS after every iteration faults
@@ -9,17 +9,12 @@ use std::path::PathBuf;
 #[test]
 fn a_warm_replay_does_not_fault_its_tensors_in_again() {
     tch::set_num_threads(1);
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces/cpu/cnn.linked.et.json.gz");
-    let t = et_schema::read_trace(&path).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g.select(&Default::default()).unwrap();
     let opts = replay::ReplayOptions {
         iters: 20,
         warmup: 3,
         ..Default::default()
     };
-    let r = replay::replay(&g, &set, &opts).unwrap().0;
+    let r = common::replay_with("cpu/cnn.linked.et.json.gz", &Default::default(), &opts);
     let pages = r.peak_bytes as f64 / 4096.0;
     let faults = r.page_faults_per_iter.expect("Linux counts page faults");
     assert!(

@@ -1,12 +1,8 @@
 //! Real traces, real libtorch: every shared CPU trace replays completely on CPU.
 
+mod common;
+use common::{replay_with, shared};
 use std::path::PathBuf;
-
-fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces")
-        .join(rel)
-}
 
 fn replay(rel: &str, only: et_graph::Kind) -> replay::Report {
     tch::set_num_threads(1);
@@ -32,16 +28,13 @@ fn replay_selected(
     iters: usize,
     warmup: usize,
 ) -> replay::Report {
-    let t = et_schema::read_trace(&shared(rel)).unwrap();
-    let g = et_graph::Graph::new(&t);
-    let set = g.select(sel).unwrap();
     let opts = replay::ReplayOptions {
         iters,
         warmup,
         only: sel.kind,
         ..Default::default()
     };
-    replay::replay(&g, &set, &opts).unwrap().0
+    replay_with(rel, sel, &opts)
 }
 
 #[test]
