@@ -292,7 +292,11 @@ fn call_step(
                     t.shallow_clone()
                 }
             };
-            let mut view: Vec<Option<Tensor>> = slots.iter().map(|t| t.as_ref().map(up)).collect();
+            // Only this step's arguments are cast (it reads nothing else), not every live slot.
+            let mut view: Vec<Option<Tensor>> = (0..slots.len()).map(|_| None).collect();
+            for s in step.args.iter().flat_map(Arg::slots) {
+                view[s as usize] = slots[s as usize].as_ref().map(up);
+            }
             push_args(stack, step, &view, device)?;
             stack
                 .call(step.op.as_ref().map_err(|e| e.clone())?, grad)
