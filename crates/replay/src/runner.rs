@@ -354,6 +354,25 @@ pub fn keep_freed_memory() {
     }
 }
 
+/// Sets the process up as a warm model's and materialises the external inputs (with
+/// `autograd`, the parameters require grad). Every way of running a plan starts here.
+fn prepare_inputs(
+    plan: &Plan,
+    device: Device,
+    autograd: bool,
+) -> Result<Vec<Option<Tensor>>, ReplayError> {
+    keep_freed_memory();
+    // Synthetic values can decay into denormals the original's real ones never reached (an
+    // optimizer's second moment under a stand-in beta): each op on them takes the CPU's
+    // microcode path, 10-100x slower (AdamW's sqrt: 950 us instead of 10).
+    ffi::flush_denormal();
+    let externals = materialise(plan, device)?;
+    if autograd {
+        require_grad(plan, &externals);
+    }
+    Ok(externals)
+}
+
 pub fn run(
     plan: &Plan,
     opts: &ReplayOptions,
@@ -374,15 +393,7 @@ pub fn run(
             bytes as f64 / (1 << 20) as f64
         );
     }
-    keep_freed_memory();
-    // Synthetic values can decay into denormals the original's real ones never reached (an
-    // optimizer's second moment under a stand-in beta): each op on them takes the CPU's
-    // microcode path, 10-100x slower (AdamW's sqrt: 950 us instead of 10).
-    ffi::flush_denormal();
-    let externals = materialise(plan, device)?;
-    if opts.autograd {
-        require_grad(plan, &externals);
-    }
+    let externals = prepare_inputs(plan, device, opts.autograd)?;
     let mut no_grad = vec![false; plan.steps.len()];
     let mut grad_refused: BTreeMap<String, (usize, String)> = BTreeMap::new();
     let external_bytes = live_bytes(&externals);
@@ -746,8 +757,7 @@ pub type Kept = (Vec<Option<Tensor>>, Vec<(String, String)>);
 /// Runs the plan once without freeing anything and returns every slot and the failures: for
 /// tests and tools that inspect the values a replay produced.
 pub fn run_once_keep(plan: &Plan, device: Device) -> Result<Kept, ReplayError> {
-    let mut slots = materialise(plan, device)?;
-    require_grad(plan, &slots);
+    let mut slots = prepare_inputs(plan, device, true)?;
     let mut stack = Stack::default();
     let mut failures = Vec::new();
     for step in &plan.steps {
