@@ -80,14 +80,15 @@ fn produced_nonfinite(step: &Step, slots: &[Option<Tensor>]) -> bool {
             .iter()
             .map(|(s, _)| *s)
             .chain(inputs)
-            .any(|s| {
-                slots[s as usize].as_ref().is_some_and(|t| {
-                    t.is_floating_point()
-                        && t.f_isfinite()
-                            .and_then(|f| f.f_all())
-                            .is_ok_and(|a| a.int64_value(&[]) == 0)
-                })
-            })
+            .any(|s| slots[s as usize].as_ref().is_some_and(nonfinite))
+}
+
+/// Whether a float tensor holds NaN or Inf.
+fn nonfinite(t: &Tensor) -> bool {
+    t.is_floating_point()
+        && t.f_isfinite()
+            .and_then(|f| f.f_all())
+            .is_ok_and(|a| a.int64_value(&[]) == 0)
 }
 
 /// Marks the plan's grad inputs (the parameters) as requiring grad, as the model's were.
@@ -586,17 +587,7 @@ pub fn run(
     }
     // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
     // never ran (e.g. max_pool2d 2.5x faster on NaN): count them for the report.
-    let nonfinite_externals = externals
-        .iter()
-        .flatten()
-        .filter(|t| t.is_floating_point())
-        .filter(|t| {
-            t.f_isfinite()
-                .and_then(|f| f.f_all())
-                .map(|a| a.int64_value(&[]) == 0)
-                .unwrap_or(false)
-        })
-        .count();
+    let nonfinite_externals = externals.iter().flatten().filter(|t| nonfinite(t)).count();
     let n_iters = opts.iters.max(1) as f64;
     let mut ops: Vec<OpTiming> = per_op
         .into_iter()
