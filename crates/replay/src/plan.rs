@@ -480,22 +480,18 @@ fn consumer_fill(
     t: &Trace,
     schema: &OpSchema,
 ) -> Option<Fill> {
-    let shape_of = |name: &str| -> Option<Vec<i64>> {
+    // The recorded value of the schema argument of this name.
+    let arg = |name: &str| -> Option<&et_schema::Arg> {
         let k = schema
             .args
             .iter()
             .position(|a| a.name.as_deref() == Some(name))?;
-        t.int_list(args.get(k)?.shape)
+        args.get(k)
     };
-    let int_arg = |name: &str| -> Option<i64> {
-        let k = schema
-            .args
-            .iter()
-            .position(|a| a.name.as_deref() == Some(name))?;
-        match args.get(k)?.value {
-            Value::Int(i) => Some(i),
-            _ => None,
-        }
+    let shape_of = |name: &str| t.int_list(arg(name)?.shape);
+    let int_arg = |name: &str| match arg(name)?.value {
+        Value::Int(i) => Some(i),
+        _ => None,
     };
     let dim_size = |tensor: &str| -> Option<i64> {
         let shape = shape_of(tensor)?;
