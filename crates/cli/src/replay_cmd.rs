@@ -65,6 +65,40 @@ impl RunArgs {
         }
         Ok(())
     }
+
+    /// The replay options these arguments set; the command sets the rest.
+    fn options(&self) -> replay::ReplayOptions {
+        replay::ReplayOptions {
+            warmup: self.warmup,
+            iters: self.iters,
+            only: self.only,
+            autograd: !self.no_autograd,
+            check_values: self.check_values,
+            ..Default::default()
+        }
+    }
+
+    /// Warns when the replay's values went NaN/Inf (and where, with `--check-values`).
+    fn warn_values(&self, r: &replay::Report) {
+        if let Some(f) = &r.first_nonfinite {
+            eprintln!(
+                "warning: values went NaN/Inf first at {} (node {}) in iteration {}",
+                f.op, f.id, f.iteration
+            );
+        }
+        if r.nonfinite_externals > 0 {
+            eprintln!(
+                "warning: {} input tensors hold NaN/Inf after the replay: its values diverged, \
+                 so kernels may have taken paths the original did not{}",
+                r.nonfinite_externals,
+                if self.check_values {
+                    ""
+                } else {
+                    " (--check-values names the op where it started)"
+                }
+            );
+        }
+    }
 }
 
 /// Gaps to emulate: the Kineto gaps corrected for the profiler's cost, calibrated with a short
@@ -141,17 +175,11 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     };
     let opts = replay::ReplayOptions {
         device,
-        warmup: a.run.warmup,
-        iters: a.run.iters,
-        only: a.run.only,
         strict: a.strict,
         trace_out: a.trace_out.clone(),
         gaps_us,
-        per_step: false,
         progress: !json,
-        instrument: false,
-        autograd: !a.run.no_autograd,
-        check_values: a.run.check_values,
+        ..a.run.options()
     };
     if !json {
         eprintln!(
@@ -172,24 +200,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             &slices,
         )?;
     }
-    if let Some(f) = &report.first_nonfinite {
-        eprintln!(
-            "warning: values went NaN/Inf first at {} (node {}) in iteration {}",
-            f.op, f.id, f.iteration
-        );
-    }
-    if report.nonfinite_externals > 0 {
-        eprintln!(
-            "warning: {} input tensors hold NaN/Inf after the replay: its values diverged, so \
-             kernels may have taken paths the original did not{}",
-            report.nonfinite_externals,
-            if a.run.check_values {
-                ""
-            } else {
-                " (--check-values names the op where it started)"
-            }
-        );
-    }
+    a.run.warn_values(&report);
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, &report)?;
@@ -299,16 +310,13 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     // One more iteration runs under the capture's instrumentation: its op windows compare
     // with the original's Kineto durations like for like (both carry the profiler's cost).
     let opts = replay::ReplayOptions {
-        warmup: a.run.warmup,
-        iters: a.run.iters,
-        only: a.run.only,
         gaps_us: a.emulate_gaps.then_some(gaps),
         per_step: true,
         instrument: true,
-        autograd: !a.run.no_autograd,
-        ..Default::default()
+        ..a.run.options()
     };
     let r = replay::replay(&g, &set, &opts)?.0;
+    a.run.warn_values(&r);
     if let Some(e) = &r.instrument_error {
         eprintln!(
             "warning: instrumenting the replay (execution trace observer + Kineto): {e}; \

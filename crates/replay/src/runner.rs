@@ -515,8 +515,9 @@ pub fn run(
             }
             stack.clear();
             // Kept out of the timings: value checks read every output, and counting live
-            // storages (first iteration) walks every slot.
-            let check = opts.check_values && first_nonfinite.is_none();
+            // storages (first iteration) walks every slot. Not in the instrumented iteration:
+            // the checks' own ops would be among the profiler's events.
+            let check = opts.check_values && !instrumented && first_nonfinite.is_none();
             if check || it == 0 {
                 let t_untimed = clock.now_us();
                 if check && produced_nonfinite(step, &slots) {
