@@ -246,6 +246,13 @@ fn bench_parse(args: &[&str]) -> Result<()> {
     let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
     let (mut ours, mut ours_total, mut rss, mut py_s, mut py_rss, mut graph) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    // End to end: the release CLI (built by `cargo xtask setup`, not here: it links libtorch).
+    let cli = root().join("target/release/mystique");
+    let cli = cli.exists().then_some(cli);
+    let gnu_time = std::path::Path::new("/usr/bin/time");
+    let gnu_time = gnu_time.exists().then_some(gnu_time);
+    let time_out = root().join("target/bench/inspect.time");
+    let (mut e2e, mut e2e_rss) = (vec![], vec![]);
     for round in 0..rounds {
         // Alternate the two so that machine noise hits both alike.
         let o = Command::new(&bench_bin).arg(&big).output()?;
@@ -278,11 +285,45 @@ fn bench_parse(args: &[&str]) -> Result<()> {
                 j["nodes"]
             );
         }
+        if let Some(cli) = &cli {
+            // Peak RSS from GNU time's %M (KiB), written to a file apart from the CLI's stderr.
+            let mut cmd = match gnu_time {
+                Some(time) => {
+                    let _ = std::fs::remove_file(&time_out);
+                    let mut c = Command::new(time);
+                    c.args(["-f", "%e %M", "-o"]).arg(&time_out).arg(cli);
+                    c
+                }
+                None => Command::new(cli),
+            };
+            cmd.args(["inspect", "--json"]).arg(&big);
+            let t = Instant::now();
+            let out = cmd.output()?;
+            e2e.push(t.elapsed().as_secs_f64());
+            if !out.status.success() {
+                bail!(
+                    "{} inspect --json failed: {}",
+                    cli.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            if gnu_time.is_some() {
+                let kib = std::fs::read_to_string(&time_out)
+                    .ok()
+                    .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok());
+                if let Some(kib) = kib {
+                    e2e_rss.push(kib * 1024.0);
+                }
+            }
+        }
         eprintln!(
-            "[bench] round {}: ours {:.3} s, json.load {:.3} s",
+            "[bench] round {}: ours {:.3} s, json.load {:.3} s{}",
             round + 1,
             ours[round],
-            py_s[round]
+            py_s[round],
+            e2e.get(round)
+                .map(|e| format!(", mystique inspect {e:.3} s"))
+                .unwrap_or_default()
         );
     }
     let (o, ot, r, p, pr) = (
@@ -298,6 +339,24 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         big.display()
     );
     println!("  et-schema parse        {o:>7.3} s  {:>7.0} MB/s   (with file read: {ot:.3} s, {:.0} MB/s)", mb / o, mb / ot);
+    match &cli {
+        Some(_) => {
+            let e = median(&mut e2e);
+            let rss = if e2e_rss.len() == e2e.len() {
+                let r = median(&mut e2e_rss);
+                format!("peak RSS {:.0} MB = {:.2}x the file", r / 1e6, r / size)
+            } else if gnu_time.is_none() {
+                "peak RSS not measured (no /usr/bin/time)".to_string()
+            } else {
+                format!("peak RSS not measured (unreadable {})", time_out.display())
+            };
+            println!("  mystique inspect (end to end) {e:.3} s, {rss}");
+        }
+        None => println!(
+            "  mystique inspect (end to end): skipped, {} is missing: run `cargo xtask setup`",
+            root().join("target/release/mystique").display()
+        ),
+    }
     println!("  python json.load       {p:>7.3} s  {:>7.0} MB/s", mb / p);
     println!(
         "  speed-up vs json.load  {:>7.1}x   (read included: {:.1}x)",

@@ -2,6 +2,7 @@
 //! outputs are valid traces that re-parse to the graphs they should be.
 
 use et_graph::*;
+use et_schema::testkit::{self, TraceBuilder};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -35,54 +36,47 @@ fn gen() -> impl Strategy<Value = Vec<GenNode>> {
 }
 
 fn tensor(id: u64) -> serde_json::Value {
-    json!([id, id + 100, 0, 16, 4, "cpu"])
+    testkit::tensor(id, id + 100, 0, 16, 4, "cpu")
 }
 
 /// Node ids: 1 process root, 2 thread root, then 3.. in generation order (execution order).
 fn document(nodes: &[GenNode]) -> Vec<u8> {
-    let empty = json!({"values": [], "shapes": [], "types": []});
-    let mut out = vec![
-        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": empty, "outputs": empty, "attrs": []}),
-        json!({"id": 2, "name": "[pytorch|profiler|execution_trace|thread]", "ctrl_deps": 1, "inputs": empty, "outputs": empty, "attrs": []}),
-    ];
+    // The observer writes children before parents: reverse the order in the file.
+    let mut b = TraceBuilder::new().meta("pid", 1).children_first();
+    let thread = b.node(testkit::THREAD_ROOT).done();
     for (k, n) in nodes.iter().enumerate() {
         let id = k as u64 + 3;
         let parent = if k == 0 {
-            2
+            thread
         } else {
-            [2, (n.parent % k) as u64 + 3][n.parent % 2]
+            [thread, (n.parent % k) as u64 + 3][n.parent % 2]
         };
         let (name, schema) = match (n.op, n.inplace) {
-            (false, _) => (format!("## scope {k} ##"), String::new()),
+            (false, _) => (format!("## scope {k} ##"), ""),
             (true, false) => (
                 "aten::mul".to_string(),
-                "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor".to_string(),
+                "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor",
             ),
             (true, true) => (
                 "aten::add_".to_string(),
-                "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
-                    .to_string(),
+                "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
             ),
         };
-        let ins: Vec<_> = n.ins.iter().map(|&t| tensor(t)).collect();
-        let outs = if n.op {
-            vec![tensor(if n.inplace {
+        let mut op = b.op(&name, schema).id(id).parent(parent).rf_id(id);
+        for &t in &n.ins {
+            op = op.input(tensor(t), json!([4, 4]), "Tensor(float)");
+        }
+        if n.op {
+            let out = if n.inplace {
                 n.ins.first().copied().unwrap_or(n.out)
             } else {
                 n.out
-            })]
-        } else {
-            vec![]
-        };
-        let io = |v: &Vec<serde_json::Value>| json!({"values": v, "shapes": v.iter().map(|_| json!([4, 4])).collect::<Vec<_>>(), "types": v.iter().map(|_| "Tensor(float)").collect::<Vec<_>>()});
-        out.push(json!({
-            "id": id, "name": name, "ctrl_deps": parent, "inputs": io(&ins), "outputs": io(&outs),
-            "attrs": [{"name": "rf_id", "type": "uint64", "value": id}, {"name": "op_schema", "type": "string", "value": schema}],
-        }));
+            };
+            op = op.output(tensor(out), json!([4, 4]), "Tensor(float)");
+        }
+        op.done();
     }
-    // The observer writes children before parents: reverse the order in the file.
-    out.reverse();
-    serde_json::to_vec(&json!({"schema": "1.1.1-chakra.0.0.4", "pid": 1, "nodes": out})).unwrap()
+    b.to_bytes()
 }
 
 fn names(g: &Graph, set: &ReplaySet) -> Vec<String> {

@@ -2,6 +2,8 @@
 //! Kineto linking rates.
 
 use et_graph::*;
+use et_schema::testkit::{tensor, TraceBuilder};
+use serde_json::json;
 use std::path::PathBuf;
 
 fn shared() -> PathBuf {
@@ -144,14 +146,24 @@ fn inplace_optimizer_updates_version_parameters() {
 #[test]
 fn iteration_windows_select_profiler_steps() {
     // Build a trace with two ProfilerStep annotations around ops.
-    let src = r#"{"schema": "1.1.1-chakra.0.0.4", "nodes": [
-      {"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
-      {"id": 2, "name": "ProfilerStep#7", "ctrl_deps": 1, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
-      {"id": 3, "name": "aten::relu", "ctrl_deps": 2, "inputs": {"values": [[1, 1, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "outputs": {"values": [[2, 2, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "attrs": [{"name": "op_schema", "type": "string", "value": "aten::relu(Tensor self) -> Tensor"}]},
-      {"id": 4, "name": "ProfilerStep#8", "ctrl_deps": 1, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}},
-      {"id": 5, "name": "aten::relu", "ctrl_deps": 4, "inputs": {"values": [[2, 2, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "outputs": {"values": [[3, 3, 0, 4, 4, "cpu"]], "shapes": [[4]], "types": ["Tensor(float)"]}, "attrs": [{"name": "op_schema", "type": "string", "value": "aten::relu(Tensor self) -> Tensor"}]}
-    ]}"#;
-    let t = et_schema::parse_trace(src.as_bytes(), "t", &Default::default()).unwrap();
+    const RELU: &str = "aten::relu(Tensor self) -> Tensor";
+    let t4 = |id| tensor(id, id, 0, 4, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    let step7 = b.node("ProfilerStep#7").done();
+    b.op("aten::relu", RELU)
+        .parent(step7)
+        .input(t4(1), json!([4]), "Tensor(float)")
+        .output(t4(2), json!([4]), "Tensor(float)")
+        .done();
+    let step8 = b.node("ProfilerStep#8").done();
+    let relu8 = b
+        .op("aten::relu", RELU)
+        .parent(step8)
+        .input(t4(2), json!([4]), "Tensor(float)")
+        .output(t4(3), json!([4]), "Tensor(float)")
+        .done();
+    assert_eq!((step7, step8, relu8), (2, 4, 5));
+    let t = b.build();
     let g = Graph::new(&t);
     assert_eq!(
         g.iterations().iter().map(|x| x.1).collect::<Vec<_>>(),

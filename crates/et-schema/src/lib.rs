@@ -19,6 +19,9 @@ mod model;
 mod opschema;
 mod parse;
 mod scan;
+/// Builders for hand-written traces in tests; only with the cargo feature `testkit`.
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 mod types;
 mod write;
 

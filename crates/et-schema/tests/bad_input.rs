@@ -2,13 +2,31 @@
 
 mod common;
 use common::*;
+use et_schema::testkit::{tensor, NodeBuilder, TraceBuilder};
 use et_schema::*;
+use serde_json::json;
 use std::io::Write;
 
 fn parse(s: &[u8]) -> Result<Trace> {
     parse_trace(s, "t.json", &ParseOptions::default())
 }
 
+/// The good fixture built by the test kit: the process root and one relu (rf_id 1, no schema),
+/// the relu adjusted by `edit`. [`GOOD`] is the same document as text, which the tests below
+/// break byte by byte.
+fn good_with(edit: impl FnOnce(NodeBuilder<'_>) -> NodeBuilder<'_>) -> Vec<u8> {
+    let mut b = TraceBuilder::new().meta("pid", 1);
+    edit(
+        b.node("aten::relu")
+            .rf_id(1)
+            .input(tensor(3, 4, 0, 6, 4, "cpu"), json!([2, 3]), "Tensor(float)")
+            .output(tensor(5, 6, 0, 6, 4, "cpu"), json!([2, 3]), "Tensor(float)"),
+    )
+    .done();
+    b.to_bytes()
+}
+
+/// The good fixture as text, kept verbatim: the tests break it byte by byte.
 const GOOD: &str = r#"{"schema": "1.1.1-chakra.0.0.4", "pid": 1, "nodes": [
  {"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []},
  {"id": 2, "name": "aten::relu", "ctrl_deps": 1, "inputs": {"values": [[3, 4, 0, 6, 4, "cpu"]], "shapes": [[2, 3]], "types": ["Tensor(float)"]}, "outputs": {"values": [[5, 6, 0, 6, 4, "cpu"]], "shapes": [[2, 3]], "types": ["Tensor(float)"]}, "attrs": [{"name": "rf_id", "type": "uint64", "value": 1}]}
@@ -19,6 +37,11 @@ fn the_good_fixture_parses() {
     let t = parse(GOOD.as_bytes()).unwrap();
     assert_eq!(t.nodes.len(), 2);
     assert_eq!(t.nodes[1].rf_id, Some(1));
+    // The text and the builder describe the same document.
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(GOOD).unwrap(),
+        serde_json::from_slice::<serde_json::Value>(&good_with(|n| n)).unwrap()
+    );
 }
 
 #[test]
@@ -64,7 +87,7 @@ fn gzip_is_recognised_by_magic_bytes_not_name() {
         std::fs::File::create(&p).unwrap(),
         flate2::Compression::fast(),
     );
-    gz.write_all(GOOD.as_bytes()).unwrap();
+    gz.write_all(&good_with(|n| n)).unwrap();
     gz.finish().unwrap();
     assert_eq!(read_trace(&p).unwrap().nodes.len(), 2);
 }
@@ -136,8 +159,7 @@ fn wrong_field_types_name_the_node() {
 
 #[test]
 fn duplicate_ids_cycles_and_missing_parents() {
-    let dup = GOOD.replace(r#""id": 2,"#, r#""id": 1,"#);
-    match parse(dup.as_bytes()) {
+    match parse(&good_with(|n| n.id(1))) {
         Err(Error::DuplicateId {
             id: 1,
             first_offset,
@@ -146,9 +168,8 @@ fn duplicate_ids_cycles_and_missing_parents() {
         }) => assert!(second_offset > first_offset),
         other => panic!("{other:?}"),
     }
-    let missing = GOOD.replace(r#""ctrl_deps": 1"#, r#""ctrl_deps": 77"#);
     assert!(matches!(
-        parse(missing.as_bytes()),
+        parse(&good_with(|n| n.parent(77))),
         Err(Error::MissingParent {
             id: 2,
             parent: 77,
