@@ -18,13 +18,17 @@
 
 pub mod class;
 pub mod compose;
+pub mod fidelity;
 pub mod graph;
 pub mod link;
 pub mod select;
 pub mod summary;
 
 pub use class::OpClass;
+pub use fidelity::{
+    compare_ops, corrected_gaps, original_timing, Comparison, OpComparison, OriginalTiming,
+};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable};
-pub use link::{corrected_gaps, link, original_timing, Link, LinkError, Method, OriginalTiming};
+pub use link::{link, Link, LinkError, Method};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};
