@@ -144,3 +144,34 @@ fn bad_input_exits_2_with_the_file_and_place() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `mystique` never loads libtorch for commands that do not replay (it starts in milliseconds
+/// and a few MB); `replay`, `compare` and `env` run in `mystique-replay`, which it execs.
+/// The dynamic loader's own log (glibc `LD_DEBUG=files`) says what each process loaded.
+#[test]
+fn commands_that_do_not_replay_never_load_libtorch() {
+    let loaded = |args: &[&str]| {
+        let out = bin().args(args).env("LD_DEBUG", "files").output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let mlp = shared("cpu/mlp.et.json");
+    let mlp = mlp.to_str().unwrap();
+    for args in [
+        vec!["inspect", mlp],
+        vec!["graph", mlp],
+        vec!["--help"],
+        vec!["--version"],
+    ] {
+        let log = loaded(&args);
+        assert!(log.contains("libc.so"), "the loader logs here: {log}");
+        assert!(!log.contains("libtorch"), "{args:?} loaded libtorch");
+    }
+    // The replay commands do load it, through mystique-replay: same command line, one command.
+    let log = loaded(&["env"]);
+    assert!(log.contains("libtorch_cpu"), "env runs in mystique-replay");
+}

@@ -209,3 +209,42 @@ mod svg_tests {
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
     }
 }
+
+/// Resident memory of this process: now and its peak (Linux `/proc/self/status`: VmRSS and
+/// VmHWM); `None` elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+pub fn process_memory() -> Option<ProcessMemory> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line[key.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()
+    };
+    Some(ProcessMemory {
+        rss_bytes: kib("VmRSS:")? * 1024,
+        peak_rss_bytes: kib("VmHWM:")? * 1024,
+    })
+}
+
+#[cfg(test)]
+mod memory_tests {
+    #[test]
+    fn process_memory_reads_a_plausible_rss() {
+        let m = super::process_memory();
+        if cfg!(target_os = "linux") {
+            let m = m.expect("Linux has /proc/self/status");
+            // A Rust test process holds at least a few hundred KiB and its peak is no lower.
+            assert!(m.rss_bytes > 100 * 1024, "{m:?}");
+            assert!(m.peak_rss_bytes >= m.rss_bytes, "{m:?}");
+        }
+    }
+}

@@ -24,13 +24,34 @@
 namespace {
 thread_local std::string last_error;
 
+// Return codes, by the exception's type (Rust's replay::ErrorKind::from_code): 0 ok, 1 other,
+// 2 out of memory, 3 not implemented (no kernel for a dtype/device), 4 invalid argument
+// (type, value or index errors), 5 no such operator.
 template <typename F>
 int guarded(F&& f) {
   try {
     f();
     return 0;
+  } catch (const c10::OutOfMemoryError& e) {
+    last_error = e.what_without_backtrace();
+    return 2;
+  } catch (const c10::NotImplementedError& e) {
+    last_error = e.what_without_backtrace();
+    return 3;
+  } catch (const c10::TypeError& e) {
+    last_error = e.what_without_backtrace();
+    return 4;
+  } catch (const c10::ValueError& e) {
+    last_error = e.what_without_backtrace();
+    return 4;
+  } catch (const c10::IndexError& e) {
+    last_error = e.what_without_backtrace();
+    return 4;
   } catch (const c10::Error& e) {
     last_error = e.what_without_backtrace();
+  } catch (const std::bad_alloc& e) {
+    last_error = std::string("out of memory: ") + e.what();
+    return 2;
   } catch (const std::exception& e) {
     last_error = e.what();
   } catch (...) {
@@ -49,9 +70,10 @@ extern "C" {
 const char* mq_last_error() { return last_error.c_str(); }
 
 // Returns an opaque handle (a heap c10::OperatorHandle), or null with the error set.
-void* mq_find_op(const char* name, const char* overload) {
+void* mq_find_op(const char* name, const char* overload, int* code) {
   void* out = nullptr;
-  guarded([&] {
+  *code = 5;
+  int rc = guarded([&] {
     auto h = c10::Dispatcher::singleton().findSchema({name, overload});
     if (!h.has_value()) {
       last_error = std::string("no operator ") + name + (overload[0] ? "." : "") + overload +
@@ -60,6 +82,8 @@ void* mq_find_op(const char* name, const char* overload) {
     }
     out = new c10::OperatorHandle(*h);
   });
+  if (rc != 0) *code = rc;
+  if (out) *code = 0;
   return out;
 }
 
@@ -79,7 +103,7 @@ int mq_push_default(MqStack* st, void* op, int64_t i) {
   const auto& args = static_cast<c10::OperatorHandle*>(op)->schema().arguments();
   if (i < 0 || static_cast<size_t>(i) >= args.size() || !args[i].default_value().has_value()) {
     last_error = "argument has no default";
-    return 1;
+    return 4;
   }
   st->s.push_back(*args[i].default_value());
   return 0;
@@ -172,9 +196,9 @@ at::Tensor* mq_stack_list_tensor(MqStack* st, size_t i, size_t k) {
 
 // Materialises a tensor view of a fresh storage: empty_strided on the device.
 at::Tensor* mq_empty_strided(const int64_t* size, const int64_t* stride, size_t ndim, int dtype,
-                             int device_type, int device_index) {
+                             int device_type, int device_index, int* code) {
   at::Tensor* out = nullptr;
-  guarded([&] {
+  *code = guarded([&] {
     auto opts = at::TensorOptions()
                     .dtype(static_cast<c10::ScalarType>(dtype))
                     .device(c10::Device(device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,

@@ -1,5 +1,7 @@
-//! Safe wrappers over the C++ boxed-dispatch shim (`csrc/shim.cpp`).
+//! Safe wrappers over the C++ boxed-dispatch shim (`csrc/shim.cpp`). Calls that can fail return
+//! a code for the exception's type, turned into a typed [`CallError`] here.
 
+use crate::error::{CallError, ErrorKind};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::ptr::NonNull;
 use tch::Tensor;
@@ -12,7 +14,7 @@ pub struct MqStack {
 
 extern "C" {
     fn mq_last_error() -> *const c_char;
-    fn mq_find_op(name: *const c_char, overload: *const c_char) -> *mut c_void;
+    fn mq_find_op(name: *const c_char, overload: *const c_char, code: *mut i32) -> *mut c_void;
     fn mq_op_free(op: *mut c_void);
     fn mq_op_schema(op: *mut c_void) -> *const c_char;
     fn mq_push_default(st: *mut MqStack, op: *mut c_void, i: i64) -> i32;
@@ -50,6 +52,7 @@ extern "C" {
         dtype: i32,
         dev_type: i32,
         dev_index: i32,
+        code: *mut i32,
     ) -> *mut C_tensor;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
@@ -94,6 +97,11 @@ pub fn storage_info(t: &Tensor) -> (usize, usize) {
     (p, n)
 }
 
+/// The error of the last failed shim call on this thread, typed by its return code.
+fn call_error(code: i32) -> CallError {
+    CallError::new(ErrorKind::from_code(code), last_error())
+}
+
 fn last_error() -> String {
     // SAFETY: mq_last_error returns a pointer into a thread-local std::string that lives until
     // the next shim call on this thread; it is copied at once.
@@ -111,13 +119,15 @@ unsafe impl Sync for Op {}
 
 impl Op {
     /// Finds `name.overload` (e.g. `aten::add`, `Tensor`) in the dispatcher.
-    pub fn find(name: &str, overload: &str) -> Result<Op, String> {
-        let n = CString::new(name).map_err(|e| e.to_string())?;
-        let o = CString::new(overload).map_err(|e| e.to_string())?;
-        // SAFETY: valid NUL-terminated strings; the shim returns null on failure.
-        NonNull::new(unsafe { mq_find_op(n.as_ptr(), o.as_ptr()) })
+    pub fn find(name: &str, overload: &str) -> Result<Op, CallError> {
+        let bad = |e: std::ffi::NulError| CallError::unsupported(e.to_string());
+        let n = CString::new(name).map_err(bad)?;
+        let o = CString::new(overload).map_err(bad)?;
+        let mut code = 0;
+        // SAFETY: valid NUL-terminated strings; the shim returns null on failure and sets code.
+        NonNull::new(unsafe { mq_find_op(n.as_ptr(), o.as_ptr(), &mut code) })
             .map(Op)
-            .ok_or_else(last_error)
+            .ok_or_else(|| call_error(code))
     }
 
     /// The schema this libtorch registered for the operator.
@@ -236,22 +246,20 @@ impl Stack {
         unsafe { mq_push_device(self.p(), ty, idx) }
     }
     /// Pushes the schema default of argument `i` of `op`.
-    pub fn default_of(&mut self, op: &Op, i: usize) -> Result<(), String> {
-        if unsafe { mq_push_default(self.p(), op.0.as_ptr(), i as i64) } == 0 {
-            Ok(())
-        } else {
-            Err(last_error())
+    pub fn default_of(&mut self, op: &Op, i: usize) -> Result<(), CallError> {
+        match unsafe { mq_push_default(self.p(), op.0.as_ptr(), i as i64) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
         }
     }
 
     /// Calls `op` with the arguments on the stack; results replace them. `grad`: with autograd
     /// recording the call, as the original's forward ops were.
-    pub fn call(&mut self, op: &Op, grad: bool) -> Result<(), String> {
+    pub fn call(&mut self, op: &Op, grad: bool) -> Result<(), CallError> {
         // SAFETY: live op and stack; the shim catches every C++ exception.
-        if unsafe { mq_call(op.0.as_ptr(), self.p(), grad as i32) } == 0 {
-            Ok(())
-        } else {
-            Err(last_error())
+        match unsafe { mq_call(op.0.as_ptr(), self.p(), grad as i32) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
         }
     }
 
@@ -277,27 +285,28 @@ impl Stack {
     }
 }
 
-/// A fresh tensor with the given size and strides (c10 ScalarType code) on a device.
 /// Makes `t` require grad; fails for a tensor that is not a leaf.
-pub fn set_requires_grad(t: &mut Tensor) -> Result<(), String> {
+pub fn set_requires_grad(t: &mut Tensor) -> Result<(), CallError> {
     // SAFETY: a live tensor; the shim catches every C++ exception.
-    if unsafe { mq_set_requires_grad(t.as_mut_ptr()) } == 0 {
-        Ok(())
-    } else {
-        Err(last_error())
+    match unsafe { mq_set_requires_grad(t.as_mut_ptr()) } {
+        0 => Ok(()),
+        code => Err(call_error(code)),
     }
 }
 
+/// A fresh tensor with the given size and strides (c10 ScalarType code) on a device.
 pub fn empty_strided(
     size: &[i64],
     stride: &[i64],
     dtype_code: i32,
     device: tch::Device,
-) -> Result<Tensor, String> {
+) -> Result<Tensor, CallError> {
     let (ty, idx) = match device {
         tch::Device::Cuda(i) => (1, i as i32),
         _ => (0, -1),
     };
+    let mut code = 0;
+    // SAFETY: size and stride outlive the call; the shim copies them.
     let p = unsafe {
         mq_empty_strided(
             size.as_ptr(),
@@ -306,22 +315,23 @@ pub fn empty_strided(
             dtype_code,
             ty,
             idx,
+            &mut code,
         )
     };
     if p.is_null() {
-        Err(last_error())
+        Err(call_error(code))
     } else {
         Ok(unsafe { Tensor::from_ptr(p) })
     }
 }
 
 /// Loads a library of custom operators (like `torch.ops.load_library`).
-pub fn load_library(path: &std::path::Path) -> Result<(), String> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-    if unsafe { mq_load_library(c.as_ptr()) } == 0 {
-        Ok(())
-    } else {
-        Err(last_error())
+pub fn load_library(path: &std::path::Path) -> Result<(), CallError> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|e| CallError::unsupported(e.to_string()))?;
+    match unsafe { mq_load_library(c.as_ptr()) } {
+        0 => Ok(()),
+        code => Err(call_error(code)),
     }
 }
 

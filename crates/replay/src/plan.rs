@@ -1,23 +1,27 @@
-//! Compiling a replay set into a [`Plan`]: for each op a resolved dispatcher handle and an
-//! argument template (which slots, which constants), the outputs' slots, the slots to free
-//! after it, and the external inputs to materialise. Everything that depends only on the trace
-//! is done here once, so the measured loop does one boxed call plus slot moves per op.
-//! Architecture invariant: a Plan is immutable once built.
+//! Compiling a replay set into a [`Plan`]: for each op a reference to its operator (name,
+//! overload, recorded schema), an argument template (which slots, which constants), the
+//! outputs' slots, the slots to free after it, and the external inputs to materialise.
+//! Everything that depends only on the trace is done here once, so the measured loop does one
+//! boxed call plus slot moves per op.
+//!
+//! A Plan is pure data: it is built without libtorch, knows no device, and serialises with serde
+//! (a benchmark package stores it). [`crate::bind`] resolves its operators in a libtorch
+//! process for one device. Architecture invariant: a Plan is immutable once built.
 
-use crate::ffi::Op;
 use et_graph::{Graph, OpClass, ReplaySet, TensorKey};
 use et_schema::{DType, OpSchema, SchemaType, Trace, Value, ValueType};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::Arc;
 
 pub type Slot = u32;
 
 /// How to make a tensor the trace does not produce.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TensorSpec {
     pub shape: Vec<i64>,
     pub strides: Vec<i64>,
+    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// Storage id in the trace (0: none); views of one storage share one allocation.
     pub storage: u64,
@@ -42,14 +46,100 @@ impl TensorSpec {
     }
 }
 
+/// A dtype as its ET name (`float`, `c10::BFloat16`, ...): readable in a stored plan.
+mod dtype_name {
+    use et_schema::DType;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &DType, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(d.et_name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let name = String::deserialize(d)?;
+        DType::from_et_name(&name)
+            .ok_or_else(|| D::Error::custom(format!("unknown dtype {name:?}")))
+    }
+}
+
+/// Doubles as JSON numbers, and the non-finite ones a trace can hold (`-inf` masks, `inf`
+/// clamp bounds) as the strings `inf`, `-inf` and `nan`, which JSON numbers cannot express.
+mod float {
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    pub(super) enum Repr {
+        Num(f64),
+        Text(String),
+    }
+
+    pub(super) fn to_repr(v: f64) -> Repr {
+        if v.is_finite() {
+            Repr::Num(v)
+        } else {
+            Repr::Text(
+                if v.is_nan() {
+                    "nan"
+                } else if v > 0.0 {
+                    "inf"
+                } else {
+                    "-inf"
+                }
+                .into(),
+            )
+        }
+    }
+
+    pub(super) fn from_repr<E: Error>(r: Repr) -> Result<f64, E> {
+        match r {
+            Repr::Num(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "nan" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                _ => Err(E::custom(format!("not a number: {t:?}"))),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        to_repr(*v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        from_repr(Repr::deserialize(d)?)
+    }
+}
+
+/// [`float`] for lists.
+mod floats {
+    use super::float::{from_repr, to_repr, Repr};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[f64], s: S) -> Result<S::Ok, S::Error> {
+        v.iter()
+            .map(|x| to_repr(*x))
+            .collect::<Vec<_>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+        Vec::<Repr>::deserialize(d)?
+            .into_iter()
+            .map(from_repr)
+            .collect()
+    }
+}
+
 /// Values for integer external inputs, by what consumes them.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Fill {
     Random,
     /// Random and non-negative: a value some consumer needs so (a variance, a second moment).
     NonNegative,
     /// Every element this value.
-    Value(f64),
+    Value(#[serde(with = "float")] f64),
     /// Indices into a dimension of this size: uniform in `[0, bound)`.
     Indices(i64),
     /// EmbeddingBag offsets over `total` indices: sorted, starting at 0.
@@ -57,7 +147,7 @@ pub enum Fill {
     Zeros,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Arg {
     Tensor(Slot),
     UndefinedTensor,
@@ -67,16 +157,16 @@ pub enum Arg {
         optional: bool,
     },
     Int(i64),
-    Double(f64),
+    Double(#[serde(with = "float")] f64),
     Bool(bool),
     Str(CString),
     IntList(Vec<i64>),
-    DoubleList(Vec<f64>),
+    DoubleList(#[serde(with = "floats")] Vec<f64>),
     BoolList(Vec<u8>),
     ScalarInt(i64),
-    ScalarDouble(f64),
+    ScalarDouble(#[serde(with = "float")] f64),
     ScalarBool(bool),
-    ScalarList(Vec<f64>),
+    ScalarList(#[serde(with = "floats")] Vec<f64>),
     /// The replay device (trace devices are remapped to it).
     Device,
     /// The schema default of this argument position.
@@ -94,40 +184,101 @@ impl Arg {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Out {
     Tensor(Slot),
     List(Vec<Option<Slot>>),
     Ignore,
 }
 
-#[derive(Clone)]
+/// An operator by name and overload, with the schema the trace recorded for it. Resolved in a
+/// libtorch process by [`crate::bind`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpRef {
+    pub name: String,
+    pub overload: String,
+    /// The recorded schema text: arguments are built against it, and reconciled by name with
+    /// the registered one when they differ.
+    pub schema: String,
+}
+
+/// What a step is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum StepKind {
+    /// A compute operator.
+    Compute,
+    /// A collective: run by the distributed replay; in a single process it fails like an op
+    /// without a kernel (its outputs are synthesised) or is left out with `--only compute`.
+    Collective(Box<Collective>),
+}
+
+impl StepKind {
+    /// Whether `--only` runs this step. The one place that decides it.
+    pub fn included(&self, only: et_graph::Kind) -> bool {
+        match only {
+            et_graph::Kind::All => true,
+            et_graph::Kind::Compute => matches!(self, StepKind::Compute),
+            et_graph::Kind::Comm => matches!(self, StepKind::Collective(_)),
+        }
+    }
+
+    pub fn is_collective(&self) -> bool {
+        matches!(self, StepKind::Collective(_))
+    }
+}
+
+/// What the trace recorded of a collective: its process group, sizes and dtype (the attributes
+/// `record_param_comms` writes; older traces have none), and the steps that wait for it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Collective {
+    /// `allreduce`, `all_gather`, ...: the `collective_name` attribute, else the op name.
+    pub name: String,
+    pub pg_name: Option<String>,
+    pub pg_desc: Option<String>,
+    pub pg_size: Option<i64>,
+    pub global_rank_start: Option<i64>,
+    pub global_rank_stride: Option<i64>,
+    pub in_msg_nelems: Option<i64>,
+    pub out_msg_nelems: Option<i64>,
+    pub in_split_size: Vec<i64>,
+    pub out_split_size: Vec<i64>,
+    pub dtype: Option<String>,
+    /// Later steps (positions in the plan) that wait for this collective's work or tensors.
+    pub waits: Vec<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     pub node: u32,
     pub id: u64,
     pub name: String,
-    /// The resolved operator, or why it cannot run.
-    pub op: Result<Arc<Op>, String>,
+    pub kind: StepKind,
+    /// The operator (an index into [`Plan::ops`]), `None` when the trace has no schema for it.
+    pub op: Option<u32>,
+    /// Why this step cannot run whatever the device (no schema, unsupported argument).
+    pub problem: Option<String>,
     pub args: Vec<Arg>,
     pub outs: Vec<Out>,
     /// Specs of the output tensors, to synthesise them when the op fails.
     pub out_specs: Vec<(Slot, TensorSpec)>,
     /// Slots whose last use is this step.
     pub frees: Vec<Slot>,
-    pub collective: bool,
     /// Input slots with the same tensor key as each output, to pass through when skipped.
     pub passthrough: Vec<(Slot, Slot)>,
-    /// The op has no kernel on the replay device and runs as another op (or as a no-op).
-    pub fallback: Option<String>,
-    /// Run nothing: outputs pass through (a no-op on this device, e.g. record_stream on CPU).
-    pub elide: bool,
     /// The original recorded this call for autograd (a forward op with a sequence number):
     /// replay it with autograd on, so it builds the same graph nodes and saves the same tensors
     /// and composite ops take the same (differentiable) paths.
     pub autograd: bool,
 }
 
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// Format of this structure when stored (a benchmark package checks it).
+    pub version: u32,
+    /// The trace the plan was compiled from (its source name).
+    pub source: String,
+    /// Distinct operators of the steps.
+    pub ops: Vec<OpRef>,
     pub steps: Vec<Step>,
     pub n_slots: usize,
     /// External inputs: slot, spec, fill.
@@ -135,6 +286,31 @@ pub struct Plan {
     /// External float inputs of autograd steps: the model's parameters (and inputs), made to
     /// require grad so the forward records a graph.
     pub grad_inputs: Vec<Slot>,
+}
+
+impl Plan {
+    /// The version [`Plan::version`] has when compiled by this build.
+    pub const VERSION: u32 = 1;
+
+    /// The operator of a step.
+    pub fn op_of(&self, step: &Step) -> Option<&OpRef> {
+        step.op.map(|i| &self.ops[i as usize])
+    }
+
+    /// Steps `--only` runs.
+    pub fn included(&self, only: et_graph::Kind) -> usize {
+        self.steps.iter().filter(|s| s.kind.included(only)).count()
+    }
+
+    /// Bytes the external inputs take once materialised (one allocation per storage and dtype).
+    pub fn external_bytes(&self) -> i64 {
+        let mut per_storage: HashMap<(u64, DType), i64> = HashMap::new();
+        for (_, s, _) in &self.externals {
+            let e = per_storage.entry((s.storage, s.dtype)).or_default();
+            *e = (*e).max(s.extent() * s.dtype.size_bytes() as i64);
+        }
+        per_storage.values().sum()
+    }
 }
 
 fn tensor_spec(
@@ -225,7 +401,8 @@ struct Builder<'g, 't> {
     last_use: Vec<usize>,
     /// Shape and dtype each slot holds, as the trace records it.
     slot_meta: Vec<Option<(Vec<i64>, DType)>>,
-    ops: HashMap<(String, String), Result<Arc<Op>, String>>,
+    /// Distinct operators and their index in [`Plan::ops`].
+    ops: indexmap::IndexSet<OpRef>,
     /// The slot an in-place op's output was written over (same tensor key), to find the
     /// external input an in-place chain started from.
     written_over: HashMap<Slot, Slot>,
@@ -292,11 +469,13 @@ impl Builder<'_, '_> {
         }
     }
 
-    fn resolve(&mut self, schema: &OpSchema) -> Result<Arc<Op>, String> {
-        self.ops
-            .entry((schema.name.clone(), schema.overload.clone()))
-            .or_insert_with(|| Op::find(&schema.name, &schema.overload).map(Arc::new))
-            .clone()
+    fn op_ref(&mut self, schema: &OpSchema, text: &str) -> u32 {
+        let (i, _) = self.ops.insert_full(OpRef {
+            name: schema.name.clone(),
+            overload: schema.overload.clone(),
+            schema: text.to_string(),
+        });
+        i as u32
     }
 }
 
@@ -537,9 +716,10 @@ fn consumer_fill(
     }
 }
 
-/// Compiles a replay set. Ops that cannot run (no schema, unknown operator, unsupported
-/// argument) are planned as failing steps with the reason; the run goes on around them.
-pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
+/// Compiles a replay set, without libtorch and for no device in particular. Ops that cannot
+/// run (no schema, unsupported argument) are planned as failing steps with the reason; the run
+/// goes on around them.
+pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
     let t = g.trace;
     let mut b = Builder {
         g,
@@ -549,7 +729,7 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         external_index: HashMap::new(),
         last_use: Vec::new(),
         slot_meta: Vec::new(),
-        ops: HashMap::new(),
+        ops: indexmap::IndexSet::new(),
         written_over: HashMap::new(),
     };
     let mut steps = Vec::with_capacity(set.ops.len());
@@ -563,15 +743,19 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         let mut args = Vec::new();
         let mut problem: Option<String> = None;
         let mut input_keys: Vec<(TensorKey, Slot)> = Vec::new();
+        let mut op = None;
         match &schema {
             None => {
                 problem = Some(if collective {
                     "collective without an op schema".into()
+                } else if t.op_schema_str(node).is_some() {
+                    "the trace's op schema does not parse".into()
                 } else {
                     "no op schema in the trace".into()
                 })
             }
             Some(s) => {
+                op = Some(b.op_ref(s, t.op_schema_str(node).unwrap_or_default()));
                 for (k, sa) in s.args.iter().enumerate() {
                     match inputs.get(k) {
                         Some(a) => match build_arg(&mut b, step, &sa.ty, a) {
@@ -617,63 +801,6 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                             if let Some(&s) = b.current.get(&key) {
                                 input_keys.push((key, s));
                             }
-                        }
-                    }
-                }
-            }
-        }
-        let mut fallback = None;
-        let mut fallback_op = None;
-        let mut elide = false;
-        // Ops that do nothing without a GPU are elided whatever their arguments (a Stream).
-        if device == tch::Device::Cpu && CPU_NOOPS.contains(&name.as_str()) {
-            problem = None;
-            elide = true;
-            fallback = Some(format!("no-op on CPU ({name})"));
-        }
-        if device == tch::Device::Cpu && problem.is_none() && !elide {
-            if let Some(s) = &schema {
-                if let Some((name, overload)) = cpu_fallback(s, &mut args) {
-                    fallback = Some(format!(
-                        "ran as {name} (no CPU kernel for {})",
-                        s.full_name()
-                    ));
-                    let target = OpSchema {
-                        name: name.into(),
-                        overload: overload.into(),
-                        args: vec![],
-                        returns: vec![],
-                        is_vararg: false,
-                        is_varret: false,
-                    };
-                    fallback_op = Some(b.resolve(&target));
-                }
-            }
-        }
-        let mut op = match (&problem, &schema, fallback_op.take()) {
-            (Some(p), _, _) => Err(p.clone()),
-            (None, _, Some(op)) => op,
-            (None, _, None) if elide => Err("elided: a no-op on this device".into()),
-            (None, Some(s), None) => b.resolve(s),
-            (None, None, None) => Err("no op schema".into()),
-        };
-        // A trace from another PyTorch version may record an older schema of the operator:
-        // rebuild the arguments against the registered schema, by name, with its defaults.
-        if let (Ok(o), Some(s), None) = (&op, &schema, &fallback) {
-            if let Ok(reg) = OpSchema::parse(&o.schema()) {
-                if reg
-                    .args
-                    .iter()
-                    .map(|a| (&a.name, a.ty.to_string()))
-                    .ne(s.args.iter().map(|a| (&a.name, a.ty.to_string())))
-                {
-                    match reconcile(&mut b, step, &reg, s, inputs) {
-                        Ok(a) => args = a,
-                        Err(e) => {
-                            op = Err(format!(
-                                "recorded schema differs from this libtorch's ({}): {e}",
-                                o.schema()
-                            ))
                         }
                     }
                 }
@@ -728,22 +855,27 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
                 }
             }
         }
+        let kind = if collective {
+            StepKind::Collective(Box::new(collective_of(t, node, &name)))
+        } else {
+            StepKind::Compute
+        };
         steps.push(Step {
             node: i,
             id: node.id,
             name,
+            kind,
             op,
+            problem,
             args,
             outs,
             out_specs,
             frees: Vec::new(),
-            collective,
             passthrough,
-            fallback,
-            elide,
             autograd,
         });
     }
+    link_waits(&mut steps);
     // Frees at last use, except external inputs, which persist across iterations (parameters
     // and optimizer state carry their in-place updates into the next iteration).
     let n = steps.len();
@@ -753,6 +885,9 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
         }
     }
     Plan {
+        version: Plan::VERSION,
+        source: t.source.clone(),
+        ops: b.ops.into_iter().collect(),
         steps,
         n_slots: b.n_slots as usize,
         externals: b.externals,
@@ -760,84 +895,301 @@ pub fn compile(g: &Graph, set: &ReplaySet, device: tch::Device) -> Plan {
     }
 }
 
-/// Stream bookkeeping that has no effect on a CPU replay.
-const CPU_NOOPS: &[&str] = &[
-    "aten::record_stream",
-    "cuda::synchronize",
-    "aten::_cuda_synchronize",
-];
-
-/// CUDA-only operators that a CPU replay runs as their CPU equivalent (arguments rearranged
-/// here).
-fn cpu_fallback(s: &OpSchema, args: &mut Vec<Arg>) -> Option<(&'static str, &'static str)> {
-    match s.full_name().as_str() {
-        "aten::cudnn_batch_norm_backward" if args.len() == 9 => {
-            // (input, grad_output, weight, running_mean, running_var, save_mean, save_var, eps,
-            // reserve) -> native_batch_norm_backward(grad_out, input, weight, running_mean,
-            // running_var, save_mean, save_invstd, train, eps, output_mask)
-            let a = std::mem::take(args);
-            let mut it = a.into_iter();
-            let (input, grad, weight, rm, rv, sm, sv, eps) = (
-                it.next()?,
-                it.next()?,
-                it.next()?,
-                it.next()?,
-                it.next()?,
-                it.next()?,
-                it.next()?,
-                it.next()?,
-            );
-            *args = vec![
-                grad,
-                input,
-                weight,
-                rm,
-                rv,
-                sm,
-                sv,
-                Arg::Bool(true),
-                eps,
-                Arg::BoolList(vec![1, 1, 1]),
-            ];
-            Some(("aten::native_batch_norm_backward", ""))
+/// A collective's recorded attributes (names as `record_param_comms` writes them).
+fn collective_of(t: &Trace, node: &et_schema::Node, name: &str) -> Collective {
+    let mut c = Collective {
+        name: et_graph::summary::collective_name(t, node).unwrap_or_else(|| name.to_string()),
+        ..Default::default()
+    };
+    for e in t.extras(node) {
+        let v = e.value;
+        let int = || match v {
+            Value::Int(i) => Some(i),
+            _ => None,
+        };
+        let text = || match v {
+            Value::Str(s) => Some(t.str(s).to_string()),
+            _ => None,
+        };
+        match t.str(e.name) {
+            "pg_name" => c.pg_name = text(),
+            "pg_desc" => c.pg_desc = text(),
+            "pg_size" => c.pg_size = int(),
+            "global_rank_start" => c.global_rank_start = int(),
+            "global_rank_stride" => c.global_rank_stride = int(),
+            "in_msg_nelems" => c.in_msg_nelems = int(),
+            "out_msg_nelems" => c.out_msg_nelems = int(),
+            "in_split_size" => c.in_split_size = t.int_list(v).unwrap_or_default(),
+            "out_split_size" => c.out_split_size = t.int_list(v).unwrap_or_default(),
+            "dtype" => c.dtype = text(),
+            _ => {}
         }
-        "aten::pin_memory" if !args.is_empty() => {
-            args.truncate(1);
-            Some(("aten::alias", ""))
-        }
-        _ => None,
     }
+    c
 }
 
-/// Builds arguments for the registered schema from a trace recorded with another one, matching
-/// arguments by name and using the registered defaults for arguments the trace does not have.
-fn reconcile(
-    b: &mut Builder,
-    step: usize,
-    reg: &OpSchema,
-    recorded: &OpSchema,
-    inputs: &[et_schema::Arg],
-) -> Result<Vec<Arg>, String> {
-    let mut out = Vec::with_capacity(reg.args.len());
-    for (k, ra) in reg.args.iter().enumerate() {
-        let pos = recorded
-            .args
-            .iter()
-            .position(|a| a.name.is_some() && a.name == ra.name);
-        match pos.and_then(|p| inputs.get(p)) {
-            Some(a) => out.push(
-                build_arg(b, step, &ra.ty, a)
-                    .map_err(|e| format!("argument {}: {e}", ra.name.as_deref().unwrap_or("?")))?,
-            ),
-            None if ra.default.is_some() => out.push(Arg::Default(k)),
-            None if ra.ty.is_optional() => out.push(Arg::None),
-            None => {
-                return Err(format!(
-                    "argument {} has no recorded value and no default",
-                    ra.name.as_deref().unwrap_or("?")
-                ))
+/// Later steps that wait on a collective (`c10d::wait`, `_wait_tensor`, ...) and read one of its
+/// outputs: the waits that go with it.
+fn link_waits(steps: &mut [Step]) {
+    let mut produced_by: HashMap<Slot, usize> = HashMap::new();
+    let mut waits: Vec<(usize, usize)> = Vec::new();
+    for (k, s) in steps.iter().enumerate() {
+        if s.name.contains("wait") {
+            let from = s
+                .args
+                .iter()
+                .flat_map(Arg::slots)
+                .find_map(|x| produced_by.get(&x));
+            if let Some(&c) = from {
+                waits.push((c, k));
+            }
+        }
+        if s.kind.is_collective() {
+            for (slot, _) in &s.out_specs {
+                produced_by.insert(*slot, k);
+            }
+            for o in &s.outs {
+                if let Out::Tensor(x) = o {
+                    produced_by.insert(*x, k);
+                }
             }
         }
     }
-    Ok(out)
+    for (c, k) in waits {
+        if let StepKind::Collective(col) = &mut steps[c].kind {
+            col.waits.push(k);
+        }
+    }
+}
+
+/// The plan is pure data: these tests build plans from hand-written traces and check slots,
+/// fills, frees and pass-throughs without a libtorch call.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use et_schema::testkit::{tensor, TraceBuilder};
+    use serde_json::json;
+
+    const ADD: &str = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
+    const ADD_: &str =
+        "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)";
+
+    fn f32(id: u64, storage: u64, numel: u64) -> serde_json::Value {
+        tensor(id, storage, 0, numel, 4, "cpu")
+    }
+
+    fn plan_of(b: &TraceBuilder) -> Plan {
+        let t = b.build();
+        let g = Graph::new(&t);
+        compile(&g, &g.replay_set(None))
+    }
+
+    /// x (external) + y (external) -> z; z + y -> w: two externals, z freed after its last use,
+    /// w after the step that makes it (nothing reads it).
+    #[test]
+    fn slots_externals_and_frees_follow_the_data() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .done();
+        b.op("aten::add", ADD)
+            .input(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(4, 4, 4), json!([4]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        assert_eq!(p.steps.len(), 2);
+        assert_eq!(p.externals.len(), 2, "{:?}", p.externals);
+        let ext: Vec<Slot> = p.externals.iter().map(|e| e.0).collect();
+        let (x, y) = (ext[0], ext[1]);
+        let Out::Tensor(z) = p.steps[0].outs[0] else {
+            panic!("{:?}", p.steps[0].outs)
+        };
+        assert_eq!(
+            p.steps[0].args,
+            vec![Arg::Tensor(x), Arg::Tensor(y), Arg::ScalarInt(1)]
+        );
+        assert_eq!(p.steps[1].args[0], Arg::Tensor(z));
+        assert_eq!(
+            p.steps[1].args[1],
+            Arg::Tensor(y),
+            "y is read again, same slot"
+        );
+        // Intermediates are freed at their last use; externals never are.
+        assert!(p.steps[1].frees.contains(&z));
+        assert!(p
+            .steps
+            .iter()
+            .all(|s| !s.frees.contains(&x) && !s.frees.contains(&y)));
+        assert_eq!(p.n_slots, 4);
+        assert_eq!(p.ops.len(), 1, "one distinct operator");
+        assert_eq!(p.steps[0].op, Some(0));
+        assert_eq!(p.ops[0].overload, "Tensor");
+        assert!(p.steps.iter().all(|s| s.problem.is_none()));
+    }
+
+    /// An in-place op's output is a new version of its input (passed through when the step is
+    /// skipped), and `sqrt` reading it makes the external it started from non-negative.
+    #[test]
+    fn in_place_chains_pass_through_and_mark_non_negative_inputs() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add_", ADD_)
+            .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .done();
+        b.op("aten::sqrt", "aten::sqrt(Tensor self) -> Tensor")
+            .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .output(f32(3, 3, 8), json!([8]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let Arg::Tensor(first) = p.steps[0].args[0] else {
+            panic!()
+        };
+        let Out::Tensor(written) = p.steps[0].outs[0] else {
+            panic!()
+        };
+        assert_eq!(p.steps[0].passthrough, vec![(first, written)]);
+        assert_eq!(p.steps[1].args[0], Arg::Tensor(written));
+        let fill = |s: Slot| &p.externals.iter().find(|e| e.0 == s).unwrap().2;
+        assert_eq!(*fill(first), Fill::NonNegative);
+        let Arg::Tensor(other) = p.steps[0].args[1] else {
+            panic!()
+        };
+        assert_eq!(*fill(other), Fill::Random);
+    }
+
+    /// Integer inputs are filled for their consumer: embedding indices below the table size.
+    #[test]
+    fn embedding_indices_are_bounded_by_the_table() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::embedding",
+            "aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor",
+        )
+        .input(f32(1, 1, 70), json!([10, 7]), "Tensor(float)")
+        .input(tensor(2, 2, 0, 5, 8, "cpu"), json!([5]), "Tensor(long int)")
+        .input(json!(-1), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .output(f32(3, 3, 35), json!([5, 7]), "Tensor(float)")
+        .done();
+        let p = plan_of(&b);
+        let idx = p
+            .externals
+            .iter()
+            .find(|e| e.1.dtype == DType::Int64)
+            .unwrap();
+        assert_eq!(idx.2, Fill::Indices(10));
+        assert_eq!(idx.1.shape, vec![5]);
+    }
+
+    /// Views of one storage are separate externals sharing the storage id, each with its own
+    /// offset and extent.
+    #[test]
+    fn views_keep_their_storage_and_offset() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(tensor(1, 9, 0, 4, 4, "cpu"), json!([4]), "Tensor(float)")
+            .input(tensor(2, 9, 4, 4, 4, "cpu"), json!([4]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let specs: Vec<&TensorSpec> = p.externals.iter().map(|e| &e.1).collect();
+        assert_eq!(specs.len(), 2);
+        assert!(specs.iter().all(|s| s.storage == 9));
+        assert_eq!((specs[0].offset, specs[1].offset), (0, 4));
+        assert_eq!((specs[0].extent(), specs[1].extent()), (4, 8));
+        assert_eq!(p.external_bytes(), 32, "one allocation of 8 floats");
+    }
+
+    /// Ops that cannot be planned carry their reason; the plan goes on around them.
+    #[test]
+    fn unplannable_ops_carry_a_reason() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::x", "aten::x(Dimname d) -> Tensor")
+            .input(json!("n"), json!([]), "String")
+            .done();
+        b.node("aten::no_schema_here").done();
+        let p = plan_of(&b);
+        assert!(p.steps[0]
+            .problem
+            .as_deref()
+            .unwrap()
+            .contains("not supported"));
+        assert!(p.steps.iter().all(|s| s.kind == StepKind::Compute));
+    }
+
+    /// Collectives are their own kind, with the group and sizes the trace recorded; `--only`
+    /// is decided by the kind.
+    #[test]
+    fn collectives_are_a_step_kind_with_their_group() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "record_param_comms",
+            "record_param_comms(Tensor[] input_tensors, int rank, str pg_name, str name) -> Tensor[]",
+        )
+        .input(json!([f32(1, 1, 4)]), json!([[4]]), "GenericList[Tensor(float)]")
+        .input(json!(0), json!([]), "Int")
+        .input(json!("0"), json!([]), "String")
+        .input(json!("allreduce"), json!([]), "String")
+        .output(json!([f32(1, 1, 4)]), json!([[4]]), "GenericList[Tensor(float)]")
+        .attr("collective_name", "string", "allreduce")
+        .attr("pg_name", "string", "0")
+        .attr("pg_size", "uint64", 2)
+        .attr("in_msg_nelems", "uint64", 4)
+        .done();
+        b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .output(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let StepKind::Collective(c) = &p.steps[0].kind else {
+            panic!("{:?}", p.steps[0].kind)
+        };
+        assert_eq!(c.name, "allreduce");
+        assert_eq!(c.pg_name.as_deref(), Some("0"));
+        assert_eq!((c.pg_size, c.in_msg_nelems), (Some(2), Some(4)));
+        assert!(!p.steps[0].autograd);
+        assert_eq!(p.included(et_graph::Kind::All), 2);
+        assert_eq!(p.included(et_graph::Kind::Compute), 1);
+        assert_eq!(p.included(et_graph::Kind::Comm), 1);
+    }
+
+    /// A plan survives serde unchanged (a benchmark package stores it).
+    #[test]
+    fn plans_round_trip_through_json() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(
+                tensor(1, 1, 0, 4, 2, "cpu"),
+                json!([4]),
+                "Tensor(c10::BFloat16)",
+            )
+            .input(tensor(2, 2, 0, 1, 8, "cpu"), json!([]), "Tensor(double)")
+            .input(json!(2.5), json!([]), "Double")
+            .output(
+                tensor(3, 3, 0, 4, 2, "cpu"),
+                json!([4]),
+                "Tensor(c10::BFloat16)",
+            )
+            .done();
+        let mut p = plan_of(&b);
+        // Non-finite doubles (attention masks fill with -inf) survive too.
+        p.steps[0]
+            .args
+            .push(Arg::DoubleList(vec![f64::NEG_INFINITY, 1.0, f64::INFINITY]));
+        p.steps[0].args.push(Arg::ScalarDouble(f64::NEG_INFINITY));
+        let text = serde_json::to_string(&p).unwrap();
+        let back: Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, p);
+        assert!(text.contains("c10::BFloat16"), "dtypes by name: {text}");
+        assert_eq!(p.version, Plan::VERSION);
+    }
 }

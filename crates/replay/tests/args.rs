@@ -2,10 +2,11 @@
 //! views share storage, failures do not stop the run.
 
 use et_graph::Graph;
-use replay::plan::{compile, Arg, Out};
-use replay::runner::run_once_keep;
+use replay::bind::Exec;
+use replay::executor::run_once_keep;
+use replay::plan::{compile, Arg, Out, Plan};
 use serde_json::{json, Value as J};
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 /// One recorded value: (value, shape, type string).
 type V<'a> = (J, J, &'a str);
@@ -51,21 +52,36 @@ fn t(id: u64, storage: u64, numel: u64) -> J {
     json!([id, storage, 0, numel, 4, "cpu"])
 }
 
-fn run(
-    tr: &et_schema::Trace,
-) -> (
-    Vec<Option<Tensor>>,
-    Vec<(String, String)>,
-    replay::plan::Plan,
-) {
-    let g = Graph::new(tr);
-    let set = g.replay_set(None);
-    let plan = compile(&g, &set, Device::Cpu);
-    let (slots, failures) = run_once_keep(&plan, Device::Cpu).unwrap();
-    (slots, failures, plan)
+/// A compiled plan with its CPU binding.
+struct Planned {
+    plan: Plan,
+    bound: replay::Bound,
 }
 
-fn out_slot(plan: &replay::plan::Plan, step: usize, k: usize) -> usize {
+impl std::ops::Deref for Planned {
+    type Target = Plan;
+    fn deref(&self) -> &Plan {
+        &self.plan
+    }
+}
+
+impl Planned {
+    /// The arguments step `k` is called with on CPU (after rewrites and reconciliation).
+    fn args(&self, k: usize) -> &[Arg] {
+        self.bound.args(&self.plan, k)
+    }
+}
+
+fn run(tr: &et_schema::Trace) -> (Vec<Option<Tensor>>, Vec<(String, String)>, Planned) {
+    let g = Graph::new(tr);
+    let set = g.replay_set(None);
+    let plan = compile(&g, &set);
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let (slots, failures) = run_once_keep(&plan, &bound).unwrap();
+    (slots, failures, Planned { plan, bound })
+}
+
+fn out_slot(plan: &Plan, step: usize, k: usize) -> usize {
     match &plan.steps[step].outs[k] {
         Out::Tensor(s) => *s as usize,
         other => panic!("{other:?}"),
@@ -327,8 +343,8 @@ fn unsupported_argument_types_are_reported_not_panicked() {
     // On CPU it is a no-op by design; the plan says so.
     let (_, failures, plan) = run(&tr);
     assert!(failures.is_empty());
-    assert!(plan.steps[0].elide);
-    assert!(plan.steps[0]
+    assert!(matches!(plan.bound.steps[0].exec, Exec::PassThrough));
+    assert!(plan.bound.steps[0]
         .fallback
         .as_deref()
         .unwrap()
@@ -372,7 +388,7 @@ fn traces_recorded_with_another_schema_are_reconciled_by_name() {
     let (slots, failures, plan) = run(&tr);
     assert!(failures.is_empty(), "{failures:?}");
     assert!(matches!(
-        plan.steps[1].args.as_slice(),
+        plan.args(1),
         [Arg::Tensor(_), Arg::Tensor(_), Arg::Default(2)]
     ));
     assert_eq!(

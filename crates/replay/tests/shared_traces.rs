@@ -18,7 +18,7 @@ fn cpu_plan(rel: &str) -> replay::plan::Plan {
     let t = et_schema::read_trace(&shared(rel)).unwrap();
     let g = et_graph::Graph::new(&t);
     let set = g.select(&Default::default()).unwrap();
-    replay::plan::compile(&g, &set, tch::Device::Cpu)
+    replay::plan::compile(&g, &set)
 }
 
 /// Replays the selected ops of a shared trace (with `sel.kind` as `--only`).
@@ -65,7 +65,8 @@ fn every_single_rank_cpu_trace_replays_without_failures() {
 fn forward_ops_record_autograd_and_backward_ops_do_not() {
     let plan = cpu_plan("cpu/mlp.linked.et.json");
     assert!(!plan.grad_inputs.is_empty());
-    let (slots, failures) = replay::runner::run_once_keep(&plan, tch::Device::Cpu).unwrap();
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let (slots, failures) = replay::executor::run_once_keep(&plan, &bound).unwrap();
     assert!(failures.is_empty(), "{failures:?}");
     let out = |name: &str| {
         let step = plan.steps.iter().find(|s| s.name == name).unwrap();
@@ -254,4 +255,42 @@ fn wrapped_python_numbers_are_neutral_factors() {
     }
     // One beta2 per parameter of the cnn's Adam step.
     assert_eq!(wrapped, 10);
+}
+
+/// A compiled plan is pure data that a benchmark package stores: for every shared CPU trace it
+/// survives a serde round trip (compared as re-serialised JSON, since NaN != NaN) and binds to
+/// the same operators.
+#[test]
+fn compiled_plans_of_every_shared_cpu_trace_round_trip_through_serde() {
+    let dir = shared("cpu");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".et.json"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 8, "{names:?}");
+    for n in names {
+        let plan = cpu_plan(&format!("cpu/{n}"));
+        let text = serde_json::to_string(&plan).unwrap();
+        let back: replay::plan::Plan = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text, "{n}");
+        assert_eq!(back.steps.len(), plan.steps.len(), "{n}");
+        assert!(!back.steps.is_empty(), "{n}");
+        // The stored plan binds to the same operators as the one compiled here.
+        let (a, b) = (
+            replay::bind(&plan, &replay::Device::Cpu),
+            replay::bind(&back, &replay::Device::Cpu),
+        );
+        let ok = |x: &replay::Bound| {
+            x.steps
+                .iter()
+                .filter(|s| matches!(s.exec, replay::bind::Exec::Call(_)))
+                .count()
+        };
+        assert_eq!(ok(&a), ok(&b), "{n}");
+        if !plan.steps.iter().any(|s| s.kind.is_collective()) {
+            assert_eq!(ok(&a), plan.steps.len(), "{n}: every op resolves");
+        }
+    }
 }

@@ -1,62 +1,20 @@
-use crate::inspect::human_bytes;
+//! `replay` and `compare`: argument plumbing around the replay crate, and printing.
+
 use anyhow::{Context, Result};
-use et_graph::{Graph, Kind, Selection};
+use et_graph::{Graph, Selection};
+use mystique_cli::args::{CompareArgs, ReplayArgs, RunArgs};
+use mystique_cli::inspect::human_bytes;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-#[derive(clap::Args, Debug)]
-pub struct ReplayArgs {
-    /// ET file (.json, .json.gz, or - for stdin).
-    pub trace: PathBuf,
-    /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
-    #[command(flatten)]
-    pub run: RunArgs,
-    /// Only these ProfilerStep#N iterations (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub iteration: Option<Vec<u64>>,
-    /// Stop at the first failing op.
-    #[arg(long)]
-    pub strict: bool,
-    /// Write a Chrome/Perfetto trace of the last measured iteration (one slice per op).
-    #[arg(long)]
-    pub trace_out: Option<PathBuf>,
-    /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
-    #[arg(long)]
-    pub load_library: Vec<PathBuf>,
-    /// The Kineto trace captured with this ET (needed by --emulate-gaps).
-    #[arg(long)]
-    pub kineto: Option<PathBuf>,
-    /// Reproduce the original run's time outside operators (Python, autograd) between ops.
-    #[arg(long, requires = "kineto")]
-    pub emulate_gaps: bool,
+/// What `RunArgs` mean to a replay.
+trait RunOptions {
+    fn apply_threads(&self) -> Result<()>;
+    fn options(&self) -> replay::ReplayOptions;
+    fn warn_values(&self, r: &replay::Report);
 }
 
-/// How a replay runs, shared by `replay` and `compare`.
-#[derive(clap::Args, Debug)]
-pub struct RunArgs {
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
-    #[arg(long, default_value_t = 10)]
-    pub iters: usize,
-    /// Intra-op threads (default: libtorch's own default).
-    #[arg(long)]
-    pub threads: Option<i32>,
-    /// all | compute | comm.
-    #[arg(long, default_value = "all")]
-    pub only: Kind,
-    /// Replay the forward ops without autograd recording (by default they record a graph, as
-    /// the original's did: same nodes, saved tensors and differentiable kernel paths).
-    #[arg(long)]
-    pub no_autograd: bool,
-    /// Check every op's outputs for NaN/Inf and name the first op that produced one (slow;
-    /// kept out of the timings).
-    #[arg(long)]
-    pub check_values: bool,
-}
-
-impl RunArgs {
+impl RunOptions for RunArgs {
     /// Sets libtorch's intra-op thread count when `--threads` is given.
     fn apply_threads(&self) -> Result<()> {
         if let Some(n) = self.threads {
@@ -108,7 +66,7 @@ fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
     kineto: &Linked,
-    device: tch::Device,
+    device: replay::Device,
     autograd: bool,
 ) -> Result<(Vec<f64>, f64)> {
     let calib = replay::ReplayOptions {
@@ -154,16 +112,13 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         replay::load_library(lib)?;
     }
     a.run.apply_threads()?;
-    let device = replay::parse_device(&a.device)?;
+    let device = replay::Device::parse(&a.device)?;
     let trace = et_schema::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
-    let all = g.select(&Selection {
-        iterations: a.iteration.clone(),
-        ..Default::default()
-    })?;
+    // Every op of the iterations; `--only` is the replay's to apply (it passes the others'
+    // inputs through), in one place.
     let set = g.select(&Selection {
         iterations: a.iteration.clone(),
-        kind: a.run.only,
         ..Default::default()
     })?;
     let gaps_us = match (&a.kineto, a.emulate_gaps) {
@@ -190,8 +145,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             a.device
         );
     }
-    let (mut report, slices) = replay::replay(&g, &set, &opts)?;
-    report.ops_skipped = all.ops.len() - set.ops.len();
+    let (report, slices) = replay::replay(&g, &set, &opts)?;
     if let Some(p) = &a.trace_out {
         let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
         metrics::write_chrome_trace(
@@ -220,7 +174,7 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
         r.ops_selected,
         r.ops_failed,
         if r.ops_skipped > 0 {
-            format!(", {} collectives left out", r.ops_skipped)
+            format!(", {} left out by --only", r.ops_skipped)
         } else {
             String::new()
         }
@@ -255,7 +209,11 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
     if !r.failures.is_empty() {
         writeln!(out, "failures")?;
         for f in &r.failures {
-            writeln!(out, "  {:>4}x {}: {}", f.count, f.op, f.reason)?;
+            writeln!(
+                out,
+                "  {:>4}x {}: [{:?}] {}",
+                f.count, f.op, f.kind, f.reason
+            )?;
         }
     }
     if !r.fallbacks.is_empty() {
@@ -276,21 +234,6 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
     Ok(())
 }
 
-#[derive(clap::Args, Debug)]
-pub struct CompareArgs {
-    /// The ET captured together with the Kineto trace (`*.linked.et.json`).
-    pub trace: PathBuf,
-    pub kineto: PathBuf,
-    /// Write an SVG plot of the ops contributing most to the difference.
-    #[arg(long)]
-    pub svg: Option<PathBuf>,
-    /// Emulate the original's time outside operators.
-    #[arg(long)]
-    pub emulate_gaps: bool,
-    #[command(flatten)]
-    pub run: RunArgs,
-}
-
 /// Replays a linked ET and compares it op by op with its Kineto trace.
 pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     a.run.apply_threads()?;
@@ -303,7 +246,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let linked = Linked::new(&g, &set, &a.kineto)?;
     let (kt, l, orig) = (&linked.kineto, &linked.link, &linked.original);
     let (gaps, per_event_us) = if a.emulate_gaps {
-        calibrated_gaps(&g, &set, &linked, tch::Device::Cpu, !a.run.no_autograd)?
+        calibrated_gaps(&g, &set, &linked, replay::Device::Cpu, !a.run.no_autograd)?
     } else {
         (vec![], 0.0)
     };
@@ -323,42 +266,23 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
              ops are compared with their plain replay times only"
         );
     }
-    // Per op name, linked ops only: calls, original (Kineto), plain replay, and replay under
-    // the instrumentation (when every call of the name was found in its profile).
-    // Also the like-for-like totals over the ops found in both profiles.
-    let mut by: std::collections::BTreeMap<&str, (usize, f64, f64, Option<f64>)> =
-        Default::default();
-    let (mut prof_ms, mut prof_orig_ms, mut found) = (0.0, 0.0, 0);
-    for (k, st) in r.steps.iter().enumerate() {
-        if let Some(o) = orig.op_us[k] {
-            let e = by.entry(st.op.as_str()).or_insert((0, 0.0, 0.0, Some(0.0)));
-            e.0 += 1;
-            e.1 += o;
-            e.2 += st.us;
-            let prof = r.profiled.get(k).copied().flatten();
-            e.3 = e.3.zip(prof).map(|(acc, p)| acc + p.end_us - p.start_us);
-            if let Some(p) = prof {
-                prof_ms += (p.end_us - p.start_us) / 1000.0;
-                prof_orig_ms += o / 1000.0;
-                found += 1;
-            }
-        }
-    }
-    let rows: Vec<Row> = {
-        let mut rows: Vec<Row> = by
-            .into_iter()
-            .map(|(op, (calls, original, plain, profiled))| Row {
-                op: op.to_string(),
-                calls,
-                original,
-                plain,
-                profiled,
-            })
-            .collect();
-        // Largest like-for-like difference first: the profiled replay where there is one.
-        rows.sort_by(|x, y| y.difference().abs().total_cmp(&x.difference().abs()));
-        rows
-    };
+    // Per op name, linked ops only: the original (Kineto), the plain replay, and the replay
+    // under the capture's instrumentation (like for like).
+    let names: Vec<&str> = r.steps.iter().map(|s| s.op.as_str()).collect();
+    let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+    let profiled: Vec<Option<f64>> = (0..r.steps.len())
+        .map(|k| {
+            r.profiled
+                .get(k)
+                .copied()
+                .flatten()
+                .map(|p| p.end_us - p.start_us)
+        })
+        .collect();
+    let cmp = et_graph::compare_ops(orig, &names, &plain, &profiled);
+    let rows = &cmp.ops;
+    let (prof_ms, prof_orig_ms, found) =
+        (cmp.profiled_ms, cmp.profiled_original_ms, cmp.profiled_ops);
     let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
     let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
     let orig_iter_ms = orig.span_us / 1000.0;
@@ -385,11 +309,11 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "top_differences": rows.iter().take(15).map(|r| serde_json::json!({
             "op": r.op,
             "calls": r.calls,
-            "original_us": r.original,
-            "replay_us": r.plain,
-            "ratio": r.plain / r.original.max(1e-9),
-            "replay_instrumented_us": r.profiled,
-            "ratio_instrumented": r.profiled.map(|p| p / r.original.max(1e-9)),
+            "original_us": r.original_us,
+            "replay_us": r.replay_us,
+            "ratio": r.replay_us / r.original_us.max(1e-9),
+            "replay_instrumented_us": r.profiled_us,
+            "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
         })).collect::<Vec<_>>(),
     });
     if let Some(svg) = &a.svg {
@@ -399,8 +323,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             .map(|r| {
                 (
                     format!("{} x{}", r.op, r.calls),
-                    r.original / 1000.0,
-                    r.profiled.unwrap_or(r.plain) / 1000.0,
+                    r.original_us / 1000.0,
+                    r.profiled_us.unwrap_or(r.replay_us) / 1000.0,
                 )
             })
             .collect();
@@ -458,35 +382,20 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "orig us", "replay us", "ratio", "profiled", "ratio", "calls"
     )?;
     for r in rows.iter().take(15) {
-        let o = r.original.max(1e-9);
-        let (pu, pr) = match r.profiled {
+        let o = r.original_us.max(1e-9);
+        let (pu, pr) = match r.profiled_us {
             Some(p) => (format!("{p:.1}"), format!("{:.2}", p / o)),
             None => ("-".into(), "-".into()),
         };
         writeln!(
             out,
             "  {:>10.1} {:>10.1} {:>7.2} {pu:>10} {pr:>7} {:>6}  {}",
-            r.original,
-            r.plain,
-            r.plain / o,
+            r.original_us,
+            r.replay_us,
+            r.replay_us / o,
             r.calls,
             r.op
         )?;
     }
     Ok(())
-}
-
-/// One op name in `compare`: per iteration, over its linked calls (µs).
-struct Row {
-    op: String,
-    calls: usize,
-    original: f64,
-    plain: f64,
-    profiled: Option<f64>,
-}
-
-impl Row {
-    fn difference(&self) -> f64 {
-        self.profiled.unwrap_or(self.plain) - self.original
-    }
 }

@@ -1,0 +1,188 @@
+//! The command-line grammar of `mystique`, shared by the `mystique` binary (which parses it and
+//! runs every command that does not need libtorch) and `mystique-replay` (which runs `replay`,
+//! `compare` and `env`), so that both accept exactly the same arguments.
+
+use clap::{Parser, Subcommand};
+use et_graph::Kind;
+use std::path::PathBuf;
+
+use crate::compose_cmd;
+
+#[derive(Parser)]
+#[command(
+    name = "mystique",
+    version,
+    about = "Turn PyTorch execution traces into portable, faithful benchmarks"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+    /// Print one JSON object instead of tables (every command).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Summarise an execution trace: schema, ops, tensors, devices, iterations, collectives.
+    Inspect {
+        /// ET file (.json or .json.gz), or - for stdin.
+        trace: PathBuf,
+        /// How many ops of the histogram to print in the table (all with --json).
+        #[arg(long, default_value_t = 25)]
+        top: usize,
+    },
+    /// Graph statistics: replay set, op classes, skipped nodes with reasons, tensors, peak memory.
+    Graph {
+        trace: PathBuf,
+        /// Only these ProfilerStep#N iterations (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        iteration: Option<Vec<u64>>,
+    },
+    /// Link the replay-set ops of an ET to the events of its Kineto trace.
+    Link { et: PathBuf, kineto: PathBuf },
+    /// Extract a selection of ops (with their subtrees) into a new trace.
+    Select {
+        trace: PathBuf,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        /// Output trace (.json, .json.gz, or - for stdout).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Make new traces from existing ones: repeat, concat, scale, dtype, remove.
+    Compose {
+        #[command(subcommand)]
+        op: ComposeOp,
+    },
+    /// Export a selection as Graphviz DOT (ops and data edges).
+    Export {
+        trace: PathBuf,
+        /// DOT output (the only format for now).
+        #[arg(long)]
+        dot: bool,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        #[arg(short, long, default_value = "-")]
+        output: PathBuf,
+    },
+    /// Replay the trace's operators for real through libtorch and report coverage and timing.
+    Replay(ReplayArgs),
+    /// Replay a linked ET and compare it with its Kineto trace, per op and per iteration.
+    Compare(CompareArgs),
+    /// Print the libtorch build this binary runs on and whether CUDA is usable.
+    Env,
+}
+
+#[derive(Subcommand)]
+pub enum ComposeOp {
+    /// Repeat the iteration N times (fresh node ids; parameters are shared across copies).
+    Repeat {
+        trace: PathBuf,
+        n: usize,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Concatenate traces (ids of later ones shifted).
+    Concat {
+        #[arg(required = true, num_args = 2..)]
+        traces: Vec<PathBuf>,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Scale every dimension of size DIM by FACTOR (e.g. batch 64 -> 128).
+    Scale {
+        trace: PathBuf,
+        #[arg(long)]
+        dim: i64,
+        #[arg(long)]
+        factor: i64,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Change an element type everywhere (e.g. --from float32 --to bfloat16).
+    Dtype {
+        trace: PathBuf,
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Remove the selected ops and their subtrees.
+    Remove {
+        trace: PathBuf,
+        #[command(flatten)]
+        filters: compose_cmd::Filters,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// ET file (.json, .json.gz, or - for stdin).
+    pub trace: PathBuf,
+    /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// Only these ProfilerStep#N iterations (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub iteration: Option<Vec<u64>>,
+    /// Stop at the first failing op.
+    #[arg(long)]
+    pub strict: bool,
+    /// Write a Chrome/Perfetto trace of the last measured iteration (one slice per op).
+    #[arg(long)]
+    pub trace_out: Option<PathBuf>,
+    /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
+    #[arg(long)]
+    pub load_library: Vec<PathBuf>,
+    /// The Kineto trace captured with this ET (needed by --emulate-gaps).
+    #[arg(long)]
+    pub kineto: Option<PathBuf>,
+    /// Reproduce the original run's time outside operators (Python, autograd) between ops.
+    #[arg(long, requires = "kineto")]
+    pub emulate_gaps: bool,
+}
+
+/// How a replay runs, shared by `replay` and `compare`.
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+    /// Intra-op threads (default: libtorch's own default).
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// all | compute | comm.
+    #[arg(long, default_value = "all")]
+    pub only: Kind,
+    /// Replay the forward ops without autograd recording (by default they record a graph, as
+    /// the original's did: same nodes, saved tensors and differentiable kernel paths).
+    #[arg(long)]
+    pub no_autograd: bool,
+    /// Check every op's outputs for NaN/Inf and name the first op that produced one (slow;
+    /// kept out of the timings).
+    #[arg(long)]
+    pub check_values: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The ET captured together with the Kineto trace (`*.linked.et.json`).
+    pub trace: PathBuf,
+    pub kineto: PathBuf,
+    /// Write an SVG plot of the ops contributing most to the difference.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Emulate the original's time outside operators.
+    #[arg(long)]
+    pub emulate_gaps: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
+}

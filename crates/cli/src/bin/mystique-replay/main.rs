@@ -1,0 +1,28 @@
+//! `mystique-replay`: the part of `mystique` that runs libtorch (`replay`, `compare`, `env`).
+//! `mystique` execs it with its own arguments; it parses the same grammar
+//! ([`mystique_cli::args`]) so both accept exactly the same command lines.
+
+use clap::Parser;
+use mystique_cli::args::{Cli, Cmd};
+use std::process::ExitCode;
+
+mod replay_cmd;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.json;
+    let result = match cli.cmd {
+        Cmd::Replay(a) => replay_cmd::run(&a, json),
+        Cmd::Compare(a) => replay_cmd::compare(&a, json),
+        Cmd::Env => {
+            println!("{}", replay::env_report());
+            Ok(())
+        }
+        // The libtorch-free commands run in `mystique` itself.
+        _ => match mystique_cli::run(cli) {
+            Some(r) => r,
+            None => unreachable!("replay commands are matched above"),
+        },
+    };
+    mystique_cli::exit(result)
+}

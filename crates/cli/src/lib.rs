@@ -1,0 +1,78 @@
+//! The `mystique` command line as a library: its grammar ([`args`]) and the commands that need
+//! no libtorch (inspect, graph, link, select, compose, export). `replay`, `compare` and `env`
+//! run in the `mystique-replay` executable, which `mystique` starts in its place, so that the
+//! other commands never load libtorch (0.8 s and 470 MB before any work).
+
+pub mod args;
+pub mod compose_cmd;
+pub mod graph_cmd;
+pub mod inspect;
+
+use anyhow::Result;
+use args::{Cli, Cmd, ComposeOp};
+use std::process::ExitCode;
+
+/// Runs a command that needs no libtorch; `None` for `replay`, `compare` and `env`.
+pub fn run(cli: Cli) -> Option<Result<()>> {
+    compose_cmd::set_json(cli.json);
+    let json = cli.json;
+    Some(match cli.cmd {
+        Cmd::Inspect { trace, top } => inspect::run(&trace, json, top),
+        Cmd::Graph { trace, iteration } => graph_cmd::graph(&trace, json, iteration),
+        Cmd::Link { et, kineto } => graph_cmd::link(&et, &kineto, json),
+        Cmd::Select {
+            trace,
+            filters,
+            output,
+        } => compose_cmd::select(&trace, &filters, &output),
+        Cmd::Export {
+            trace,
+            dot: _,
+            filters,
+            output,
+        } => compose_cmd::export_dot(&trace, &filters, &output),
+        Cmd::Compose { op } => match op {
+            ComposeOp::Repeat { trace, n, output } => compose_cmd::repeat(&trace, n, &output),
+            ComposeOp::Concat { traces, output } => compose_cmd::concat(&traces, &output),
+            ComposeOp::Scale {
+                trace,
+                dim,
+                factor,
+                output,
+            } => compose_cmd::scale(&trace, dim, factor, &output),
+            ComposeOp::Dtype {
+                trace,
+                from,
+                to,
+                output,
+            } => compose_cmd::dtype(&trace, &from, &to, &output),
+            ComposeOp::Remove {
+                trace,
+                filters,
+                output,
+            } => compose_cmd::remove(&trace, &filters, &output),
+        },
+        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env => return None,
+    })
+}
+
+/// The process's exit for a command's result: errors print their chain and exit with 2.
+pub fn exit(result: Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed stdout (e.g. `| head`) is not an error worth a message.
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Binding a [`Plan`] to a device in a libtorch process: each step's operator is resolved in the
+//! dispatcher (once per distinct operator), the device's [`Rewrite`]s are applied (an op without
+//! a kernel there runs as another or as nothing), and a trace recorded with another version of
+//! an operator's schema has its arguments rebuilt against the registered one, by name.
+
+use crate::device::{ArgFrom, Device, RewriteTo};
+use crate::error::CallError;
+use crate::ffi::Op;
+use crate::plan::{Arg, Plan, Step};
+use et_schema::{OpSchema, SchemaType};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How a bound step executes.
+#[derive(Clone)]
+pub enum Exec {
+    /// A boxed call of this operator.
+    Call(Arc<Op>),
+    /// Nothing runs: outputs that are inputs pass through, the rest are synthesised.
+    PassThrough,
+    /// The step cannot run here; it fails every time with this error.
+    Fail(CallError),
+}
+
+/// A step ready to run on one device.
+#[derive(Clone)]
+pub struct BoundStep {
+    pub exec: Exec,
+    /// Arguments that replace the plan's (a rewrite's or a reconciled schema's); `None`: the
+    /// plan's own.
+    pub args: Option<Vec<Arg>>,
+    /// The op runs as something else on this device (reported per op).
+    pub fallback: Option<String>,
+}
+
+/// A plan bound to a device: one [`BoundStep`] per plan step.
+pub struct Bound {
+    pub device: Device,
+    pub steps: Vec<BoundStep>,
+}
+
+impl Bound {
+    /// The arguments step `pos` is called with.
+    pub fn args<'a>(&'a self, plan: &'a Plan, pos: usize) -> &'a [Arg] {
+        self.steps[pos]
+            .args
+            .as_deref()
+            .unwrap_or(&plan.steps[pos].args)
+    }
+}
+
+/// Resolves a plan's operators for a device. Never fails as a whole: a step that cannot run
+/// is bound to [`Exec::Fail`] with the reason, and the run goes on around it.
+pub fn bind(plan: &Plan, device: &Device) -> Bound {
+    let mut resolved: HashMap<(String, String), Result<Arc<Op>, CallError>> = HashMap::new();
+    let mut resolve = |name: &str, overload: &str| {
+        resolved
+            .entry((name.to_string(), overload.to_string()))
+            .or_insert_with(|| Op::find(name, overload).map(Arc::new))
+            .clone()
+    };
+    // Per distinct operator: the registered schema when it differs from the recorded one.
+    let mut differs: HashMap<u32, Option<(OpSchema, OpSchema, String)>> = HashMap::new();
+    let steps = plan
+        .steps
+        .iter()
+        .map(|step| {
+            let op = plan.op_of(step);
+            let full = op.map(|o| full_name(&o.name, &o.overload));
+            let names = [Some(step.name.as_str()), full.as_deref()];
+            let names: Vec<&str> = names.into_iter().flatten().collect();
+            if let Some(rw) = device.rewrite_for(&names) {
+                match rw.to {
+                    RewriteTo::Elide => {
+                        return BoundStep {
+                            exec: Exec::PassThrough,
+                            args: None,
+                            fallback: Some(format!(
+                                "no-op on {} ({})",
+                                device.name().to_uppercase(),
+                                step.name
+                            )),
+                        }
+                    }
+                    RewriteTo::Call {
+                        name,
+                        overload,
+                        args,
+                    } if step.problem.is_none() && rw.arity.accepts(step.args.len()) => {
+                        let args = args
+                            .iter()
+                            .map(|a| match a {
+                                ArgFrom::Recorded(k) => step.args[*k].clone(),
+                                ArgFrom::Bool(b) => Arg::Bool(*b),
+                                ArgFrom::BoolList(v) => Arg::BoolList(v.to_vec()),
+                            })
+                            .collect();
+                        return BoundStep {
+                            exec: exec_of(resolve(name, overload)),
+                            args: Some(args),
+                            fallback: Some(format!(
+                                "ran as {name} (no {} kernel for {})",
+                                device.name().to_uppercase(),
+                                full.as_deref().unwrap_or(&step.name)
+                            )),
+                        };
+                    }
+                    RewriteTo::Call { .. } => {}
+                }
+            }
+            if let Some(p) = &step.problem {
+                return failing(CallError::unsupported(p.clone()));
+            }
+            let (Some(op), Some(idx)) = (op, step.op) else {
+                return failing(CallError::unsupported("no op schema"));
+            };
+            let handle = match resolve(&op.name, &op.overload) {
+                Ok(h) => h,
+                Err(e) => return failing(e),
+            };
+            // A trace from another PyTorch version may record an older schema of the
+            // operator: rebuild the arguments against the registered schema, by name.
+            let diff = differs
+                .entry(idx)
+                .or_insert_with(|| schema_difference(&op.schema, &handle.schema()));
+            match diff {
+                None => BoundStep {
+                    exec: Exec::Call(handle),
+                    args: None,
+                    fallback: None,
+                },
+                Some((reg, recorded, text)) => match reconcile(step, reg, recorded) {
+                    Ok(args) => BoundStep {
+                        exec: Exec::Call(handle),
+                        args: Some(args),
+                        fallback: None,
+                    },
+                    Err(e) => failing(CallError::unsupported(format!(
+                        "recorded schema differs from this libtorch's ({text}): {e}"
+                    ))),
+                },
+            }
+        })
+        .collect();
+    Bound {
+        device: *device,
+        steps,
+    }
+}
+
+fn full_name(name: &str, overload: &str) -> String {
+    if overload.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}.{overload}")
+    }
+}
+
+fn exec_of(r: Result<Arc<Op>, CallError>) -> Exec {
+    match r {
+        Ok(op) => Exec::Call(op),
+        Err(e) => Exec::Fail(e),
+    }
+}
+
+fn failing(e: CallError) -> BoundStep {
+    BoundStep {
+        exec: Exec::Fail(e),
+        args: None,
+        fallback: None,
+    }
+}
+
+/// (registered, recorded, registered text) when the two schemas' arguments differ in name or
+/// type; `None` when they agree or either does not parse.
+fn schema_difference(recorded: &str, registered: &str) -> Option<(OpSchema, OpSchema, String)> {
+    let rec = OpSchema::parse(recorded).ok()?;
+    let reg = OpSchema::parse(registered).ok()?;
+    let same = reg
+        .args
+        .iter()
+        .map(|a| (&a.name, a.ty.to_string()))
+        .eq(rec.args.iter().map(|a| (&a.name, a.ty.to_string())));
+    (!same).then(|| (reg, rec, registered.to_string()))
+}
+
+/// Arguments for the registered schema from those built against the recorded one, matched by
+/// name, with the registered defaults for arguments the trace does not have.
+pub fn reconcile(step: &Step, reg: &OpSchema, recorded: &OpSchema) -> Result<Vec<Arg>, String> {
+    let mut out = Vec::with_capacity(reg.args.len());
+    for (k, ra) in reg.args.iter().enumerate() {
+        let pos = recorded
+            .args
+            .iter()
+            .position(|a| a.name.is_some() && a.name == ra.name);
+        match pos.and_then(|p| step.args.get(p)) {
+            // The recorded call left it to its default: the registered default, at its position.
+            Some(Arg::Default(_)) if ra.default.is_some() => out.push(Arg::Default(k)),
+            Some(a) => out.push(
+                coerce(a.clone(), &ra.ty)
+                    .map_err(|e| format!("argument {}: {e}", ra.name.as_deref().unwrap_or("?")))?,
+            ),
+            None if ra.default.is_some() => out.push(Arg::Default(k)),
+            None if ra.ty.is_optional() => out.push(Arg::None),
+            None => {
+                return Err(format!(
+                    "argument {} has no recorded value and no default",
+                    ra.name.as_deref().unwrap_or("?")
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// An argument built for one schema type, as another type expects it (a number recorded as
+/// `int` passed where the registered schema says `Scalar`, and the like).
+fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
+    if let SchemaType::Optional(inner) = ty {
+        return match a {
+            Arg::None => Ok(Arg::None),
+            a => coerce(a, inner),
+        };
+    }
+    let base = match ty {
+        SchemaType::Named { name, .. } => name.as_str(),
+        _ => return Ok(a),
+    };
+    Ok(match (base, a) {
+        ("Tensor", Arg::None) => Arg::UndefinedTensor,
+        ("Scalar", Arg::Int(i)) => Arg::ScalarInt(i),
+        ("Scalar", Arg::Double(f)) => Arg::ScalarDouble(f),
+        ("Scalar", Arg::Bool(b)) => Arg::ScalarBool(b),
+        ("float", Arg::Int(i) | Arg::ScalarInt(i)) => Arg::Double(i as f64),
+        ("float", Arg::ScalarDouble(f)) => Arg::Double(f),
+        ("int" | "SymInt", Arg::ScalarInt(i)) => Arg::Int(i),
+        ("int" | "SymInt", Arg::Bool(b) | Arg::ScalarBool(b)) => Arg::Int(b as i64),
+        ("bool", Arg::Int(i) | Arg::ScalarInt(i)) => Arg::Bool(i != 0),
+        ("bool", Arg::ScalarBool(b)) => Arg::Bool(b),
+        ("int" | "SymInt" | "float" | "bool" | "Scalar" | "str", Arg::None) => {
+            return Err(format!("None where the schema needs {ty}"));
+        }
+        (_, a) => a,
+    })
+}

@@ -1,0 +1,80 @@
+//! Replay's errors: typed, with their sources. A libtorch call fails with a [`CallError`] whose
+//! [`ErrorKind`] comes from the C++ exception's type (the shim maps it to a code), so nothing
+//! here classifies an error by its message.
+
+use serde::{Deserialize, Serialize};
+
+/// What kind of failure a libtorch call (or the planning of one) met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The device (or host) ran out of memory (`c10::OutOfMemoryError`, `std::bad_alloc`).
+    OutOfMemory,
+    /// No kernel for this dtype or device (`c10::NotImplementedError`).
+    NotImplemented,
+    /// libtorch refused an argument's type or value (`c10::TypeError`, `ValueError`,
+    /// `IndexError`).
+    InvalidArgument,
+    /// The replay cannot build the call: no op schema, an argument type it does not support, a
+    /// recorded schema it cannot reconcile with the registered one.
+    Unsupported,
+    /// No operator of this name and overload is registered (a custom-op library not loaded).
+    NoOperator,
+    /// Any other exception.
+    Other,
+}
+
+impl ErrorKind {
+    /// The kind for a shim return code (see `csrc/shim.cpp`).
+    pub(crate) fn from_code(code: i32) -> ErrorKind {
+        match code {
+            2 => ErrorKind::OutOfMemory,
+            3 => ErrorKind::NotImplemented,
+            4 => ErrorKind::InvalidArgument,
+            5 => ErrorKind::NoOperator,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// A failed libtorch call or an op that cannot be called.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct CallError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl CallError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> CallError {
+        CallError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(message: impl Into<String>) -> CallError {
+        CallError::new(ErrorKind::Unsupported, message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("materialising inputs")]
+    Materialise(#[source] CallError),
+    #[error("op {op} (node {id}) failed and --strict is set")]
+    Strict {
+        op: String,
+        id: u64,
+        #[source]
+        source: CallError,
+    },
+    #[error("{0}")]
+    Device(String),
+    #[error("loading {path}")]
+    Library {
+        path: String,
+        #[source]
+        source: CallError,
+    },
+}

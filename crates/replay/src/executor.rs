@@ -1,0 +1,660 @@
+//! Executing a bound plan: materialise the external inputs once, then run one step at a time
+//! (a boxed call with its slots, a float32 retry where the device lacks a half kernel, autograd
+//! as the original recorded it), and the loop of warm-up, measured and instrumented iterations.
+//! What happened is handed to a [`Recorder`], which builds the [`Report`].
+
+use crate::bind::{Bound, Exec};
+use crate::device::{Device, Mark, Timer};
+use crate::error::{CallError, ErrorKind, ReplayError};
+use crate::ffi::{self, Stack};
+use crate::options::ReplayOptions;
+use crate::plan::{Arg, Fill, Out, Plan, TensorSpec};
+use crate::recorder::Recorder;
+use crate::report::{NonFinite, Report};
+use metrics::Slice;
+use std::collections::{BTreeMap, HashMap};
+use tch::{Kind, Tensor};
+
+pub(crate) fn kind_of(d: et_schema::DType) -> Kind {
+    use et_schema::DType as D;
+    match d {
+        D::UInt8 => Kind::Uint8,
+        D::Int8 => Kind::Int8,
+        D::Int16 => Kind::Int16,
+        D::Int32 => Kind::Int,
+        D::Int64 => Kind::Int64,
+        D::Float16 => Kind::Half,
+        D::Float64 => Kind::Double,
+        D::Bool => Kind::Bool,
+        D::BFloat16 => Kind::BFloat16,
+        D::Complex64 => Kind::ComplexFloat,
+        D::Complex128 => Kind::ComplexDouble,
+        _ => Kind::Float,
+    }
+}
+
+/// What one iteration is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Runs, not measured (caches, allocator, autograd state warm up).
+    WarmUp,
+    /// Timed and reported.
+    Measured,
+    /// One more iteration under the capture's instrumentation (ET observer + Kineto), to read
+    /// each step's profiled window; not timed.
+    Instrumented,
+}
+
+impl Phase {
+    /// The phase of iteration `it` of a run with `opts`.
+    pub fn of(it: usize, opts: &ReplayOptions) -> Phase {
+        let total = total_iterations(opts);
+        if opts.instrument && it + 1 == total {
+            Phase::Instrumented
+        } else if it >= opts.warmup {
+            Phase::Measured
+        } else {
+            Phase::WarmUp
+        }
+    }
+}
+
+fn total_iterations(opts: &ReplayOptions) -> usize {
+    opts.warmup + opts.iters.max(1) + opts.instrument as usize
+}
+
+/// How one step went.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The op ran; `upcast`: in float32, the device having no half-precision kernel for it.
+    Ran {
+        upcast: bool,
+    },
+    /// Passed through without a call (a no-op on this device, or left out by `--only`).
+    PassedThrough,
+    Failed(CallError),
+}
+
+/// Runs a bound plan's steps on slots of tensors. Holds the external inputs (materialised once;
+/// they persist across iterations, carrying in-place updates as parameters do).
+pub struct Executor<'a> {
+    plan: &'a Plan,
+    bound: &'a Bound,
+    stack: Stack,
+    /// Steps whose autograd recording libtorch refused: they run plain from then on.
+    no_grad: Vec<bool>,
+    externals: Vec<Option<Tensor>>,
+    /// Why autograd refused a step, per op name (reported as a fallback), with its count.
+    pub(crate) grad_refused: BTreeMap<String, (usize, String)>,
+}
+
+impl<'a> Executor<'a> {
+    /// Sets the process up as a warm model's and materialises the external inputs (with
+    /// `autograd`, the parameters require grad). Every way of running a plan starts here.
+    pub fn new(plan: &'a Plan, bound: &'a Bound, autograd: bool) -> Result<Self, ReplayError> {
+        bound.device.setup_process();
+        let externals = materialise(plan, &bound.device)?;
+        if autograd {
+            require_grad(plan, &externals);
+        }
+        Ok(Executor {
+            plan,
+            bound,
+            stack: Stack::default(),
+            no_grad: vec![false; plan.steps.len()],
+            externals,
+            grad_refused: BTreeMap::new(),
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.bound.device
+    }
+
+    /// The external inputs, by slot (`None` for the other slots).
+    pub fn externals(&self) -> &[Option<Tensor>] {
+        &self.externals
+    }
+
+    /// Slots at the start of an iteration: the external inputs (shared, so in-place updates
+    /// carry over), intermediates empty.
+    pub fn fresh_slots(&self) -> Vec<Option<Tensor>> {
+        self.externals
+            .iter()
+            .map(|t| t.as_ref().map(|t| t.shallow_clone()))
+            .collect()
+    }
+
+    /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it.
+    /// A failed step's outputs are synthesised, so dependants still run.
+    pub fn step(&mut self, pos: usize, slots: &mut [Option<Tensor>], autograd: bool) -> Outcome {
+        // A reference with the bound plan's lifetime, not a clone: no refcount traffic per op.
+        let bound = self.bound;
+        let op = match &bound.steps[pos].exec {
+            Exec::Call(op) => op,
+            Exec::PassThrough => {
+                self.pass_through(pos, slots);
+                return Outcome::PassedThrough;
+            }
+            Exec::Fail(e) => {
+                self.fill_missing_outputs(pos, slots);
+                return Outcome::Failed(e.clone());
+            }
+        };
+        let grad = autograd && self.plan.steps[pos].autograd && !self.no_grad[pos];
+        let res = match self.call(pos, op, slots, grad) {
+            // Autograd refuses some calls the original made without it (an in-place op on an
+            // input the replay made a parameter): those run plain from then on, reported.
+            Err(e) if grad => {
+                self.stack.clear();
+                let plain = self.call(pos, op, slots, false);
+                if plain.is_ok() {
+                    self.no_grad[pos] = true;
+                    self.grad_refused
+                        .entry(self.plan.steps[pos].name.clone())
+                        .or_insert_with(|| (0, first_line(&e.message)))
+                        .0 += 1;
+                }
+                plain
+            }
+            res => res,
+        };
+        self.stack.clear();
+        match res {
+            Ok(upcast) => Outcome::Ran { upcast },
+            Err(e) => {
+                self.fill_missing_outputs(pos, slots);
+                Outcome::Failed(e)
+            }
+        }
+    }
+
+    /// A step that is not run: outputs that are inputs of the same tensor pass through, the
+    /// rest are synthesised from the recorded specs.
+    pub fn pass_through(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+        for (from, to) in &self.plan.steps[pos].passthrough {
+            slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
+        }
+        self.fill_missing_outputs(pos, slots);
+    }
+
+    /// Drops the slots whose last use is step `pos`.
+    #[inline]
+    pub fn free(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+        for s in &self.plan.steps[pos].frees {
+            slots[*s as usize] = None;
+        }
+    }
+
+    fn fill_missing_outputs(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+        for (s, spec) in &self.plan.steps[pos].out_specs {
+            if slots[*s as usize].is_none() {
+                slots[*s as usize] = self.bound.device.synthesise(spec);
+            }
+        }
+    }
+
+    /// One call of step `pos`. When the device has no kernel for the op's half-precision
+    /// inputs it runs in float32 (those inputs cast up, outputs cast back to the recorded
+    /// dtype); returns whether that fallback was used.
+    fn call(
+        &mut self,
+        pos: usize,
+        op: &ffi::Op,
+        slots: &mut [Option<Tensor>],
+        grad: bool,
+    ) -> Result<bool, CallError> {
+        let args = self.bound.args(self.plan, pos);
+        let first = push_args(&mut self.stack, args, slots, op, &self.bound.device)
+            .and_then(|()| self.stack.call(op, grad));
+        match first {
+            Ok(()) => {
+                if !take_outputs(&self.stack, &self.plan.steps[pos].outs, slots) {
+                    self.fill_missing_outputs(pos, slots);
+                }
+                Ok(false)
+            }
+            // No kernel for this dtype (NotImplemented), or a check that refuses it (linalg's
+            // "low precision dtypes not supported" is a plain error): worth a float32 try only
+            // when the step has half-precision inputs.
+            Err(e)
+                if matches!(e.kind, ErrorKind::NotImplemented | ErrorKind::Other)
+                    && has_half_input(args, slots) =>
+            {
+                let up = |t: &Tensor| {
+                    if matches!(t.kind(), Kind::Half | Kind::BFloat16) {
+                        t.to_kind(Kind::Float)
+                    } else {
+                        t.shallow_clone()
+                    }
+                };
+                // Only this step's arguments are cast (it reads nothing else), not every slot.
+                let mut view: Vec<Option<Tensor>> = (0..slots.len()).map(|_| None).collect();
+                for s in args.iter().flat_map(Arg::slots) {
+                    view[s as usize] = slots[s as usize].as_ref().map(up);
+                }
+                self.stack.clear();
+                push_args(&mut self.stack, args, &view, op, &self.bound.device)?;
+                self.stack
+                    .call(op, grad)
+                    .map_err(|e2| CallError::new(e.kind, format!("{e} (and in float32: {e2})")))?;
+                take_outputs(&self.stack, &self.plan.steps[pos].outs, &mut view);
+                for (s, spec) in &self.plan.steps[pos].out_specs {
+                    if let Some(t) = view[*s as usize].take() {
+                        slots[*s as usize] = Some(t.to_kind(kind_of(spec.dtype)));
+                    }
+                }
+                self.fill_missing_outputs(pos, slots);
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether a float tensor step `pos` touched holds NaN/Inf after it: its outputs, and its
+    /// inputs, which in-place ops write (`_foreach_add_` returns nothing). Allocating ops
+    /// (`empty*`) are skipped: their outputs hold whatever the memory held.
+    pub fn produced_nonfinite(&self, pos: usize, slots: &[Option<Tensor>]) -> bool {
+        let step = &self.plan.steps[pos];
+        let inputs = self.bound.args(self.plan, pos).iter().flat_map(Arg::slots);
+        !step.name.contains("empty")
+            && step
+                .out_specs
+                .iter()
+                .map(|(s, _)| *s)
+                .chain(inputs)
+                .any(|s| slots[s as usize].as_ref().is_some_and(nonfinite))
+    }
+}
+
+fn has_half_input(args: &[Arg], slots: &[Option<Tensor>]) -> bool {
+    args.iter()
+        .flat_map(Arg::slots)
+        .filter_map(|s| slots[s as usize].as_ref())
+        .any(|t| matches!(t.kind(), Kind::Half | Kind::BFloat16))
+}
+
+/// Allocates the external inputs: one allocation per trace storage, views into it, values
+/// that suit their consumers (random floats; valid indices; sorted offsets).
+pub fn materialise(plan: &Plan, device: &Device) -> Result<Vec<Option<Tensor>>, ReplayError> {
+    let mut slots: Vec<Option<Tensor>> = (0..plan.n_slots).map(|_| None).collect();
+    // Group by (storage, dtype): views of one storage share one allocation.
+    let mut groups: BTreeMap<(u64, et_schema::DType), Vec<usize>> = BTreeMap::new();
+    for (k, (_, spec, _)) in plan.externals.iter().enumerate() {
+        groups
+            .entry((spec.storage, spec.dtype))
+            .or_default()
+            .push(k);
+    }
+    for ((_, dtype), members) in groups {
+        let extent = members
+            .iter()
+            .map(|&k| plan.externals[k].1.extent())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let flat = TensorSpec {
+            shape: vec![extent],
+            strides: vec![1],
+            dtype,
+            storage: 0,
+            offset: 0,
+        };
+        let mut base = device
+            .empty_strided(&flat)
+            .map_err(ReplayError::Materialise)?;
+        // Floats get standard normal values, scaled per view below; integers and bools start
+        // at zero and index inputs are filled per view below.
+        if dtype.is_floating_point() {
+            if base.f_normal_(0.0, 1.0).is_err() {
+                let _ = base.f_zero_();
+            }
+        } else {
+            let _ = base.zero_();
+        }
+        for k in members {
+            let (slot, spec, fill) = &plan.externals[k];
+            let mut view = base
+                .f_as_strided(spec.shape.as_slice(), spec.strides.as_slice(), spec.offset)
+                .map_err(|e| {
+                    ReplayError::Materialise(CallError::new(ErrorKind::Other, e.to_string()))
+                })?;
+            fill_view(&mut view, spec, fill, device);
+            slots[*slot as usize] = Some(view);
+        }
+    }
+    Ok(slots)
+}
+
+/// Whether a float tensor holds NaN or Inf.
+pub(crate) fn nonfinite(t: &Tensor) -> bool {
+    t.is_floating_point()
+        && t.f_isfinite()
+            .and_then(|f| f.f_all())
+            .is_ok_and(|a| a.int64_value(&[]) == 0)
+}
+
+/// Marks the plan's grad inputs (the parameters) as requiring grad, as the model's were.
+fn require_grad(plan: &Plan, externals: &[Option<Tensor>]) {
+    for &s in &plan.grad_inputs {
+        if let Some(t) = &externals[s as usize] {
+            // A view of a storage another input shares is a leaf too; one that is not (none
+            // are made so) keeps running without a graph.
+            let _ = ffi::set_requires_grad(&mut t.shallow_clone());
+        }
+    }
+}
+
+/// Shapes a view's values for its consumer. Best effort: libtorch refuses in-place writes to a
+/// view whose elements overlap (an expanded input, stride 0), and such a view keeps the values
+/// of its storage (standard normal floats, zero integers: valid indices). Only Tensor-argument
+/// calls here: tch's Scalar-taking ones panic when libtorch reports an error.
+fn fill_view(view: &mut Tensor, spec: &TensorSpec, fill: &Fill, device: &Device) {
+    let kind = kind_of(spec.dtype);
+    let dev = device.tch();
+    // Random values at the scale of an initialised model (std 1/sqrt(fan-in), like PyTorch's
+    // default inits): activations keep their magnitude through a deep stack of layers instead
+    // of growing by sqrt(fan-in) x std per layer to Inf (a 30-layer 1024-wide MLP did at 0.1),
+    // and no value is denormal.
+    if matches!(fill, Fill::Random | Fill::NonNegative) && spec.dtype.is_floating_point() {
+        let fan_in = match spec.shape.as_slice() {
+            [] | [_] => 100,
+            [rows, ..] => (spec.shape.iter().product::<i64>() / (*rows).max(1)).max(1),
+        };
+        let _ = view.f_mul_(&device.scalar(1.0 / (fan_in as f64).sqrt()));
+    }
+    let src = match fill {
+        Fill::Random | Fill::Zeros => return,
+        Fill::Value(v) => {
+            let _ = view.f_fill_tensor_(&device.scalar(*v));
+            return;
+        }
+        Fill::NonNegative => {
+            let _ = view.f_abs_();
+            return;
+        }
+        Fill::Indices(bound) => {
+            Tensor::f_randint_low(0, (*bound).max(1), spec.shape.as_slice(), (kind, dev))
+        }
+        Fill::Offsets(total) => {
+            let n = spec.shape.iter().product::<i64>().max(1);
+            let step = (*total / n).max(0);
+            Tensor::f_arange(n, (kind, dev))
+                .and_then(|t| t.f_mul(&Tensor::from(step).to_device(dev)))
+                .and_then(|t| t.f_reshape(spec.shape.as_slice()))
+        }
+    };
+    if let Ok(src) = src {
+        let _ = view.f_copy_(&src);
+    }
+}
+
+fn push_args(
+    stack: &mut Stack,
+    args: &[Arg],
+    slots: &[Option<Tensor>],
+    op: &ffi::Op,
+    device: &Device,
+) -> Result<(), CallError> {
+    stack.clear();
+    for a in args {
+        match a {
+            Arg::Tensor(s) => match &slots[*s as usize] {
+                Some(t) => stack.tensor(t),
+                None => stack.undefined_tensor(),
+            },
+            Arg::UndefinedTensor => stack.undefined_tensor(),
+            Arg::None => stack.none(),
+            Arg::TensorList { slots: l, optional } => {
+                let v: Vec<Option<&Tensor>> = l
+                    .iter()
+                    .map(|s| s.and_then(|s| slots[s as usize].as_ref()))
+                    .collect();
+                if *optional {
+                    stack.opt_tensor_list(&v)
+                } else {
+                    stack.tensor_list(&v)
+                }
+            }
+            Arg::Int(i) => stack.int(*i),
+            Arg::Double(f) => stack.double(*f),
+            Arg::Bool(b) => stack.bool(*b),
+            Arg::Str(s) => stack.string(s),
+            Arg::IntList(v) => stack.int_list(v),
+            Arg::DoubleList(v) => stack.double_list(v),
+            Arg::BoolList(v) => stack.bool_list(v),
+            Arg::ScalarInt(i) => stack.scalar_int(*i),
+            Arg::ScalarDouble(f) => stack.scalar_double(*f),
+            Arg::ScalarBool(b) => stack.scalar_bool(*b),
+            Arg::ScalarList(v) => stack.scalar_list(v),
+            Arg::Device => device.push_arg(stack),
+            Arg::Default(k) => stack.default_of(op, *k)?,
+        }
+    }
+    Ok(())
+}
+
+/// Puts the results of a call into their slots; returns false if they do not match the trace.
+fn take_outputs(stack: &Stack, outs: &[Out], slots: &mut [Option<Tensor>]) -> bool {
+    let mut ok = true;
+    for (k, out) in outs.iter().enumerate() {
+        if k >= stack.len() {
+            ok &= matches!(out, Out::Ignore);
+            continue;
+        }
+        match (out, stack.kind(k)) {
+            (Out::Tensor(s), ffi::Kind::Tensor) => slots[*s as usize] = Some(stack.take_tensor(k)),
+            (Out::List(ss), ffi::Kind::TensorList) => {
+                for (s, t) in ss.iter().zip(stack.take_list(k)) {
+                    if let Some(s) = s {
+                        slots[*s as usize] = Some(t);
+                    }
+                }
+            }
+            (Out::Ignore, _) => {}
+            _ => ok = false,
+        }
+    }
+    ok
+}
+
+/// Bytes of the distinct storages the slots hold.
+pub(crate) fn live_bytes(slots: &[Option<Tensor>]) -> u64 {
+    let mut seen: HashMap<usize, usize> = HashMap::new();
+    for t in slots.iter().flatten() {
+        let (p, n) = ffi::storage_info(t);
+        if p != 0 {
+            seen.insert(p, n);
+        }
+    }
+    seen.values().map(|&n| n as u64).sum()
+}
+
+pub(crate) fn first_line(s: &str) -> String {
+    let l = s.lines().next().unwrap_or("").trim();
+    if l.len() > 300 {
+        format!(
+            "{}...",
+            &l[..l.char_indices().nth(300).map_or(l.len(), |c| c.0)]
+        )
+    } else {
+        l.to_string()
+    }
+}
+
+/// Runs a bound plan: materialise, warm-up, measured and (optionally) instrumented iterations;
+/// returns the report and (with `trace_out`) the op slices of the last measured iteration.
+pub fn run(
+    plan: &Plan,
+    bound: &Bound,
+    opts: &ReplayOptions,
+) -> Result<(Report, Vec<Slice>), ReplayError> {
+    if opts.progress {
+        eprintln!(
+            "[replay] materialising {} external inputs (about {:.1} MiB) ...",
+            plan.externals.len(),
+            plan.external_bytes() as f64 / (1 << 20) as f64
+        );
+    }
+    let mut ex = Executor::new(plan, bound, opts.autograd)?;
+    let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()));
+    let gaps = opts
+        .gaps_us
+        .as_deref()
+        .filter(|g| g.len() == plan.steps.len());
+    let mut timer = bound.device.timer();
+    let total = total_iterations(opts);
+    for it in 0..total {
+        let phase = Phase::of(it, opts);
+        let instr = if phase == Phase::Instrumented {
+            match ffi::Instrumentation::start() {
+                Ok(i) => Some(i),
+                // The measured iterations stand; only the profiled windows are missing.
+                Err(e) => {
+                    rec.instrument_error = Some(e);
+                    break;
+                }
+            }
+        } else {
+            None
+        };
+        let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
+        if let Some(instr) = instr {
+            match instr.finish() {
+                Ok(events) => rec.profiled(&events, &dispatched),
+                Err(e) => rec.instrument_error = Some(e),
+            }
+        }
+        if opts.progress {
+            rec.progress(it, total, phase);
+        }
+    }
+    Ok(rec.finish(&ex, bound))
+}
+
+/// One iteration over every step. Returns the steps dispatched (for the instrumented
+/// iteration's profile).
+fn iteration(
+    ex: &mut Executor,
+    rec: &mut Recorder,
+    timer: &mut Timer,
+    it: usize,
+    phase: Phase,
+    gaps: Option<&[f64]>,
+    opts: &ReplayOptions,
+) -> Result<Vec<usize>, ReplayError> {
+    let plan = ex.plan;
+    let measured = phase == Phase::Measured;
+    let mut slots = ex.fresh_slots();
+    let mut dispatched = Vec::new();
+    // (step, start, end) of every call, resolved after the iteration.
+    let mut timed: Vec<(usize, Mark, Mark)> = Vec::with_capacity(plan.steps.len());
+    let faults_before = metrics::minor_page_faults().filter(|_| measured);
+    let mut excluded_us = 0.0;
+    timer.clear();
+    let start = timer.mark();
+    // A gap is the time from the previous op's end to this op's start: the replay's own
+    // bookkeeping in between (frees, stack handling) counts toward it, as the original's
+    // tensor frees count toward its gaps.
+    let mut last_op_end = timer.host_at(start);
+    rec.begin_iteration();
+    for (pos, step) in plan.steps.iter().enumerate() {
+        if let Some(g) = gaps {
+            // Busy, like the Python and autograd work it stands for.
+            let until = last_op_end + g[pos];
+            while timer.host_us() < until {
+                std::hint::spin_loop();
+            }
+        }
+        if !step.kind.included(opts.only) {
+            ex.pass_through(pos, &mut slots);
+            rec.skipped();
+            ex.free(pos, &mut slots);
+            continue;
+        }
+        if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
+            ex.pass_through(pos, &mut slots);
+            rec.ran(it, pos, false);
+            ex.free(pos, &mut slots);
+            continue;
+        }
+        if phase == Phase::Instrumented {
+            dispatched.push(pos);
+        }
+        let t0 = timer.mark();
+        let outcome = ex.step(pos, &mut slots, opts.autograd);
+        let t1 = timer.mark();
+        last_op_end = timer.host_at(t1);
+        timed.push((pos, t0, t1));
+        match outcome {
+            Outcome::Ran { upcast } => rec.ran(it, pos, upcast),
+            Outcome::PassedThrough => rec.ran(it, pos, false),
+            Outcome::Failed(e) => {
+                if opts.strict {
+                    return Err(ReplayError::Strict {
+                        op: step.name.clone(),
+                        id: step.id,
+                        source: e,
+                    });
+                }
+                rec.failed(it, pos, &e);
+            }
+        }
+        // Kept out of the timings: value checks read every output, and counting live
+        // storages (first iteration) walks every slot. Not in the instrumented iteration:
+        // the checks' own ops would be among the profiler's events.
+        let check = opts.check_values && phase != Phase::Instrumented && !rec.found_nonfinite();
+        if check || it == 0 {
+            let t_untimed = timer.host_us();
+            if check && ex.produced_nonfinite(pos, &slots) {
+                rec.nonfinite(NonFinite {
+                    op: step.name.clone(),
+                    id: step.id,
+                    iteration: it,
+                });
+            }
+            if it == 0 {
+                rec.live(live_bytes(&slots));
+            }
+            let spent = timer.host_us() - t_untimed;
+            excluded_us += spent;
+            last_op_end += spent;
+        }
+        ex.free(pos, &mut slots);
+    }
+    let end = timer.mark();
+    timer.resolve();
+    let wall_us = timer.us(end) - timer.us(start) - excluded_us;
+    if measured {
+        let faults = match (faults_before, metrics::minor_page_faults()) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+            _ => None,
+        };
+        rec.measured(
+            timer,
+            &timed,
+            wall_us,
+            faults,
+            it + 1 == total_iterations(opts) - opts.instrument as usize,
+        );
+    }
+    rec.end_iteration(phase, wall_us);
+    Ok(dispatched)
+}
+
+/// Every slot after a run, and the (op, reason) of each failure.
+pub type Kept = (Vec<Option<Tensor>>, Vec<(String, String)>);
+
+/// Runs a bound plan once without freeing anything and returns every slot and the failures:
+/// for tests and tools that inspect the values a replay produced.
+pub fn run_once_keep(plan: &Plan, bound: &Bound) -> Result<Kept, ReplayError> {
+    let mut ex = Executor::new(plan, bound, true)?;
+    let mut slots = std::mem::take(&mut ex.externals);
+    let mut failures = Vec::new();
+    for (pos, step) in plan.steps.iter().enumerate() {
+        if let Outcome::Failed(e) = ex.step(pos, &mut slots, true) {
+            failures.push((step.name.clone(), e.message));
+        }
+    }
+    Ok((slots, failures))
+}

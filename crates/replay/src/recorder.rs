@@ -1,0 +1,345 @@
+//! The recorder: what a run did, kept apart from how it runs. It owns the failures, per-step
+//! timings, fallbacks, page faults, slices, value checks and profiled windows, and builds the
+//! [`Report`] at the end.
+
+use crate::bind::Bound;
+use crate::device::{Mark, Timer};
+use crate::error::{CallError, ErrorKind};
+use crate::executor::{first_line, nonfinite, Executor, Phase};
+use crate::ffi::ProfiledEvent;
+use crate::options::ReplayOptions;
+use crate::plan::Plan;
+use crate::report::{Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming};
+use metrics::{Slice, Stats};
+use std::collections::BTreeMap;
+
+pub(crate) struct Recorder<'a> {
+    plan: &'a Plan,
+    opts: &'a ReplayOptions,
+    external_bytes: u64,
+    /// Per step: total µs and calls over the measured iterations.
+    step_total_us: Vec<f64>,
+    step_calls: Vec<u32>,
+    /// Per step, every measured time (with `per_step`).
+    step_us: Vec<Vec<f64>>,
+    iter_ms: Vec<f64>,
+    op_ms: Vec<f64>,
+    faults: Option<u64>,
+    failures: BTreeMap<(String, ErrorKind, String), usize>,
+    dtype_fallbacks: BTreeMap<String, usize>,
+    peak: u64,
+    slices: Vec<Slice>,
+    first_nonfinite: Option<NonFinite>,
+    profiled: Vec<Option<ProfiledStep>>,
+    pub(crate) instrument_error: Option<String>,
+    /// This iteration's counts, and those of the last iteration that was not instrumented.
+    current: (usize, usize, usize),
+    counts: (usize, usize, usize),
+    last_wall_us: f64,
+}
+
+impl<'a> Recorder<'a> {
+    pub fn new(plan: &'a Plan, opts: &'a ReplayOptions, external_bytes: u64) -> Self {
+        let n = plan.steps.len();
+        Recorder {
+            plan,
+            opts,
+            external_bytes,
+            step_total_us: vec![0.0; n],
+            step_calls: vec![0; n],
+            step_us: if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            },
+            iter_ms: Vec::new(),
+            op_ms: Vec::new(),
+            faults: Some(0),
+            failures: BTreeMap::new(),
+            dtype_fallbacks: BTreeMap::new(),
+            peak: 0,
+            slices: Vec::new(),
+            first_nonfinite: None,
+            profiled: Vec::new(),
+            instrument_error: None,
+            current: (0, 0, 0),
+            counts: (0, 0, 0),
+            last_wall_us: 0.0,
+        }
+    }
+
+    pub fn begin_iteration(&mut self) {
+        self.current = (0, 0, 0);
+    }
+
+    /// A step ran (or passed through as a no-op on this device).
+    #[inline]
+    pub fn ran(&mut self, it: usize, pos: usize, upcast: bool) {
+        self.current.0 += 1;
+        if upcast && it == 0 {
+            *self
+                .dtype_fallbacks
+                .entry(self.plan.steps[pos].name.clone())
+                .or_default() += 1;
+        }
+    }
+
+    pub fn failed(&mut self, it: usize, pos: usize, e: &CallError) {
+        self.current.1 += 1;
+        if it == 0 {
+            *self
+                .failures
+                .entry((
+                    self.plan.steps[pos].name.clone(),
+                    e.kind,
+                    first_line(&e.message),
+                ))
+                .or_default() += 1;
+        }
+    }
+
+    /// A step left out by `--only`.
+    #[inline]
+    pub fn skipped(&mut self) {
+        self.current.2 += 1;
+    }
+
+    pub fn found_nonfinite(&self) -> bool {
+        self.first_nonfinite.is_some()
+    }
+
+    pub fn nonfinite(&mut self, n: NonFinite) {
+        self.first_nonfinite = Some(n);
+    }
+
+    /// Live bytes after a step of the first iteration.
+    pub fn live(&mut self, bytes: u64) {
+        self.peak = self.peak.max(bytes);
+    }
+
+    /// A measured iteration's resolved step times, wall time and page faults.
+    pub fn measured(
+        &mut self,
+        timer: &Timer,
+        timed: &[(usize, Mark, Mark)],
+        wall_us: f64,
+        faults: Option<u64>,
+        last: bool,
+    ) {
+        let mut sum = 0.0;
+        for &(pos, t0, t1) in timed {
+            let d = timer.us(t1) - timer.us(t0);
+            sum += d;
+            self.step_total_us[pos] += d;
+            self.step_calls[pos] += 1;
+            if self.opts.per_step {
+                self.step_us[pos].push(d);
+            }
+            if last && self.opts.trace_out.is_some() {
+                let step = &self.plan.steps[pos];
+                self.slices.push(Slice {
+                    name: step.name.clone(),
+                    cat: "op",
+                    ts: timer.us(t0),
+                    dur: d,
+                    tid: 1,
+                    args: serde_json::json!({"id": step.id}),
+                });
+            }
+        }
+        self.faults = match (self.faults, faults) {
+            (Some(sum), Some(f)) => Some(sum + f),
+            _ => None,
+        };
+        self.iter_ms.push(wall_us / 1000.0);
+        self.op_ms.push(sum / 1000.0);
+    }
+
+    pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
+        if phase != Phase::Instrumented {
+            self.counts = self.current;
+        }
+        self.last_wall_us = wall_us;
+    }
+
+    /// Long iterations (big traces, slow devices) report as they finish; short ones stay quiet.
+    pub fn progress(&self, it: usize, total: usize, phase: Phase) {
+        if self.last_wall_us >= 500_000.0 {
+            let kind = match phase {
+                Phase::WarmUp => "warm-up",
+                Phase::Measured => "measured",
+                Phase::Instrumented => "instrumented",
+            };
+            eprintln!(
+                "[replay] iteration {}/{total} ({kind}): {:.3} ms, {} failed",
+                it + 1,
+                self.last_wall_us / 1000.0,
+                self.current.1
+            );
+        }
+    }
+
+    /// Finds each dispatched step's event among the profiler's: the outermost events of this
+    /// thread, in order, matched by name. Extra outermost events (the casts of a float32
+    /// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
+    /// within a few events is left unmatched rather than shifting every later match.
+    pub fn profiled(&mut self, events: &[ProfiledEvent], dispatched: &[usize]) {
+        const LOOKAHEAD: usize = 8;
+        let mut order: Vec<usize> = (0..events.len()).collect();
+        order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
+        // Outermost events with the number of events that start inside each.
+        let mut top: Vec<(usize, u32)> = Vec::new();
+        let mut open_end = 0u64;
+        for &i in &order {
+            let e = &events[i];
+            if top.is_empty() || e.start_ns >= open_end {
+                top.push((i, 0));
+                open_end = e.end_ns;
+            } else if let Some(t) = top.last_mut() {
+                t.1 += 1;
+            }
+        }
+        let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
+        let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
+        let mut out = vec![None; self.plan.steps.len()];
+        let mut j = 0;
+        for &pos in dispatched {
+            let name = self.plan.steps[pos].name.as_str();
+            let found = top[j.min(top.len())..]
+                .iter()
+                .take(LOOKAHEAD)
+                .position(|&(i, _)| events[i].name == name);
+            if let Some(k) = found {
+                let (i, nested) = top[j + k];
+                out[pos] = Some(ProfiledStep {
+                    start_us: us(events[i].start_ns),
+                    end_us: us(events[i].end_ns),
+                    nested,
+                });
+                j += k + 1;
+            }
+        }
+        self.profiled = out;
+    }
+
+    pub fn finish(self, ex: &Executor, bound: &Bound) -> (Report, Vec<Slice>) {
+        let plan = self.plan;
+        let opts = self.opts;
+        let device = ex.device();
+        // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
+        // never ran (e.g. max_pool2d 2.5x faster on NaN): count them for the report.
+        let nonfinite_externals = ex
+            .externals()
+            .iter()
+            .flatten()
+            .filter(|t| nonfinite(t))
+            .count();
+        let iters = opts.iters.max(1);
+        let n_iters = iters as f64;
+        let mut per_op: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+        for (pos, step) in plan.steps.iter().enumerate() {
+            if self.step_calls[pos] > 0 {
+                let e = per_op.entry(step.name.as_str()).or_default();
+                e.0 += self.step_calls[pos] as usize;
+                e.1 += self.step_total_us[pos];
+            }
+        }
+        let mut ops: Vec<OpTiming> = per_op
+            .into_iter()
+            .map(|(name, (count, us))| OpTiming {
+                op: name.to_string(),
+                count: count / iters,
+                total_ms: us / 1000.0 / n_iters,
+                mean_us: us / count.max(1) as f64,
+            })
+            .collect();
+        ops.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+        let iter = Stats::of(&self.iter_ms);
+        let opsum = Stats::of(&self.op_ms);
+        let (replayed, failed, skipped) = self.counts;
+        let steps = (replayed + failed).max(1) as f64;
+        let gaps_ms = opts
+            .gaps_us
+            .as_deref()
+            .filter(|g| g.len() == plan.steps.len())
+            .map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0);
+        let mut planned: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for (s, b) in plan.steps.iter().zip(&bound.steps) {
+            if let Some(f) = &b.fallback {
+                *planned.entry((s.name.clone(), f.clone())).or_default() += 1;
+            }
+        }
+        let fallbacks = planned
+            .into_iter()
+            .map(|((op, ran_as), count)| Fallback { op, count, ran_as })
+            .chain(
+                self.dtype_fallbacks
+                    .into_iter()
+                    .map(|(op, count)| Fallback {
+                        op,
+                        count,
+                        ran_as: format!(
+                            "in float32: no half-precision kernel on {}",
+                            device.name()
+                        ),
+                    }),
+            )
+            .chain(
+                ex.grad_refused
+                    .iter()
+                    .map(|(op, (count, reason))| Fallback {
+                        op: op.clone(),
+                        count: *count,
+                        ran_as: format!("without autograd recording: {reason}"),
+                    }),
+            )
+            .collect();
+        let report = Report {
+            trace: plan.source.clone(),
+            device: device.name(),
+            threads: tch::get_num_threads(),
+            warmup: opts.warmup,
+            iters,
+            ops_selected: plan.included(opts.only),
+            ops_replayed: replayed,
+            ops_failed: failed,
+            ops_skipped: skipped,
+            failures: self
+                .failures
+                .into_iter()
+                .map(|((op, kind, reason), count)| Failure {
+                    op,
+                    count,
+                    kind,
+                    reason,
+                })
+                .collect(),
+            iter_ms: iter,
+            op_ms: opsum,
+            overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
+            peak_bytes: self.peak,
+            page_faults_per_iter: self.faults.map(|f| f as f64 / n_iters),
+            nonfinite_externals,
+            external_bytes: self.external_bytes,
+            externals: plan.externals.len(),
+            device_memory: device.memory(),
+            ops,
+            fallbacks,
+            gaps_ms,
+            steps: plan
+                .steps
+                .iter()
+                .zip(&self.step_us)
+                .map(|(s, v)| StepTiming {
+                    id: s.id,
+                    op: s.name.clone(),
+                    us: Stats::of(v).median,
+                })
+                .collect(),
+            profiled: self.profiled,
+            instrument_error: self.instrument_error,
+            first_nonfinite: self.first_nonfinite,
+        };
+        (report, self.slices)
+    }
+}

@@ -1,0 +1,115 @@
+//! What a replay reports.
+
+use crate::device::MemorySnapshot;
+use crate::error::ErrorKind;
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub op: String,
+    pub count: usize,
+    /// What kind of failure (from the C++ exception's type, or the replay's own planning).
+    pub kind: ErrorKind,
+    pub reason: String,
+}
+
+/// An op that ran as something else on this device (reported per op).
+#[derive(Clone, Debug, Serialize)]
+pub struct Fallback {
+    pub op: String,
+    pub count: usize,
+    pub ran_as: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OpTiming {
+    pub op: String,
+    /// Calls per iteration.
+    pub count: usize,
+    /// Milliseconds per iteration.
+    pub total_ms: f64,
+    pub mean_us: f64,
+}
+
+/// What a replay did. Op counts are per iteration of the replay set.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub trace: String,
+    pub device: String,
+    pub threads: i32,
+    pub warmup: usize,
+    pub iters: usize,
+    pub ops_selected: usize,
+    pub ops_replayed: usize,
+    pub ops_failed: usize,
+    /// Ops left out by `--only` (they pass their inputs through).
+    pub ops_skipped: usize,
+    pub failures: Vec<Failure>,
+    /// Wall time per measured iteration.
+    pub iter_ms: metrics::Stats,
+    /// Sum of op times per measured iteration.
+    pub op_ms: metrics::Stats,
+    /// Replay bookkeeping per op: (iteration - sum of ops) / ops.
+    pub overhead_us_per_op: f64,
+    /// Peak bytes of live storages during the first iteration.
+    pub peak_bytes: u64,
+    /// Minor page faults of the process per measured iteration (`None`: not counted on this
+    /// platform). A warm model takes about none; many mean the replay keeps re-touching fresh
+    /// memory, which costs time the original does not spend.
+    pub page_faults_per_iter: Option<f64>,
+    /// External input tensors holding NaN or Inf after the run: the replay's values diverged
+    /// (an in-place update fed by values the original never had), so its kernels may have run
+    /// slow or fast paths the original did not. 0 for a faithful run.
+    pub nonfinite_externals: usize,
+    pub external_bytes: u64,
+    pub externals: usize,
+    /// The device's memory after the run (CPU: the process's resident memory and its peak).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory: Option<MemorySnapshot>,
+    /// Per op name, most time first.
+    pub ops: Vec<OpTiming>,
+    /// Ops replayed through a device fallback.
+    pub fallbacks: Vec<Fallback>,
+    /// Emulated time outside operators per iteration (ms), 0 without `--emulate-gaps`.
+    pub gaps_ms: f64,
+    /// Median time of each step (with `per_step`), in replay-set order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<StepTiming>,
+    /// With `instrument`: each step's profiled window, in replay-set order (`None` for steps
+    /// not dispatched or not found among the profiler's events).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profiled: Vec<Option<ProfiledStep>>,
+    /// With `instrument`: why the instrumented iteration could not run or be read back (the
+    /// measured iterations stand; `profiled` is then empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrument_error: Option<String>,
+    /// With `check_values`: the first op whose output held NaN/Inf.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_nonfinite: Option<NonFinite>,
+}
+
+/// Where a replay's values first went NaN/Inf.
+#[derive(Clone, Debug, Serialize)]
+pub struct NonFinite {
+    pub op: String,
+    /// The op's ET node id.
+    pub id: u64,
+    /// The iteration (warm-up ones included) it happened in.
+    pub iteration: usize,
+}
+
+/// One step of the instrumented iteration (see [`crate::ReplayOptions::instrument`]): its profiled
+/// window on the profiler's clock (µs) and the events recorded inside it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ProfiledStep {
+    pub start_us: f64,
+    pub end_us: f64,
+    pub nested: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepTiming {
+    pub id: u64,
+    pub op: String,
+    pub us: f64,
+}
