@@ -3,34 +3,29 @@
 //! run. The difference per op is what the replay adds (target: <= 2 us/op).
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use et_schema::testkit::{tensor, TraceBuilder};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 const N: usize = 1000;
 
 fn tiny_add_trace() -> et_schema::Trace {
-    let io0 = json!({"values": [], "shapes": [], "types": []});
-    let mut nodes = vec![
-        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": io0, "outputs": io0, "attrs": []}),
-    ];
-    let t = |id: usize| json!([id, id, 0, 4, 4, "cpu"]);
+    let mut b = TraceBuilder::new();
+    let t = |id: usize| tensor(id as u64, id as u64, 0, 4, 4, "cpu");
     for k in 0..N {
         // x_{k+1} = x_k + y, with x_0 and y external.
         let (x, y, out) = (if k == 0 { 1 } else { 10 + k }, 2, 11 + k);
-        nodes.push(json!({
-            "id": k + 2, "name": "aten::add", "ctrl_deps": 1,
-            "inputs": {"values": [t(x), t(y), 1], "shapes": [[4], [4], []], "types": ["Tensor(float)", "Tensor(float)", "Int"]},
-            "outputs": {"values": [t(out)], "shapes": [[4]], "types": ["Tensor(float)"]},
-            "attrs": [{"name": "op_schema", "type": "string", "value": "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"}],
-        }));
+        b.op(
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+        )
+        .input(t(x), json!([4]), "Tensor(float)")
+        .input(t(y), json!([4]), "Tensor(float)")
+        .input(1, json!([]), "Int")
+        .output(t(out), json!([4]), "Tensor(float)")
+        .done();
     }
-    let doc = json!({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes});
-    et_schema::parse_trace(
-        &serde_json::to_vec(&doc).unwrap(),
-        "tiny-adds",
-        &Default::default(),
-    )
-    .unwrap()
+    b.build()
 }
 
 fn dispatch(c: &mut Criterion) {

@@ -2,6 +2,7 @@
 //! views share storage, failures do not stop the run.
 
 use et_graph::Graph;
+use et_schema::testkit::TraceBuilder;
 use replay::bind::Exec;
 use replay::executor::run_once_keep;
 use replay::plan::{compile, Arg, Out, Plan};
@@ -14,21 +15,18 @@ type V<'a> = (J, J, &'a str);
 type OpRec<'a> = (&'a str, &'a str, Vec<V<'a>>, Vec<V<'a>>);
 
 fn trace(ops: &[OpRec]) -> et_schema::Trace {
-    let mut nodes = vec![
-        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}),
-    ];
-    for (k, (name, schema, ins, outs)) in ops.iter().enumerate() {
-        let io = |v: &Vec<V>| json!({"values": v.iter().map(|x| x.0.clone()).collect::<Vec<_>>(), "shapes": v.iter().map(|x| x.1.clone()).collect::<Vec<_>>(), "types": v.iter().map(|x| x.2).collect::<Vec<_>>()});
-        nodes.push(json!({"id": k + 2, "name": name, "ctrl_deps": 1, "inputs": io(ins), "outputs": io(outs),
-            "attrs": [{"name": "rf_id", "type": "uint64", "value": k}, {"name": "op_schema", "type": "string", "value": schema}]}));
+    let mut b = TraceBuilder::new();
+    for (name, schema, ins, outs) in ops {
+        let mut n = b.op(name, schema);
+        for (v, shape, ty) in ins {
+            n = n.input(v.clone(), shape.clone(), ty);
+        }
+        for (v, shape, ty) in outs {
+            n = n.output(v.clone(), shape.clone(), ty);
+        }
+        n.done();
     }
-    let doc = json!({"schema": "1.1.1-chakra.0.0.4", "nodes": nodes});
-    et_schema::parse_trace(
-        &serde_json::to_vec(&doc).unwrap(),
-        "hand",
-        &Default::default(),
-    )
-    .unwrap()
+    b.build()
 }
 
 /// `aten::full([2], v)` producing tensor `id` (its own storage).
@@ -533,24 +531,26 @@ fn check_values_names_the_first_op_that_produced_nan() {
 /// must not become a panic (tch's Scalar-taking calls panic on errors).
 #[test]
 fn expanded_external_inputs_materialise() {
-    let op = |id: u64, name: &str, schema: &str, ty: &str, out_ty: &str| {
-        json!({"id": id, "name": name, "ctrl_deps": 1,
-            "inputs": {"values": [t(id * 10, id * 10, 1)], "shapes": [[4]], "strides": [[0]], "types": [ty]},
-            "outputs": {"values": [t(id * 10 + 1, id * 10 + 1, 4)], "shapes": [[4]], "types": [out_ty]},
-            "attrs": [{"name": "op_schema", "type": "string", "value": schema}]})
-    };
-    let doc = json!({"schema": "1.1.1-chakra.0.0.4", "nodes": [
-        json!({"id": 1, "name": "[pytorch|profiler|execution_trace|process]", "ctrl_deps": 0, "inputs": {"values": [], "shapes": [], "types": []}, "outputs": {"values": [], "shapes": [], "types": []}, "attrs": []}),
-        // One input scaled like a weight, one also folded non-negative (a sqrt input).
-        op(2, "aten::neg", "aten::neg(Tensor self) -> Tensor", "Tensor(float)", "Tensor(float)"),
-        op(3, "aten::sqrt", "aten::sqrt(Tensor self) -> Tensor", "Tensor(float)", "Tensor(float)"),
-    ]});
-    let tr = et_schema::parse_trace(
-        &serde_json::to_vec(&doc).unwrap(),
-        "hand",
-        &Default::default(),
-    )
-    .unwrap();
+    let mut b = TraceBuilder::new();
+    // One input scaled like a weight, one also folded non-negative (a sqrt input).
+    for (id, name) in [(2u64, "aten::neg"), (3, "aten::sqrt")] {
+        b.node(name)
+            .id(id)
+            .attr(
+                "op_schema",
+                "string",
+                format!("{name}(Tensor self) -> Tensor"),
+            )
+            .input_strided(
+                t(id * 10, id * 10, 1),
+                json!([4]),
+                json!([0]),
+                "Tensor(float)",
+            )
+            .output(t(id * 10 + 1, id * 10 + 1, 4), json!([4]), "Tensor(float)")
+            .done();
+    }
+    let tr = b.build();
     let (slots, failures, plan) = run(&tr);
     assert!(failures.is_empty(), "{failures:?}");
     assert!(slots[out_slot(&plan, 0, 0)].is_some());
