@@ -84,6 +84,9 @@ pub struct Executor<'a> {
     /// Steps whose autograd recording libtorch refused: they run plain from then on.
     no_grad: Vec<bool>,
     externals: Vec<Option<Tensor>>,
+    /// Outputs of steps left out by `--only`, synthesised once and kept like external inputs,
+    /// so that leaving a step out costs its dependants nothing per iteration.
+    stand_ins: Vec<Option<Tensor>>,
     /// Why autograd refused a step, per op name (reported as a fallback), with its count.
     pub(crate) grad_refused: BTreeMap<String, (usize, String)>,
 }
@@ -102,6 +105,7 @@ impl<'a> Executor<'a> {
             bound,
             stack: Stack::default(),
             no_grad: vec![false; plan.steps.len()],
+            stand_ins: (0..plan.n_slots).map(|_| None).collect(),
             externals,
             grad_refused: BTreeMap::new(),
         })
@@ -176,6 +180,24 @@ impl<'a> Executor<'a> {
             slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
         }
         self.fill_missing_outputs(pos, slots);
+    }
+
+    /// A step left out by `--only`: outputs that are inputs pass through, the others get
+    /// stand-ins made on first use and kept.
+    pub fn leave_out(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+        let step = &self.plan.steps[pos];
+        for (from, to) in &step.passthrough {
+            slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
+        }
+        for (s, spec) in &step.out_specs {
+            let s = *s as usize;
+            if slots[s].is_none() {
+                if self.stand_ins[s].is_none() {
+                    self.stand_ins[s] = self.bound.device.synthesise(spec);
+                }
+                slots[s] = self.stand_ins[s].as_ref().map(|t| t.shallow_clone());
+            }
+        }
     }
 
     /// Drops the slots whose last use is step `pos`.
@@ -567,7 +589,7 @@ fn iteration(
             }
         }
         if !step.kind.included(opts.only) {
-            ex.pass_through(pos, &mut slots);
+            ex.leave_out(pos, &mut slots);
             rec.skipped();
             ex.free(pos, &mut slots);
             continue;

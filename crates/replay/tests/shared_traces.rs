@@ -294,3 +294,31 @@ fn compiled_plans_of_every_shared_cpu_trace_round_trip_through_serde() {
         }
     }
 }
+
+/// `--only` is the replay's decision: with every op of a Gloo trace planned, `compute` leaves
+/// the collectives out (their outputs pass through or get stand-ins) and everything that
+/// depends on them still runs; `comm` leaves the compute out.
+#[test]
+fn only_leaves_steps_out_and_their_dependants_still_run() {
+    tch::set_num_threads(1);
+    let opts = |only| replay::ReplayOptions {
+        only,
+        iters: 2,
+        warmup: 1,
+        ..Default::default()
+    };
+    let all = et_graph::Selection::default();
+    let rel = "cpu/dist_mlp_w2.rank0.et.json";
+    let r = replay_with(rel, &all, &opts(et_graph::Kind::Compute));
+    assert_eq!(r.ops_failed, 0, "{:?}", r.failures);
+    assert_eq!(r.ops_skipped, 6, "the six Gloo collectives");
+    assert_eq!(r.ops_replayed, r.ops_selected);
+    let c = replay_with(rel, &all, &opts(et_graph::Kind::Comm));
+    assert_eq!(c.ops_selected, 6);
+    assert_eq!(c.ops_skipped, r.ops_selected);
+    // Collectives run with the distributed replay; in one process they fail, typed.
+    assert!(c
+        .failures
+        .iter()
+        .all(|f| f.kind == replay::ErrorKind::Unsupported));
+}
