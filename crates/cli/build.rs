@@ -14,4 +14,11 @@ fn main() {
     // Test binaries start the executables and need no libtorch; an rpath in case one links it.
     println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{}", lib.display());
     println!("cargo:libtorch_lib={}", lib.display());
+    // One id per build of this package: `mystique` refuses to hand over to a `mystique-replay`
+    // from another build (e.g. `cargo run` rebuilt only `mystique`).
+    let id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    println!("cargo:rustc-env=MYSTIQUE_BUILD_ID={id}");
 }

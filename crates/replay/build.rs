@@ -21,6 +21,8 @@ fn main() {
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")
+        .flag("-DUSE_DISTRIBUTED")
+        .flag("-DUSE_C10D_GLOO")
         .file("csrc/shim.cpp")
         .compile("mystique_shim");
     println!("cargo:rustc-link-search=native={}", lib.display());

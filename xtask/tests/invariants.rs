@@ -288,3 +288,26 @@ fn only_replay_and_its_executables_use_libtorch_directly() {
     );
     assert!(bad.is_empty(), "libtorch outside replay: {bad:?}");
 }
+
+/// The replay plan is pure data built without libtorch: its module uses neither tch nor the
+/// shim, so it could move to a crate of its own unchanged.
+#[test]
+fn the_replay_plan_module_touches_no_libtorch() {
+    let src = std::fs::read_to_string(workspace_root().join("crates/replay/src/plan.rs")).unwrap();
+    for forbidden in [
+        "tch::",
+        "torch_sys",
+        "crate::ffi",
+        "crate::executor",
+        "crate::device",
+    ] {
+        assert!(
+            !src.contains(forbidden),
+            "crates/replay/src/plan.rs uses {forbidden}"
+        );
+    }
+    assert!(
+        src.contains("pub fn compile("),
+        "sanity: this is the plan module"
+    );
+}

@@ -122,8 +122,18 @@ pub enum ComposeOp {
 
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
-    /// ET file (.json, .json.gz, or - for stdin).
-    pub trace: PathBuf,
+    /// ET file (.json, .json.gz, or - for stdin). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+    /// MASTER_PORT set), this rank's trace: its collectives run with the other ranks'.
+    #[arg(required_unless_present = "ranks")]
+    pub trace: Option<PathBuf>,
+    /// Replay every rank together on this machine, one process per rank over loopback: a
+    /// directory of rank traces or a glob ('traces/rank*.et.json.gz'). Ranks are ordered by the
+    /// rank each trace recorded (else by file name).
+    #[arg(long, conflicts_with = "trace")]
+    pub ranks: Option<String>,
+    /// Seconds a rank waits for the others (rendezvous, each collective) before it fails.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
     /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
     #[arg(long, default_value = "cpu")]
     pub device: String,

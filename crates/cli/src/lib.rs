@@ -12,6 +12,11 @@ use anyhow::Result;
 use args::{Cli, Cmd, ComposeOp};
 use std::process::ExitCode;
 
+/// This build's id: `mystique` passes it to `mystique-replay` in [`BUILD_ENV`], which refuses
+/// to run for a `mystique` of another build.
+pub const BUILD_ID: &str = env!("MYSTIQUE_BUILD_ID");
+pub const BUILD_ENV: &str = "MYSTIQUE_BUILD_ID";
+
 /// Runs a command that needs no libtorch; `None` for `replay`, `compare` and `env`.
 pub fn run(cli: Cli) -> Option<Result<()>> {
     compose_cmd::set_json(cli.json);

@@ -21,10 +21,18 @@ fn main() -> ExitCode {
 /// The `mystique-replay` executable: `$MYSTIQUE_REPLAY`, else beside this one.
 fn replay_exe() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("MYSTIQUE_REPLAY") {
-        return Ok(PathBuf::from(p));
+        let p = PathBuf::from(p);
+        let me = std::env::current_exe().context("locating the mystique executable")?;
+        if p.canonicalize().ok() == me.canonicalize().ok() {
+            anyhow::bail!("MYSTIQUE_REPLAY={} is mystique itself", p.display());
+        }
+        return Ok(p);
     }
     let me = std::env::current_exe().context("locating the mystique executable")?;
     let exe = me.with_file_name(format!("mystique-replay{}", std::env::consts::EXE_SUFFIX));
+    if exe.canonicalize().ok() == me.canonicalize().ok() {
+        anyhow::bail!("{} is mystique itself, not mystique-replay", exe.display());
+    }
     anyhow::ensure!(
         exe.exists(),
         "{} is missing: replay, compare and env run in it (build both with `cargo xtask setup`, \
@@ -38,11 +46,13 @@ fn replay_exe() -> Result<PathBuf> {
 fn exec_replay() -> Result<()> {
     let exe = replay_exe()?;
     let mut cmd = std::process::Command::new(&exe);
-    cmd.args(std::env::args_os().skip(1));
+    cmd.args(std::env::args_os().skip(1))
+        .env(mystique_cli::BUILD_ENV, mystique_cli::BUILD_ID);
     #[cfg(unix)]
     {
         use std::os::unix::process::CommandExt;
-        let err = cmd.exec();
+        // Usage and error messages name the command the user typed.
+        let err = cmd.arg0("mystique").exec();
         Err(err).with_context(|| format!("starting {}", exe.display()))
     }
     #[cfg(not(unix))]

@@ -67,6 +67,30 @@ pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
     None
 }
 
+/// The rank a trace was captured on, where it recorded one: a `record_param_comms` record's
+/// `rank` attribute, or (older schemas) the integer input just before its collective's name.
+pub fn recorded_rank(t: &Trace) -> Option<u64> {
+    t.nodes
+        .iter()
+        .filter(|n| t.name(n) == "record_param_comms")
+        .find_map(|n| {
+            let attr = t.extras(n).iter().find_map(|e| match e.value {
+                Value::Int(r) if t.str(e.name) == "rank" && r >= 0 => Some(r as u64),
+                _ => None,
+            });
+            attr.or_else(|| {
+                let ins = t.inputs(n);
+                let name_at = ins
+                    .iter()
+                    .position(|a| matches!(a.value, Value::Str(s) if !t.str(s).starts_with('<')))?;
+                match ins.get(name_at.checked_sub(1)?)?.value {
+                    Value::Int(r) if r >= 0 => Some(r as u64),
+                    _ => None,
+                }
+            })
+        })
+}
+
 /// Whether a node is a backend annotation (`nccl:all_reduce`, `gloo:broadcast`) rather than the
 /// c10d op or `record_param_comms` record of a collective.
 fn is_backend_annotation(name: &str) -> bool {

@@ -11,12 +11,18 @@
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/profiler/standalone/execution_trace_observer.h>
 
 #include <cstdlib>
 #include <memory>
 
 #include <cstring>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -151,6 +157,17 @@ void mq_push_opt_tensor_list(MqStack* st, const at::Tensor* const* v, size_t n) 
   }
   st->s.emplace_back(l);
 }
+// Tensor[][] (an allgather's outputs): `n` lists, list k of lens[k] tensors from `v` in order.
+void mq_push_tensor_lists(MqStack* st, const at::Tensor* const* v, const size_t* lens, size_t n) {
+  c10::List<c10::List<at::Tensor>> outer;
+  size_t at = 0;
+  for (size_t k = 0; k < n; k++) {
+    c10::List<at::Tensor> inner;
+    for (size_t i = 0; i < lens[k]; i++, at++) inner.push_back(v[at] ? *v[at] : at::Tensor());
+    outer.push_back(inner);
+  }
+  st->s.emplace_back(outer);
+}
 // Scalar[] (e.g. _foreach_addcdiv_.ScalarList): a generic list of numbers.
 void mq_push_scalar_list(MqStack* st, const double* v, size_t n) {
   c10::impl::GenericList l(c10::NumberType::get());
@@ -178,13 +195,34 @@ int mq_set_requires_grad(at::Tensor* t) {
   return guarded([&] { t->set_requires_grad(true); });
 }
 
-// 0 none, 1 tensor, 2 tensor list, 3 other.
+// 0 none, 1 tensor, 2 tensor list, 3 other, 4 list of tensor lists.
 int mq_stack_kind(MqStack* st, size_t i) {
   const auto& v = st->s.at(i);
   if (v.isNone()) return 0;
   if (v.isTensor()) return 1;
   if (v.isTensorList()) return 2;
+  if (v.isList()) {
+    auto l = v.toListRef();
+    bool nested = !l.empty();
+    for (const auto& x : l) nested = nested && x.isTensorList();
+    if (nested) return 4;
+  }
   return 3;
+}
+
+// Tensors of a list of tensor lists, flattened: how many, and the k-th (a new owned tensor).
+size_t mq_stack_flat_len(MqStack* st, size_t i) {
+  size_t n = 0;
+  for (const auto& x : st->s.at(i).toListRef()) n += x.toTensorList().size();
+  return n;
+}
+at::Tensor* mq_stack_flat_tensor(MqStack* st, size_t i, size_t k) {
+  for (const auto& x : st->s.at(i).toListRef()) {
+    auto l = x.toTensorList();
+    if (k < l.size()) return new at::Tensor(l.get(k));
+    k -= l.size();
+  }
+  return new at::Tensor();
 }
 
 // A new owned at::Tensor for result i (caller frees through tch).
@@ -303,5 +341,168 @@ const char* mq_event(const MqEvents* ev, size_t i, uint64_t* start_ns, uint64_t*
   return ev->names[i].c_str();
 }
 void mq_events_free(MqEvents* ev) { delete ev; }
+
+}  // extern "C"
+
+// --- Process groups: Gloo over a TCPStore rendezvous, for replaying collectives ---
+//
+// The wheel ships c10d's headers but not gloo's, which ProcessGroupGloo.hpp includes. The three
+// entry points needed are looked up by their mangled names at run time (a libtorch built without
+// Gloo then gives a clear error instead of failing to load), and ProcessGroupGloo::Options is read
+// through a mirror of its leading fields, which follow Backend::Options in the header:
+// `std::vector<std::shared_ptr<gloo::transport::Device>> devices; int threads;`.
+
+namespace gloo {
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace {
+struct GlooOptionsMirror : c10d::Backend::Options {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
+  int threads;
+};
+using CreateDefault = c10::intrusive_ptr<GlooOptionsMirror> (*)(std::chrono::milliseconds);
+using DeviceForHost = std::shared_ptr<::gloo::transport::Device> (*)(const std::string&, bool);
+using GlooCtor = void (*)(void*, const c10::intrusive_ptr<c10d::Store>&, int, int,
+                          c10::intrusive_ptr<GlooOptionsMirror>);
+// Bytes reserved for a ProcessGroupGloo (its real size is a few hundred; it is destroyed through
+// its virtual destructor, which frees this block).
+constexpr size_t kGlooBytes = 1 << 16;
+
+template <typename F>
+F gloo_symbol(const char* name) {
+  void* p = dlsym(RTLD_DEFAULT, name);
+  if (!p) throw std::runtime_error(std::string("this libtorch has no Gloo backend (") + name + ")");
+  return reinterpret_cast<F>(p);
+}
+
+c10::intrusive_ptr<c10d::Backend> new_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, std::chrono::milliseconds timeout,
+                                           const std::string& host) {
+  auto create_default = gloo_symbol<CreateDefault>(
+      "_ZN4c10d16ProcessGroupGloo7Options14create_defaultENSt6chrono8durationIlSt5ratioILl1ELl1000EEEE");
+  auto device_for_host = gloo_symbol<DeviceForHost>(
+      "_ZN4c10d16ProcessGroupGloo23createDeviceForHostnameERKNSt7__cxx1112basic_stringIcSt11char_"
+      "traitsIcESaIcEEEb");
+  auto ctor = gloo_symbol<GlooCtor>(
+      "_ZN4c10d16ProcessGroupGlooC1ERKN3c1013intrusive_ptrINS_5StoreENS1_6detail34intrusive_"
+      "target_default_null_typeIS3_EEEEiiNS2_INS0_7OptionsENS5_ISA_EEEE");
+  auto opts = create_default(timeout);
+  // Loopback or the given address only: never whatever the host name resolves to.
+  opts->devices.clear();
+  opts->devices.push_back(device_for_host(host, false));
+  void* mem = ::operator new(kGlooBytes);
+  std::memset(mem, 0, kGlooBytes);
+  try {
+    ctor(mem, store, rank, size, std::move(opts));
+  } catch (...) {
+    ::operator delete(mem);
+    throw;
+  }
+  return c10::intrusive_ptr<c10d::Backend>::unsafe_steal_from_new(
+      static_cast<c10d::Backend*>(mem));
+}
+}  // namespace
+
+struct MqComm {
+  c10::intrusive_ptr<c10d::Store> store;
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{60000};
+  std::string host;
+  // Groups by index; a null entry is a group this rank is not a member of.
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups;
+};
+
+namespace {
+c10::intrusive_ptr<c10d::ProcessGroup> make_group(MqComm* c, c10::intrusive_ptr<c10d::Store> store,
+                                                  int rank, int size, const std::string& name) {
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  auto backend = new_gloo(store, rank, size, c->timeout, c->host);
+  backend->setGroupUid(name);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  pg->setGroupName(name);
+  return pg;
+}
+}  // namespace
+
+extern "C" {
+
+// Joins the world: a TCPStore at host:port (rank 0 serves it) and the world group (group 0).
+MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t timeout_ms, int* code) {
+  MqComm* out = nullptr;
+  *code = guarded([&] {
+    auto c = std::make_unique<MqComm>();
+    c->rank = rank;
+    c->size = size;
+    c->host = host;
+    c->timeout = std::chrono::milliseconds(timeout_ms);
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(port);
+    o.isServer = rank == 0;
+    o.numWorkers = size;
+    o.waitWorkers = true;
+    o.timeout = c->timeout;
+    o.useLibUV = false;
+    c->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), o);
+    auto world = c10::make_intrusive<c10d::PrefixStore>("mystique/world", c->store);
+    c->groups.push_back(make_group(c.get(), world, rank, size, "0"));
+    out = c.release();
+  });
+  return out;
+}
+
+// A subgroup of global ranks (every rank calls this in the same order, members or not). Returns
+// its index, or -1 with the error set.
+int64_t mq_dist_new_group(MqComm* c, const char* name, const int64_t* ranks, size_t n) {
+  int64_t idx = -1;
+  int rc = guarded([&] {
+    int me = -1;
+    for (size_t i = 0; i < n; i++)
+      if (ranks[i] == c->rank) me = static_cast<int>(i);
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    if (me >= 0) {
+      auto store = c10::make_intrusive<c10d::PrefixStore>(std::string("mystique/") + name, c->store);
+      pg = make_group(c, store, me, static_cast<int>(n), name);
+    }
+    c->groups.push_back(pg);
+    idx = static_cast<int64_t>(c->groups.size()) - 1;
+  });
+  return rc == 0 ? idx : -1;
+}
+
+void mq_dist_free(MqComm* c) { delete c; }
+
+// Pushes group `g` as a ProcessGroup argument; 1 if this rank is not a member (or no group).
+int mq_push_group(MqStack* st, MqComm* c, int64_t g) {
+  if (!c || g < 0 || static_cast<size_t>(g) >= c->groups.size() || !c->groups[g]) {
+    last_error = "this rank is not a member of the collective's process group";
+    return 4;
+  }
+  st->s.emplace_back(c->groups[g]);
+  return 0;
+}
+
+// Pushes a ReduceOp (c10d::ReduceOp::RedOpType code).
+void mq_push_reduce_op(MqStack* st, int op) {
+  st->s.emplace_back(c10::make_intrusive<c10d::ReduceOp>(static_cast<c10d::ReduceOp::RedOpType>(op)));
+}
+
+// Waits for every Work handle among the results on the stack (a collective's async work).
+int mq_stack_wait_works(MqStack* st, int64_t timeout_ms) {
+  return guarded([&] {
+    for (auto& v : st->s) {
+      if (!v.isObject() && !v.isCapsule()) continue;
+      if (!v.isObject()) continue;
+      auto obj = v.toObject();
+      if (obj->type()->name() && obj->type()->name()->qualifiedName() ==
+                                     "__torch__.torch.classes.c10d.Work") {
+        v.toCustomClass<c10d::Work>()->wait(std::chrono::milliseconds(timeout_ms));
+      }
+    }
+  });
+}
 
 }  // extern "C"

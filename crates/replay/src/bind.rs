@@ -108,6 +108,17 @@ pub fn bind(plan: &Plan, device: &Device) -> Bound {
                     RewriteTo::Call { .. } => {}
                 }
             }
+            // `record_param_comms` "wait" records: the replay waits for each collective's
+            // work when it is issued, so these have nothing left to do.
+            if let crate::plan::StepKind::Collective(c) = &step.kind {
+                if c.name == "wait" && step.op.is_none() {
+                    return BoundStep {
+                        exec: Exec::PassThrough,
+                        args: None,
+                        fallback: None,
+                    };
+                }
+            }
             if let Some(p) = &step.problem {
                 return failing(CallError::unsupported(p.clone()));
             }
@@ -196,6 +207,13 @@ pub fn reconcile(step: &Step, reg: &OpSchema, recorded: &OpSchema) -> Result<Vec
         match pos.and_then(|p| step.args.get(p)) {
             // The recorded call left it to its default: the registered default, at its position.
             Some(Arg::Default(_)) if ra.default.is_some() => out.push(Arg::Default(k)),
+            Some(Arg::Default(_)) if ra.ty.is_optional() => out.push(Arg::None),
+            Some(Arg::Default(_)) => {
+                return Err(format!(
+                    "argument {} was left to a default the registered schema does not have",
+                    ra.name.as_deref().unwrap_or("?")
+                ))
+            }
             Some(a) => out.push(
                 coerce(a.clone(), &ra.ty)
                     .map_err(|e| format!("argument {}: {e}", ra.name.as_deref().unwrap_or("?")))?,
@@ -213,20 +231,36 @@ pub fn reconcile(step: &Step, reg: &OpSchema, recorded: &OpSchema) -> Result<Vec
     Ok(out)
 }
 
-/// An argument built for one schema type, as another type expects it (a number recorded as
-/// `int` passed where the registered schema says `Scalar`, and the like).
+/// An argument built for one schema type, as another type expects it: what building it from
+/// the trace value with the registered type would have given (a number recorded as `int` where
+/// the registered schema says `Scalar`, a list whose elements became optional, one int for an
+/// `int[N]`).
 fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
-    if let SchemaType::Optional(inner) = ty {
-        return match a {
-            Arg::None => Ok(Arg::None),
-            a => coerce(a, inner),
-        };
-    }
     let base = match ty {
+        SchemaType::Optional(inner) => {
+            return match a {
+                Arg::None | Arg::UndefinedTensor => Ok(Arg::None),
+                a => coerce(a, inner),
+            }
+        }
+        SchemaType::List { elem, size, .. } => {
+            return Ok(match (elem.base_name().unwrap_or(""), a) {
+                ("Tensor", Arg::TensorList { slots, .. }) => Arg::TensorList {
+                    slots,
+                    optional: elem.is_optional(),
+                },
+                ("int" | "SymInt", Arg::Int(i)) => Arg::IntList(vec![i; size.unwrap_or(1)]),
+                ("float", Arg::ScalarList(v)) => Arg::DoubleList(v),
+                ("Scalar", Arg::DoubleList(v)) => Arg::ScalarList(v),
+                (_, a) => a,
+            })
+        }
         SchemaType::Named { name, .. } => name.as_str(),
         _ => return Ok(a),
     };
     Ok(match (base, a) {
+        ("Device", _) => Arg::Device,
+        ("Generator", _) => Arg::None,
         ("Tensor", Arg::None) => Arg::UndefinedTensor,
         ("Scalar", Arg::Int(i)) => Arg::ScalarInt(i),
         ("Scalar", Arg::Double(f)) => Arg::ScalarDouble(f),
@@ -235,6 +269,11 @@ fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
         ("float", Arg::ScalarDouble(f)) => Arg::Double(f),
         ("int" | "SymInt", Arg::ScalarInt(i)) => Arg::Int(i),
         ("int" | "SymInt", Arg::Bool(b) | Arg::ScalarBool(b)) => Arg::Int(b as i64),
+        ("int" | "SymInt", Arg::Double(_) | Arg::ScalarDouble(_)) => {
+            return Err(format!(
+                "a floating-point value where the schema needs {ty}"
+            ));
+        }
         ("bool", Arg::Int(i) | Arg::ScalarInt(i)) => Arg::Bool(i != 0),
         ("bool", Arg::ScalarBool(b)) => Arg::Bool(b),
         ("int" | "SymInt" | "float" | "bool" | "Scalar" | "str", Arg::None) => {
@@ -242,4 +281,85 @@ fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
         }
         (_, a) => a,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Arg, Step, StepKind};
+
+    fn step(args: Vec<Arg>) -> Step {
+        Step {
+            node: 0,
+            id: 2,
+            name: "aten::x".into(),
+            kind: StepKind::Compute,
+            op: Some(0),
+            problem: None,
+            args,
+            outs: vec![],
+            out_specs: vec![],
+            frees: vec![],
+            passthrough: vec![],
+            autograd: false,
+        }
+    }
+
+    fn schema(s: &str) -> OpSchema {
+        OpSchema::parse(s).unwrap()
+    }
+
+    /// Arguments are matched by name, converted to the registered types, and the registered
+    /// defaults fill what the recorded schema did not have.
+    #[test]
+    fn reconcile_matches_by_name_and_converts_types() {
+        let recorded =
+            schema("aten::x(Tensor[] a, int n, Scalar[] s, Tensor b, float f) -> Tensor");
+        let reg = schema(
+            "aten::x(float f, Tensor?[] a, int[2] n, float[] s, Tensor? b, Scalar alpha=1, int? extra=None) -> Tensor",
+        );
+        let st = step(vec![
+            Arg::TensorList {
+                slots: vec![Some(1)],
+                optional: false,
+            },
+            Arg::Int(3),
+            Arg::ScalarList(vec![0.5]),
+            Arg::UndefinedTensor,
+            Arg::Double(2.0),
+        ]);
+        let args = reconcile(&st, &reg, &recorded).unwrap();
+        assert_eq!(
+            args,
+            vec![
+                Arg::Double(2.0),
+                Arg::TensorList {
+                    slots: vec![Some(1)],
+                    optional: true
+                },
+                Arg::IntList(vec![3, 3]),
+                Arg::DoubleList(vec![0.5]),
+                Arg::None,
+                Arg::Default(5),
+                Arg::Default(6),
+            ]
+        );
+    }
+
+    /// What cannot be reconciled is an error, not a wrong call.
+    #[test]
+    fn reconcile_refuses_what_it_cannot_convert() {
+        let recorded = schema("aten::x(Tensor a, float f) -> Tensor");
+        let reg = schema("aten::x(Tensor a, int f, int g) -> Tensor");
+        let st = step(vec![Arg::Tensor(0), Arg::Double(0.5)]);
+        assert!(reconcile(&st, &reg, &recorded)
+            .unwrap_err()
+            .contains("floating-point"));
+        let recorded = schema("aten::x(Tensor a, int k=1) -> Tensor");
+        let reg = schema("aten::x(Tensor a, int k) -> Tensor");
+        let st = step(vec![Arg::Tensor(0), Arg::Default(1)]);
+        assert!(reconcile(&st, &reg, &recorded)
+            .unwrap_err()
+            .contains("default"));
+    }
 }

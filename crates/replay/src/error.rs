@@ -71,6 +71,13 @@ pub enum ReplayError {
     },
     #[error("{0}")]
     Device(String),
+    #[error("rank {rank}: {what}")]
+    Dist {
+        rank: usize,
+        what: String,
+        #[source]
+        source: CallError,
+    },
     #[error("loading {path}")]
     Library {
         path: String,

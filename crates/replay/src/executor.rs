@@ -6,7 +6,7 @@
 use crate::bind::{Bound, Exec};
 use crate::device::{Device, Mark, Timer};
 use crate::error::{CallError, ErrorKind, ReplayError};
-use crate::ffi::{self, Stack};
+use crate::ffi::{self, Comm, Stack};
 use crate::options::ReplayOptions;
 use crate::plan::{Arg, Fill, Out, Plan, TensorSpec};
 use crate::recorder::Recorder;
@@ -66,9 +66,11 @@ fn total_iterations(opts: &ReplayOptions) -> usize {
 /// How one step went.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The op ran; `upcast`: in float32, the device having no half-precision kernel for it.
+    /// The op ran; `upcast`: in float32, the device having no half-precision kernel for it;
+    /// `grad_refused`: plain, autograd having refused to record it (why).
     Ran {
         upcast: bool,
+        grad_refused: Option<String>,
     },
     /// Passed through without a call (a no-op on this device, or left out by `--only`).
     PassedThrough,
@@ -87,16 +89,41 @@ pub struct Executor<'a> {
     /// Outputs of steps left out by `--only`, synthesised once and kept like external inputs,
     /// so that leaving a step out costs its dependants nothing per iteration.
     stand_ins: Vec<Option<Tensor>>,
-    /// Why autograd refused a step, per op name (reported as a fallback), with its count.
-    pub(crate) grad_refused: BTreeMap<String, (usize, String)>,
+    /// This rank's process groups, when collectives run for real.
+    comm: Option<Comm>,
+    /// How long a collective's work may take.
+    timeout: std::time::Duration,
 }
 
 impl<'a> Executor<'a> {
     /// Sets the process up as a warm model's and materialises the external inputs (with
     /// `autograd`, the parameters require grad). Every way of running a plan starts here.
     pub fn new(plan: &'a Plan, bound: &'a Bound, autograd: bool) -> Result<Self, ReplayError> {
+        Self::running(plan, bound, autograd, et_graph::Kind::All)
+    }
+
+    /// [`Executor::new`] for the steps `only` runs: external inputs that only left-out steps
+    /// read are not materialised (a comm-only replay of a large model holds what its
+    /// collectives need, not the model).
+    pub fn running(
+        plan: &'a Plan,
+        bound: &'a Bound,
+        autograd: bool,
+        only: et_graph::Kind,
+    ) -> Result<Self, ReplayError> {
         bound.device.setup_process();
-        let externals = materialise(plan, &bound.device)?;
+        let needed = (only != et_graph::Kind::All).then(|| {
+            let mut needed = vec![false; plan.n_slots];
+            for (pos, step) in plan.steps.iter().enumerate() {
+                if step.kind.included(only) {
+                    for s in bound.args(plan, pos).iter().flat_map(Arg::slots) {
+                        needed[s as usize] = true;
+                    }
+                }
+            }
+            needed
+        });
+        let externals = materialise(plan, &bound.device, needed.as_deref())?;
         if autograd {
             require_grad(plan, &externals);
         }
@@ -106,9 +133,22 @@ impl<'a> Executor<'a> {
             stack: Stack::default(),
             no_grad: vec![false; plan.steps.len()],
             stand_ins: (0..plan.n_slots).map(|_| None).collect(),
+            comm: None,
+            timeout: std::time::Duration::from_secs(60),
             externals,
-            grad_refused: BTreeMap::new(),
         })
+    }
+
+    /// Runs collectives through these process groups, each waited for at most `timeout`.
+    pub fn with_comm(mut self, comm: Comm, timeout: std::time::Duration) -> Self {
+        self.comm = Some(comm);
+        self.timeout = timeout;
+        self
+    }
+
+    /// This process's rank and the world size, when collectives run for real.
+    pub fn rank(&self) -> Option<(usize, usize)> {
+        self.comm.as_ref().map(|c| (c.rank, c.size))
     }
 
     pub fn device(&self) -> &Device {
@@ -129,8 +169,8 @@ impl<'a> Executor<'a> {
             .collect()
     }
 
-    /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it.
-    /// A failed step's outputs are synthesised, so dependants still run.
+    /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it:
+    /// the call(s) and their outputs, what a timer brackets. [`Executor::settle`] finishes it.
     pub fn step(&mut self, pos: usize, slots: &mut [Option<Tensor>], autograd: bool) -> Outcome {
         // A reference with the bound plan's lifetime, not a clone: no refcount traffic per op.
         let bound = self.bound;
@@ -140,36 +180,39 @@ impl<'a> Executor<'a> {
                 self.pass_through(pos, slots);
                 return Outcome::PassedThrough;
             }
-            Exec::Fail(e) => {
-                self.fill_missing_outputs(pos, slots);
-                return Outcome::Failed(e.clone());
-            }
+            Exec::Fail(e) => return Outcome::Failed(e.clone()),
         };
         let grad = autograd && self.plan.steps[pos].autograd && !self.no_grad[pos];
-        let res = match self.call(pos, op, slots, grad) {
+        match self.call(pos, op, slots, grad) {
             // Autograd refuses some calls the original made without it (an in-place op on an
             // input the replay made a parameter): those run plain from then on, reported.
             Err(e) if grad => {
                 self.stack.clear();
-                let plain = self.call(pos, op, slots, false);
-                if plain.is_ok() {
-                    self.no_grad[pos] = true;
-                    self.grad_refused
-                        .entry(self.plan.steps[pos].name.clone())
-                        .or_insert_with(|| (0, first_line(&e.message)))
-                        .0 += 1;
+                match self.call(pos, op, slots, false) {
+                    Ok(upcast) => {
+                        self.no_grad[pos] = true;
+                        Outcome::Ran {
+                            upcast,
+                            grad_refused: Some(first_line(&e.message)),
+                        }
+                    }
+                    Err(e) => Outcome::Failed(e),
                 }
-                plain
             }
-            res => res,
-        };
+            Ok(upcast) => Outcome::Ran {
+                upcast,
+                grad_refused: None,
+            },
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
+    /// After a step, outside its timing: releases the call's stack and synthesises a failed
+    /// op's outputs from the recorded specs, so that dependants still run.
+    pub fn settle(&mut self, pos: usize, slots: &mut [Option<Tensor>], outcome: &Outcome) {
         self.stack.clear();
-        match res {
-            Ok(upcast) => Outcome::Ran { upcast },
-            Err(e) => {
-                self.fill_missing_outputs(pos, slots);
-                Outcome::Failed(e)
-            }
+        if matches!(outcome, Outcome::Failed(_)) {
+            self.fill_missing_outputs(pos, slots);
         }
     }
 
@@ -227,8 +270,19 @@ impl<'a> Executor<'a> {
         grad: bool,
     ) -> Result<bool, CallError> {
         let args = self.bound.args(self.plan, pos);
-        let first = push_args(&mut self.stack, args, slots, op, &self.bound.device)
-            .and_then(|()| self.stack.call(op, grad));
+        let comm = self.comm.as_ref();
+        let collective = self.plan.steps[pos].kind.is_collective();
+        let first = push_args(&mut self.stack, args, slots, op, &self.bound.device, comm)
+            .and_then(|()| self.stack.call(op, grad))
+            // A collective's work completes before anything reads its tensors (the trace's
+            // own waits then find it done).
+            .and_then(|()| {
+                if collective {
+                    self.stack.wait_works(self.timeout)
+                } else {
+                    Ok(())
+                }
+            });
         match first {
             Ok(()) => {
                 if !take_outputs(&self.stack, &self.plan.steps[pos].outs, slots) {
@@ -236,11 +290,13 @@ impl<'a> Executor<'a> {
                 }
                 Ok(false)
             }
-            // No kernel for this dtype (NotImplemented), or a check that refuses it (linalg's
-            // "low precision dtypes not supported" is a plain error): worth a float32 try only
-            // when the step has half-precision inputs.
+            // No kernel for this dtype (NotImplemented), or linear algebra's check that refuses
+            // low precision (a plain error): worth a float32 try only when the step has
+            // half-precision inputs. Other plain errors (autograd refusing an in-place write,
+            // shape errors) are not dtype gaps.
             Err(e)
-                if matches!(e.kind, ErrorKind::NotImplemented | ErrorKind::Other)
+                if (e.kind == ErrorKind::NotImplemented
+                    || (e.kind == ErrorKind::Other && is_linalg(&self.plan.steps[pos].name)))
                     && has_half_input(args, slots) =>
             {
                 let up = |t: &Tensor| {
@@ -256,7 +312,7 @@ impl<'a> Executor<'a> {
                     view[s as usize] = slots[s as usize].as_ref().map(up);
                 }
                 self.stack.clear();
-                push_args(&mut self.stack, args, &view, op, &self.bound.device)?;
+                push_args(&mut self.stack, args, &view, op, &self.bound.device, comm)?;
                 self.stack
                     .call(op, grad)
                     .map_err(|e2| CallError::new(e.kind, format!("{e} (and in float32: {e2})")))?;
@@ -289,6 +345,16 @@ impl<'a> Executor<'a> {
     }
 }
 
+/// Linear algebra ops, whose CPU kernels refuse half precision with a plain error.
+fn is_linalg(op: &str) -> bool {
+    let base = op.trim_start_matches("aten::").trim_start_matches('_');
+    base.starts_with("linalg_")
+        || matches!(
+            base,
+            "inverse" | "det" | "logdet" | "slogdet" | "cholesky" | "cholesky_inverse" | "pinverse"
+        )
+}
+
 fn has_half_input(args: &[Arg], slots: &[Option<Tensor>]) -> bool {
     args.iter()
         .flat_map(Arg::slots)
@@ -296,13 +362,21 @@ fn has_half_input(args: &[Arg], slots: &[Option<Tensor>]) -> bool {
         .any(|t| matches!(t.kind(), Kind::Half | Kind::BFloat16))
 }
 
-/// Allocates the external inputs: one allocation per trace storage, views into it, values
-/// that suit their consumers (random floats; valid indices; sorted offsets).
-pub fn materialise(plan: &Plan, device: &Device) -> Result<Vec<Option<Tensor>>, ReplayError> {
+/// Allocates the external inputs (those `needed`, by slot; all when `None`): one allocation per
+/// trace storage, views into it, values that suit their consumers (random floats; valid
+/// indices; sorted offsets).
+pub fn materialise(
+    plan: &Plan,
+    device: &Device,
+    needed: Option<&[bool]>,
+) -> Result<Vec<Option<Tensor>>, ReplayError> {
     let mut slots: Vec<Option<Tensor>> = (0..plan.n_slots).map(|_| None).collect();
     // Group by (storage, dtype): views of one storage share one allocation.
     let mut groups: BTreeMap<(u64, et_schema::DType), Vec<usize>> = BTreeMap::new();
-    for (k, (_, spec, _)) in plan.externals.iter().enumerate() {
+    for (k, (slot, spec, _)) in plan.externals.iter().enumerate() {
+        if needed.is_some_and(|n| !n[*slot as usize]) {
+            continue;
+        }
         groups
             .entry((spec.storage, spec.dtype))
             .or_default()
@@ -417,6 +491,7 @@ fn push_args(
     slots: &[Option<Tensor>],
     op: &ffi::Op,
     device: &Device,
+    comm: Option<&Comm>,
 ) -> Result<(), CallError> {
     stack.clear();
     for a in args {
@@ -438,6 +513,17 @@ fn push_args(
                     stack.tensor_list(&v)
                 }
             }
+            Arg::TensorLists(lists) => {
+                let v: Vec<Vec<Option<&Tensor>>> = lists
+                    .iter()
+                    .map(|l| {
+                        l.iter()
+                            .map(|s| s.and_then(|s| slots[s as usize].as_ref()))
+                            .collect()
+                    })
+                    .collect();
+                stack.tensor_lists(&v)
+            }
             Arg::Int(i) => stack.int(*i),
             Arg::Double(f) => stack.double(*f),
             Arg::Bool(b) => stack.bool(*b),
@@ -450,6 +536,16 @@ fn push_args(
             Arg::ScalarBool(b) => stack.scalar_bool(*b),
             Arg::ScalarList(v) => stack.scalar_list(v),
             Arg::Device => device.push_arg(stack),
+            Arg::ProcessGroup(g) => match comm {
+                Some(c) => stack.group(c, *g as i64)?,
+                None => {
+                    return Err(CallError::unsupported(
+                        "a collective needs its peers: replay every rank together \
+                         (mystique replay --ranks DIR) or this one under torchrun (RANK, WORLD_SIZE)",
+                    ))
+                }
+            },
+            Arg::ReduceOp(op) => stack.reduce_op(*op),
             Arg::Default(k) => stack.default_of(op, *k)?,
         }
     }
@@ -468,6 +564,13 @@ fn take_outputs(stack: &Stack, outs: &[Out], slots: &mut [Option<Tensor>]) -> bo
             (Out::Tensor(s), ffi::Kind::Tensor) => slots[*s as usize] = Some(stack.take_tensor(k)),
             (Out::List(ss), ffi::Kind::TensorList) => {
                 for (s, t) in ss.iter().zip(stack.take_list(k)) {
+                    if let Some(s) = s {
+                        slots[*s as usize] = Some(t);
+                    }
+                }
+            }
+            (Out::List(ss), ffi::Kind::TensorLists) => {
+                for (s, t) in ss.iter().zip(stack.take_flat(k)) {
                     if let Some(s) = s {
                         slots[*s as usize] = Some(t);
                     }
@@ -518,7 +621,22 @@ pub fn run(
             plan.external_bytes() as f64 / (1 << 20) as f64
         );
     }
-    let mut ex = Executor::new(plan, bound, opts.autograd)?;
+    let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
+    if let Some(d) = &opts.dist {
+        if plan
+            .steps
+            .iter()
+            .any(|s| s.kind.is_collective() && s.kind.included(opts.only))
+        {
+            if opts.progress {
+                eprintln!(
+                    "[replay] rank {} of {}: joining at {}:{} ...",
+                    d.rank, d.world_size, d.master_addr, d.master_port
+                );
+            }
+            ex = ex.with_comm(crate::dist::connect(plan, d)?, d.timeout);
+        }
+    }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()));
     let gaps = opts
         .gaps_us
@@ -551,7 +669,7 @@ pub fn run(
             rec.progress(it, total, phase);
         }
     }
-    Ok(rec.finish(&ex, bound))
+    Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound))
 }
 
 /// One iteration over every step. Returns the steps dispatched (for the instrumented
@@ -581,6 +699,17 @@ fn iteration(
     let mut last_op_end = timer.host_at(start);
     rec.begin_iteration();
     for (pos, step) in plan.steps.iter().enumerate() {
+        if !step.kind.included(opts.only) {
+            // Not part of what is measured: neither its gap nor its bookkeeping.
+            let t = timer.host_us();
+            ex.leave_out(pos, &mut slots);
+            rec.skipped();
+            ex.free(pos, &mut slots);
+            let spent = timer.host_us() - t;
+            excluded_us += spent;
+            last_op_end += spent;
+            continue;
+        }
         if let Some(g) = gaps {
             // Busy, like the Python and autograd work it stands for.
             let until = last_op_end + g[pos];
@@ -588,15 +717,9 @@ fn iteration(
                 std::hint::spin_loop();
             }
         }
-        if !step.kind.included(opts.only) {
-            ex.leave_out(pos, &mut slots);
-            rec.skipped();
-            ex.free(pos, &mut slots);
-            continue;
-        }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
-            rec.ran(it, pos, false);
+            rec.ran(it, pos, false, None);
             ex.free(pos, &mut slots);
             continue;
         }
@@ -608,10 +731,22 @@ fn iteration(
         let t1 = timer.mark();
         last_op_end = timer.host_at(t1);
         timed.push((pos, t0, t1));
+        ex.settle(pos, &mut slots, &outcome);
         match outcome {
-            Outcome::Ran { upcast } => rec.ran(it, pos, upcast),
-            Outcome::PassedThrough => rec.ran(it, pos, false),
+            Outcome::Ran {
+                upcast,
+                grad_refused,
+            } => rec.ran(it, pos, upcast, grad_refused),
+            Outcome::PassedThrough => rec.ran(it, pos, false, None),
             Outcome::Failed(e) => {
+                // A failed collective leaves the ranks out of step: every later one would hang.
+                if let (Some((rank, _)), true) = (ex.rank(), step.kind.is_collective()) {
+                    return Err(ReplayError::Dist {
+                        rank,
+                        what: format!("collective {} (node {}) failed", step.name, step.id),
+                        source: e,
+                    });
+                }
                 if opts.strict {
                     return Err(ReplayError::Strict {
                         op: step.name.clone(),
@@ -670,11 +805,25 @@ pub type Kept = (Vec<Option<Tensor>>, Vec<(String, String)>);
 /// Runs a bound plan once without freeing anything and returns every slot and the failures:
 /// for tests and tools that inspect the values a replay produced.
 pub fn run_once_keep(plan: &Plan, bound: &Bound) -> Result<Kept, ReplayError> {
+    run_once_keep_as(plan, bound, None)
+}
+
+/// [`run_once_keep`] as one rank of several (collectives run for real).
+pub fn run_once_keep_as(
+    plan: &Plan,
+    bound: &Bound,
+    dist: Option<&crate::DistOptions>,
+) -> Result<Kept, ReplayError> {
     let mut ex = Executor::new(plan, bound, true)?;
+    if let Some(d) = dist {
+        ex = ex.with_comm(crate::dist::connect(plan, d)?, d.timeout);
+    }
     let mut slots = std::mem::take(&mut ex.externals);
     let mut failures = Vec::new();
     for (pos, step) in plan.steps.iter().enumerate() {
-        if let Outcome::Failed(e) = ex.step(pos, &mut slots, true) {
+        let outcome = ex.step(pos, &mut slots, true);
+        ex.settle(pos, &mut slots, &outcome);
+        if let Outcome::Failed(e) = outcome {
             failures.push((step.name.clone(), e.message));
         }
     }

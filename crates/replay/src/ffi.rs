@@ -37,6 +37,14 @@ extern "C" {
     fn mq_push_bool_list(st: *mut MqStack, v: *const u8, n: usize);
     fn mq_push_tensor_list(st: *mut MqStack, v: *const *const C_tensor, n: usize);
     fn mq_push_opt_tensor_list(st: *mut MqStack, v: *const *const C_tensor, n: usize);
+    fn mq_push_tensor_lists(
+        st: *mut MqStack,
+        v: *const *const C_tensor,
+        lens: *const usize,
+        n: usize,
+    );
+    fn mq_stack_flat_len(st: *mut MqStack, i: usize) -> usize;
+    fn mq_stack_flat_tensor(st: *mut MqStack, i: usize, k: usize) -> *mut C_tensor;
     fn mq_push_device(st: *mut MqStack, ty: i32, index: i32);
     fn mq_push_scalar_list(st: *mut MqStack, v: *const f64, n: usize);
     fn mq_call(op: *mut c_void, st: *mut MqStack, grad: i32) -> i32;
@@ -69,6 +77,83 @@ extern "C" {
         tid: *mut u64,
     ) -> *const c_char;
     fn mq_events_free(ev: *mut MqEvents);
+    fn mq_dist_init(
+        host: *const c_char,
+        port: i32,
+        rank: i32,
+        size: i32,
+        timeout_ms: i64,
+        code: *mut i32,
+    ) -> *mut MqComm;
+    fn mq_dist_new_group(c: *mut MqComm, name: *const c_char, ranks: *const i64, n: usize) -> i64;
+    fn mq_dist_free(c: *mut MqComm);
+    fn mq_push_group(st: *mut MqStack, c: *mut MqComm, g: i64) -> i32;
+    fn mq_push_reduce_op(st: *mut MqStack, op: i32);
+    fn mq_stack_wait_works(st: *mut MqStack, timeout_ms: i64) -> i32;
+}
+
+#[repr(C)]
+pub struct MqComm {
+    _private: [u8; 0],
+}
+
+/// This rank's membership of the replay's process groups: a TCPStore rendezvous and one Gloo
+/// process group per group of the trace (the world first).
+pub struct Comm {
+    ptr: NonNull<MqComm>,
+    pub rank: usize,
+    pub size: usize,
+}
+
+// SAFETY: the process groups are thread-safe c10d objects; a Comm is used by one thread at a time.
+unsafe impl Send for Comm {}
+
+impl Comm {
+    /// Joins the world at `host:port` (rank 0 serves the store); blocks until every rank has.
+    pub fn init(
+        host: &str,
+        port: u16,
+        rank: usize,
+        size: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Comm, CallError> {
+        let h = CString::new(host).map_err(|e| CallError::unsupported(e.to_string()))?;
+        let mut code = 0;
+        // SAFETY: a valid C string; the shim returns null and sets code on failure.
+        let p = unsafe {
+            mq_dist_init(
+                h.as_ptr(),
+                port as i32,
+                rank as i32,
+                size as i32,
+                timeout.as_millis() as i64,
+                &mut code,
+            )
+        };
+        NonNull::new(p)
+            .map(|ptr| Comm { ptr, rank, size })
+            .ok_or_else(|| call_error(code))
+    }
+
+    /// Creates a subgroup of global ranks (every rank calls this, in the same order); returns
+    /// its index.
+    pub fn new_group(&mut self, name: &str, ranks: &[i64]) -> Result<i64, CallError> {
+        let n = CString::new(name).map_err(|e| CallError::unsupported(e.to_string()))?;
+        // SAFETY: live comm, valid string and slice.
+        match unsafe {
+            mq_dist_new_group(self.ptr.as_ptr(), n.as_ptr(), ranks.as_ptr(), ranks.len())
+        } {
+            -1 => Err(call_error(1)),
+            i => Ok(i),
+        }
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: allocated by mq_dist_init, freed once.
+        unsafe { mq_dist_free(self.ptr.as_ptr()) }
+    }
 }
 
 #[repr(C)]
@@ -152,6 +237,8 @@ pub enum Kind {
     None,
     Tensor,
     TensorList,
+    /// A list of tensor lists (`Tensor[][]`).
+    TensorLists,
     Other,
 }
 
@@ -233,6 +320,23 @@ impl Stack {
         let ptrs = tensor_ptrs(v);
         unsafe { mq_push_tensor_list(self.p(), ptrs.as_ptr(), ptrs.len()) }
     }
+    /// Lists of tensors (`Tensor[][]`); `None` entries become undefined tensors.
+    pub fn tensor_lists(&mut self, v: &[Vec<Option<&Tensor>>]) {
+        let lens: Vec<usize> = v.iter().map(Vec::len).collect();
+        let ptrs: Vec<*const C_tensor> = v.iter().flat_map(|l| tensor_ptrs(l)).collect();
+        // SAFETY: `ptrs` holds sum(lens) live tensor pointers (or nulls); the shim copies them.
+        unsafe { mq_push_tensor_lists(self.p(), ptrs.as_ptr(), lens.as_ptr(), lens.len()) }
+    }
+
+    /// The tensors of a list of tensor lists at `i`, flattened in order.
+    pub fn take_flat(&self, i: usize) -> Vec<Tensor> {
+        let n = unsafe { mq_stack_flat_len(self.p(), i) };
+        (0..n)
+            // SAFETY: each call returns a new heap at::Tensor that tch takes ownership of.
+            .map(|k| unsafe { Tensor::from_ptr(mq_stack_flat_tensor(self.p(), i, k)) })
+            .collect()
+    }
+
     /// `None` entries stay None (`Tensor?[]`).
     pub fn opt_tensor_list(&mut self, v: &[Option<&Tensor>]) {
         let ptrs = tensor_ptrs(v);
@@ -245,6 +349,28 @@ impl Stack {
         };
         unsafe { mq_push_device(self.p(), ty, idx) }
     }
+    /// Pushes process group `g` of `comm`.
+    pub fn group(&mut self, comm: &Comm, g: i64) -> Result<(), CallError> {
+        // SAFETY: live stack and comm.
+        match unsafe { mq_push_group(self.p(), comm.ptr.as_ptr(), g) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
+        }
+    }
+
+    pub fn reduce_op(&mut self, op: u8) {
+        unsafe { mq_push_reduce_op(self.p(), op as i32) }
+    }
+
+    /// Waits for the Work handles among the results (a collective's async work).
+    pub fn wait_works(&mut self, timeout: std::time::Duration) -> Result<(), CallError> {
+        // SAFETY: live stack; the shim catches every C++ exception.
+        match unsafe { mq_stack_wait_works(self.p(), timeout.as_millis() as i64) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
+        }
+    }
+
     /// Pushes the schema default of argument `i` of `op`.
     pub fn default_of(&mut self, op: &Op, i: usize) -> Result<(), CallError> {
         match unsafe { mq_push_default(self.p(), op.0.as_ptr(), i as i64) } {
@@ -268,6 +394,7 @@ impl Stack {
             0 => Kind::None,
             1 => Kind::Tensor,
             2 => Kind::TensorList,
+            4 => Kind::TensorLists,
             _ => Kind::Other,
         }
     }

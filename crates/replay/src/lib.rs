@@ -18,6 +18,7 @@
 
 pub mod bind;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod executor;
 pub mod ffi;
@@ -29,8 +30,10 @@ pub mod report;
 pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
-pub use options::ReplayOptions;
-pub use report::{Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming};
+pub use options::{DistOptions, ReplayOptions};
+pub use report::{
+    CollectiveTiming, Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming,
+};
 
 /// Loads a custom-op library (like `torch.ops.load_library`).
 pub fn load_library(path: &std::path::Path) -> Result<(), ReplayError> {

@@ -30,6 +30,59 @@ pub struct ReplayOptions {
     /// Check every op's float outputs for NaN/Inf (slow; outside the timings) and report the
     /// first op that produced one ([`crate::Report::first_nonfinite`]).
     pub check_values: bool,
+    /// Run the collectives for real, as one rank of several (`None`: a single process, where
+    /// collectives fail as unsupported).
+    pub dist: Option<DistOptions>,
+}
+
+/// This process's place among the ranks, and where they meet: what torchrun's `RANK`,
+/// `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DistOptions {
+    pub rank: usize,
+    pub world_size: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// How long a rank waits for the others (rendezvous, each collective) before failing.
+    pub timeout: std::time::Duration,
+}
+
+impl DistOptions {
+    /// From torchrun's variables; `None` when `WORLD_SIZE` is unset or 1.
+    pub fn from_env(timeout: std::time::Duration) -> Result<Option<DistOptions>, String> {
+        let var = |k: &str| std::env::var(k).ok();
+        let Some(world) = var("WORLD_SIZE") else {
+            return Ok(None);
+        };
+        let num = |k: &str, v: &str| -> Result<usize, String> {
+            v.parse()
+                .map_err(|_| format!("{k}={v:?} is not a non-negative integer"))
+        };
+        let world_size = num("WORLD_SIZE", &world)?;
+        if world_size <= 1 {
+            return Ok(None);
+        }
+        let rank = match var("RANK") {
+            Some(r) => num("RANK", &r)?,
+            None => return Err("WORLD_SIZE is set but RANK is not".into()),
+        };
+        if rank >= world_size {
+            return Err(format!("RANK={rank} is not below WORLD_SIZE={world_size}"));
+        }
+        let master_port = match var("MASTER_PORT") {
+            Some(p) => p
+                .parse()
+                .map_err(|_| format!("MASTER_PORT={p:?} is not a port"))?,
+            None => 29500,
+        };
+        Ok(Some(DistOptions {
+            rank,
+            world_size,
+            master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),
+            master_port,
+            timeout,
+        }))
+    }
 }
 
 impl Default for ReplayOptions {
@@ -47,6 +100,7 @@ impl Default for ReplayOptions {
             instrument: false,
             autograd: true,
             check_values: false,
+            dist: None,
         }
     }
 }

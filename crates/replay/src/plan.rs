@@ -156,6 +156,8 @@ pub enum Arg {
         slots: Vec<Option<Slot>>,
         optional: bool,
     },
+    /// `Tensor[][]` (an allgather's outputs): one list of slots per inner list.
+    TensorLists(Vec<Vec<Option<Slot>>>),
     Int(i64),
     Double(#[serde(with = "float")] f64),
     Bool(bool),
@@ -169,6 +171,11 @@ pub enum Arg {
     ScalarList(#[serde(with = "floats")] Vec<f64>),
     /// The replay device (trace devices are remapped to it).
     Device,
+    /// A process group: an index into [`Plan::groups`].
+    ProcessGroup(u32),
+    /// A reduction (`c10d::ReduceOp` code; the trace records the object, not its value, so it is
+    /// SUM).
+    ReduceOp(u8),
     /// The schema default of this argument position.
     Default(usize),
 }
@@ -179,6 +186,7 @@ impl Arg {
         match self {
             Arg::Tensor(s) => vec![*s],
             Arg::TensorList { slots, .. } => slots.iter().flatten().copied().collect(),
+            Arg::TensorLists(lists) => lists.iter().flatten().flatten().copied().collect(),
             _ => Vec::new(),
         }
     }
@@ -245,6 +253,23 @@ pub struct Collective {
     pub dtype: Option<String>,
     /// Later steps (positions in the plan) that wait for this collective's work or tensors.
     pub waits: Vec<usize>,
+    /// Its process group: an index into [`Plan::groups`] (0, the world, when unrecorded).
+    pub group: u32,
+    /// Bytes of its input tensors as recorded.
+    pub bytes: u64,
+}
+
+/// A process group the trace created (`## process_group:init ##`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// `pg_name`: how collectives name their group.
+    pub name: String,
+    pub desc: String,
+    /// Global ranks, in group-rank order; empty: every rank (the world).
+    pub ranks: Vec<i64>,
+    pub size: i64,
+    /// `backend_config` as recorded, e.g. `cpu:gloo,cuda:nccl`.
+    pub backend: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -286,11 +311,95 @@ pub struct Plan {
     /// External float inputs of autograd steps: the model's parameters (and inputs), made to
     /// require grad so the forward records a graph.
     pub grad_inputs: Vec<Slot>,
+    /// Process groups, the world first (index 0). From the trace's `## process_group:init ##`;
+    /// a trace without one (older schemas) has the world alone, its size unknown (0).
+    pub groups: Vec<GroupSpec>,
 }
 
 impl Plan {
+    /// Whether the trace's collectives ran on NCCL (a GPU run): a CPU replay runs them on Gloo.
+    pub fn recorded_nccl(&self) -> bool {
+        self.groups.iter().any(|g| g.backend.contains("nccl"))
+    }
+
     /// The version [`Plan::version`] has when compiled by this build.
     pub const VERSION: u32 = 1;
+
+    /// Checks a plan that came from outside (a stored benchmark package): its version, and that
+    /// every index in it points inside it, so that binding and running it cannot panic.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.version != Plan::VERSION {
+            return Err(format!(
+                "plan format {} (this build reads {})",
+                self.version,
+                Plan::VERSION
+            ));
+        }
+        if self.groups.is_empty() {
+            return Err("no process group (the world is group 0)".into());
+        }
+        let n = self.n_slots;
+        let slot = |s: Slot, what: &str, id: u64| {
+            if (s as usize) < n {
+                Ok(())
+            } else {
+                Err(format!("node {id}: {what} slot {s} of {n}"))
+            }
+        };
+        for (s, spec, _) in &self.externals {
+            slot(*s, "external", 0)?;
+            if spec.shape.len() != spec.strides.len() || spec.shape.iter().any(|&d| d < 0) {
+                return Err(format!("external slot {s}: bad shape {:?}", spec.shape));
+            }
+        }
+        for s in &self.grad_inputs {
+            slot(*s, "grad input", 0)?;
+        }
+        for st in &self.steps {
+            let id = st.id;
+            if st.op.is_some_and(|o| o as usize >= self.ops.len()) {
+                return Err(format!("node {id}: operator index out of range"));
+            }
+            for a in &st.args {
+                for s in a.slots() {
+                    slot(s, "argument", id)?;
+                }
+                if let Arg::ProcessGroup(g) = a {
+                    if *g as usize >= self.groups.len() {
+                        return Err(format!("node {id}: process group {g} out of range"));
+                    }
+                }
+            }
+            for o in &st.outs {
+                let slots: Vec<Slot> = match o {
+                    Out::Tensor(s) => vec![*s],
+                    Out::List(v) => v.iter().flatten().copied().collect(),
+                    Out::Ignore => vec![],
+                };
+                for s in slots {
+                    slot(s, "output", id)?;
+                }
+            }
+            for (s, _) in &st.out_specs {
+                slot(*s, "output", id)?;
+            }
+            for s in &st.frees {
+                slot(*s, "freed", id)?;
+            }
+            for (a, b) in &st.passthrough {
+                slot(*a, "pass-through", id)?;
+                slot(*b, "pass-through", id)?;
+            }
+            if let StepKind::Collective(c) = &st.kind {
+                if c.group as usize >= self.groups.len()
+                    || c.waits.iter().any(|&w| w >= self.steps.len())
+                {
+                    return Err(format!("node {id}: collective group or wait out of range"));
+                }
+            }
+        }
+        Ok(())
+    }
 
     /// The operator of a step.
     pub fn op_of(&self, step: &Step) -> Option<&OpRef> {
@@ -351,34 +460,72 @@ pub fn contiguous(shape: &[i64]) -> Vec<i64> {
     s
 }
 
-/// Tensors of one argument with their specs, in order (a list argument has several).
+/// Tensors of one argument with their specs, in order (a list argument has several; a list of
+/// lists, `Tensor[][]`, its inner lists' flattened). Elements that are not tensors keep their
+/// place with no spec (`None` in a `Tensor?[]`).
 fn arg_tensors(t: &Trace, a: &et_schema::Arg) -> Vec<(Value, Option<TensorSpec>)> {
-    let ty = t.arg_type(a);
-    match (a.value, &ty) {
+    let mut out = Vec::new();
+    collect_tensors(t, a.value, &t.arg_type(a), a.shape, a.strides, &mut out);
+    out
+}
+
+/// A list argument's tensors grouped by inner list (`Tensor[][]`), in order.
+fn nested_tensors(t: &Trace, a: &et_schema::Arg) -> Vec<Vec<(Value, Option<TensorSpec>)>> {
+    let (Value::List { .. }, ValueType::List(elems)) = (a.value, t.arg_type(a)) else {
+        return Vec::new();
+    };
+    let shapes = t.list(a.shape);
+    let strides = a.strides.map(|s| t.list(s).to_vec()).unwrap_or_default();
+    t.list(a.value)
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let mut out = Vec::new();
+            let ty = elems.get(k).cloned().unwrap_or(ValueType::List(Vec::new()));
+            let sh = shapes
+                .get(k)
+                .copied()
+                .unwrap_or(Value::List { start: 0, len: 0 });
+            collect_tensors(t, v, &ty, sh, strides.get(k).copied(), &mut out);
+            out
+        })
+        .collect()
+}
+
+fn collect_tensors(
+    t: &Trace,
+    v: Value,
+    ty: &ValueType,
+    shape: Value,
+    strides: Option<Value>,
+    out: &mut Vec<(Value, Option<TensorSpec>)>,
+) {
+    match (v, ty) {
         (Value::Tensor(_), ValueType::Tensor { dtype, .. }) => {
-            vec![(a.value, tensor_spec(t, a.value, a.shape, a.strides, *dtype))]
+            out.push((v, tensor_spec(t, v, shape, strides, *dtype)))
         }
-        (Value::Tensor(_), _) => vec![(a.value, tensor_spec(t, a.value, a.shape, a.strides, None))],
+        (Value::Tensor(_), _) => out.push((v, tensor_spec(t, v, shape, strides, None))),
         (Value::List { .. }, ValueType::List(elems) | ValueType::Tuple(elems)) => {
-            let shapes = t.list(a.shape);
-            let strides = a.strides.map(|s| t.list(s).to_vec()).unwrap_or_default();
-            t.list(a.value)
-                .iter()
-                .enumerate()
-                .map(|(k, &v)| {
-                    let dt = match elems.get(k) {
-                        Some(ValueType::Tensor { dtype, .. }) => *dtype,
-                        _ => None,
-                    };
-                    let sh = shapes
-                        .get(k)
-                        .copied()
-                        .unwrap_or(Value::List { start: 0, len: 0 });
-                    (v, tensor_spec(t, v, sh, strides.get(k).copied(), dt))
-                })
-                .collect()
+            let shapes = t.list(shape);
+            let strides = strides.map(|s| t.list(s).to_vec()).unwrap_or_default();
+            for (k, &x) in t.list(v).iter().enumerate() {
+                let sh = shapes
+                    .get(k)
+                    .copied()
+                    .unwrap_or(Value::List { start: 0, len: 0 });
+                match (x, elems.get(k)) {
+                    (
+                        Value::List { .. },
+                        Some(inner @ (ValueType::List(_) | ValueType::Tuple(_))),
+                    ) => collect_tensors(t, x, inner, sh, strides.get(k).copied(), out),
+                    (_, Some(ValueType::Tensor { dtype, .. })) => {
+                        out.push((x, tensor_spec(t, x, sh, strides.get(k).copied(), *dtype)))
+                    }
+                    _ => out.push((x, tensor_spec(t, x, sh, strides.get(k).copied(), None))),
+                }
+            }
         }
-        _ => vec![],
+        _ => {}
     }
 }
 
@@ -406,6 +553,8 @@ struct Builder<'g, 't> {
     /// The slot an in-place op's output was written over (same tensor key), to find the
     /// external input an in-place chain started from.
     written_over: HashMap<Slot, Slot>,
+    /// The process group of the step being built (its ProcessGroup arguments).
+    group: u32,
 }
 
 impl Builder<'_, '_> {
@@ -550,12 +699,32 @@ fn build_arg(
             },
             "Scalar" => scalar_of(t, v).ok_or_else(unsupported),
             "Device" => Ok(Arg::Device),
+            "__torch__.torch.classes.c10d.ProcessGroup" => Ok(Arg::ProcessGroup(b.group)),
+            "__torch__.torch.classes.c10d.ReduceOp" => Ok(Arg::ReduceOp(0)),
             "Generator" => Ok(Arg::None),
             _ => Err(unsupported()),
         },
         SchemaType::List { elem, size, .. } => {
             let base = elem.base_name().unwrap_or("");
             let items = t.list(v);
+            if matches!(**elem, SchemaType::List { .. }) && base == "Tensor" {
+                let lists = nested_tensors(t, a)
+                    .into_iter()
+                    .map(|inner| {
+                        inner
+                            .iter()
+                            .map(|(tv, spec)| {
+                                if is_none(t, *tv) {
+                                    None
+                                } else {
+                                    b.input_slot(step, *tv, spec)
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect();
+                return Ok(Arg::TensorLists(lists));
+            }
             match (base, elem.is_optional()) {
                 ("Tensor", optional) => {
                     let ts = arg_tensors(t, a);
@@ -731,7 +900,9 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         slot_meta: Vec::new(),
         ops: indexmap::IndexSet::new(),
         written_over: HashMap::new(),
+        group: 0,
     };
+    let groups = process_groups(t);
     let mut steps = Vec::with_capacity(set.ops.len());
     let mut grad_inputs = std::collections::BTreeSet::new();
     for (step, &i) in set.ops.iter().enumerate() {
@@ -744,6 +915,8 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         let mut problem: Option<String> = None;
         let mut input_keys: Vec<(TensorKey, Slot)> = Vec::new();
         let mut op = None;
+        let mut coll = collective.then(|| collective_of(t, node, &name, &groups));
+        b.group = coll.as_ref().map_or(0, |c| c.group);
         match &schema {
             None => {
                 problem = Some(if collective {
@@ -855,10 +1028,20 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                 }
             }
         }
-        let kind = if collective {
-            StepKind::Collective(Box::new(collective_of(t, node, &name)))
-        } else {
-            StepKind::Compute
+        let kind = match coll.take() {
+            Some(mut c) => {
+                c.bytes = t
+                    .inputs(node)
+                    .iter()
+                    .flat_map(|a| arg_tensors(t, a))
+                    .filter_map(|(_, spec)| spec)
+                    .map(|s| {
+                        s.shape.iter().product::<i64>().max(0) as u64 * s.dtype.size_bytes() as u64
+                    })
+                    .sum();
+                StepKind::Collective(Box::new(c))
+            }
+            None => StepKind::Compute,
         };
         steps.push(Step {
             node: i,
@@ -892,11 +1075,83 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         n_slots: b.n_slots as usize,
         externals: b.externals,
         grad_inputs: grad_inputs.into_iter().collect(),
+        groups,
     }
 }
 
+/// The process groups a trace created: the `## process_group:init ##` record's JSON list (the
+/// world first), or the world alone.
+pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
+    #[derive(Deserialize)]
+    struct Init {
+        #[serde(default)]
+        pg_name: String,
+        #[serde(default)]
+        pg_desc: String,
+        #[serde(default)]
+        backend_config: String,
+        #[serde(default)]
+        ranks: Vec<i64>,
+        #[serde(default)]
+        group_size: i64,
+    }
+    let world = GroupSpec {
+        name: "0".into(),
+        desc: "default_pg".into(),
+        ..Default::default()
+    };
+    let Some(init) = t
+        .nodes
+        .iter()
+        .find(|n| t.name(n) == "## process_group:init ##")
+    else {
+        // No record of the groups (older schemas): the backend shows in its annotations.
+        let backend = ["nccl", "gloo"].into_iter().find(|b| {
+            t.nodes
+                .iter()
+                .any(|n| t.name(n).starts_with(&format!("{b}:")))
+        });
+        return vec![GroupSpec {
+            backend: backend.unwrap_or_default().into(),
+            ..world
+        }];
+    };
+    let text = t.inputs(init).first().and_then(|a| match a.value {
+        Value::Str(s) => Some(t.str(s)),
+        _ => None,
+    });
+    let Some(list) = text.and_then(|x| serde_json::from_str::<Vec<Init>>(x).ok()) else {
+        return vec![world];
+    };
+    let mut out = vec![world];
+    for g in list {
+        let spec = GroupSpec {
+            name: g.pg_name,
+            desc: g.pg_desc,
+            ranks: g.ranks,
+            size: g.group_size,
+            backend: g.backend_config,
+        };
+        // The default group is the world: every rank, whatever its ranks list says.
+        if spec.desc == "default_pg" || (spec.name == "0" && spec.ranks.is_empty()) {
+            out[0] = GroupSpec {
+                ranks: Vec::new(),
+                ..spec
+            };
+        } else {
+            out.push(spec);
+        }
+    }
+    out
+}
+
 /// A collective's recorded attributes (names as `record_param_comms` writes them).
-fn collective_of(t: &Trace, node: &et_schema::Node, name: &str) -> Collective {
+fn collective_of(
+    t: &Trace,
+    node: &et_schema::Node,
+    name: &str,
+    groups: &[GroupSpec],
+) -> Collective {
     let mut c = Collective {
         name: et_graph::summary::collective_name(t, node).unwrap_or_else(|| name.to_string()),
         ..Default::default()
@@ -923,6 +1178,11 @@ fn collective_of(t: &Trace, node: &et_schema::Node, name: &str) -> Collective {
             "out_split_size" => c.out_split_size = t.int_list(v).unwrap_or_default(),
             "dtype" => c.dtype = text(),
             _ => {}
+        }
+    }
+    if let Some(pg) = &c.pg_name {
+        if let Some(k) = groups.iter().position(|g| &g.name == pg) {
+            c.group = k as u32;
         }
     }
     c
@@ -1191,5 +1451,33 @@ mod tests {
         assert_eq!(back, p);
         assert!(text.contains("c10::BFloat16"), "dtypes by name: {text}");
         assert_eq!(p.version, Plan::VERSION);
+        back.validate().unwrap();
+    }
+
+    /// A stored plan whose indices point outside it, or of another format, is refused before
+    /// anything runs it.
+    #[test]
+    fn damaged_plans_are_refused() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        p.validate().unwrap();
+        let mut bad = p.clone();
+        bad.steps[0].args[0] = Arg::Tensor(99);
+        assert!(bad.validate().unwrap_err().contains("slot 99"));
+        let mut bad = p.clone();
+        bad.steps[0].op = Some(7);
+        assert!(bad.validate().is_err());
+        let mut bad = p.clone();
+        bad.version += 1;
+        assert!(bad.validate().unwrap_err().contains("format"));
+        let mut bad = p;
+        bad.externals[0].1.shape = vec![-4];
+        assert!(bad.validate().is_err());
     }
 }

@@ -3,13 +3,16 @@
 //! [`Report`] at the end.
 
 use crate::bind::Bound;
+use crate::device::Device;
 use crate::device::{Mark, Timer};
 use crate::error::{CallError, ErrorKind};
-use crate::executor::{first_line, nonfinite, Executor, Phase};
+use crate::executor::{first_line, nonfinite, Phase};
 use crate::ffi::ProfiledEvent;
 use crate::options::ReplayOptions;
-use crate::plan::Plan;
-use crate::report::{Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming};
+use crate::plan::{Plan, StepKind};
+use crate::report::{
+    CollectiveTiming, Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming,
+};
 use metrics::{Slice, Stats};
 use std::collections::BTreeMap;
 
@@ -27,6 +30,8 @@ pub(crate) struct Recorder<'a> {
     faults: Option<u64>,
     failures: BTreeMap<(String, ErrorKind, String), usize>,
     dtype_fallbacks: BTreeMap<String, usize>,
+    /// Ops autograd refused to record (they ran plain from then on): calls and why.
+    grad_refused: BTreeMap<String, (usize, String)>,
     peak: u64,
     slices: Vec<Slice>,
     first_nonfinite: Option<NonFinite>,
@@ -57,6 +62,7 @@ impl<'a> Recorder<'a> {
             faults: Some(0),
             failures: BTreeMap::new(),
             dtype_fallbacks: BTreeMap::new(),
+            grad_refused: BTreeMap::new(),
             peak: 0,
             slices: Vec::new(),
             first_nonfinite: None,
@@ -74,8 +80,14 @@ impl<'a> Recorder<'a> {
 
     /// A step ran (or passed through as a no-op on this device).
     #[inline]
-    pub fn ran(&mut self, it: usize, pos: usize, upcast: bool) {
+    pub fn ran(&mut self, it: usize, pos: usize, upcast: bool, grad_refused: Option<String>) {
         self.current.0 += 1;
+        if let Some(why) = grad_refused {
+            self.grad_refused
+                .entry(self.plan.steps[pos].name.clone())
+                .or_insert_with(|| (0, why))
+                .0 += 1;
+        }
         if upcast && it == 0 {
             *self
                 .dtype_fallbacks
@@ -222,18 +234,18 @@ impl<'a> Recorder<'a> {
         self.profiled = out;
     }
 
-    pub fn finish(self, ex: &Executor, bound: &Bound) -> (Report, Vec<Slice>) {
+    pub fn finish(
+        self,
+        externals: &[Option<tch::Tensor>],
+        device: &Device,
+        rank: Option<(usize, usize)>,
+        bound: &Bound,
+    ) -> (Report, Vec<Slice>) {
         let plan = self.plan;
         let opts = self.opts;
-        let device = ex.device();
         // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
         // never ran (e.g. max_pool2d 2.5x faster on NaN): count them for the report.
-        let nonfinite_externals = ex
-            .externals()
-            .iter()
-            .flatten()
-            .filter(|t| nonfinite(t))
-            .count();
+        let nonfinite_externals = externals.iter().flatten().filter(|t| nonfinite(t)).count();
         let iters = opts.iters.max(1);
         let n_iters = iters as f64;
         let mut per_op: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
@@ -242,6 +254,20 @@ impl<'a> Recorder<'a> {
                 let e = per_op.entry(step.name.as_str()).or_default();
                 e.0 += self.step_calls[pos] as usize;
                 e.1 += self.step_total_us[pos];
+            }
+        }
+        let mut colls: BTreeMap<&str, CollectiveTiming> = BTreeMap::new();
+        for (pos, step) in plan.steps.iter().enumerate() {
+            if let (StepKind::Collective(c), true) = (&step.kind, self.step_calls[pos] > 0) {
+                let e = colls.entry(step.name.as_str()).or_insert(CollectiveTiming {
+                    op: step.name.clone(),
+                    count: 0,
+                    bytes: 0,
+                    total_ms: 0.0,
+                });
+                e.count += self.step_calls[pos] as usize / iters;
+                e.bytes += c.bytes;
+                e.total_ms += self.step_total_us[pos] / 1000.0 / n_iters;
             }
         }
         let mut ops: Vec<OpTiming> = per_op
@@ -285,11 +311,11 @@ impl<'a> Recorder<'a> {
                     }),
             )
             .chain(
-                ex.grad_refused
-                    .iter()
+                self.grad_refused
+                    .into_iter()
                     .map(|(op, (count, reason))| Fallback {
-                        op: op.clone(),
-                        count: *count,
+                        op,
+                        count,
                         ran_as: format!("without autograd recording: {reason}"),
                     }),
             )
@@ -325,6 +351,20 @@ impl<'a> Recorder<'a> {
             device_memory: device.memory(),
             ops,
             fallbacks,
+            comm: rank.map(|_| {
+                format!(
+                    "gloo, {} process group(s){}",
+                    plan.groups.len(),
+                    if plan.recorded_nccl() {
+                        "; the trace's NCCL groups run on Gloo on CPU"
+                    } else {
+                        ""
+                    }
+                )
+            }),
+            rank: rank.map(|r| r.0),
+            world_size: rank.map(|r| r.1),
+            collectives: colls.into_values().collect(),
             gaps_ms,
             steps: plan
                 .steps

@@ -70,6 +70,17 @@ pub struct Report {
     pub ops: Vec<OpTiming>,
     /// Ops replayed through a device fallback.
     pub fallbacks: Vec<Fallback>,
+    /// This process's rank and the world size, when collectives ran for real.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<usize>,
+    /// How the collectives ran (backend, groups, and what was mapped), when they ran for real.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    /// Per collective op: calls, bytes and time per measured iteration.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub collectives: Vec<CollectiveTiming>,
     /// Emulated time outside operators per iteration (ms), 0 without `--emulate-gaps`.
     pub gaps_ms: f64,
     /// Median time of each step (with `per_step`), in replay-set order.
@@ -112,4 +123,15 @@ pub struct StepTiming {
     pub id: u64,
     pub op: String,
     pub us: f64,
+}
+
+/// One collective op of a replay, per measured iteration.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct CollectiveTiming {
+    pub op: String,
+    pub count: usize,
+    /// Bytes of the input tensors, as recorded.
+    pub bytes: u64,
+    /// Time in the collective, waiting for its peers included.
+    pub total_ms: f64,
 }

@@ -6,9 +6,19 @@ use clap::Parser;
 use mystique_cli::args::{Cli, Cmd};
 use std::process::ExitCode;
 
+mod ranks;
 mod replay_cmd;
 
 fn main() -> ExitCode {
+    if let Ok(id) = std::env::var(mystique_cli::BUILD_ENV) {
+        if id != mystique_cli::BUILD_ID {
+            eprintln!(
+                "error: this mystique-replay is from another build than the mystique that started \
+                 it: rebuild both (cargo build --release -p mystique-cli, or cargo xtask setup)"
+            );
+            return ExitCode::from(2);
+        }
+    }
     let cli = Cli::parse();
     let json = cli.json;
     let result = match cli.cmd {

@@ -108,12 +108,21 @@ impl Linked {
 }
 
 pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
+    if a.ranks.is_some() {
+        return crate::ranks::run(a, json);
+    }
+    let Some(path) = &a.trace else {
+        anyhow::bail!("a trace or --ranks is needed");
+    };
+    anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
+    let timeout = std::time::Duration::from_secs(a.timeout);
+    let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
     a.run.apply_threads()?;
     let device = replay::Device::parse(&a.device)?;
-    let trace = et_schema::read_trace(&a.trace)?;
+    let trace = et_schema::read_trace(path)?;
     let g = Graph::new(&trace);
     // Every op of the iterations; `--only` is the replay's to apply (it passes the others'
     // inputs through), in one place.
@@ -134,6 +143,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         trace_out: a.trace_out.clone(),
         gaps_us,
         progress: !json,
+        dist,
         ..a.run.options()
     };
     if !json {
@@ -167,6 +177,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
 fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result<()> {
     writeln!(out, "trace      {source}")?;
     writeln!(out, "device     {} ({} threads)", r.device, r.threads)?;
+    if let (Some(rank), Some(world)) = (r.rank, r.world_size) {
+        writeln!(
+            out,
+            "rank       {rank} of {world} (Gloo over the c10d rendezvous)"
+        )?;
+    }
     writeln!(
         out,
         "coverage   {} of {} ops replayed, {} failed{}",
@@ -222,6 +238,20 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
             writeln!(out, "  {:>4}x {}: {}", f.count, f.op, f.ran_as)?;
         }
     }
+    if !r.collectives.is_empty() {
+        writeln!(out, "collectives per iteration")?;
+        writeln!(out, "  {:>9} {:>6} {:>12}  op", "ms", "calls", "bytes")?;
+        for c in &r.collectives {
+            writeln!(
+                out,
+                "  {:>9.3} {:>6} {:>12}  {}",
+                c.total_ms,
+                c.count,
+                human_bytes(c.bytes),
+                c.op
+            )?;
+        }
+    }
     writeln!(out, "top ops by time per iteration")?;
     writeln!(out, "  {:>9} {:>6} {:>9}  op", "ms", "calls", "us/call")?;
     for o in r.ops.iter().take(15) {
@@ -239,10 +269,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     a.run.apply_threads()?;
     let trace = et_schema::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
-    let set = g.select(&Selection {
-        kind: a.run.only,
-        ..Default::default()
-    })?;
+    // Every op; `--only` is the replay's to apply, as for `replay`.
+    let set = g.select(&Selection::default())?;
     let linked = Linked::new(&g, &set, &a.kineto)?;
     let (kt, l, orig) = (&linked.kineto, &linked.link, &linked.original);
     let (gaps, per_event_us) = if a.emulate_gaps {

@@ -1,0 +1,499 @@
+//! `mystique replay --ranks DIR_OR_GLOB`: every rank of a distributed trace replayed together on
+//! this machine. One process per rank (this executable, as torchrun would start it: RANK,
+//! WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT), their reports gathered into one.
+//!
+//! Faults: a rank that fails makes the others fail at their next collective (Gloo sees the
+//! closed connection, or the collective times out after `--timeout`); ranks still running
+//! `--timeout` after the first failure are killed. Every child dies with this process
+//! (PR_SET_PDEATHSIG), so none is left behind.
+
+use anyhow::{bail, Context, Result};
+use mystique_cli::args::ReplayArgs;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One rank's trace, with the rank it recorded (if any).
+struct RankTrace {
+    path: PathBuf,
+    recorded: Option<u64>,
+    world: Option<i64>,
+}
+
+pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
+    let spec = a.ranks.as_deref().unwrap_or_default();
+    anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
+    anyhow::ensure!(
+        a.kineto.is_none(),
+        "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
+    );
+    let traces = order(rank_traces(spec)?)?;
+    let n = traces.len();
+    if !json_out {
+        eprintln!("replaying {n} ranks together over Gloo on loopback ...");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free loopback port for the rendezvous")?
+        .port();
+    let exe = std::env::current_exe().context("locating mystique-replay")?;
+    let mut ranks: Vec<Running> = Vec::with_capacity(n);
+    for (rank, t) in traces.iter().enumerate() {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("replay")
+            .arg(&t.path)
+            .arg("--json")
+            .args(child_args(a, rank))
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {rank}"))?;
+        eprintln!(
+            "[ranks] rank {rank}: pid {} ({})",
+            child.id(),
+            t.path.display()
+        );
+        ranks.push(Running::new(rank, child));
+    }
+    let timeout = Duration::from_secs(a.timeout);
+    let results = supervise(&mut ranks, timeout)?;
+    let reports: Vec<Value> = results
+        .iter()
+        .map(|out| serde_json::from_slice(out).context("a rank's report is not JSON"))
+        .collect::<Result<_>>()?;
+    let summary = summarise(&traces, &reports);
+    let mut out = std::io::stdout().lock();
+    if json_out {
+        serde_json::to_writer(&mut out, &summary)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    print_table(&mut out, &summary)
+}
+
+/// Rank trace files: every ET file of a directory, or the files a glob's last component matches.
+fn rank_traces(spec: &str) -> Result<Vec<RankTrace>> {
+    let p = Path::new(spec);
+    let (dir, pattern) = if p.is_dir() {
+        (p.to_path_buf(), None)
+    } else {
+        let dir = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = p
+            .file_name()
+            .and_then(|f| f.to_str())
+            .with_context(|| format!("--ranks {spec:?}: not a directory or a glob"))?;
+        (dir.to_path_buf(), Some(name.to_string()))
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("--ranks: reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|f| {
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            match &pattern {
+                Some(pat) => glob_match(pat, name),
+                // A directory: the plain ETs, not their linked twins or Kineto traces.
+                None => name.contains(".et.json") && !name.contains(".linked.") && f.is_file(),
+            }
+        })
+        .collect();
+    files.sort_by_key(|f| natural_key(f));
+    anyhow::ensure!(
+        files.len() >= 2,
+        "--ranks {spec:?} matches {} trace(s); it takes two ranks or more",
+        files.len()
+    );
+    files
+        .into_iter()
+        .map(|path| {
+            let t = et_schema::read_trace(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let world = replay::plan::process_groups(&t)
+                .first()
+                .map(|g| g.size)
+                .filter(|&s| s > 0);
+            Ok(RankTrace {
+                recorded: et_graph::summary::recorded_rank(&t),
+                world,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// Orders the traces by their recorded ranks (file order where none is recorded) and refuses
+/// sets that cannot be one run: duplicate or missing ranks, or a world size that differs.
+fn order(mut traces: Vec<RankTrace>) -> Result<Vec<RankTrace>> {
+    let n = traces.len();
+    for t in &traces {
+        if let Some(w) = t.world {
+            if w as usize != n {
+                bail!(
+                    "{} was captured with {w} ranks, but {n} rank traces were given",
+                    t.path.display()
+                );
+            }
+        }
+    }
+    if traces.iter().all(|t| t.recorded.is_some()) {
+        traces.sort_by_key(|t| t.recorded);
+        for (k, t) in traces.iter().enumerate() {
+            let r = t.recorded.unwrap_or(0);
+            if r as usize != k {
+                let dup = traces.iter().filter(|x| x.recorded == Some(r)).count() > 1;
+                bail!(
+                    "{} rank {r} ({}): the traces must be ranks 0..{} of one run",
+                    if dup { "duplicate" } else { "unexpected" },
+                    t.path.display(),
+                    n - 1
+                );
+            }
+        }
+    } else if traces.iter().any(|t| t.recorded.is_some()) {
+        bail!("some rank traces record their rank and others do not: not one run");
+    }
+    Ok(traces)
+}
+
+/// `*` and `?` in a file name.
+fn glob_match(pat: &str, name: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    go(pat.as_bytes(), name.as_bytes())
+}
+
+/// File names with their digit runs compared as numbers (rank10 after rank9).
+fn natural_key(p: &Path) -> Vec<(String, u64)> {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut digits = String::new();
+    for c in name.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            if !digits.is_empty() {
+                out.push((
+                    std::mem::take(&mut text),
+                    digits.parse().unwrap_or(u64::MAX),
+                ));
+                digits.clear();
+            }
+            text.push(c);
+        }
+    }
+    out.push((text, digits.parse().unwrap_or(0)));
+    out
+}
+
+/// The replay arguments each rank gets (its own trace, `--json` and the rendezvous aside).
+fn child_args(a: &ReplayArgs, rank: usize) -> Vec<String> {
+    let mut v = vec![
+        "--device".into(),
+        a.device.clone(),
+        "--warmup".into(),
+        a.run.warmup.to_string(),
+        "--iters".into(),
+        a.run.iters.to_string(),
+        "--only".into(),
+        format!("{:?}", a.run.only).to_lowercase(),
+        "--timeout".into(),
+        a.timeout.to_string(),
+    ];
+    if let Some(t) = a.run.threads {
+        v.extend(["--threads".into(), t.to_string()]);
+    }
+    if let Some(it) = &a.iteration {
+        let s: Vec<String> = it.iter().map(|i| i.to_string()).collect();
+        v.extend(["--iteration".into(), s.join(",")]);
+    }
+    for (flag, on) in [
+        ("--strict", a.strict),
+        ("--no-autograd", a.run.no_autograd),
+        ("--check-values", a.run.check_values),
+    ] {
+        if on {
+            v.push(flag.into());
+        }
+    }
+    for l in &a.load_library {
+        v.extend(["--load-library".into(), l.display().to_string()]);
+    }
+    if let Some(p) = &a.trace_out {
+        // One Chrome trace per rank: out.json -> out.rank3.json.
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("replay");
+        let ext = p.extension().and_then(|s| s.to_str()).unwrap_or("json");
+        v.extend([
+            "--trace-out".into(),
+            p.with_file_name(format!("{stem}.rank{rank}.{ext}"))
+                .display()
+                .to_string(),
+        ]);
+    }
+    v
+}
+
+/// Makes a child die with this process, so that no rank outlives its launcher.
+fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// A rank's process, its stdout collected and its stderr relayed as it comes.
+struct Running {
+    rank: usize,
+    child: Child,
+    stdout: std::thread::JoinHandle<Vec<u8>>,
+    last_error: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: std::thread::JoinHandle<()>,
+}
+
+impl Running {
+    fn new(rank: usize, mut child: Child) -> Running {
+        let mut out = child.stdout.take().expect("piped stdout");
+        let err = child.stderr.take().expect("piped stderr");
+        let last_error = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let last = last_error.clone();
+        Running {
+            rank,
+            stdout: std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = out.read_to_end(&mut v);
+                v
+            }),
+            stderr: std::thread::spawn(move || {
+                for line in std::io::BufReader::new(err).lines().map_while(|l| l.ok()) {
+                    eprintln!("[rank {rank}] {line}");
+                    if line.starts_with("error:") || line.trim_start().starts_with("caused by:") {
+                        let mut l = last.lock().unwrap_or_else(|e| e.into_inner());
+                        if line.starts_with("error:") {
+                            l.clear();
+                        }
+                        if !l.is_empty() {
+                            l.push_str("; ");
+                        }
+                        l.push_str(line.trim());
+                    }
+                }
+            }),
+            last_error,
+            child,
+        }
+    }
+}
+
+/// Waits for every rank; returns their reports, or the first failure once every rank has
+/// stopped (those still running `timeout` after it are killed).
+fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+    let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
+    let mut first_failure: Option<(usize, Instant)> = None;
+    let mut killed = Vec::new();
+    loop {
+        for (k, r) in ranks.iter_mut().enumerate() {
+            if status[k].is_none() {
+                if let Some(s) = r.child.try_wait()? {
+                    status[k] = Some(s);
+                    if !s.success() && first_failure.is_none() {
+                        first_failure = Some((k, Instant::now()));
+                    }
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some((_, at)) = first_failure {
+            if at.elapsed() > timeout {
+                for (k, r) in ranks.iter_mut().enumerate() {
+                    if status[k].is_none() {
+                        let _ = r.child.kill();
+                        status[k] = r.child.wait().ok();
+                        killed.push(k);
+                    }
+                }
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut outputs = Vec::new();
+    for r in ranks.iter_mut() {
+        let out = std::mem::replace(&mut r.stdout, std::thread::spawn(Vec::new));
+        outputs.push(out.join().unwrap_or_default());
+        let err = std::mem::replace(&mut r.stderr, std::thread::spawn(|| ()));
+        let _ = err.join();
+    }
+    if let Some((k, _)) = first_failure {
+        let why = ranks[k]
+            .last_error
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let others: Vec<String> = status
+            .iter()
+            .enumerate()
+            .filter(|(j, s)| *j != k && s.is_some_and(|s| !s.success()))
+            .map(|(j, _)| j.to_string())
+            .collect();
+        bail!(
+            "rank {} failed first ({}){}{}{}",
+            ranks[k].rank,
+            status[k].map_or("killed".into(), describe),
+            if why.is_empty() {
+                String::new()
+            } else {
+                format!(": {why}")
+            },
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!("; ranks {} failed after it", others.join(", "))
+            },
+            if killed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; ranks {killed:?} were still running {} s later and were killed",
+                    timeout.as_secs()
+                )
+            }
+        );
+    }
+    Ok(outputs)
+}
+
+fn describe(s: std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = s.signal() {
+            return format!("killed by signal {sig}");
+        }
+    }
+    format!("exit code {}", s.code().unwrap_or(-1))
+}
+
+/// One object: the per-rank reports and cross-rank figures (slowest rank; per collective op:
+/// calls and bytes per rank, time averaged over ranks, and the waiting it caused: each rank's
+/// time in it beyond the fastest rank's, summed).
+fn summarise(traces: &[RankTrace], reports: &[Value]) -> Value {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    let slowest = reports
+        .iter()
+        .enumerate()
+        .max_by(|a, b| f(&a.1["iter_ms"]["median"]).total_cmp(&f(&b.1["iter_ms"]["median"])))
+        .map(|(k, _)| k);
+    let mut per: BTreeMap<String, Vec<(u64, u64, f64)>> = BTreeMap::new();
+    for r in reports {
+        for c in r["collectives"].as_array().into_iter().flatten() {
+            per.entry(c["op"].as_str().unwrap_or("?").to_string())
+                .or_default()
+                .push((
+                    c["count"].as_u64().unwrap_or(0),
+                    c["bytes"].as_u64().unwrap_or(0),
+                    f(&c["total_ms"]),
+                ));
+        }
+    }
+    let collectives: BTreeMap<String, Value> = per
+        .into_iter()
+        .map(|(op, v)| {
+            let min = v.iter().map(|x| x.2).fold(f64::INFINITY, f64::min);
+            let mean = v.iter().map(|x| x.2).sum::<f64>() / v.len().max(1) as f64;
+            let wait: f64 = v.iter().map(|x| x.2 - min).sum();
+            let count = v.iter().map(|x| x.0).max().unwrap_or(0);
+            let bytes = v.iter().map(|x| x.1).max().unwrap_or(0);
+            (
+                op,
+                json!({"count": count, "bytes": bytes, "time_ms": mean, "wait_ms": wait, "ranks": v.len()}),
+            )
+        })
+        .collect();
+    json!({
+        "world_size": reports.len(),
+        "traces": traces.iter().map(|t| t.path.display().to_string()).collect::<Vec<_>>(),
+        "slowest_rank": slowest,
+        "collectives": collectives,
+        "ranks": reports,
+    })
+}
+
+fn print_table(out: &mut impl Write, s: &Value) -> Result<()> {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    writeln!(
+        out,
+        "ranks      {} over loopback ({})",
+        s["world_size"].as_u64().unwrap_or(0),
+        s["ranks"][0]["comm"].as_str().unwrap_or("gloo")
+    )?;
+    writeln!(out, "  rank  replayed  failed  iteration ms  trace")?;
+    for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {
+        writeln!(
+            out,
+            "  {k:>4}  {:>8}  {:>6}  {:>12.3}  {}",
+            format!(
+                "{}/{}",
+                r["ops_replayed"].as_u64().unwrap_or(0),
+                r["ops_selected"].as_u64().unwrap_or(0)
+            ),
+            r["ops_failed"].as_u64().unwrap_or(0),
+            f(&r["iter_ms"]["median"]),
+            s["traces"][k].as_str().unwrap_or("")
+        )?;
+    }
+    if let Some(k) = s["slowest_rank"].as_u64() {
+        writeln!(out, "slowest    rank {k}")?;
+    }
+    writeln!(
+        out,
+        "collectives per iteration (time: mean over ranks; wait: beyond the fastest rank, summed)"
+    )?;
+    writeln!(
+        out,
+        "  {:>6} {:>12} {:>10} {:>10}  op",
+        "calls", "bytes", "time ms", "wait ms"
+    )?;
+    for (op, c) in s["collectives"].as_object().into_iter().flatten() {
+        writeln!(
+            out,
+            "  {:>6} {:>12} {:>10.3} {:>10.3}  {op}",
+            c["count"].as_u64().unwrap_or(0),
+            mystique_cli::inspect::human_bytes(c["bytes"].as_u64().unwrap_or(0)),
+            f(&c["time_ms"]),
+            f(&c["wait_ms"])
+        )?;
+    }
+    Ok(())
+}

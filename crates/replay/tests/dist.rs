@@ -1,0 +1,104 @@
+//! Collectives over real Gloo process groups on loopback: ranks as threads of this test, each
+//! with its own c10d rendezvous client and process group, as separate processes would have.
+
+use et_schema::testkit::{tensor, TraceBuilder};
+use replay::plan::{compile, Out};
+use serde_json::json;
+use std::time::Duration;
+
+const FULL: &str = "aten::full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
+const ALLREDUCE: &str = "c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? sparse_indices, bool async_op=True, int timeout=-1) -> (Tensor[], __torch__.torch.classes.c10d.Work)";
+
+/// `full([4], value)` then an allreduce of it: the trace of one rank.
+fn rank_trace(value: f64) -> et_schema::Trace {
+    let mut b = TraceBuilder::new();
+    b.node("## process_group:init ##")
+        .input(
+            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 2, "group_count": 1}]"#),
+            json!([]),
+            "String",
+        )
+        .done();
+    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    let none = || (json!("<None>"), json!([]), "None");
+    let mut full = b
+        .op("aten::full", FULL)
+        .input(json!([4]), json!([[]]), "GenericList[Int]");
+    full = full.input(json!(value), json!([]), "Double");
+    for _ in 0..4 {
+        let (v, s, ty) = none();
+        full = full.input(v, s, ty);
+    }
+    full.output(t.clone(), json!([4]), "Tensor(float)").done();
+    b.op("c10d::allreduce_", ALLREDUCE)
+        .input(
+            json!([t.clone()]),
+            json!([[4]]),
+            "GenericList[Tensor(float)]",
+        )
+        .input("<Object>", json!([]), "Object")
+        .input("<Object>", json!([]), "Object")
+        .input("<None>", json!([]), "None")
+        .input(true, json!([]), "Bool")
+        .input(-1, json!([]), "Int")
+        .output(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
+        .output("<Object>", json!([]), "Object")
+        .done();
+    b.build()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Rank r contributes r + 1: after the allreduce both hold 1 + 2 = 3.
+#[test]
+fn an_allreduce_of_known_inputs_gives_their_sum_on_every_rank() {
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let tr = rank_trace(rank as f64 + 1.0);
+                let g = et_graph::Graph::new(&tr);
+                let plan = compile(&g, &g.replay_set(None));
+                assert_eq!(plan.groups[0].size, 2);
+                let bound = replay::bind(&plan, &replay::Device::Cpu);
+                let d = replay::DistOptions {
+                    rank,
+                    world_size: 2,
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    timeout: Duration::from_secs(30),
+                };
+                let (slots, failures) =
+                    replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();
+                assert!(failures.is_empty(), "rank {rank}: {failures:?}");
+                let Out::List(out) = &plan.steps[1].outs[0] else {
+                    panic!("{:?}", plan.steps[1].outs)
+                };
+                let t = slots[out[0].unwrap() as usize].as_ref().unwrap();
+                (0..4).map(|i| t.double_value(&[i])).collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    for (rank, h) in ranks.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), vec![3.0; 4], "rank {rank}");
+    }
+}
+
+/// Without its peers a collective fails as unsupported, saying how to run it, and the run goes
+/// on around it.
+#[test]
+fn a_collective_without_peers_fails_clearly() {
+    let tr = rank_trace(1.0);
+    let g = et_graph::Graph::new(&tr);
+    let plan = compile(&g, &g.replay_set(None));
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let (_, failures) = replay::executor::run_once_keep(&plan, &bound).unwrap();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].1.contains("--ranks"), "{failures:?}");
+}
