@@ -18,6 +18,7 @@ fn main() -> Result<()> {
         ["setup"] => setup().map(|_| ()),
         ["test", rest @ ..] => test(rest),
         ["bench", "parse", rest @ ..] => bench_parse(rest),
+        ["bench", "comms", rest @ ..] => bench_comms(rest),
         ["example"] => example(),
         ["fidelity", rest @ ..] => fidelity(rest),
         _ => {
@@ -27,6 +28,7 @@ fn main() -> Result<()> {
                  example        setup, then inspect and replay the bundled example trace\n\
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
+                 bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
                  fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)"
             );
             std::process::exit(2)
@@ -489,4 +491,106 @@ fn time_replay(
         get(&j["iter_ms"]["min"]),
         get(&j["gaps_ms"]),
     ))
+}
+
+/// `cargo xtask bench comms [ROUNDS]`: the collectives of a replay against the same collectives
+/// issued by PyTorch (`xtask/scripts/comms_bench.py`: torch.distributed, gloo, 2 ranks on
+/// loopback), per op and message size, in the same run, the order alternating each round. The
+/// script also records the traces the replay runs (`mystique replay --ranks --only comm`).
+fn bench_comms(args: &[&str]) -> Result<()> {
+    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
+    let bin = setup()?;
+    let torch_py = cache_dir().join("torch-2.11.0");
+    let script = root().join("xtask/scripts/comms_bench.py");
+    let ops = [
+        ("all_reduce", "c10d::allreduce_"),
+        ("broadcast", "c10d::broadcast_"),
+        ("all_gather", "c10d::allgather_"),
+        ("all_to_all", "c10d::alltoall_base_"),
+    ];
+    let (world, iters) = (2, 20);
+    println!(
+        "comms benchmark: {world} ranks, gloo on loopback, {iters} timed calls per op; median over {rounds} rounds (order alternating)"
+    );
+    println!(
+        "{:>9} {:<11} {:>11} {:>11} {:>10} {:>10} {:>7}",
+        "size", "op", "pytorch us", "replay us", "pt MB/s", "replay MB/s", "ratio"
+    );
+    for size in [64usize << 10, 1 << 20, 8 << 20] {
+        let dir = root().join(format!("target/bench/comms-{size}"));
+        let mut pt: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+        let mut ours: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+        let python = |pt: &mut Vec<Vec<f64>>| -> Result<()> {
+            let o = Command::new(python())
+                .arg(&script)
+                .arg(&dir)
+                .args([world.to_string(), size.to_string(), iters.to_string()])
+                .env("PYTHONPATH", &torch_py)
+                .stderr(std::process::Stdio::null())
+                .output()?;
+            let line = String::from_utf8_lossy(&o.stdout);
+            let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
+                .with_context(|| format!("comms_bench.py: {line}"))?;
+            for (k, (name, _)) in ops.iter().enumerate() {
+                pt[k].push(j["us"][name].as_f64().unwrap_or(f64::NAN));
+            }
+            Ok(())
+        };
+        let replay = |ours: &mut Vec<Vec<f64>>| -> Result<()> {
+            let o = Command::new(&bin)
+                .args(["replay", "--ranks"])
+                .arg(&dir)
+                .args([
+                    "--only",
+                    "comm",
+                    "--json",
+                    "--threads",
+                    "1",
+                    "--warmup",
+                    "3",
+                ])
+                .args(["--iters", &iters.to_string()])
+                .stderr(std::process::Stdio::null())
+                .output()?;
+            if !o.status.success() {
+                bail!("replay --ranks {} failed", dir.display());
+            }
+            let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+            for (k, (_, op)) in ops.iter().enumerate() {
+                let c = &j["collectives"][op];
+                let n = c["count"].as_f64().unwrap_or(0.0).max(1.0);
+                ours[k].push(c["time_ms"].as_f64().unwrap_or(f64::NAN) * 1000.0 / n);
+            }
+            Ok(())
+        };
+        // The first PyTorch run also writes the traces the replay needs.
+        python(&mut pt)?;
+        pt.iter_mut().for_each(Vec::clear);
+        for round in 0..rounds {
+            if round % 2 == 0 {
+                python(&mut pt)?;
+                replay(&mut ours)?;
+            } else {
+                replay(&mut ours)?;
+                python(&mut pt)?;
+            }
+        }
+        for (k, (name, _)) in ops.iter().enumerate() {
+            let mut ratios: Vec<f64> = pt[k].iter().zip(&ours[k]).map(|(p, o)| p / o).collect();
+            let (p, o) = (median(&mut pt[k].clone()), median(&mut ours[k].clone()));
+            let mb = |us: f64| size as f64 / us;
+            println!(
+                "{:>9} {:<11} {:>11.1} {:>11.1} {:>10.0} {:>10.0} {:>7.2}",
+                format!("{} KiB", size >> 10),
+                name,
+                p,
+                o,
+                mb(p),
+                mb(o),
+                median(&mut ratios)
+            );
+        }
+    }
+    println!("ratio: PyTorch's time / the replay's (above 1: the replay's collective is faster)");
+    Ok(())
 }
