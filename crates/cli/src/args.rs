@@ -180,6 +180,9 @@ pub struct RunArgs {
     /// kept out of the timings).
     #[arg(long)]
     pub check_values: bool,
+    /// Run even when the replay's estimated peak memory exceeds the memory available.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(clap::Args, Debug)]

@@ -60,24 +60,20 @@ impl Filters {
     }
 }
 
-/// Writes a trace to a file (`.gz` compresses) or stdout (`-`).
+/// Writes a trace to a file (`.gz` compresses; atomically) or stdout (`-`).
 pub fn write_out(t: &et_schema::Trace, out: &Path) -> Result<()> {
     let text = et_schema::write_trace_to_vec(t);
-    if out.as_os_str() == "-" {
-        std::io::stdout().lock().write_all(&text)?;
-        return Ok(());
-    }
-    let f = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
-    if out.extension().is_some_and(|e| e == "gz") {
-        let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::default());
-        gz.write_all(&text)?;
-        gz.finish()?;
-    } else {
-        let mut f = std::io::BufWriter::new(f);
-        f.write_all(&text)?;
-        f.flush()?;
-    }
-    Ok(())
+    let gz = out.as_os_str() != "-" && out.extension().is_some_and(|e| e == "gz");
+    crate::output::write_atomic(out, |w| {
+        if gz {
+            let mut e = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+            e.write_all(&text)?;
+            e.finish()?;
+        } else {
+            w.write_all(&text)?;
+        }
+        Ok(())
+    })
 }
 
 /// Whether commands print a JSON summary instead of a message (`--json`).
@@ -102,6 +98,7 @@ fn report(t: &et_schema::Trace, out: &Path, what: &str) {
 }
 
 pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     let t = et_schema::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
@@ -112,6 +109,7 @@ pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
 }
 
 pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     let t = et_schema::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
@@ -122,9 +120,10 @@ pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
 }
 
 pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     anyhow::ensure!(n >= 1, "repeat count must be at least 1");
     let t = et_schema::read_trace(trace)?;
-    let new = et_graph::compose::repeat(&t, n);
+    let new = et_graph::compose::repeat(&t, n)?;
     write_out(&new, out)?;
     report(&new, out, &format!("repeated x{n}"));
     Ok(())
@@ -132,10 +131,12 @@ pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
 
 pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
     anyhow::ensure!(traces.len() >= 2, "concat needs at least two traces");
+    let inputs: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();
+    crate::output::check(out, &inputs)?;
     let mut acc = et_schema::read_trace(&traces[0])?;
     for p in &traces[1..] {
         let b = et_schema::read_trace(p)?;
-        acc = et_graph::compose::concat(&acc, &b);
+        acc = et_graph::compose::concat(&acc, &b)?;
     }
     write_out(&acc, out)?;
     report(&acc, out, &format!("concatenated {} traces", traces.len()));
@@ -143,15 +144,17 @@ pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
 }
 
 pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     anyhow::ensure!(dim > 0 && factor > 0, "--dim and --factor must be positive");
     let t = et_schema::read_trace(trace)?;
-    let new = et_graph::compose::scale_dim(&t, dim, factor);
+    let new = et_graph::compose::scale_dim(&t, dim, factor)?;
     write_out(&new, out)?;
     report(&new, out, &format!("scaled dimension {dim} x{factor}"));
     Ok(())
 }
 
 pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     let parse = |s: &str| {
         et_schema::DType::from_et_name(s)
             .with_context(|| format!("unknown dtype {s:?} (float32, bfloat16, float16, ...)"))
@@ -166,15 +169,22 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
 }
 
 pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
+    crate::output::check(out, &[trace])?;
     let t = et_schema::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let tensors = g.tensors(&set);
     let dot = et_graph::compose::to_dot(&g, &set, &tensors);
-    if out.as_os_str() == "-" {
-        std::io::stdout().lock().write_all(dot.as_bytes())?;
-    } else {
-        std::fs::write(out, dot).with_context(|| format!("writing {}", out.display()))?;
+    crate::output::write_atomic(out, |w| Ok(w.write_all(dot.as_bytes())?))?;
+    let summary = serde_json::json!({"output": out.display().to_string(), "what": "dot", "ops": set.ops.len(), "edges": tensors.edges.len()});
+    if JSON.load(std::sync::atomic::Ordering::Relaxed) {
+        // With the DOT on stdout, the summary goes to stderr.
+        if out.as_os_str() == "-" {
+            eprintln!("{summary}");
+        } else {
+            println!("{summary}");
+        }
+    } else if out.as_os_str() != "-" {
         eprintln!(
             "exported {} ops, {} edges to {}",
             set.ops.len(),

@@ -7,6 +7,7 @@ pub mod args;
 pub mod compose_cmd;
 pub mod graph_cmd;
 pub mod inspect;
+pub mod output;
 
 use anyhow::Result;
 use args::{Cli, Cmd, ComposeOp};
@@ -57,14 +58,41 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
         },
-        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env => return None,
+        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env { .. } => return None,
     })
 }
+
+/// A replay that completed with failed ops: its report was printed; the exit code says so (3).
+#[derive(Debug)]
+pub struct OpsFailed {
+    pub failed: usize,
+    pub selected: usize,
+}
+
+impl std::fmt::Display for OpsFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} ops failed (the report lists why)",
+            self.failed, self.selected
+        )
+    }
+}
+
+impl std::error::Error for OpsFailed {}
+
+/// Exit codes scripts can rely on: 0 every selected op ran; 3 the replay completed with failed
+/// ops (report printed); 2 bad input or usage, or a run that could not complete.
+pub const EXIT_OPS_FAILED: u8 = 3;
 
 /// The process's exit for a command's result: errors print their chain and exit with 2.
 pub fn exit(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<OpsFailed>().is_some() => {
+            eprintln!("warning: {e}");
+            ExitCode::from(EXIT_OPS_FAILED)
+        }
         Err(e) => {
             // A closed stdout (e.g. `| head`) is not an error worth a message.
             if e.chain().any(|c| {

@@ -8,6 +8,25 @@ use et_schema::{DType, Trace, Value, ValueType};
 use std::collections::HashSet;
 use std::fmt::Write as _;
 
+/// A composition whose result would not be a valid trace.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ComposeError {
+    /// An id, size or count would leave its integer range (the result would hold wrapped,
+    /// duplicate or negative values).
+    #[error("node {node}: {field} overflows (the composed trace would hold wrapped values)")]
+    Overflow { node: u64, field: &'static str },
+    #[error("the result would have {nodes} nodes, more than the limit of {limit}")]
+    TooBig { nodes: u128, limit: u64 },
+}
+
+/// The most nodes a composition may produce (about 100 GB of trace).
+pub const MAX_NODES: u64 = 200_000_000;
+
+fn add(a: u64, b: u64, node: u64, field: &'static str) -> Result<u64, ComposeError> {
+    a.checked_add(b)
+        .ok_or(ComposeError::Overflow { node, field })
+}
+
 fn is_root(t: &Trace, i: usize) -> bool {
     is_root_name(t.name(&t.nodes[i]))
 }
@@ -64,16 +83,23 @@ fn max_id(t: &Trace) -> u64 {
 /// (and record-function ids) placed after the original, so that execution order is original,
 /// copy 1, copy 2, ... Tensor ids stay: each copy re-produces its intermediates and updates the
 /// same parameters, as consecutive iterations do.
-pub fn repeat(t: &Trace, n: usize) -> Trace {
+pub fn repeat(t: &Trace, n: usize) -> Result<Trace, ComposeError> {
     let mut out = t.clone();
     if n <= 1 {
-        return out;
+        return Ok(out);
     }
     let roots: HashSet<u64> = (0..t.nodes.len())
         .filter(|&i| is_root(t, i))
         .map(|i| t.nodes[i].id)
         .collect();
     let body: Vec<usize> = (0..t.nodes.len()).filter(|&i| !is_root(t, i)).collect();
+    let total = t.nodes.len() as u128 + body.len() as u128 * (n as u128 - 1);
+    if total > MAX_NODES as u128 {
+        return Err(ComposeError::TooBig {
+            nodes: total,
+            limit: MAX_NODES,
+        });
+    }
     let lo = body.iter().map(|&i| t.nodes[i].id).min().unwrap_or(0);
     let span = max_id(t).saturating_sub(lo) + 1;
     let rf_span = t
@@ -81,46 +107,88 @@ pub fn repeat(t: &Trace, n: usize) -> Trace {
         .iter()
         .filter_map(|n| n.rf_id)
         .max()
-        .map_or(0, |m| m + 1);
+        .map_or(Some(0), |m| m.checked_add(1))
+        .ok_or(ComposeError::Overflow {
+            node: 0,
+            field: "rf_id",
+        })?;
+    out.nodes.reserve(body.len() * (n - 1));
     for k in 1..n as u64 {
         for &i in &body {
             let mut node = t.nodes[i].clone();
-            node.id += k * span;
-            node.parent = node.parent.map(|p| {
-                if roots.contains(&p) || p == 0 {
-                    p
-                } else {
-                    p + k * span
+            let id = node.id;
+            let shift = k.checked_mul(span).ok_or(ComposeError::Overflow {
+                node: id,
+                field: "id",
+            })?;
+            node.id = add(node.id, shift, id, "id")?;
+            node.parent = match node.parent {
+                Some(p) if !(roots.contains(&p) || p == 0) => Some(add(p, shift, id, "parent")?),
+                p => p,
+            };
+            node.rf_id = match node.rf_id {
+                Some(r) => {
+                    let rs = k.checked_mul(rf_span).ok_or(ComposeError::Overflow {
+                        node: id,
+                        field: "rf_id",
+                    })?;
+                    Some(add(r, rs, id, "rf_id")?)
                 }
-            });
-            node.rf_id = node.rf_id.map(|r| r + k * rf_span);
+                None => None,
+            };
             out.nodes.push(node);
         }
     }
-    out
+    renumber_iterations(&mut out, t.nodes.len(), body.len());
+    Ok(out)
+}
+
+/// Numbers the `ProfilerStep#N` labels of [`repeat`]'s copies on from the original's, so that
+/// each copy is an iteration of its own and `--iteration` picks one: with iterations `lo..=hi`
+/// in the original, copy `k`'s are `lo + k*(hi-lo+1) ..`. The copies are the nodes after the
+/// first `original` of `out`, `per_copy` nodes each. A label whose number would overflow stays.
+fn renumber_iterations(out: &mut Trace, original: usize, per_copy: usize) {
+    let step = |t: &Trace, i: usize| {
+        t.name(&t.nodes[i])
+            .strip_prefix("ProfilerStep#")
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    let nums: Vec<u64> = (0..original).filter_map(|i| step(out, i)).collect();
+    let (Some(&lo), Some(&hi)) = (nums.iter().min(), nums.iter().max()) else {
+        return;
+    };
+    let Some(width) = (hi - lo).checked_add(1) else {
+        return;
+    };
+    for i in original..out.nodes.len() {
+        let k = ((i - original) / per_copy.max(1)) as u64 + 1;
+        let Some(n) = step(out, i) else { continue };
+        if let Some(new) = k.checked_mul(width).and_then(|d| d.checked_add(n)) {
+            out.nodes[i].name = out.strings.intern(&format!("ProfilerStep#{new}"));
+        }
+    }
 }
 
 /// Appends trace `b` after trace `a`: `b`'s node ids follow `a`'s, its tensor and storage ids
 /// are shifted past `a`'s (they are different tensors), its thread roots hang under `a`'s
 /// process root. The result has `a`'s schema and layout.
-pub fn concat(a: &Trace, b: &Trace) -> Trace {
+pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
     let mut out = a.clone();
     let mut b = b.clone();
     let id_off = max_id(a);
-    let t_off = a.tensors.iter().map(|x| x.id).max().unwrap_or(0) + 1;
-    let s_off = a.tensors.iter().map(|x| x.storage).max().unwrap_or(0) + 1;
-    let rf_off = a
-        .nodes
-        .iter()
-        .filter_map(|n| n.rf_id)
-        .max()
-        .map_or(0, |m| m + 1);
+    let next = |m: Option<u64>, field| {
+        m.map_or(Some(0), |m| m.checked_add(1))
+            .ok_or(ComposeError::Overflow { node: 0, field })
+    };
+    let t_off = next(a.tensors.iter().map(|x| x.id).max(), "tensor id")?;
+    let s_off = next(a.tensors.iter().map(|x| x.storage).max(), "storage id")?;
+    let rf_off = next(a.nodes.iter().filter_map(|n| n.rf_id).max(), "rf_id")?;
     let a_process = a.nodes.iter().find(|n| t_is_process(a, n)).map(|n| n.id);
     let b_process: Option<u64> = b.nodes.iter().find(|n| t_is_process(&b, n)).map(|n| n.id);
     for x in &mut b.tensors {
-        x.id += t_off;
+        x.id = add(x.id, t_off, 0, "tensor id")?;
         if x.storage != 0 {
-            x.storage += s_off;
+            x.storage = add(x.storage, s_off, 0, "storage id")?;
         }
     }
     let mut nodes = Vec::with_capacity(b.nodes.len());
@@ -129,22 +197,26 @@ pub fn concat(a: &Trace, b: &Trace) -> Trace {
             continue;
         }
         let mut n = n;
-        n.parent = n.parent.map(|p| {
-            if Some(p) == b_process {
-                a_process.unwrap_or(p + id_off)
-            } else if p == 0 {
-                0
-            } else {
-                p + id_off
-            }
-        });
-        n.id += id_off;
-        n.rf_id = n.rf_id.map(|r| r + rf_off);
+        let id = n.id;
+        n.parent = match n.parent {
+            Some(p) if Some(p) == b_process => match a_process {
+                Some(ap) => Some(ap),
+                None => Some(add(p, id_off, id, "parent")?),
+            },
+            Some(0) => Some(0),
+            Some(p) => Some(add(p, id_off, id, "parent")?),
+            None => None,
+        };
+        n.id = add(n.id, id_off, id, "id")?;
+        n.rf_id = match n.rf_id {
+            Some(r) => Some(add(r, rf_off, id, "rf_id")?),
+            None => None,
+        };
         nodes.push(n);
     }
     b.nodes = nodes;
     out.absorb(b);
-    out
+    Ok(out)
 }
 
 fn t_is_process(t: &Trace, n: &et_schema::Node) -> bool {
@@ -231,8 +303,22 @@ fn swap_dtype(ty: &ValueType, from: DType, to: DType) -> Option<ValueType> {
 /// Scales every tensor dimension of size `size` by `factor` (say batch 64 -> 128), with the
 /// int-list arguments that carry it (`view`/`reshape`/`expand` sizes) so that ops whose schemas
 /// tie shapes together stay consistent; element counts and contiguous strides follow.
-pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Trace {
+pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Result<Trace, ComposeError> {
     let mut out = t.clone();
+    let scaled = size.checked_mul(factor).ok_or(ComposeError::Overflow {
+        node: 0,
+        field: "scaled dimension",
+    })?;
+    // The node of each argument, for errors.
+    let mut node_of = vec![0u64; out.args.len()];
+    for n in &out.nodes {
+        for k in n.inputs.start..n.inputs.end {
+            node_of[k as usize] = n.id;
+        }
+        for k in n.outputs.start..n.outputs.end {
+            node_of[k as usize] = n.id;
+        }
+    }
     let int_list = |out: &Trace, v: Value| -> Option<Vec<i64>> { out.int_list(v) };
     let mut done_items: HashSet<u32> = HashSet::new();
     for ai in 0..out.args.len() {
@@ -248,8 +334,22 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Trace {
                 }
                 let new: Vec<i64> = shape
                     .iter()
-                    .map(|&d| if d == size { d * factor } else { d })
+                    .map(|&d| if d == size { scaled } else { d })
                     .collect();
+                let overflow = |field| ComposeError::Overflow {
+                    node: node_of[ai],
+                    field,
+                };
+                let numel = new
+                    .iter()
+                    .try_fold(1i64, |a, &d| a.checked_mul(d))
+                    .ok_or(overflow("shape (element count)"))?;
+                if numel
+                    .checked_mul(out.tensors[ti as usize].itemsize.max(1) as i64)
+                    .is_none()
+                {
+                    return Err(overflow("shape (bytes)"));
+                }
                 let Value::List { start, .. } = a.shape else {
                     continue;
                 };
@@ -258,8 +358,7 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Trace {
                         out.items[start as usize + k] = Value::Int(*d);
                     }
                 }
-                let old_numel: i64 = shape.iter().product();
-                let numel: i64 = new.iter().product();
+                let old_numel: i64 = shape.iter().fold(1i64, |a, &d| a.saturating_mul(d));
                 let x = &mut out.tensors[ti as usize];
                 if x.numel as i64 == old_numel {
                     x.numel = numel.max(0) as u64;
@@ -279,20 +378,20 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Trace {
             {
                 for k in 0..len {
                     if out.items[(start + k) as usize] == Value::Int(size) {
-                        out.items[(start + k) as usize] = Value::Int(size * factor);
+                        out.items[(start + k) as usize] = Value::Int(scaled);
                     }
                 }
             }
             _ => {}
         }
     }
-    out
+    Ok(out)
 }
 
 fn contiguous(shape: &[i64]) -> Vec<i64> {
     let mut s = vec![1i64; shape.len()];
     for k in (0..shape.len().saturating_sub(1)).rev() {
-        s[k] = s[k + 1] * shape[k + 1].max(1);
+        s[k] = s[k + 1].saturating_mul(shape[k + 1].max(1));
     }
     s
 }

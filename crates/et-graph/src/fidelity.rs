@@ -143,6 +143,22 @@ fn median_sorted(v: &[f64]) -> f64 {
     }
 }
 
+/// Caps gaps no iteration of this model can have: each at ten times the original's total op
+/// time (at least 10 ms). A Kineto event shifted by 1000 s would otherwise have the replay spin
+/// for hours per iteration. Returns how many were capped.
+pub fn cap_gaps(gaps: &mut [f64], orig: &OriginalTiming) -> usize {
+    let ops_us: f64 = orig.op_us.iter().flatten().filter(|d| d.is_finite()).sum();
+    let cap = (10.0 * ops_us).max(10_000.0);
+    let mut n = 0;
+    for g in gaps.iter_mut() {
+        if !g.is_finite() || *g > cap {
+            *g = if g.is_finite() { cap } else { 0.0 };
+            n += 1;
+        }
+    }
+    n
+}
+
 /// One op name in a comparison of a replay with its original: per iteration, over its linked
 /// calls (µs).
 #[derive(Clone, Debug, PartialEq)]
@@ -224,6 +240,19 @@ pub fn compare_ops(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn implausible_gaps_are_capped() {
+        let orig = OriginalTiming {
+            op_us: vec![Some(1000.0), Some(2000.0), None],
+            gap_us: vec![0.0; 3],
+            span_us: 0.0,
+        };
+        // 10 x 3 ms of ops = 30 ms cap.
+        let mut gaps = vec![5.0, 1e9, f64::NAN];
+        assert_eq!(cap_gaps(&mut gaps, &orig), 2);
+        assert_eq!(gaps, vec![5.0, 30_000.0, 0.0]);
+    }
 
     #[test]
     fn comparison_counts_linked_ops_and_sorts_by_difference() {

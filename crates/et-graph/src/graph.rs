@@ -199,18 +199,31 @@ impl<'t> Graph<'t> {
             .collect()
     }
 
+    /// Which thread each node ran on and how long scopes were open; see [`Threads`].
+    pub fn threads(&self) -> Threads {
+        Threads::new(self)
+    }
+
     /// The replay set: outermost op nodes (no op ancestor), optionally only inside the given
     /// `ProfilerStep#N` iterations, in execution order; and the reason for every other node.
+    ///
+    /// An iteration holds the ops under its `ProfilerStep#N` node and the ops of other threads
+    /// that ran while it was open (no `ProfilerStep` of their own, ids in its
+    /// [`Threads::open_range`]): a training step's backward pass runs on the autograd engine's
+    /// thread, outside the `ProfilerStep#N` node, but inside its window.
     pub fn replay_set(&self, iterations: Option<&[u64]>) -> ReplaySet {
         let n = self.len();
         let mut skip: Vec<Option<Skip>> = vec![None; n];
         let mut ops = Vec::new();
-        let windows: Option<Vec<u32>> = iterations.map(|want| {
-            self.iterations()
+        let windows: Option<(Vec<u32>, Windows)> = iterations.map(|want| {
+            let steps: Vec<u32> = self
+                .iterations()
                 .into_iter()
                 .filter(|(_, k)| want.contains(k))
                 .map(|(i, _)| i)
-                .collect()
+                .collect();
+            let during = Windows::new(self, self.threads(), steps.iter().copied());
+            (steps, during)
         });
         for &i in &self.order {
             let c = self.class[i as usize];
@@ -224,8 +237,17 @@ impl<'t> Graph<'t> {
                 Some(Skip::CoveredBy(self.id(p)))
             } else if !c.contains(OpClass::OP) {
                 Some(Skip::Annotation)
-            } else if let Some(w) = &windows {
-                if self.ancestors(i).any(|a| w.contains(&a)) {
+            } else if let Some((steps, during)) = &windows {
+                // Under a ProfilerStep: in if it is a chosen one. Under none: in if it ran on
+                // another thread while a chosen one was open.
+                let step = self
+                    .ancestors(i)
+                    .find(|&a| self.class[a as usize].contains(OpClass::ITERATION));
+                let inside = match step {
+                    Some(s) => steps.contains(&s),
+                    None => during.contains(self, i),
+                };
+                if inside {
                     None
                 } else {
                     Some(Skip::OutsideIteration)
@@ -239,6 +261,126 @@ impl<'t> Graph<'t> {
             }
         }
         ReplaySet { ops, skip }
+    }
+}
+
+/// Which thread each node ran on, and until when scopes were open, in node ids.
+///
+/// The observer numbers nodes on entry from one counter for the whole process, so node ids order
+/// the nodes of all threads in time. A scope (an annotation such as `ProfilerStep#N` or
+/// `## backward ##`) was open from its own id until just before the next node its thread entered
+/// outside it (the end of the trace when its thread entered none); a node of another thread
+/// entered in that range ran while it was open. That is how the backward pass relates to the
+/// step that ran it: `loss.backward()` blocks inside `## backward ##` and `ProfilerStep#N` on the
+/// main thread while the autograd engine runs the backward ops on a thread of its own, under its
+/// own thread root.
+pub struct Threads {
+    /// The thread root of each node: its nearest root ancestor (the process root in traces
+    /// without thread roots; a root is its own thread).
+    thread: Vec<u32>,
+    /// The largest node id in each node's subtree.
+    last: Vec<u64>,
+    /// Per thread root, the ids of its nodes in execution order.
+    ids: HashMap<u32, Vec<u64>>,
+}
+
+impl Threads {
+    fn new(g: &Graph) -> Threads {
+        let n = g.len();
+        let mut thread: Vec<u32> = (0..n as u32).collect();
+        let mut last: Vec<u64> = (0..n as u32).map(|i| g.id(i)).collect();
+        // Parents before children, from every node without a parent (nodes on a parent cycle,
+        // which validation refuses, stay their own thread).
+        let mut down: Vec<u32> = g
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| g.parent[i as usize].is_none())
+            .collect();
+        let mut k = 0;
+        while k < down.len() {
+            let i = down[k];
+            if !g.class[i as usize].contains(OpClass::ROOT) {
+                if let Some(p) = g.parent[i as usize] {
+                    thread[i as usize] = thread[p as usize];
+                }
+            }
+            down.extend_from_slice(g.children(i));
+            k += 1;
+        }
+        for &i in down.iter().rev() {
+            if let Some(p) = g.parent[i as usize] {
+                last[p as usize] = last[p as usize].max(last[i as usize]);
+            }
+        }
+        let mut ids: HashMap<u32, Vec<u64>> = HashMap::new();
+        for &i in &g.order {
+            if thread[i as usize] != i {
+                ids.entry(thread[i as usize]).or_default().push(g.id(i));
+            }
+        }
+        Threads { thread, last, ids }
+    }
+
+    /// The thread root node `i` ran under.
+    pub fn thread(&self, i: u32) -> u32 {
+        self.thread[i as usize]
+    }
+
+    /// The node ids entered while node `i` was open: from its own id to just before the next
+    /// node its thread entered outside it, or to `u64::MAX` when its thread entered none.
+    pub fn open_range(&self, g: &Graph, i: u32) -> std::ops::RangeInclusive<u64> {
+        let end = self.ids.get(&self.thread(i)).and_then(|ids| {
+            let after = ids.partition_point(|&x| x <= self.last[i as usize]);
+            ids.get(after).map(|&next| next - 1)
+        });
+        g.id(i)..=end.unwrap_or(u64::MAX)
+    }
+}
+
+/// The id ranges during which some scopes were open, per thread, merged: a node of another
+/// thread inside one ran while that scope was open.
+pub(crate) struct Windows {
+    /// Per thread root, disjoint sorted (first, last) id ranges.
+    ranges: Vec<(u32, Vec<(u64, u64)>)>,
+    threads: Threads,
+}
+
+impl Windows {
+    pub(crate) fn new(g: &Graph, threads: Threads, scopes: impl Iterator<Item = u32>) -> Windows {
+        let mut per: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+        for s in scopes {
+            let r = threads.open_range(g, s);
+            per.entry(threads.thread(s))
+                .or_default()
+                .push((*r.start(), *r.end()));
+        }
+        let ranges = per
+            .into_iter()
+            .map(|(t, mut v)| {
+                v.sort_unstable();
+                let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+                for (a, b) in v {
+                    match merged.last_mut() {
+                        Some(m) if a <= m.1 => m.1 = m.1.max(b),
+                        _ => merged.push((a, b)),
+                    }
+                }
+                (t, merged)
+            })
+            .collect();
+        Windows { ranges, threads }
+    }
+
+    /// Whether node `i` was entered, on another thread, while one of the scopes was open.
+    pub(crate) fn contains(&self, g: &Graph, i: u32) -> bool {
+        let (t, id) = (self.threads.thread(i), g.id(i));
+        self.ranges.iter().any(|(st, v)| {
+            *st != t && {
+                let k = v.partition_point(|r| r.1 < id);
+                v.get(k).is_some_and(|r| r.0 <= id)
+            }
+        })
     }
 }
 

@@ -26,9 +26,10 @@ pub mod summary;
 
 pub use class::OpClass;
 pub use fidelity::{
-    compare_ops, corrected_gaps, original_timing, Comparison, OpComparison, OriginalTiming,
+    cap_gaps, compare_ops, corrected_gaps, original_timing, Comparison, OpComparison,
+    OriginalTiming,
 };
-pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable};
+pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};
 pub use link::{link, Link, LinkError, Method};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

@@ -19,6 +19,13 @@ pub enum LinkError {
         matched: usize,
         total: usize,
     },
+    #[error("the Kineto trace {kineto} is rank {kineto_rank}'s, the ET {et} rank {et_rank}'s: not the same process")]
+    OtherRank {
+        et: String,
+        kineto: String,
+        et_rank: u64,
+        kineto_rank: i64,
+    },
     #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run")]
     OtherProcess {
         et: String,
@@ -82,6 +89,18 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
         .collect();
     let total = set.ops.len();
     let mut warnings = Vec::new();
+    // Every rank runs the same code: another rank's Kineto trace matches record function ids
+    // and names one for one, so the recorded ranks must agree.
+    if let (Some(et_rank), Some(kineto_rank)) = (crate::summary::recorded_rank(t), k.rank) {
+        if et_rank as i64 != kineto_rank {
+            return Err(LinkError::OtherRank {
+                et: t.source.clone(),
+                kineto: k.source.clone(),
+                et_rank,
+                kineto_rank,
+            });
+        }
+    }
     let pid_mismatch = match (t.meta.pid, k.main_pid()) {
         (Some(p), Some(kp)) if p != kp => Some((p, kp)),
         _ => None,

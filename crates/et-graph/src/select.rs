@@ -2,7 +2,7 @@
 //! optionally pulling in the producers of the inputs the selection needs.
 
 use crate::class::OpClass;
-use crate::graph::{Graph, ReplaySet, Skip};
+use crate::graph::{Graph, ReplaySet, Skip, Windows};
 use regex::Regex;
 use std::ops::RangeInclusive;
 
@@ -35,7 +35,9 @@ pub struct Selection {
     pub iterations: Option<Vec<u64>>,
     /// Op name regex (searched, not anchored).
     pub name: Option<Regex>,
-    /// Regex on the name of any enclosing annotation (`Optimizer.step`, `## backward ##`, ...).
+    /// Regex on the name of any enclosing annotation (`Optimizer.step`, `## backward ##`, ...);
+    /// an annotation also encloses the ops other threads ran while it was open (the autograd
+    /// thread's backward ops inside `## backward ##`, see [`crate::Threads`]).
     pub scope: Option<Regex>,
     pub ids: Option<RangeInclusive<u64>>,
     pub kind: Kind,
@@ -101,6 +103,13 @@ impl Graph<'_> {
             }
         }
         let base = self.replay_set(sel.iterations.as_deref());
+        // Matching scopes' windows, for the ops other threads ran inside them.
+        let scope_windows = sel.scope.as_ref().map(|r| {
+            let matching = (0..self.len() as u32).filter(|&a| {
+                self.class[a as usize].contains(OpClass::ANNOTATION) && r.is_match(self.name(a))
+            });
+            Windows::new(self, self.threads(), matching)
+        });
         let keep = |i: u32| -> bool {
             let c = self.class[i as usize];
             if let Some(r) = &sel.name {
@@ -109,9 +118,10 @@ impl Graph<'_> {
                 }
             }
             if let Some(r) = &sel.scope {
-                if !self.ancestors(i).any(|a| {
+                let enclosed = self.ancestors(i).any(|a| {
                     self.class[a as usize].contains(OpClass::ANNOTATION) && r.is_match(self.name(a))
-                }) {
+                });
+                if !enclosed && !scope_windows.as_ref().is_some_and(|w| w.contains(self, i)) {
                     return false;
                 }
             }

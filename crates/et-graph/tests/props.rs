@@ -13,6 +13,9 @@ struct GenNode {
     inplace: bool,
     ins: Vec<u64>,
     out: u64,
+    /// Under the second thread root instead of the first, where the layout has one and the node
+    /// would hang off its thread (as the autograd engine's backward ops do).
+    other_thread: bool,
 }
 
 fn gen() -> impl Strategy<Value = Vec<GenNode>> {
@@ -23,13 +26,15 @@ fn gen() -> impl Strategy<Value = Vec<GenNode>> {
             prop::bool::weighted(0.2),
             prop::collection::vec(1u64..12, 0..3),
             1u64..12,
+            prop::bool::weighted(0.3),
         )
-            .prop_map(|(parent, op, inplace, ins, out)| GenNode {
+            .prop_map(|(parent, op, inplace, ins, out, other_thread)| GenNode {
                 parent,
                 op,
                 inplace,
                 ins,
                 out,
+                other_thread,
             }),
         1..40,
     )
@@ -39,17 +44,44 @@ fn tensor(id: u64) -> serde_json::Value {
     testkit::tensor(id, id + 100, 0, 16, 4, "cpu")
 }
 
+/// What surrounds the generated nodes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Layout {
+    /// A second thread root, for the nodes marked `other_thread` that hang off their thread.
+    second_thread: bool,
+    /// A `ProfilerStep#N` on the first thread, which the first thread's nodes hang off.
+    step: Option<u64>,
+}
+
 /// Node ids: 1 process root, 2 thread root, then 3.. in generation order (execution order).
 fn document(nodes: &[GenNode]) -> Vec<u8> {
+    document_in(nodes, Layout::default())
+}
+
+/// As [`document`], with ids after the first thread root: the second thread root, then the
+/// `ProfilerStep#N`, where the layout has them, then the generated nodes.
+fn document_in(nodes: &[GenNode], layout: Layout) -> Vec<u8> {
     // The observer writes children before parents: reverse the order in the file.
     let mut b = TraceBuilder::new().meta("pid", 1).children_first();
     let thread = b.node(testkit::THREAD_ROOT).done();
+    let second = layout
+        .second_thread
+        .then(|| b.node(testkit::THREAD_ROOT).done());
+    let top = match layout.step {
+        Some(n) => b.node(&format!("ProfilerStep#{n}")).parent(thread).done(),
+        None => thread,
+    };
+    let first = b.last_id() + 1;
     for (k, n) in nodes.iter().enumerate() {
-        let id = k as u64 + 3;
+        let id = k as u64 + first;
+        let top = match second {
+            Some(s) if n.other_thread => s,
+            _ => top,
+        };
         let parent = if k == 0 {
-            thread
+            top
         } else {
-            [thread, (n.parent % k) as u64 + 3][n.parent % 2]
+            [top, (n.parent % k) as u64 + first][n.parent % 2]
         };
         let (name, schema) = match (n.op, n.inplace) {
             (false, _) => (format!("## scope {k} ##"), ""),
@@ -111,11 +143,18 @@ proptest! {
     }
 
     #[test]
-    fn repeat_multiplies_the_op_multiset(nodes in gen(), n in 1usize..4) {
-        let t = et_schema::parse_trace(&document(&nodes), "gen", &Default::default()).unwrap();
+    fn repeat_multiplies_the_op_multiset(
+        nodes in gen(),
+        n in 1usize..4,
+        second_thread in any::<bool>(),
+        step in prop::option::of(0u64..1000),
+    ) {
+        let layout = Layout { second_thread, step };
+        let t = et_schema::parse_trace(&document_in(&nodes, layout), "gen", &Default::default())
+            .unwrap();
         let g = Graph::new(&t);
         let base = names(&g, &g.replay_set(None));
-        let r = reparse(&compose::repeat(&t, n));
+        let r = reparse(&compose::repeat(&t, n).unwrap());
         let gr = Graph::new(&r);
         let rep = names(&gr, &gr.replay_set(None));
         let expect: Vec<String> = (0..n).flat_map(|_| base.clone()).collect();
@@ -123,6 +162,16 @@ proptest! {
         // Copies depend on the copy before them only through tensors, never forwards.
         for e in &gr.tensors(&gr.replay_set(None)).edges {
             prop_assert!(e.from < e.to);
+        }
+        // Each copy is an iteration of its own, numbered on from the original's, holding the
+        // ops of the copy on both threads (the second thread's ran while the step was open).
+        if let Some(s) = step {
+            prop_assert_eq!(names(&g, &g.replay_set(Some(&[s]))), base.clone());
+            let its: Vec<u64> = gr.iterations().iter().map(|x| x.1).collect();
+            prop_assert_eq!(its, (s..s + n as u64).collect::<Vec<_>>());
+            for k in 0..n as u64 {
+                prop_assert_eq!(names(&gr, &gr.replay_set(Some(&[s + k]))), base.clone());
+            }
         }
     }
 
@@ -141,7 +190,7 @@ proptest! {
         prop_assert_eq!(names(&gx, &gx.replay_set(None)), names(&g, &set));
         prop_assert_eq!(gx.tensors(&gx.replay_set(None)).edges.len(), g.tensors(&set).edges.len());
         // Concatenation: the ops of both, in order; no tensor shared between the halves.
-        let c = reparse(&compose::concat(&t, &t));
+        let c = reparse(&compose::concat(&t, &t).unwrap());
         let gc = Graph::new(&c);
         let cs = gc.replay_set(None);
         let mut expect = names(&g, &all);

@@ -190,6 +190,206 @@ fn iteration_windows_select_profiler_steps() {
     assert_eq!(g.tensors(&eight).externals().count(), 1);
 }
 
+/// Node index of `ProfilerStep#n`.
+fn step(g: &Graph, n: u64) -> u32 {
+    g.iterations().iter().find(|x| x.1 == n).unwrap().0
+}
+
+fn ids(g: &Graph, set: &ReplaySet) -> Vec<u64> {
+    set.ops.iter().map(|&i| g.id(i)).collect()
+}
+
+fn scope(g: &Graph, re: &str) -> ReplaySet {
+    g.select(&Selection {
+        scope: Some(regex::Regex::new(re).unwrap()),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn iterations_and_scopes_hold_what_other_threads_ran_while_they_were_open() {
+    // The shape of a GPU training step: `loss.backward()` inside `## backward ##` on the main
+    // thread, the backward ops on the autograd engine's thread (its own thread root), numbered
+    // from the same counter, so inside the step's and the scope's id windows.
+    const MUL: &str = "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor";
+    let t4 = |id| tensor(id, id, 0, 4, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    let op = |b: &mut TraceBuilder, parent: u64, x: u64| {
+        b.op("aten::mul", MUL)
+            .parent(parent)
+            .input(t4(x), json!([4]), "Tensor(float)")
+            .input(t4(x), json!([4]), "Tensor(float)")
+            .output(t4(x + 1), json!([4]), "Tensor(float)")
+            .done()
+    };
+    let main = b.node(et_schema::testkit::THREAD_ROOT).done();
+    let step3 = b.node("ProfilerStep#3").parent(main).done();
+    let fwd = b.node("## forward ##").parent(step3).done();
+    let f3 = op(&mut b, fwd, 1);
+    let bwd = b.node("## backward ##").parent(step3).done();
+    let loss = op(&mut b, bwd, 2);
+    let autograd = b.node(et_schema::testkit::THREAD_ROOT).done();
+    let eval = "autograd::engine::evaluate_function: MulBackward0";
+    let ev3 = b.node(eval).parent(autograd).done();
+    let g3 = op(&mut b, ev3, 3);
+    let opt = b.node("## optimizer ##").parent(step3).done();
+    let o3 = op(&mut b, opt, 4);
+    let step4 = b.node("ProfilerStep#4").parent(main).done();
+    let f4 = op(&mut b, step4, 5);
+    let ev4 = b.node(eval).parent(autograd).done();
+    let g4 = op(&mut b, ev4, 6);
+    let t = b.build();
+    let g = Graph::new(&t);
+    let th = g.threads();
+    let idx = |id: u64| (0..g.len() as u32).find(|&i| g.id(i) == id).unwrap();
+    assert_ne!(th.thread(idx(g3)), th.thread(idx(step3)));
+    // Windows: to just before the next node of the scope's thread outside it; the last step's
+    // to the end.
+    assert_eq!(th.open_range(&g, idx(step3)), step3..=step4 - 1);
+    assert_eq!(th.open_range(&g, idx(bwd)), bwd..=opt - 1);
+    assert_eq!(th.open_range(&g, idx(step4)), step4..=u64::MAX);
+    // Each iteration holds its backward op; neither holds the other's.
+    assert_eq!(ids(&g, &g.replay_set(Some(&[3]))), vec![f3, loss, g3, o3]);
+    let four = g.replay_set(Some(&[4]));
+    assert_eq!(ids(&g, &four), vec![f4, g4]);
+    assert_eq!(four.reason(idx(g3)), Some(&Skip::OutsideIteration));
+    assert_eq!(
+        ids(&g, &g.replay_set(Some(&[3, 4]))),
+        ids(&g, &g.replay_set(None))
+    );
+    // `## backward ##` holds the loss and the backward op that ran inside it, not the next
+    // step's; the other scopes are unchanged.
+    assert_eq!(ids(&g, &scope(&g, "## backward ##")), vec![loss, g3]);
+    assert_eq!(ids(&g, &scope(&g, "## forward ##")), vec![f3]);
+    assert_eq!(ids(&g, &scope(&g, "## optimizer ##")), vec![o3]);
+}
+
+#[test]
+fn an_iteration_of_a_public_gpu_training_trace_includes_its_backward_pass() {
+    for (file, steps) in [
+        ("public/param_resnet_1.1.0.et.json.gz", [6, 7, 8]),
+        ("public/param_resnet_1gpu_1.0.3.et.json.gz", [4, 5, 6]),
+    ] {
+        let t = et_schema::read_trace(&shared().join(file)).unwrap();
+        let g = Graph::new(&t);
+        let th = g.threads();
+        let all = g.replay_set(None);
+        assert_eq!(all.ops.len(), 3711, "{file}");
+        let mut seen = vec![false; g.len()];
+        for n in steps {
+            let set = g.replay_set(Some(&[n]));
+            let s = step(&g, n);
+            // Was 400 ops (forward and optimizer) and no backward op.
+            assert_eq!(set.ops.len(), 1237, "{file} #{n}");
+            let named = |name: &str| set.ops.iter().filter(|&&i| g.name(i) == name).count();
+            assert_eq!(named("aten::convolution_backward"), 53, "{file} #{n}");
+            assert_eq!(named("aten::cudnn_batch_norm_backward"), 53, "{file} #{n}");
+            let backward = set
+                .ops
+                .iter()
+                .filter(|&&i| g.class[i as usize].contains(OpClass::BACKWARD))
+                .count();
+            assert_eq!(backward, 515, "{file} #{n}");
+            // The ops outside the ProfilerStep node ran on another thread inside its window.
+            let outside: Vec<u32> = set
+                .ops
+                .iter()
+                .copied()
+                .filter(|&i| !g.ancestors(i).any(|a| a == s))
+                .collect();
+            assert_eq!(outside.len(), 837, "{file} #{n}");
+            for &i in &outside {
+                assert_ne!(th.thread(i), th.thread(s));
+                assert!(th.open_range(&g, s).contains(&g.id(i)));
+            }
+            for &i in &set.ops {
+                assert!(
+                    !seen[i as usize],
+                    "{file}: node {} in two iterations",
+                    g.id(i)
+                );
+                seen[i as usize] = true;
+            }
+        }
+        // The iterations split the trace's ops between them.
+        assert_eq!(seen.iter().filter(|&&x| x).count(), all.ops.len(), "{file}");
+    }
+    // GPT-2: one iteration with every op of the trace (was 5,354 of 8,581, no backward op).
+    let t = et_schema::read_trace(&shared().join("public/param_hf_gpt2_1.1.0.et.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let zero = g.replay_set(Some(&[0]));
+    assert_eq!(ids(&g, &zero), ids(&g, &g.replay_set(None)));
+    assert_eq!(zero.ops.len(), 8581);
+    let backward = zero
+        .ops
+        .iter()
+        .filter(|&&i| g.class[i as usize].contains(OpClass::BACKWARD))
+        .count();
+    assert_eq!(backward, 3227);
+}
+
+#[test]
+fn scope_backward_selects_the_autograd_threads_ops_on_a_public_gpu_trace() {
+    let t = et_schema::read_trace(&shared().join("public/param_resnet_1.1.0.et.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let sel = |re: &str, it: Option<u64>| {
+        g.select(&Selection {
+            scope: Some(regex::Regex::new(re).unwrap()),
+            iterations: it.map(|n| vec![n]),
+            ..Default::default()
+        })
+        .unwrap()
+    };
+    // Was the loss alone: cross_entropy_loss and ones_like, 6 ops in the 3 iterations.
+    let b7 = sel("## backward ##", Some(7));
+    assert_eq!(b7.ops.len(), 839);
+    let under_scope = b7
+        .ops
+        .iter()
+        .filter(|&&i| g.ancestors(i).any(|a| g.name(a) == "## backward ##"))
+        .count();
+    assert_eq!(under_scope, 2);
+    let named = |name: &str| b7.ops.iter().filter(|&&i| g.name(i) == name).count();
+    assert_eq!(named("aten::convolution_backward"), 53);
+    assert_eq!(named("aten::threshold_backward"), 49);
+    // Nothing of the forward pass or the optimizer, which ran before and after it.
+    for &i in &b7.ops {
+        assert!(g
+            .ancestors(i)
+            .all(|a| !matches!(g.name(a), "## forward ##" | "## optimizer ##")));
+    }
+    assert_eq!(sel("## backward ##", None).ops.len(), 3 * 839);
+    // Scopes no other thread ran inside select what they enclose, as before.
+    assert_eq!(sel("## forward ##", None).ops.len(), 3 * 395);
+    assert_eq!(sel("## optimizer ##", None).ops.len(), 9);
+}
+
+#[test]
+fn repeat_numbers_the_copies_iterations_on() {
+    let t = et_schema::read_trace(&shared().join("public/param_resnet_1.1.0.et.json.gz")).unwrap();
+    let r = et_graph::compose::repeat(&t, 2).unwrap();
+    let r = et_schema::parse_trace(&et_schema::write_trace_to_vec(&r), "r", &Default::default())
+        .unwrap();
+    let (g, gr) = (Graph::new(&t), Graph::new(&r));
+    let its: Vec<u64> = gr.iterations().iter().map(|x| x.1).collect();
+    assert_eq!(its, vec![6, 7, 8, 9, 10, 11]);
+    let names = |g: &Graph, set: &ReplaySet| -> Vec<String> {
+        set.ops.iter().map(|&i| g.name(i).to_string()).collect()
+    };
+    for (orig, copy) in [(6, 9), (7, 10), (8, 11)] {
+        let a = g.replay_set(Some(&[orig]));
+        let b = gr.replay_set(Some(&[copy]));
+        assert_eq!(b.ops.len(), 1237);
+        assert_eq!(names(&g, &a), names(&gr, &b));
+        // The copy's, not the original's.
+        assert!(b
+            .ops
+            .iter()
+            .all(|&i| gr.id(i) > g.id(*a.ops.last().unwrap())));
+    }
+}
+
 fn link_pair(et: &str, k: &str) -> (usize, usize, Method) {
     let t = et_schema::read_trace(&shared().join(et)).unwrap();
     let kt = et_schema::kineto::read_kineto(&shared().join(k)).unwrap();
@@ -356,7 +556,7 @@ fn dtype_and_scale_rewrite_consistently() {
         }
     }
     assert!(floats > 100);
-    let s = et_graph::compose::scale_dim(&t, 64, 2);
+    let s = et_graph::compose::scale_dim(&t, 64, 2).unwrap();
     let s = et_schema::parse_trace(&et_schema::write_trace_to_vec(&s), "s", &Default::default())
         .unwrap();
     for a in &s.args {
@@ -432,4 +632,68 @@ fn gap_correction_subtracts_only_the_profilers_measured_excess() {
     one_slow[0] = -1e6;
     let (_, c2) = corrected_gaps(&l, &kt, &o, &one_slow);
     assert!((c2 - c).abs() < 0.05 * c, "{c2} vs {c}");
+}
+
+/// Ranks run the same code, so another rank's Kineto trace would link one for one by record
+/// function id: the recorded ranks must agree, and another rank's trace is refused.
+#[test]
+fn a_kineto_trace_of_another_rank_is_refused() {
+    let dir = "public/param_dlrm_8rank_1.0.1";
+    let et = et_schema::read_trace(&shared().join(format!("{dir}/rank3.et.json.gz"))).unwrap();
+    let g = Graph::new(&et);
+    let set = g.replay_set(None);
+    let own = et_schema::kineto::read_kineto(&shared().join(format!("{dir}/rank3.kineto.json.gz")))
+        .unwrap();
+    assert_eq!(own.rank, Some(3));
+    assert!(et_graph::link(&g, &set, &own).is_ok());
+    let other =
+        et_schema::kineto::read_kineto(&shared().join(format!("{dir}/rank5.kineto.json.gz")))
+            .unwrap();
+    let e = et_graph::link(&g, &set, &other).unwrap_err().to_string();
+    assert!(e.contains("rank 5") && e.contains("rank 3"), "{e}");
+}
+
+/// Composition never writes wrapped, duplicate or negative values: overflowing sizes and ids,
+/// and absurd repeat counts, are errors naming the node and field.
+#[test]
+fn composition_refuses_what_would_overflow() {
+    use et_graph::compose::{self, ComposeError};
+    let mut b = TraceBuilder::new();
+    b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .input(tensor(1, 1, 0, 64, 4, "cpu"), json!([64]), "Tensor(float)")
+        .output(tensor(2, 2, 0, 64, 4, "cpu"), json!([64]), "Tensor(float)")
+        .done();
+    let t = b.build();
+    // 64 * 2^60 overflows i64: no negative shape comes out.
+    match compose::scale_dim(&t, 64, 1 << 60) {
+        Err(ComposeError::Overflow { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    // A shape whose bytes overflow.
+    match compose::scale_dim(&t, 64, 1 << 55) {
+        Err(ComposeError::Overflow { node: 2, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        compose::repeat(&t, usize::MAX / 2),
+        Err(ComposeError::TooBig { .. })
+    ));
+    // Ids near the top of u64 cannot be shifted past another trace's.
+    let mut big = TraceBuilder::new();
+    big.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .id(u64::MAX - 1)
+        .input(tensor(1, 1, 0, 64, 4, "cpu"), json!([64]), "Tensor(float)")
+        .output(tensor(2, 2, 0, 64, 4, "cpu"), json!([64]), "Tensor(float)")
+        .done();
+    let big = big.build();
+    assert!(matches!(
+        compose::concat(&big, &t),
+        Err(ComposeError::Overflow { .. })
+    ));
+    assert!(matches!(
+        compose::repeat(&big, 3),
+        Err(ComposeError::Overflow { .. })
+    ));
+    // What fits still composes.
+    assert_eq!(compose::repeat(&t, 3).unwrap().nodes.len(), 4);
 }

@@ -248,3 +248,17 @@ mod memory_tests {
         }
     }
 }
+
+/// Memory the system can give this process now without swapping (Linux `MemAvailable`);
+/// `None` elsewhere.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line["MemAvailable:".len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}

@@ -71,6 +71,12 @@ pub enum ReplayError {
     },
     #[error("{0}")]
     Device(String),
+    #[error(
+        "the replay needs about {} of memory and {} is available (--force runs it anyway)",
+        human(*needed),
+        human(*available)
+    )]
+    Memory { needed: u64, available: u64 },
     #[error("rank {rank}: {what}")]
     Dist {
         rank: usize,
@@ -84,4 +90,13 @@ pub enum ReplayError {
         #[source]
         source: CallError,
     },
+}
+
+fn human(b: u64) -> String {
+    let gib = b as f64 / (1u64 << 30) as f64;
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
 }

@@ -614,11 +614,18 @@ pub fn run(
     bound: &Bound,
     opts: &ReplayOptions,
 ) -> Result<(Report, Vec<Slice>), ReplayError> {
+    let needed = plan.peak_bytes_estimate(opts.only);
+    if let Some(available) = metrics::available_memory() {
+        if needed > available && !opts.force {
+            return Err(ReplayError::Memory { needed, available });
+        }
+    }
     if opts.progress {
         eprintln!(
-            "[replay] materialising {} external inputs (about {:.1} MiB) ...",
+            "[replay] materialising {} external inputs (about {:.1} MiB; peak about {:.1} MiB) ...",
             plan.externals.len(),
-            plan.external_bytes() as f64 / (1 << 20) as f64
+            plan.external_bytes() as f64 / (1 << 20) as f64,
+            needed as f64 / (1 << 20) as f64
         );
     }
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
@@ -697,6 +704,7 @@ fn iteration(
     // bookkeeping in between (frees, stack handling) counts toward it, as the original's
     // tensor frees count toward its gaps.
     let mut last_op_end = timer.host_at(start);
+    let mut last_progress = last_op_end;
     rec.begin_iteration();
     for (pos, step) in plan.steps.iter().enumerate() {
         if !step.kind.included(opts.only) {
@@ -730,7 +738,13 @@ fn iteration(
         let outcome = ex.step(pos, &mut slots, opts.autograd);
         let t1 = timer.mark();
         last_op_end = timer.host_at(t1);
-        timed.push((pos, t0, t1));
+        // A failed op's time is not an op's time: it stays out of the per-op figures and the
+        // iteration's.
+        if matches!(outcome, Outcome::Failed(_)) {
+            excluded_us += timer.host_at(t1) - timer.host_at(t0);
+        } else {
+            timed.push((pos, t0, t1));
+        }
         ex.settle(pos, &mut slots, &outcome);
         match outcome {
             Outcome::Ran {
@@ -778,6 +792,16 @@ fn iteration(
             last_op_end += spent;
         }
         ex.free(pos, &mut slots);
+        // Long iterations say where they are (every 5 s, checked every 1024 steps).
+        if opts.progress && pos % 1024 == 1023 {
+            let now = timer.host_us();
+            if now - last_progress >= 5e6 {
+                rec.progress_within(it, pos + 1, plan.steps.len(), now - timer.host_at(start));
+                last_progress = timer.host_us();
+                excluded_us += last_progress - now;
+                last_op_end += last_progress - now;
+            }
+        }
     }
     let end = timer.mark();
     timer.resolve();

@@ -67,3 +67,14 @@ pub fn env_report() -> String {
         tch::get_num_threads()
     )
 }
+
+/// The libtorch runtime as JSON: version, threads, CUDA devices.
+pub fn env_json() -> serde_json::Value {
+    serde_json::json!({
+        "libtorch": "2.11.0",
+        "tch": "0.24.0",
+        "intra_op_threads": tch::get_num_threads(),
+        "cuda_available": tch::Cuda::is_available(),
+        "cuda_devices": if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 },
+    })
+}

@@ -30,6 +30,8 @@ pub struct ReplayOptions {
     /// Check every op's float outputs for NaN/Inf (slow; outside the timings) and report the
     /// first op that produced one ([`crate::Report::first_nonfinite`]).
     pub check_values: bool,
+    /// Run even when the plan's estimated peak memory exceeds what the machine has available.
+    pub force: bool,
     /// Run the collectives for real, as one rank of several (`None`: a single process, where
     /// collectives fail as unsupported).
     pub dist: Option<DistOptions>,
@@ -101,6 +103,7 @@ impl Default for ReplayOptions {
             autograd: true,
             check_values: false,
             dist: None,
+            force: false,
         }
     }
 }

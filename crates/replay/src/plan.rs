@@ -31,18 +31,17 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     /// Elements of storage this view reaches (offset included).
+    /// Saturating: a hostile shape gives a huge extent (refused as too big), never an overflow.
     pub fn extent(&self) -> i64 {
         if self.shape.contains(&0) {
             return self.offset;
         }
-        self.offset
-            + self
-                .shape
-                .iter()
-                .zip(&self.strides)
-                .map(|(s, st)| (s - 1) * st)
-                .sum::<i64>()
-            + 1
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(s, st)| s.saturating_sub(1).saturating_mul(*st))
+            .fold(self.offset, i64::saturating_add)
+            .saturating_add(1)
     }
 }
 
@@ -411,14 +410,73 @@ impl Plan {
         self.steps.iter().filter(|s| s.kind.included(only)).count()
     }
 
+    /// An estimate of the peak bytes a replay holds: the external inputs plus the most
+    /// intermediates live at once along the steps (a storage counted once while any slot
+    /// viewing it is live). Checked against the memory available before materialising.
+    pub fn peak_bytes_estimate(&self, only: et_graph::Kind) -> u64 {
+        let bytes =
+            |s: &TensorSpec| (s.extent().max(0) as u64).saturating_mul(s.dtype.size_bytes() as u64);
+        // In-place updates of external inputs (parameters) are in the external bytes already.
+        let external: std::collections::HashSet<u64> =
+            self.externals.iter().map(|e| e.1.storage).collect();
+        let mut storage_of: HashMap<Slot, (u64, u64)> = HashMap::new();
+        let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
+        let (mut now, mut peak) = (0u64, 0u64);
+        let mut used: std::collections::HashSet<Slot> = std::collections::HashSet::new();
+        for st in &self.steps {
+            if !st.kind.included(only) {
+                continue;
+            }
+            used.extend(st.args.iter().flat_map(Arg::slots));
+            for (slot, spec) in &st.out_specs {
+                if spec.storage != 0 && external.contains(&spec.storage) {
+                    continue;
+                }
+                // Storage 0 (unknown) is a storage of its own per slot.
+                let key = if spec.storage == 0 {
+                    u64::MAX - *slot as u64
+                } else {
+                    spec.storage
+                };
+                let e = live.entry(key).or_insert((0, 0));
+                if e.1 == 0 {
+                    now = now.saturating_add(bytes(spec));
+                    e.0 = bytes(spec);
+                }
+                e.1 += 1;
+                storage_of.insert(*slot, (key, bytes(spec)));
+            }
+            peak = peak.max(now);
+            for s in &st.frees {
+                if let Some((key, _)) = storage_of.remove(s) {
+                    if let Some(e) = live.get_mut(&key) {
+                        e.1 = e.1.saturating_sub(1);
+                        if e.1 == 0 {
+                            now = now.saturating_sub(e.0);
+                        }
+                    }
+                }
+            }
+        }
+        // External inputs, one allocation per storage, those the included steps read.
+        let mut per_storage: HashMap<(u64, DType), u64> = HashMap::new();
+        for (slot, spec, _) in &self.externals {
+            if only == et_graph::Kind::All || used.contains(slot) {
+                let e = per_storage.entry((spec.storage, spec.dtype)).or_default();
+                *e = (*e).max(bytes(spec));
+            }
+        }
+        per_storage.values().fold(peak, |a, b| a.saturating_add(*b))
+    }
+
     /// Bytes the external inputs take once materialised (one allocation per storage and dtype).
     pub fn external_bytes(&self) -> i64 {
         let mut per_storage: HashMap<(u64, DType), i64> = HashMap::new();
         for (_, s, _) in &self.externals {
             let e = per_storage.entry((s.storage, s.dtype)).or_default();
-            *e = (*e).max(s.extent() * s.dtype.size_bytes() as i64);
+            *e = (*e).max(s.extent().saturating_mul(s.dtype.size_bytes() as i64));
         }
-        per_storage.values().sum()
+        per_storage.values().fold(0i64, |a, b| a.saturating_add(*b))
     }
 }
 
@@ -674,6 +732,14 @@ fn build_arg(
                     return Ok(Arg::UndefinedTensor);
                 }
                 let ts = arg_tensors(t, a);
+                if let Some((_, Some(sp))) = ts.first() {
+                    if sp.shape.iter().chain(&sp.strides).any(|&d| d < 0) {
+                        return Err(format!(
+                            "tensor with a negative size or stride (shape {:?}, strides {:?})",
+                            sp.shape, sp.strides
+                        ));
+                    }
+                }
                 match ts.first() {
                     Some((tv, spec)) => match b.input_slot(step, *tv, spec) {
                         Some(s) => Ok(Arg::Tensor(s)),

@@ -174,7 +174,8 @@ impl<'a> Recorder<'a> {
         self.last_wall_us = wall_us;
     }
 
-    /// Long iterations (big traces, slow devices) report as they finish; short ones stay quiet.
+    /// Long iterations (big traces, slow devices) report as they finish, with the time the
+    /// rest will take; short ones stay quiet.
     pub fn progress(&self, it: usize, total: usize, phase: Phase) {
         if self.last_wall_us >= 500_000.0 {
             let kind = match phase {
@@ -182,13 +183,31 @@ impl<'a> Recorder<'a> {
                 Phase::Measured => "measured",
                 Phase::Instrumented => "instrumented",
             };
+            let left = (total - it - 1) as f64 * self.last_wall_us / 1e6;
             eprintln!(
-                "[replay] iteration {}/{total} ({kind}): {:.3} ms, {} failed",
+                "[replay] iteration {}/{total} ({kind}): {:.3} ms, {} failed{}",
                 it + 1,
                 self.last_wall_us / 1000.0,
-                self.current.1
+                self.current.1,
+                if it + 1 < total {
+                    format!("; about {} left", eta(left))
+                } else {
+                    String::new()
+                }
             );
         }
+    }
+
+    /// Where a long iteration is: steps done, and the time left in it (and in the run, once an
+    /// iteration has been timed).
+    pub fn progress_within(&self, it: usize, done: usize, steps: usize, elapsed_us: f64) {
+        let left_here = elapsed_us / done as f64 * (steps - done) as f64 / 1e6;
+        eprintln!(
+            "[replay] iteration {}: step {done}/{steps} ({:.0}%), about {} left in it",
+            it + 1,
+            100.0 * done as f64 / steps as f64,
+            eta(left_here)
+        );
     }
 
     /// Finds each dispatched step's event among the profiler's: the outermost events of this
@@ -381,5 +400,15 @@ impl<'a> Recorder<'a> {
             first_nonfinite: self.first_nonfinite,
         };
         (report, self.slices)
+    }
+}
+
+/// Seconds as `42 s`, `3 min 20 s`, `1 h 05 min`.
+fn eta(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..=99 => format!("{s} s"),
+        100..=5999 => format!("{} min {:02} s", s / 60, s % 60),
+        _ => format!("{} h {:02} min", s / 3600, s / 60 % 60),
     }
 }

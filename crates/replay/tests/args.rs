@@ -325,6 +325,63 @@ fn a_failing_op_is_recorded_and_its_dependants_still_run() {
         (3, 1, 2)
     );
     assert_eq!(report.failures.len(), 2);
+    // Typed by the exception: a shape error is libtorch's refusal of an argument, a missing
+    // operator its own kind.
+    assert_eq!(report.failures[0].kind, replay::ErrorKind::Other);
+    assert_eq!(report.failures[1].kind, replay::ErrorKind::NoOperator);
+    // Failed ops are not timed as if they ran.
+    assert_eq!(
+        report.ops.iter().map(|o| o.op.as_str()).collect::<Vec<_>>(),
+        vec!["aten::relu"]
+    );
+}
+
+/// A negative shape (a damaged or hostile trace) fails that op, named, and the run goes on: no
+/// C++ abort, no lost report.
+#[test]
+fn negative_shapes_fail_their_op_not_the_replay() {
+    let tr = trace(&[
+        (
+            "aten::relu",
+            "aten::relu(Tensor self) -> Tensor",
+            vec![(t(1, 1, 8), json!([2, -4]), "Tensor(float)")],
+            vec![(t(2, 2, 8), json!([2, 4]), "Tensor(float)")],
+        ),
+        (
+            "aten::neg",
+            "aten::neg(Tensor self) -> Tensor",
+            vec![(t(2, 2, 8), json!([2, 4]), "Tensor(float)")],
+            vec![(t(3, 3, 8), json!([2, 4]), "Tensor(float)")],
+        ),
+    ]);
+    let (_, failures, _) = run(&tr);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].1.contains("negative"), "{failures:?}");
+}
+
+/// A replay that cannot fit in memory is refused before it allocates anything, unless forced.
+#[test]
+fn a_replay_bigger_than_memory_is_refused_before_allocating() {
+    let huge = 1i64 << 42; // 16 TiB of floats
+    let tr = trace(&[(
+        "aten::relu",
+        "aten::relu(Tensor self) -> Tensor",
+        vec![(t(1, 1, huge as u64), json!([huge]), "Tensor(float)")],
+        vec![(t(2, 2, huge as u64), json!([huge]), "Tensor(float)")],
+    )]);
+    let g = Graph::new(&tr);
+    let plan = compile(&g, &g.replay_set(None));
+    assert!(plan.peak_bytes_estimate(et_graph::Kind::All) >= 2 * 4 * huge as u64);
+    let e = replay::replay(&g, &g.replay_set(None), &replay::ReplayOptions::default());
+    match e {
+        Err(replay::ReplayError::Memory { needed, available }) => {
+            assert!(needed > available);
+            assert!(replay::ReplayError::Memory { needed, available }
+                .to_string()
+                .contains("--force"));
+        }
+        other => panic!("{:?}", other.map(|r| r.0.ops_failed)),
+    }
 }
 
 #[test]

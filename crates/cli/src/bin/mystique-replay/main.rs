@@ -25,7 +25,11 @@ fn main() -> ExitCode {
         Cmd::Replay(a) => replay_cmd::run(&a, json),
         Cmd::Compare(a) => replay_cmd::compare(&a, json),
         Cmd::Env => {
-            println!("{}", replay::env_report());
+            if json {
+                println!("{}", replay::env_json());
+            } else {
+                println!("{}", replay::env_report());
+            }
             Ok(())
         }
         // The libtorch-free commands run in `mystique` itself.

@@ -78,9 +78,23 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     if json_out {
         serde_json::to_writer(&mut out, &summary)?;
         writeln!(out)?;
-        return Ok(());
+    } else {
+        print_table(&mut out, &summary)?;
     }
-    print_table(&mut out, &summary)
+    let count = |k: &str| -> usize {
+        reports
+            .iter()
+            .map(|r| r[k].as_u64().unwrap_or(0) as usize)
+            .sum()
+    };
+    if count("ops_failed") > 0 {
+        return Err(mystique_cli::OpsFailed {
+            failed: count("ops_failed"),
+            selected: count("ops_selected"),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Rank trace files: every ET file of a directory, or the files a glob's last component matches.
@@ -229,6 +243,7 @@ fn child_args(a: &ReplayArgs, rank: usize) -> Vec<String> {
         v.extend(["--iteration".into(), s.join(",")]);
     }
     for (flag, on) in [
+        ("--force", a.run.force),
         ("--strict", a.strict),
         ("--no-autograd", a.run.no_autograd),
         ("--check-values", a.run.check_values),
@@ -325,7 +340,7 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
             if status[k].is_none() {
                 if let Some(s) = r.child.try_wait()? {
                     status[k] = Some(s);
-                    if !s.success() && first_failure.is_none() {
+                    if !ran(s) && first_failure.is_none() {
                         first_failure = Some((k, Instant::now()));
                     }
                 }
@@ -364,7 +379,7 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         let others: Vec<String> = status
             .iter()
             .enumerate()
-            .filter(|(j, s)| *j != k && s.is_some_and(|s| !s.success()))
+            .filter(|(j, s)| *j != k && s.is_some_and(|s| !ran(s)))
             .map(|(j, _)| j.to_string())
             .collect();
         bail!(
@@ -392,6 +407,11 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         );
     }
     Ok(outputs)
+}
+
+/// Whether a rank ran to its end: every op, or with failed ops (its report printed, exit 3).
+fn ran(s: std::process::ExitStatus) -> bool {
+    s.success() || s.code() == Some(mystique_cli::EXIT_OPS_FAILED as i32)
 }
 
 fn describe(s: std::process::ExitStatus) -> String {

@@ -1,6 +1,6 @@
 //! `replay` and `compare`: argument plumbing around the replay crate, and printing.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use et_graph::{Graph, Selection};
 use mystique_cli::args::{CompareArgs, ReplayArgs, RunArgs};
 use mystique_cli::inspect::human_bytes;
@@ -19,6 +19,12 @@ impl RunOptions for RunArgs {
     fn apply_threads(&self) -> Result<()> {
         if let Some(n) = self.threads {
             anyhow::ensure!(n > 0, "--threads must be positive");
+            // More threads than cores only adds contention; thousands take minutes to create.
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            anyhow::ensure!(
+                n as usize <= 4 * cores,
+                "--threads {n} is more than 4x this machine's {cores} cores"
+            );
             tch::set_num_threads(n);
         }
         Ok(())
@@ -32,6 +38,7 @@ impl RunOptions for RunArgs {
             only: self.only,
             autograd: !self.no_autograd,
             check_values: self.check_values,
+            force: self.force,
             ..Default::default()
         }
     }
@@ -79,12 +86,16 @@ fn calibrated_gaps(
     };
     let (r, _) = replay::replay(g, set, &calib)?;
     let us: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
-    Ok(et_graph::corrected_gaps(
-        &kineto.link,
-        &kineto.kineto,
-        &kineto.original,
-        &us,
-    ))
+    let (mut gaps, per_event) =
+        et_graph::corrected_gaps(&kineto.link, &kineto.kineto, &kineto.original, &us);
+    let capped = et_graph::cap_gaps(&mut gaps, &kineto.original);
+    if capped > 0 {
+        eprintln!(
+            "warning: {capped} gaps of the Kineto trace are longer than this model's iteration can \
+             be (ten times its op time): capped (a shifted event, or a capture on a busy host?)"
+        );
+    }
+    Ok((gaps, per_event))
 }
 
 /// A Kineto trace linked to a replay set, with the original run's timing.
@@ -115,6 +126,10 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         anyhow::bail!("a trace or --ranks is needed");
     };
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
+    // Outputs are checked before the long work, so a bad path does not lose the report.
+    if let Some(p) = &a.trace_out {
+        mystique_cli::output::check(p, &[path.as_path()])?;
+    }
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
     for lib in &a.load_library {
@@ -142,7 +157,8 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         strict: a.strict,
         trace_out: a.trace_out.clone(),
         gaps_us,
-        progress: !json,
+        // On stderr, so with --json too.
+        progress: true,
         dist,
         ..a.run.options()
     };
@@ -157,21 +173,35 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     }
     let (report, slices) = replay::replay(&g, &set, &opts)?;
     if let Some(p) = &a.trace_out {
-        let f = std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?;
-        metrics::write_chrome_trace(
-            std::io::BufWriter::new(f),
-            &format!("mystique replay of {}", trace.source),
-            &slices,
-        )?;
+        mystique_cli::output::write_atomic(p, |w| {
+            Ok(metrics::write_chrome_trace(
+                w,
+                &format!("mystique replay of {}", trace.source),
+                &slices,
+            )?)
+        })?;
     }
     a.run.warn_values(&report);
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, &report)?;
         writeln!(out)?;
-        return Ok(());
+    } else {
+        print_table(&mut out, &report, &trace.source)?;
     }
-    print_table(&mut out, &report, &trace.source)
+    completed(&report)
+}
+
+/// Ok when every selected op ran; the exit code says when some failed.
+fn completed(r: &replay::Report) -> Result<()> {
+    if r.ops_failed > 0 {
+        return Err(mystique_cli::OpsFailed {
+            failed: r.ops_failed,
+            selected: r.ops_selected,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result<()> {
@@ -266,6 +296,9 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
 
 /// Replays a linked ET and compares it op by op with its Kineto trace.
 pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
+    if let Some(svg) = &a.svg {
+        mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
+    }
     a.run.apply_threads()?;
     let trace = et_schema::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
@@ -365,17 +398,14 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         } else {
             "replay"
         };
-        std::fs::write(
-            svg,
-            metrics::svg_bars(&title, "ms", ("original (Kineto)", label), &bars),
-        )
-        .with_context(|| format!("writing {}", svg.display()))?;
+        let plot = metrics::svg_bars(&title, "ms", ("original (Kineto)", label), &bars);
+        mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
     }
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, &j)?;
         writeln!(out)?;
-        return Ok(());
+        return completed(&r);
     }
     writeln!(out, "linked     {} of {} ops", l.linked(), set.ops.len())?;
     writeln!(out, "original   {orig_iter_ms:.3} ms per iteration ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them)")?;
@@ -425,5 +455,5 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             r.op
         )?;
     }
-    Ok(())
+    completed(&r)
 }

@@ -1,0 +1,114 @@
+//! What the CLI refuses and how it exits: outputs never overwrite inputs, paths are checked
+//! before long work, absurd settings are refused, exit codes say what happened.
+
+mod common;
+use common::{bin, json, shared};
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("mystique-safety-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// `-o INPUT` is refused for every command that writes a trace or a file, and the input is
+/// left as it was.
+#[test]
+fn no_command_writes_over_its_input() {
+    let input = tmp("in.et.json");
+    std::fs::copy(shared("cpu/mlp.et.json"), &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let i = input.to_str().unwrap();
+    for args in [
+        vec!["compose", "repeat", i, "2", "-o", i],
+        vec![
+            "compose", "scale", i, "--dim", "64", "--factor", "2", "-o", i,
+        ],
+        vec!["select", i, "--name", "addmm", "-o", i],
+        vec!["export", i, "--dot", "-o", i],
+        vec![
+            "replay",
+            i,
+            "--trace-out",
+            i,
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is also an input"), "{args:?}: {err}");
+        assert_eq!(
+            std::fs::read(&input).unwrap(),
+            before,
+            "{args:?} changed the input"
+        );
+    }
+    // A replay whose --trace-out cannot be written fails at once, not after the replay.
+    let out = bin()
+        .args([
+            "replay",
+            i,
+            "--json",
+            "--trace-out",
+            "/nonexistent-dir/x.json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "no replay ran");
+}
+
+#[test]
+fn absurd_thread_counts_are_refused() {
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .args(["--threads", "100000"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cores"));
+}
+
+/// 0: every selected op ran; 3: the replay completed with failed ops, its report printed.
+#[test]
+fn a_replay_with_failed_ops_exits_3_with_its_report() {
+    // Alone, a rank's collectives have no peers: they fail, the rest runs.
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/dist_mlp_w2.rank0.et.json"))
+        .args(["--json", "--iters", "1", "--warmup", "0", "--only", "comm"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ops_failed"], 6);
+    assert_eq!(j["failures"][0]["kind"], "unsupported");
+}
+
+#[test]
+fn env_and_export_speak_json() {
+    let j = json(bin().args(["env", "--json"]));
+    assert_eq!(j["libtorch"], "2.11.0");
+    assert!(j["intra_op_threads"].as_i64().unwrap() > 0);
+    let dot = tmp("g.dot");
+    let j = json(
+        bin()
+            .arg("export")
+            .arg(shared("cpu/mlp.et.json"))
+            .args(["--dot", "--json", "-o"])
+            .arg(&dot),
+    );
+    assert!(j["ops"].as_u64().unwrap() > 10, "{j}");
+    assert!(std::fs::read_to_string(&dot)
+        .unwrap()
+        .starts_with("digraph"));
+}
