@@ -321,7 +321,7 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Result<Trace, ComposeErro
     }
     let int_list = |out: &Trace, v: Value| -> Option<Vec<i64>> { out.int_list(v) };
     let mut done_items: HashSet<u32> = HashSet::new();
-    for ai in 0..out.args.len() {
+    for (ai, &node) in node_of.iter().enumerate() {
         let a = out.args[ai];
         let ty = out.arg_type(&a);
         match (a.value, &ty) {
@@ -336,10 +336,7 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Result<Trace, ComposeErro
                     .iter()
                     .map(|&d| if d == size { scaled } else { d })
                     .collect();
-                let overflow = |field| ComposeError::Overflow {
-                    node: node_of[ai],
-                    field,
-                };
+                let overflow = |field| ComposeError::Overflow { node, field };
                 let numel = new
                     .iter()
                     .try_fold(1i64, |a, &d| a.checked_mul(d))
