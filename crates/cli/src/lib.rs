@@ -58,7 +58,7 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
         },
-        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env { .. } => return None,
+        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env => return None,
     })
 }
 
