@@ -72,6 +72,19 @@ pub enum Cmd {
     Compare(CompareArgs),
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,
+    /// Package traces as a portable benchmark: the selected trace(s), their compiled replay
+    /// plans and a manifest, runnable anywhere with `mystique run`.
+    Generate(GenerateArgs),
+    /// Run a benchmark package and write its result (format mystique-result/1).
+    Run(RunPackageArgs),
+    /// Compare two results of one package, per op signature and per iteration.
+    Diff {
+        a: PathBuf,
+        b: PathBuf,
+        /// Also write an SVG plot of the largest differences.
+        #[arg(long)]
+        svg: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -198,4 +211,66 @@ pub struct CompareArgs {
     pub emulate_gaps: bool,
     #[command(flatten)]
     pub run: RunArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    /// One trace per rank (ordered by the rank each recorded).
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    #[command(flatten)]
+    pub filters: compose_cmd::Filters,
+    /// The package directory to create (must not exist, or be empty).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// The Kineto trace captured with a single-rank ET: the original's timing goes in the
+    /// manifest.
+    #[arg(long)]
+    pub kineto: Option<PathBuf>,
+    /// The original's iteration time (ms), when no Kineto trace is at hand.
+    #[arg(long)]
+    pub original_ms: Option<f64>,
+    /// Replace annotation, module, file and attribute names by keyed hashes.
+    #[arg(long)]
+    pub anonymize: bool,
+    /// Write the anonymisation's mapping (original name -> hash) here, outside the package.
+    #[arg(long, requires = "anonymize")]
+    pub map: Option<PathBuf>,
+    /// Seed of the synthetic input values.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    #[arg(long, default_value_t = 10)]
+    pub iters: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunPackageArgs {
+    /// A package directory made by `mystique generate`.
+    pub package: PathBuf,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The result file (default: <package>.result.json beside the package).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Override the package's warm-up iterations.
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Override the package's measured iterations.
+    #[arg(long)]
+    pub iters: Option<usize>,
+    #[arg(long)]
+    pub threads: Option<i32>,
+    /// Load a library of custom operators first (the package lists the namespaces it needs;
+    /// it never loads anything itself).
+    #[arg(long)]
+    pub load_library: Vec<PathBuf>,
+    /// Run even when the estimated peak memory exceeds what is available.
+    #[arg(long)]
+    pub force: bool,
+    /// Seconds a rank waits for the others (multi-rank packages).
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
 }

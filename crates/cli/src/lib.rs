@@ -3,11 +3,14 @@
 //! run in the `mystique-replay` executable, which `mystique` starts in its place, so that the
 //! other commands never load libtorch (0.8 s and 470 MB before any work).
 
+pub mod anonymize;
 pub mod args;
 pub mod compose_cmd;
+pub mod diff_cmd;
 pub mod graph_cmd;
 pub mod inspect;
 pub mod output;
+pub mod package;
 
 use anyhow::Result;
 use args::{Cli, Cmd, ComposeOp};
@@ -58,7 +61,10 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
         },
-        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env => return None,
+        Cmd::Diff { a, b, svg } => diff_cmd::run(&a, &b, svg.as_deref(), json),
+        Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env | Cmd::Generate(_) | Cmd::Run(_) => {
+            return None
+        }
     })
 }
 

@@ -360,6 +360,7 @@ impl<'a> Recorder<'a> {
                 })
                 .collect(),
             iter_ms: iter,
+            iter_samples_ms: self.iter_ms.clone(),
             op_ms: opsum,
             overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
             peak_bytes: self.peak,

@@ -47,6 +47,8 @@ pub struct Report {
     pub failures: Vec<Failure>,
     /// Wall time per measured iteration.
     pub iter_ms: metrics::Stats,
+    /// Each measured iteration's wall time (ms), in order.
+    pub iter_samples_ms: Vec<f64>,
     /// Sum of op times per measured iteration.
     pub op_ms: metrics::Stats,
     /// Replay bookkeeping per op: (iteration - sum of ops) / ops.

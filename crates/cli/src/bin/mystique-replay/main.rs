@@ -6,6 +6,7 @@ use clap::Parser;
 use mystique_cli::args::{Cli, Cmd};
 use std::process::ExitCode;
 
+mod package_cmd;
 mod ranks;
 mod replay_cmd;
 
@@ -24,6 +25,8 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Replay(a) => replay_cmd::run(&a, json),
         Cmd::Compare(a) => replay_cmd::compare(&a, json),
+        Cmd::Generate(a) => package_cmd::generate(&a, json),
+        Cmd::Run(a) => package_cmd::run(&a, json),
         Cmd::Env => {
             if json {
                 println!("{}", replay::env_json());

@@ -17,10 +17,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One rank's trace, with the rank it recorded (if any).
-struct RankTrace {
-    path: PathBuf,
-    recorded: Option<u64>,
-    world: Option<i64>,
+pub struct RankTrace {
+    pub path: PathBuf,
+    pub recorded: Option<u64>,
+    pub world: Option<i64>,
 }
 
 pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
@@ -35,40 +35,15 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     if !json_out {
         eprintln!("replaying {n} ranks together over Gloo on loopback ...");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free loopback port for the rendezvous")?
-        .port();
-    let exe = std::env::current_exe().context("locating mystique-replay")?;
-    let mut ranks: Vec<Running> = Vec::with_capacity(n);
-    for (rank, t) in traces.iter().enumerate() {
-        let mut cmd = Command::new(&exe);
-        cmd.arg("replay")
-            .arg(&t.path)
-            .arg("--json")
-            .args(child_args(a, rank))
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", n.to_string())
-            .env("LOCAL_WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        die_with_parent(&mut cmd);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting rank {rank}"))?;
-        eprintln!(
-            "[ranks] rank {rank}: pid {} ({})",
-            child.id(),
-            t.path.display()
-        );
-        ranks.push(Running::new(rank, child));
-    }
     let timeout = Duration::from_secs(a.timeout);
-    let results = supervise(&mut ranks, timeout)?;
+    let results = launch(n, timeout, |rank| {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("replay")
+            .arg(&traces[rank].path)
+            .arg("--json")
+            .args(child_args(a, rank));
+        Ok((cmd, traces[rank].path.display().to_string()))
+    })?;
     let reports: Vec<Value> = results
         .iter()
         .map(|out| serde_json::from_slice(out).context("a rank's report is not JSON"))
@@ -149,9 +124,43 @@ fn rank_traces(spec: &str) -> Result<Vec<RankTrace>> {
         .collect()
 }
 
+/// Starts `n` ranks (`make(rank)` gives each its command and a label), as torchrun would
+/// (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), relays their
+/// stderr, and returns their stdouts once all have ended; see [`supervise`] for failures.
+pub fn launch(
+    n: usize,
+    timeout: Duration,
+    make: impl Fn(usize) -> Result<(Command, String)>,
+) -> Result<Vec<Vec<u8>>> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free loopback port for the rendezvous")?
+        .port();
+    let mut ranks: Vec<Running> = Vec::with_capacity(n);
+    for rank in 0..n {
+        let (mut cmd, label) = make(rank)?;
+        cmd.env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        die_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting rank {rank}"))?;
+        eprintln!("[ranks] rank {rank}: pid {} ({label})", child.id());
+        ranks.push(Running::new(rank, child));
+    }
+    supervise(&mut ranks, timeout)
+}
+
 /// Orders the traces by their recorded ranks (file order where none is recorded) and refuses
 /// sets that cannot be one run: duplicate or missing ranks, or a world size that differs.
-fn order(mut traces: Vec<RankTrace>) -> Result<Vec<RankTrace>> {
+pub fn order(mut traces: Vec<RankTrace>) -> Result<Vec<RankTrace>> {
     let n = traces.len();
     for t in &traces {
         if let Some(w) = t.world {

@@ -1,0 +1,150 @@
+//! `mystique diff A B`: two results of one package (two machines, two libtorch versions)
+//! compared per op signature and per iteration, largest regressions first.
+
+use crate::package::{RunResult, RESULT_FORMAT};
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::Path;
+
+fn read(p: &Path) -> Result<RunResult> {
+    let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    let r: RunResult = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a result", p.display()))?;
+    if r.format != RESULT_FORMAT {
+        bail!(
+            "{} is a result of format {:?}; this build reads {RESULT_FORMAT:?}",
+            p.display(),
+            r.format
+        );
+    }
+    Ok(r)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One op signature of one rank in both results.
+struct Row {
+    rank: usize,
+    signature: String,
+    op: String,
+    count: usize,
+    a_ms: f64,
+    b_ms: f64,
+}
+
+pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
+    if let Some(s) = svg {
+        crate::output::check(s, &[a, b])?;
+    }
+    let (ra, rb) = (read(a)?, read(b)?);
+    if ra.package != rb.package {
+        bail!(
+            "{} and {} are results of different packages (manifests {} and {})",
+            a.display(),
+            b.display(),
+            &ra.package[..12.min(ra.package.len())],
+            &rb.package[..12.min(rb.package.len())]
+        );
+    }
+    let mut rows = Vec::new();
+    let (mut it_a, mut it_b) = (Vec::new(), Vec::new());
+    for x in &ra.ranks {
+        let Some(y) = rb.ranks.iter().find(|y| y.rank == x.rank) else {
+            continue;
+        };
+        it_a.push(median(&x.iterations_ms));
+        it_b.push(median(&y.iterations_ms));
+        for s in &x.signatures {
+            let other = y.signatures.iter().find(|t| t.signature == s.signature);
+            rows.push(Row {
+                rank: x.rank,
+                signature: s.signature.clone(),
+                op: s.op.clone(),
+                count: s.count,
+                a_ms: s.total_ms,
+                b_ms: other.map_or(f64::NAN, |t| t.total_ms),
+            });
+        }
+    }
+    // Largest regressions (B slower than A, in time per iteration) first.
+    let delta = |r: &Row| {
+        let d = r.b_ms - r.a_ms;
+        if d.is_finite() {
+            d
+        } else {
+            f64::NEG_INFINITY
+        }
+    };
+    rows.sort_by(|x, y| delta(y).total_cmp(&delta(x)));
+    let (ia, ib) = (
+        it_a.iter().copied().fold(0.0, f64::max),
+        it_b.iter().copied().fold(0.0, f64::max),
+    );
+    if let Some(s) = svg {
+        let bars: Vec<(String, f64, f64)> = rows
+            .iter()
+            .take(20)
+            .map(|r| (format!("{} x{}", r.signature, r.count), r.a_ms, r.b_ms))
+            .collect();
+        let title = format!("iteration {ia:.3} ms (A) vs {ib:.3} ms (B): largest regressions");
+        let plot = metrics::svg_bars(&title, "ms per iteration", ("A", "B"), &bars);
+        crate::output::write_atomic(s, |w| Ok(w.write_all(plot.as_bytes())?))?;
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let j = serde_json::json!({
+            "package": ra.package,
+            "a": {"path": a.display().to_string(), "machine": ra.machine},
+            "b": {"path": b.display().to_string(), "machine": rb.machine},
+            "iteration": {"a_ms": ia, "b_ms": ib, "ratio": ib / ia},
+            "ops": rows.iter().map(|r| serde_json::json!({
+                "rank": r.rank, "signature": r.signature, "op": r.op, "count": r.count,
+                "a_ms": r.a_ms, "b_ms": r.b_ms, "delta_ms": r.b_ms - r.a_ms,
+                "ratio": r.b_ms / r.a_ms,
+            })).collect::<Vec<_>>(),
+        });
+        serde_json::to_writer(&mut out, &j)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let m = |r: &RunResult| {
+        format!(
+            "{} ({} threads, {}), libtorch {}",
+            r.machine.device, r.machine.threads, r.machine.cpu, r.machine.libtorch
+        )
+    };
+    writeln!(out, "A          {}: {}", a.display(), m(&ra))?;
+    writeln!(out, "B          {}: {}", b.display(), m(&rb))?;
+    writeln!(
+        out,
+        "iteration  {ia:.3} ms -> {ib:.3} ms  (B/A {:.3}; slowest rank's median)",
+        ib / ia
+    )?;
+    writeln!(out, "largest regressions per iteration")?;
+    writeln!(
+        out,
+        "  {:>9} {:>9} {:>7} {:>6} {:>4}  signature",
+        "A ms", "B ms", "B/A", "calls", "rank"
+    )?;
+    for r in rows.iter().take(25) {
+        writeln!(
+            out,
+            "  {:>9.3} {:>9.3} {:>7.2} {:>6} {:>4}  {}",
+            r.a_ms,
+            r.b_ms,
+            r.b_ms / r.a_ms,
+            r.count,
+            r.rank,
+            r.signature
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! Benchmark packages and their results: the on-disk formats, and the checks that make a
+//! package safe to run when it comes from someone else. A package is data, never code: nothing
+//! in it is loaded or executed because it says so, no file name in it may point outside it, and
+//! every file must match the hash its manifest records.
+//!
+//! ```text
+//! DIR/manifest.json          Manifest (format "mystique-package/1")
+//! DIR/rank<R>.et.json.gz     the selected (and, with --anonymize, anonymised) trace of rank R
+//! DIR/rank<R>.plan.json.gz   its compiled replay plan (replay::plan::Plan, serde)
+//! ```
+//!
+//! A run writes a [`RunResult`] (format "mystique-result/1"); `mystique diff` compares two.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const PACKAGE_FORMAT: &str = "mystique-package/1";
+pub const RESULT_FORMAT: &str = "mystique-result/1";
+pub const MANIFEST: &str = "manifest.json";
+
+/// What a package holds and how it was made. Unknown fields are refused: a manifest cannot ask
+/// for anything this build does not know (a library to load, a command to run).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: String,
+    /// `mystique <version>` that generated it.
+    pub created_by: String,
+    /// The libtorch the plans were compiled against (operators and schemas).
+    pub libtorch: String,
+    /// The traces' schema version.
+    pub schema: String,
+    pub ranks: Vec<RankEntry>,
+    pub selection: SelectionRecord,
+    /// What-if edits applied before packaging (e.g. `scale 64 x2`).
+    pub what_if: Vec<String>,
+    /// Devices the original ran on (from the trace's tensors).
+    pub devices_recorded: Vec<String>,
+    /// Seed of the synthetic input values.
+    pub seed: u64,
+    pub warmup: usize,
+    pub iters: usize,
+    /// Namespaces of operators outside libtorch (`fbgemm`, ...): the person running the package
+    /// loads their libraries with `--load-library`; the package never does.
+    pub ops_from: Vec<String>,
+    /// The original run's time, when a linked Kineto trace or `--original-ms` was given.
+    pub original: Option<Original>,
+    /// With `--anonymize`: how many names of each kind were replaced by hashes.
+    pub anonymized: Option<BTreeMap<String, usize>>,
+    /// Every other file of the package and its SHA-256.
+    pub files: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RankEntry {
+    pub rank: usize,
+    pub trace: String,
+    pub plan: String,
+    /// SHA-256 of the source trace file it was made from.
+    pub source_sha256: String,
+    /// Ops in its replay set.
+    pub ops: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SelectionRecord {
+    pub iterations: Option<Vec<u64>>,
+    pub name: Option<String>,
+    pub scope: Option<String>,
+    pub ids: Option<String>,
+    pub only: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Original {
+    pub iter_ms: f64,
+    pub ops_ms: Option<f64>,
+    /// `kineto` or `--original-ms`.
+    pub from: String,
+}
+
+/// What `mystique run` writes: the machine, and per rank the replay report, per op signature
+/// and per iteration times. Stable field names; `format` changes when they do.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RunResult {
+    pub format: String,
+    /// SHA-256 of the package's manifest: two results of the same package compare.
+    pub package: String,
+    pub machine: Machine,
+    pub ranks: Vec<RankResult>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    pub device: String,
+    pub threads: i64,
+    pub libtorch: String,
+    pub cpu: String,
+    pub cores: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RankResult {
+    pub rank: usize,
+    /// The replay's `--json` report.
+    pub report: serde_json::Value,
+    /// Per op signature (name, input shapes and dtypes): calls and time per iteration.
+    pub signatures: Vec<Signature>,
+    /// Each measured iteration's wall time (ms).
+    pub iterations_ms: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Signature {
+    pub signature: String,
+    pub op: String,
+    pub count: usize,
+    /// Median time of its calls summed per iteration (ms).
+    pub total_ms: f64,
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A file name inside a package: one plain component, never a path out of it.
+pub fn check_name(name: &str) -> Result<()> {
+    let p = Path::new(name);
+    let plain = !name.is_empty()
+        && p.components().count() == 1
+        && matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+        && !name.contains('\\')
+        && !name.contains('\0');
+    if !plain {
+        bail!("the package names {name:?}, which is not a file inside it: refused");
+    }
+    Ok(())
+}
+
+/// Reads and checks a package's manifest: its format, its file names, and every file's hash.
+pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
+    let path = dir.join(MANIFEST);
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "{} is not a mystique package (no {MANIFEST})",
+            dir.display()
+        )
+    })?;
+    let m: Manifest =
+        serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
+    if m.format != PACKAGE_FORMAT {
+        bail!(
+            "{} is a package of format {:?}; this build reads {PACKAGE_FORMAT:?}",
+            dir.display(),
+            m.format
+        );
+    }
+    for r in &m.ranks {
+        for f in [&r.trace, &r.plan] {
+            check_name(f)?;
+            if !m.files.contains_key(f) {
+                bail!(
+                    "the manifest names {f:?} for rank {} but records no hash for it",
+                    r.rank
+                );
+            }
+        }
+    }
+    for (name, hash) in &m.files {
+        check_name(name)?;
+        let p = dir.join(name);
+        let meta = std::fs::symlink_metadata(&p)
+            .with_context(|| format!("the package's {name} is missing"))?;
+        if !meta.file_type().is_file() {
+            bail!("the package's {name} is not a plain file (a link?): refused");
+        }
+        let got = sha256_hex(&std::fs::read(&p)?);
+        if &got != hash {
+            bail!(
+                "the package's {name} does not match its manifest (sha256 {got}, manifest {hash}): it was changed after it was generated"
+            );
+        }
+    }
+    Ok((m, sha256_hex(&bytes)))
+}
+
+/// A package file's bytes, decompressed when gzipped (its hash was checked by
+/// [`read_manifest`]; the size is bounded by et-schema's decompression limits).
+pub fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
+    check_name(name)?;
+    let p = dir.join(name);
+    et_schema::read_input(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_file_names_are_package_files() {
+        for ok in ["rank0.plan.json.gz", "manifest.json", "a b"] {
+            check_name(ok).unwrap();
+        }
+        for bad in ["", "..", ".", "../x", "/etc/passwd", "a/b", "a\\\\b", "./x"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_manifest_fields_are_refused() {
+        let m = serde_json::json!({"format": PACKAGE_FORMAT, "load_library": ["x.so"]});
+        let e = serde_json::from_value::<Manifest>(m)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("load_library"), "{e}");
+    }
+}

@@ -1,0 +1,222 @@
+//! Benchmark packages: generate, run, diff; anonymisation; refusal of tampered packages.
+
+mod common;
+use common::{bin, json, shared};
+use std::path::{Path, PathBuf};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mystique-package-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    let p = d.join(name);
+    let _ = std::fs::remove_dir_all(&p);
+    let _ = std::fs::remove_file(&p);
+    p
+}
+
+fn generate(traces: &[PathBuf], out: &Path, extra: &[&str]) {
+    let o = bin()
+        .arg("generate")
+        .args(traces)
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn run(pkg: &Path, result: &Path) -> serde_json::Value {
+    json(
+        bin()
+            .arg("run")
+            .arg(pkg)
+            .args([
+                "--json",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+                "--threads",
+                "1",
+                "-o",
+            ])
+            .arg(result),
+    )
+}
+
+/// A package from each shared CPU trace runs completely, twice, and the two results diff op
+/// signature by op signature.
+#[test]
+fn packages_of_every_shared_cpu_trace_run_and_diff() {
+    for m in [
+        "mlp.et.json",
+        "cnn.et.json.gz",
+        "transformer.et.json.gz",
+        "dlrm.et.json",
+    ] {
+        let pkg = tmp(&format!("{m}.pkg"));
+        generate(&[shared(&format!("cpu/{m}"))], &pkg, &[]);
+        let (ra, rb) = (tmp(&format!("{m}.a.json")), tmp(&format!("{m}.b.json")));
+        let a = run(&pkg, &ra);
+        run(&pkg, &rb);
+        assert_eq!(a["format"], "mystique-result/1");
+        let r0 = &a["ranks"][0];
+        assert_eq!(
+            r0["report"]["ops_failed"], 0,
+            "{m}: {}",
+            r0["report"]["failures"]
+        );
+        assert!(r0["signatures"].as_array().unwrap().len() > 5, "{m}");
+        assert_eq!(r0["iterations_ms"].as_array().unwrap().len(), 2);
+        let d = json(bin().arg("diff").arg(&ra).arg(&rb).arg("--json"));
+        let ops = d["ops"].as_array().unwrap();
+        assert_eq!(ops.len(), r0["signatures"].as_array().unwrap().len(), "{m}");
+        for o in ops {
+            let r = o["ratio"].as_f64().unwrap();
+            assert!(r.is_finite() && r > 0.0, "{m}: {o}");
+        }
+        // Largest regression first.
+        let deltas: Vec<f64> = ops
+            .iter()
+            .map(|o| o["delta_ms"].as_f64().unwrap())
+            .collect();
+        assert!(deltas.windows(2).all(|w| w[0] >= w[1]), "{m}: {deltas:?}");
+        assert!(d["iteration"]["ratio"].as_f64().unwrap() > 0.0);
+    }
+}
+
+/// Every file of the package, decompressed.
+fn package_text(pkg: &Path) -> String {
+    let mut all = String::new();
+    for e in std::fs::read_dir(pkg).unwrap() {
+        let p = e.unwrap().path();
+        let raw = std::fs::read(&p).unwrap();
+        let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut v)
+                .unwrap();
+            v
+        } else {
+            raw
+        };
+        all.push_str(&String::from_utf8_lossy(&bytes));
+    }
+    all
+}
+
+/// `--anonymize` leaves no annotation, module or file name of the input in any file of the
+/// package, compressed ones included; op names stay.
+#[test]
+fn anonymized_packages_hold_no_names_of_the_input() {
+    for (trace, sel) in [
+        (
+            "public/param_resnet_1.1.0.et.json.gz",
+            vec!["--iteration", "7"],
+        ),
+        ("cpu/transformer.et.json.gz", vec![]),
+    ] {
+        let pkg = tmp("anon.pkg");
+        let map = tmp("anon.map.json");
+        let mut extra = sel.clone();
+        extra.extend(["--anonymize", "--map", map.to_str().unwrap()]);
+        generate(&[shared(trace)], &pkg, &extra);
+        let map: std::collections::BTreeMap<String, String> =
+            serde_json::from_slice(&std::fs::read(&map).unwrap()).unwrap();
+        assert!(!map.is_empty(), "{trace}: nothing was anonymised");
+        let text = package_text(&pkg);
+        for (name, hash) in &map {
+            // Short names could occur inside others by chance; theirs hashes show they went.
+            if name.len() >= 5 {
+                assert!(
+                    !text.contains(name.as_str()),
+                    "{trace}: {name:?} is in the package"
+                );
+            }
+            assert!(text.contains(hash.as_str()), "{trace}: {hash} for {name:?}");
+        }
+        assert!(text.contains("aten::"), "op names stay");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+        assert!(manifest["anonymized"].is_object());
+    }
+}
+
+/// A package is data: a path out of it, a manifest asking for a library, and a file whose
+/// hash no longer matches are each refused before anything runs.
+#[test]
+fn tampered_packages_are_refused() {
+    let good = tmp("good.pkg");
+    generate(&[shared("cpu/mlp.et.json")], &good, &[]);
+    let copy = |name: &str| {
+        let d = tmp(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::copy(&p, d.join(p.file_name().unwrap())).unwrap();
+        }
+        d
+    };
+    let edit_manifest = |d: &Path, f: &dyn Fn(&mut serde_json::Value)| {
+        let p = d.join("manifest.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        f(&mut m);
+        std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+    };
+    let refused = |d: &Path, what: &str| {
+        let o = bin()
+            .arg("run")
+            .arg(d)
+            .args(["--iters", "1"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", d.display());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(what), "{}: {err}", d.display());
+        assert!(!err.contains("materialising"), "nothing ran: {err}");
+    };
+    let escape = copy("escape.pkg");
+    edit_manifest(&escape, &|m| {
+        let plan = m["ranks"][0]["plan"].as_str().unwrap().to_string();
+        let hash = m["files"][&plan].clone();
+        m["ranks"][0]["plan"] = "../../etc/passwd".into();
+        m["files"]["../../etc/passwd"] = hash;
+    });
+    refused(&escape, "not a file inside it");
+    let library = copy("library.pkg");
+    edit_manifest(&library, &|m| {
+        m["load_library"] = serde_json::json!(["/tmp/evil.so"]);
+    });
+    refused(&library, "load_library");
+    let tampered = copy("tampered.pkg");
+    let plan = tampered.join("rank0.plan.json.gz");
+    let mut bytes = std::fs::read(&plan).unwrap();
+    bytes.push(0);
+    std::fs::write(&plan, bytes).unwrap();
+    refused(&tampered, "does not match its manifest");
+}
+
+/// A two-rank package runs both ranks together, collectives included.
+#[test]
+fn a_two_rank_package_runs_its_ranks_together() {
+    let pkg = tmp("dist.pkg");
+    generate(
+        &[
+            shared("cpu/dist_mlp_w2.rank1.et.json"),
+            shared("cpu/dist_mlp_w2.rank0.et.json"),
+        ],
+        &pkg,
+        &[],
+    );
+    let r = run(&pkg, &tmp("dist.result.json"));
+    let ranks = r["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    for (k, rk) in ranks.iter().enumerate() {
+        assert_eq!(rk["rank"], k);
+        assert_eq!(
+            rk["report"]["ops_failed"], 0,
+            "{}",
+            rk["report"]["failures"]
+        );
+        assert_eq!(rk["report"]["world_size"], 2);
+    }
+}
