@@ -20,12 +20,14 @@ fn main() -> Result<()> {
         ["bench", "parse", rest @ ..] => bench_parse(rest),
         ["bench", "comms", rest @ ..] => bench_comms(rest),
         ["example"] => example(),
+        ["replay", rest @ ..] => replay(rest),
         ["fidelity", rest @ ..] => fidelity(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
                  setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
                  example        setup, then inspect and replay the bundled example trace\n\
+                 replay TRACE [ARGS]  setup, then mystique replay TRACE ARGS (e.g. --iters 20 --json)\n\
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
@@ -193,6 +195,24 @@ fn example() -> Result<()> {
         .args(["--threads", "1"]))
 }
 
+/// `cargo xtask replay TRACE [ARGS]`: libtorch set up if needed, the binary built, then the
+/// replay run with the given arguments (relative paths are the caller's: cargo runs xtask from
+/// the workspace root, so they are resolved against the directory cargo was started in).
+fn replay(args: &[&str]) -> Result<()> {
+    if args.is_empty() {
+        bail!("usage: cargo xtask replay TRACE [ARGS]  (the arguments of `mystique replay`)");
+    }
+    let bin = setup()?;
+    let cwd = std::env::current_dir()?;
+    let status = Command::new(&bin)
+        .arg("replay")
+        .args(args)
+        .current_dir(&cwd)
+        .status()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    std::process::exit(status.code().unwrap_or(2))
+}
+
 fn test(extra: &[&str]) -> Result<()> {
     setup()?;
     let t = Instant::now();
@@ -206,6 +226,19 @@ fn test(extra: &[&str]) -> Result<()> {
         .args(["test", "--workspace", "--release"])
         .args(extra)
         .env("MYSTIQUE_FBGEMM_DIR", &fbgemm))?;
+    // The downstream example (et-graph alone) builds and answers on the bundled trace.
+    let out = cargo()
+        .args(["run", "-q", "--release", "-p", "et-graph-opmix", "--"])
+        .arg(root().join("examples/traces/mlp.et.json.gz"))
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("aten::") {
+        bail!(
+            "examples/opmix failed: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     eprintln!(
         "[test] all tests passed in {:.0} s",
         t.elapsed().as_secs_f64()

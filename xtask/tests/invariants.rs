@@ -311,3 +311,16 @@ fn the_replay_plan_module_touches_no_libtorch() {
         "sanity: this is the plan module"
     );
 }
+
+/// The example of downstream use builds on et-graph alone: no libtorch, no replay.
+#[test]
+fn the_downstream_example_needs_et_graph_only() {
+    let d = deps();
+    assert_reaches_none(
+        d,
+        "et-graph-opmix",
+        &["tch", "torch-sys", "replay", "cudarc", "metrics"],
+        "examples/opmix shows et-graph used alone",
+    );
+    assert!(d.direct("et-graph-opmix").contains("et-graph"));
+}

@@ -16,6 +16,9 @@
 //!
 //! Architecture invariant: depends on `et-schema` only, never on libtorch.
 
+/// The file model this crate analyses: a crate downstream of et-graph needs no other dependency.
+pub use et_schema;
+
 pub mod class;
 pub mod compose;
 pub mod fidelity;
