@@ -22,6 +22,7 @@ fn main() -> Result<()> {
         ["example"] => example(),
         ["replay", rest @ ..] => replay(rest),
         ["fidelity", rest @ ..] => fidelity(rest),
+        ["bench-ops", rest @ ..] => bench_ops(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
@@ -31,7 +32,8 @@ fn main() -> Result<()> {
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
-                 fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)"
+                 fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)\n\
+                 bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)"
             );
             std::process::exit(2)
         }
@@ -626,4 +628,64 @@ fn bench_comms(args: &[&str]) -> Result<()> {
     }
     println!("ratio: PyTorch's time / the replay's (above 1: the replay's collective is faster)");
     Ok(())
+}
+
+/// `cargo xtask bench-ops TRACE [--top N] [--filter REGEX] [--kineto K] [-- ARGS]`: libtorch set up
+/// if needed, then `cargo bench -p mystique-benches --bench ops` with the trace and options in
+/// its environment (see benches/benches/ops.rs); ARGS go to criterion (e.g. `--save-baseline
+/// old`, `--baseline old`). Relative paths are the caller's.
+fn bench_ops(args: &[&str]) -> Result<()> {
+    const USAGE: &str =
+        "usage: cargo xtask bench-ops TRACE [--top N] [--filter REGEX] [--kineto K] [-- CRITERION ARGS]";
+    let (ours, criterion) = match args.iter().position(|a| *a == "--") {
+        Some(k) => (&args[..k], &args[k + 1..]),
+        None => (args, &[][..]),
+    };
+    let cwd = std::env::current_dir()?;
+    let path = |p: &str| -> Result<PathBuf> {
+        let p = cwd.join(p);
+        std::fs::canonicalize(&p).with_context(|| format!("{}", p.display()))
+    };
+    let mut bench = cargo();
+    bench.args(["bench", "-p", "mystique-benches", "--bench", "ops"]);
+    // Only what this command says: no option inherited from the caller's environment.
+    for k in [
+        "MYSTIQUE_BENCH_TOP",
+        "MYSTIQUE_BENCH_FILTER",
+        "MYSTIQUE_BENCH_KINETO",
+    ] {
+        bench.env_remove(k);
+    }
+    let mut trace = None;
+    let mut it = ours.iter();
+    while let Some(a) = it.next() {
+        let mut value = || {
+            it.next()
+                .copied()
+                .with_context(|| format!("{a} needs a value\n{USAGE}"))
+        };
+        match *a {
+            "--top" => {
+                let n = value()?;
+                n.parse::<usize>()
+                    .with_context(|| format!("--top {n}: not a number"))?;
+                bench.env("MYSTIQUE_BENCH_TOP", n);
+            }
+            "--filter" => {
+                bench.env("MYSTIQUE_BENCH_FILTER", value()?);
+            }
+            "--kineto" => {
+                bench.env("MYSTIQUE_BENCH_KINETO", path(value()?)?);
+            }
+            t if trace.is_none() && !t.starts_with('-') => trace = Some(path(t)?),
+            other => bail!("unexpected argument {other:?}\n{USAGE}"),
+        }
+    }
+    let Some(trace) = trace else { bail!(USAGE) };
+    install_libtorch()?;
+    bench.env("MYSTIQUE_BENCH_TRACE", &trace);
+    if !criterion.is_empty() {
+        bench.arg("--").args(criterion);
+    }
+    run(&mut bench)
 }

@@ -155,6 +155,24 @@ impl<'a> Executor<'a> {
         &self.bound.device
     }
 
+    /// The plan this executor runs.
+    pub fn plan(&self) -> &'a Plan {
+        self.plan
+    }
+
+    /// Slots holding step `pos`'s inputs: fresh slots after steps `0..pos` ran once as in an
+    /// iteration (each settled, a failed one's outputs synthesised, dead slots freed). What
+    /// [`crate::single::SingleStep`] runs one step on. Costs the steps before `pos`.
+    pub fn prepare(&mut self, pos: usize, autograd: bool) -> Vec<Option<Tensor>> {
+        let mut slots = self.fresh_slots();
+        for p in 0..pos.min(self.plan.steps.len()) {
+            let outcome = self.step(p, &mut slots, autograd);
+            self.settle(p, &mut slots, &outcome);
+            self.free(p, &mut slots);
+        }
+        slots
+    }
+
     /// The external inputs, by slot (`None` for the other slots).
     pub fn externals(&self) -> &[Option<Tensor>] {
         &self.externals

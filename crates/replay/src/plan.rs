@@ -405,6 +405,41 @@ impl Plan {
         step.op.map(|i| &self.ops[i as usize])
     }
 
+    /// The spec of every slot (by slot): the external input's, or the output's that fills it.
+    pub fn slot_specs(&self) -> Vec<Option<&TensorSpec>> {
+        let mut specs = vec![None; self.n_slots];
+        let slots = self.externals.iter().map(|(s, spec, _)| (s, spec));
+        for (s, spec) in slots.chain(
+            self.steps
+                .iter()
+                .flat_map(|st| st.out_specs.iter().map(|(s, spec)| (s, spec))),
+        ) {
+            if let Some(x) = specs.get_mut(*s as usize) {
+                *x = Some(spec);
+            }
+        }
+        specs
+    }
+
+    /// The signature of step `pos`: what a per-op benchmark or a per-op comparison of two runs
+    /// keys on. The operator with its overload, then each argument: a tensor as its dtype and
+    /// shape, with `@` and its strides when not contiguous (`float32[64,128]`,
+    /// `float32[128,64]@[1,128]`), lists of tensors in brackets, scalars by value, `_` for a
+    /// schema default. E.g.
+    /// `aten::addmm.default(float32[64],float32[32,128],float32[128,64]@[1,128],1,1)`.
+    /// For every step at once, [`Plan::signatures`] builds the slot specs once.
+    pub fn signature(&self, pos: usize) -> String {
+        signature_of(self, &self.slot_specs(), pos)
+    }
+
+    /// [`Plan::signature`] of every step, in order.
+    pub fn signatures(&self) -> Vec<String> {
+        let specs = self.slot_specs();
+        (0..self.steps.len())
+            .map(|pos| signature_of(self, &specs, pos))
+            .collect()
+    }
+
     /// Steps `--only` runs.
     pub fn included(&self, only: et_graph::Kind) -> usize {
         self.steps.iter().filter(|s| s.kind.included(only)).count()
@@ -516,6 +551,78 @@ pub fn contiguous(shape: &[i64]) -> Vec<i64> {
         s[k] = s[k + 1] * shape[k + 1].max(1);
     }
     s
+}
+
+/// See [`Plan::signature`]; `specs` from [`Plan::slot_specs`].
+fn signature_of(plan: &Plan, specs: &[Option<&TensorSpec>], pos: usize) -> String {
+    use std::fmt::Write;
+    let st = &plan.steps[pos];
+    let ints = |v: &[i64]| {
+        let v: Vec<String> = v.iter().map(i64::to_string).collect();
+        format!("[{}]", v.join(","))
+    };
+    let tensor = |s: &Slot| match specs.get(*s as usize).copied().flatten() {
+        None => "?".to_string(),
+        Some(t) => {
+            let mut out = format!("{}{}", t.dtype.name(), ints(&t.shape));
+            if t.strides != contiguous(&t.shape) {
+                let _ = write!(out, "@{}", ints(&t.strides));
+            }
+            out
+        }
+    };
+    let list = |l: &[Option<Slot>]| {
+        let v: Vec<String> = l
+            .iter()
+            .map(|s| s.as_ref().map_or("None".into(), tensor))
+            .collect();
+        format!("[{}]", v.join(","))
+    };
+    let doubles = |v: &[f64]| {
+        let v: Vec<String> = v.iter().map(|f| format!("{f:?}")).collect();
+        format!("[{}]", v.join(","))
+    };
+    let args: Vec<String> = st
+        .args
+        .iter()
+        .map(|a| match a {
+            Arg::Tensor(s) => tensor(s),
+            Arg::TensorList { slots, .. } => list(slots),
+            Arg::TensorLists(lists) => {
+                let v: Vec<String> = lists.iter().map(|l| list(l)).collect();
+                format!("[{}]", v.join(","))
+            }
+            Arg::Int(i) | Arg::ScalarInt(i) => i.to_string(),
+            Arg::Double(f) | Arg::ScalarDouble(f) => format!("{f:?}"),
+            Arg::Bool(b) | Arg::ScalarBool(b) => b.to_string(),
+            Arg::Str(s) => format!("{:?}", s.to_string_lossy()),
+            Arg::IntList(v) => ints(v),
+            Arg::DoubleList(v) | Arg::ScalarList(v) => doubles(v),
+            Arg::BoolList(v) => {
+                let v: Vec<&str> = v
+                    .iter()
+                    .map(|b| if *b != 0 { "true" } else { "false" })
+                    .collect();
+                format!("[{}]", v.join(","))
+            }
+            Arg::None | Arg::UndefinedTensor => "None".into(),
+            Arg::Device => "device".into(),
+            Arg::ProcessGroup(g) => format!("group{g}"),
+            Arg::ReduceOp(r) => format!("reduce{r}"),
+            Arg::Default(_) => "_".into(),
+        })
+        .collect();
+    let name = plan.op_of(st).map_or_else(
+        || st.name.clone(),
+        |o| {
+            if o.overload.is_empty() {
+                o.name.clone()
+            } else {
+                format!("{}.{}", o.name, o.overload)
+            }
+        },
+    );
+    format!("{name}({})", args.join(","))
 }
 
 /// Tensors of one argument with their specs, in order (a list argument has several; a list of
@@ -1545,5 +1652,39 @@ mod tests {
         let mut bad = p;
         bad.externals[0].1.shape = vec![-4];
         assert!(bad.validate().is_err());
+    }
+
+    /// Steps with the same operator, dtypes, shapes, strides and scalars share a signature;
+    /// a transposed view shows its strides, another alpha its value.
+    #[test]
+    fn signatures_key_on_operator_tensors_and_scalars() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(f32(1, 1, 6), json!([2, 3]), "Tensor(float)")
+            .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 6), json!([2, 3]), "Tensor(float)")
+            .done();
+        b.op("aten::add", ADD)
+            .input(f32(3, 3, 6), json!([2, 3]), "Tensor(float)")
+            .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(4, 4, 6), json!([2, 3]), "Tensor(float)")
+            .done();
+        b.op("aten::add", ADD)
+            .input_strided(f32(5, 1, 6), json!([3, 2]), json!([1, 3]), "Tensor(float)")
+            .input(f32(6, 6, 6), json!([3, 2]), "Tensor(float)")
+            .input(json!(2), json!([]), "Int")
+            .output(f32(7, 7, 6), json!([3, 2]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let sigs = p.signatures();
+        assert_eq!(sigs[0], "aten::add.Tensor(float32[2,3],float32[2,3],1)");
+        assert_eq!(sigs[1], sigs[0]);
+        assert_eq!(
+            sigs[2],
+            "aten::add.Tensor(float32[3,2]@[1,3],float32[3,2],2)"
+        );
+        assert_eq!(p.signature(2), sigs[2]);
     }
 }

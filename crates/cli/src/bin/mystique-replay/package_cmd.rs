@@ -9,8 +9,8 @@ use mystique_cli::package::{
     self, Machine, Manifest, Original, RankEntry, RankResult, RunResult, SelectionRecord,
     Signature, MANIFEST, PACKAGE_FORMAT, RESULT_FORMAT,
 };
-use replay::plan::{Arg, Plan, TensorSpec};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use replay::plan::Plan;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -257,50 +257,6 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// An op signature: name and overload, the shapes and dtypes of its tensor arguments, and its
-/// scalar arguments.
-fn signature(plan: &Plan, specs: &HashMap<u32, &TensorSpec>, pos: usize) -> String {
-    let st = &plan.steps[pos];
-    let name = plan
-        .op_of(st)
-        .map(|o| {
-            if o.overload.is_empty() {
-                o.name.clone()
-            } else {
-                format!("{}.{}", o.name, o.overload)
-            }
-        })
-        .unwrap_or_else(|| st.name.clone());
-    let tensor = |s: &u32| {
-        specs.get(s).map_or("?".to_string(), |t| {
-            format!("{}{:?}", t.dtype.name(), t.shape).replace(' ', "")
-        })
-    };
-    let args: Vec<String> = st
-        .args
-        .iter()
-        .map(|a| match a {
-            Arg::Tensor(s) => tensor(s),
-            Arg::TensorList { slots, .. } => format!(
-                "[{}]",
-                slots
-                    .iter()
-                    .map(|s| s.as_ref().map_or("None".into(), tensor))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-            Arg::Int(i) | Arg::ScalarInt(i) => i.to_string(),
-            Arg::Double(f) | Arg::ScalarDouble(f) => format!("{f}"),
-            Arg::Bool(b) | Arg::ScalarBool(b) => b.to_string(),
-            Arg::IntList(v) => format!("{v:?}").replace(' ', ""),
-            Arg::None | Arg::UndefinedTensor => "None".into(),
-            Arg::Default(_) => "_".into(),
-            _ => "..".into(),
-        })
-        .collect();
-    format!("{name}({})", args.join(","))
-}
-
 fn machine(device: &replay::Device) -> Machine {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -347,21 +303,13 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         ..Default::default()
     };
     let (report, _) = replay::executor::run(&plan, &bound, &opts)?;
-    let mut specs: HashMap<u32, &TensorSpec> = HashMap::new();
-    for (s, spec, _) in &plan.externals {
-        specs.insert(*s, spec);
-    }
-    for st in &plan.steps {
-        for (s, spec) in &st.out_specs {
-            specs.insert(*s, spec);
-        }
-    }
+    let keys = plan.signatures();
     let mut sigs: BTreeMap<String, Signature> = BTreeMap::new();
     for (pos, st) in report.steps.iter().enumerate() {
         if !st.us.is_finite() {
             continue;
         }
-        let key = signature(&plan, &specs, pos);
+        let key = keys[pos].clone();
         let e = sigs.entry(key.clone()).or_insert(Signature {
             signature: key,
             op: st.op.clone(),
