@@ -55,12 +55,18 @@ pub enum Cmd {
         #[command(subcommand)]
         op: ComposeOp,
     },
-    /// Export a selection as Graphviz DOT (ops and data edges).
+    /// Export a selection as Graphviz DOT (ops and data edges) or as an MLCommons Chakra
+    /// protobuf execution trace (for simulators such as ASTRA-sim).
+    #[command(group(clap::ArgGroup::new("format").required(true).args(["dot", "chakra"])))]
     Export {
         trace: PathBuf,
-        /// DOT output (the only format for now).
+        /// Graphviz DOT: the selection's ops and data edges.
         #[arg(long)]
         dot: bool,
+        /// Chakra protobuf execution trace (et_def.proto): one node per op, data and control
+        /// dependencies, collectives with their type, size and process group.
+        #[arg(long)]
+        chakra: bool,
         #[command(flatten)]
         filters: compose_cmd::Filters,
         #[arg(short, long, default_value = "-")]

@@ -1,10 +1,11 @@
 //! The `mystique` command line as a library: its grammar ([`args`]) and the commands that need
-//! no libtorch (inspect, graph, link, select, compose, export). `replay`, `compare` and `env`
-//! run in the `mystique-replay` executable, which `mystique` starts in its place, so that the
-//! other commands never load libtorch (0.8 s and 470 MB before any work).
+//! no libtorch (inspect, graph, link, select, compose, export to DOT or Chakra). `replay`,
+//! `compare` and `env` run in the `mystique-replay` executable, which `mystique` starts in its
+//! place, so that the other commands never load libtorch (0.8 s and 470 MB before any work).
 
 pub mod anonymize;
 pub mod args;
+pub mod chakra;
 pub mod compose_cmd;
 pub mod diff_cmd;
 pub mod graph_cmd;
@@ -37,9 +38,16 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
         Cmd::Export {
             trace,
             dot: _,
+            chakra,
             filters,
             output,
-        } => compose_cmd::export_dot(&trace, &filters, &output),
+        } => {
+            if chakra {
+                chakra::export(&trace, &filters, &output, json)
+            } else {
+                compose_cmd::export_dot(&trace, &filters, &output)
+            }
+        }
         Cmd::Compose { op } => match op {
             ComposeOp::Repeat { trace, n, output } => compose_cmd::repeat(&trace, n, &output),
             ComposeOp::Concat { traces, output } => compose_cmd::concat(&traces, &output),
