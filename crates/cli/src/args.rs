@@ -20,6 +20,9 @@ pub struct Cli {
     /// Print one JSON object instead of tables (every command).
     #[arg(long, global = true)]
     pub json: bool,
+    /// Log what each stage does and how long it takes, on stderr (-vv: per iteration too).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 #[derive(Subcommand)]

@@ -628,7 +628,7 @@ pub fn export(trace: &Path, f: &crate::compose_cmd::Filters, out: &Path, json: b
         anyhow::bail!("a Chakra trace is binary: write it to a file with -o OUT, or pipe stdout");
     }
     crate::output::check(out, &[trace])?;
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let x = convert(&g, &set);

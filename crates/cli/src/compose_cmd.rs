@@ -99,7 +99,7 @@ fn report(t: &et_schema::Trace, out: &Path, what: &str) {
 
 pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let new = et_graph::compose::extract(&g, &set);
@@ -110,7 +110,7 @@ pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
 
 pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let new = et_graph::compose::remove(&g, &set);
@@ -122,7 +122,7 @@ pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
 pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
     anyhow::ensure!(n >= 1, "repeat count must be at least 1");
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let new = et_graph::compose::repeat(&t, n)?;
     write_out(&new, out)?;
     report(&new, out, &format!("repeated x{n}"));
@@ -133,9 +133,9 @@ pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
     anyhow::ensure!(traces.len() >= 2, "concat needs at least two traces");
     let inputs: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();
     crate::output::check(out, &inputs)?;
-    let mut acc = et_schema::read_trace(&traces[0])?;
+    let mut acc = crate::read_trace(&traces[0])?;
     for p in &traces[1..] {
-        let b = et_schema::read_trace(p)?;
+        let b = crate::read_trace(p)?;
         acc = et_graph::compose::concat(&acc, &b)?;
     }
     write_out(&acc, out)?;
@@ -146,7 +146,7 @@ pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
 pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
     anyhow::ensure!(dim > 0 && factor > 0, "--dim and --factor must be positive");
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let new = et_graph::compose::scale_dim(&t, dim, factor)?;
     write_out(&new, out)?;
     report(&new, out, &format!("scaled dimension {dim} x{factor}"));
@@ -160,7 +160,7 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
             .with_context(|| format!("unknown dtype {s:?} (float32, bfloat16, float16, ...)"))
     };
     let (from, to) = (parse(from)?, parse(to)?);
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let new = et_graph::compose::change_dtype(&g, from, to);
     write_out(&new, out)?;
@@ -170,7 +170,7 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
 
 pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
-    let t = et_schema::read_trace(trace)?;
+    let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let tensors = g.tensors(&set);

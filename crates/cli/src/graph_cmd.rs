@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()> {
-    let trace = et_schema::read_trace(path)?;
+    let trace = crate::read_trace(path)?;
     let g = Graph::new(&trace);
     if let Some(its) = &iterations {
         let have: Vec<u64> = g.iterations().iter().map(|x| x.1).collect();
@@ -98,7 +98,7 @@ pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()
 }
 
 pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
-    let trace = et_schema::read_trace(et)?;
+    let trace = crate::read_trace(et)?;
     let k = et_schema::kineto::read_kineto(kineto)?;
     let g = Graph::new(&trace);
     let set = g.replay_set(None);

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 pub fn run(path: &Path, json: bool, top: usize) -> Result<()> {
-    let trace = et_schema::read_trace(path)?;
+    let trace = crate::read_trace(path)?;
     let s = Summary::of(&trace);
     let mut out = std::io::stdout().lock();
     if json {

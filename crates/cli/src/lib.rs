@@ -22,9 +22,65 @@ use std::process::ExitCode;
 pub const BUILD_ID: &str = env!("MYSTIQUE_BUILD_ID");
 pub const BUILD_ENV: &str = "MYSTIQUE_BUILD_ID";
 
+/// Logs on stderr with the time since start: `-v` info, `-vv` debug (the `log` facade the
+/// crates write to).
+struct StderrLog {
+    start: std::time::Instant,
+    level: log::LevelFilter,
+}
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= self.level
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!(
+                "[{:8.3}s {:5} {}] {}",
+                self.start.elapsed().as_secs_f64(),
+                r.level(),
+                r.target(),
+                r.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Turns on `-v` logging (once per process).
+pub fn init_log(verbose: u8) {
+    let level = match verbose {
+        0 => return,
+        1 => log::LevelFilter::Info,
+        _ => log::LevelFilter::Debug,
+    };
+    let logger = Box::new(StderrLog {
+        start: std::time::Instant::now(),
+        level,
+    });
+    if log::set_logger(Box::leak(logger)).is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+/// Reads a trace, logging its size and the parse time.
+pub fn read_trace(path: &std::path::Path) -> Result<et_schema::Trace> {
+    let t0 = std::time::Instant::now();
+    let t = et_schema::read_trace(path)?;
+    log::info!(
+        "read {}: {} nodes, schema {} in {:.3} s",
+        path.display(),
+        t.nodes.len(),
+        t.meta.schema,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(t)
+}
+
 /// Runs a command that needs no libtorch; `None` for `replay`, `compare` and `env`.
 pub fn run(cli: Cli) -> Option<Result<()>> {
     compose_cmd::set_json(cli.json);
+    init_log(cli.verbose);
     let json = cli.json;
     Some(match cli.cmd {
         Cmd::Inspect { trace, top } => inspect::run(&trace, json, top),

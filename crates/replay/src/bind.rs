@@ -153,10 +153,22 @@ pub fn bind(plan: &Plan, device: &Device) -> Bound {
             }
         })
         .collect();
-    Bound {
+    let b = Bound {
         device: *device,
         steps,
-    }
+    };
+    let count = |f: &dyn Fn(&BoundStep) -> bool| b.steps.iter().filter(|s| f(s)).count();
+    log::info!(
+        "bound {} steps to {}: {} calls ({} distinct operators), {} pass through, {} cannot run, {} through a device fallback",
+        b.steps.len(),
+        device.name(),
+        count(&|s| matches!(s.exec, Exec::Call(_))),
+        resolved.len(),
+        count(&|s| matches!(s.exec, Exec::PassThrough)),
+        count(&|s| matches!(s.exec, Exec::Fail(_))),
+        count(&|s| s.fallback.is_some()),
+    );
+    b
 }
 
 fn full_name(name: &str, overload: &str) -> String {

@@ -38,6 +38,13 @@ pub fn connect(plan: &Plan, d: &DistOptions) -> Result<Comm, ReplayError> {
             e,
         )
     })?;
+    log::info!(
+        "rank {} of {} joined at {}:{}",
+        d.rank,
+        d.world_size,
+        d.master_addr,
+        d.master_port
+    );
     for g in plan.groups.iter().skip(1) {
         comm.new_group(&g.name, &g.ranks)
             .map_err(|e| fail(format!("creating process group {:?}", g.name), e))?;

@@ -646,7 +646,17 @@ pub fn run(
             needed as f64 / (1 << 20) as f64
         );
     }
+    log::info!(
+        "plan: {} steps, {} slots, {} external inputs ({:.1} MiB), estimated peak {:.1} MiB",
+        plan.steps.len(),
+        plan.n_slots,
+        plan.externals.len(),
+        plan.external_bytes() as f64 / (1 << 20) as f64,
+        needed as f64 / (1 << 20) as f64
+    );
+    let t0 = std::time::Instant::now();
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
+    log::info!("materialised in {:.3} s", t0.elapsed().as_secs_f64());
     if let Some(d) = &opts.dist {
         if plan
             .steps
@@ -693,6 +703,7 @@ pub fn run(
         if opts.progress {
             rec.progress(it, total, phase);
         }
+        log::debug!("iteration {}/{total} ({phase:?}) done", it + 1);
     }
     Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound))
 }

@@ -22,6 +22,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     let json = cli.json;
+    mystique_cli::init_log(cli.verbose);
     let result = match cli.cmd {
         Cmd::Replay(a) => replay_cmd::run(&a, json),
         Cmd::Compare(a) => replay_cmd::compare(&a, json),

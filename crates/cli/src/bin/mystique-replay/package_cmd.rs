@@ -69,7 +69,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     let mut loaded = Vec::new();
     for p in &a.traces {
         let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-        let t = et_schema::read_trace(p)?;
+        let t = mystique_cli::read_trace(p)?;
         loaded.push((p.clone(), package::sha256_hex(&raw), t));
     }
     if loaded.len() > 1 {

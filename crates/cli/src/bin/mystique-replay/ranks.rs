@@ -109,7 +109,7 @@ fn rank_traces(spec: &str) -> Result<Vec<RankTrace>> {
     files
         .into_iter()
         .map(|path| {
-            let t = et_schema::read_trace(&path)
+            let t = mystique_cli::read_trace(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
             let world = replay::plan::process_groups(&t)
                 .first()

@@ -137,8 +137,10 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     }
     a.run.apply_threads()?;
     let device = replay::Device::parse(&a.device)?;
-    let trace = et_schema::read_trace(path)?;
+    let trace = mystique_cli::read_trace(path)?;
+    let t0 = std::time::Instant::now();
     let g = Graph::new(&trace);
+    log::info!("graph in {:.3} s", t0.elapsed().as_secs_f64());
     // Every op of the iterations; `--only` is the replay's to apply (it passes the others'
     // inputs through), in one place.
     let set = g.select(&Selection {
@@ -300,7 +302,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
     a.run.apply_threads()?;
-    let trace = et_schema::read_trace(&a.trace)?;
+    let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
     // Every op; `--only` is the replay's to apply, as for `replay`.
     let set = g.select(&Selection::default())?;
