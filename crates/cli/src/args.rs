@@ -245,6 +245,12 @@ pub struct GenerateArgs {
     /// Write the anonymisation's mapping (original name -> hash) here, outside the package.
     #[arg(long, requires = "anonymize")]
     pub map: Option<PathBuf>,
+    /// What-if: scale every dimension of size DIM by FACTOR before packaging (`64:2`).
+    #[arg(long, value_name = "DIM:FACTOR")]
+    pub scale: Option<String>,
+    /// What-if: change an element type everywhere before packaging (`float32:bfloat16`).
+    #[arg(long, value_name = "FROM:TO")]
+    pub dtype: Option<String>,
     /// Seed of the synthetic input values.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -220,3 +220,36 @@ fn a_two_rank_package_runs_its_ranks_together() {
         assert_eq!(rk["report"]["world_size"], 2);
     }
 }
+
+/// What-if edits go into the package (and its manifest says which); the package still runs.
+#[test]
+fn what_if_packages_record_their_edits_and_run() {
+    let pkg = tmp("whatif.pkg");
+    generate(
+        &[shared("cpu/mlp.et.json")],
+        &pkg,
+        &["--scale", "64:2", "--dtype", "float32:bfloat16"],
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        m["what_if"].as_array().unwrap().len(),
+        2,
+        "{}",
+        m["what_if"]
+    );
+    let r = run(&pkg, &tmp("whatif.result.json"));
+    let rep = &r["ranks"][0]["report"];
+    assert_eq!(rep["ops_failed"], 0, "{}", rep["failures"]);
+    // The signatures carry the edited shapes and dtype.
+    let sigs = r["ranks"][0]["signatures"].to_string();
+    assert!(sigs.contains("bfloat16[128,"), "{sigs}");
+    let out = bin()
+        .args(["generate", "--scale", "64", "-o"])
+        .arg(tmp("bad.pkg"))
+        .arg(shared("cpu/mlp.et.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("DIM:FACTOR"));
+}

@@ -65,6 +65,39 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         "--kineto takes the Kineto trace of a single-rank package"
     );
     let sel = a.filters.selection()?;
+    // What-if edits, checked before any work.
+    let scale = a
+        .scale
+        .as_deref()
+        .map(|s| -> Result<(i64, i64)> {
+            let (d, f) = s
+                .split_once(':')
+                .context("--scale wants DIM:FACTOR, e.g. 64:2")?;
+            let (d, f): (i64, i64) = (d.parse()?, f.parse()?);
+            anyhow::ensure!(d > 0 && f > 0, "--scale: DIM and FACTOR must be positive");
+            Ok((d, f))
+        })
+        .transpose()?;
+    let dtype = a
+        .dtype
+        .as_deref()
+        .map(|s| -> Result<(et_schema::DType, et_schema::DType)> {
+            let (x, y) = s
+                .split_once(':')
+                .context("--dtype wants FROM:TO, e.g. float32:bfloat16")?;
+            let p = |n: &str| {
+                et_schema::DType::from_et_name(n).with_context(|| format!("unknown dtype {n:?}"))
+            };
+            Ok((p(x)?, p(y)?))
+        })
+        .transpose()?;
+    let mut what_if = Vec::new();
+    if let Some((d, f)) = scale {
+        what_if.push(format!("scale dimension {d} x{f}"));
+    }
+    if let Some((x, y)) = dtype {
+        what_if.push(format!("dtype {x} -> {y}"));
+    }
     // Read every trace; order them by the rank each recorded (given order otherwise).
     let mut loaded = Vec::new();
     for p in &a.traces {
@@ -134,6 +167,12 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
                 }
             }
             let mut new = et_graph::compose::extract(&g, &set);
+            if let Some((d, f)) = scale {
+                new = et_graph::compose::scale_dim(&new, d, f)?;
+            }
+            if let Some((x, y)) = dtype {
+                new = et_graph::compose::change_dtype(&Graph::new(&new), x, y);
+            }
             if a.anonymize {
                 let an = mystique_cli::anonymize::anonymize(&mut new, &key);
                 for (k, n) in an.replaced {
@@ -198,7 +237,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
                 ids: f.ids.clone(),
                 only: format!("{:?}", f.only).to_lowercase(),
             },
-            what_if: Vec::new(),
+            what_if: what_if.clone(),
             devices_recorded: devices.into_iter().collect(),
             seed: a.seed,
             warmup: a.warmup,
