@@ -1,15 +1,46 @@
-//! Any bytes: the ET parser returns a trace or an error, never panics; a parsed trace writes
-//! back and re-parses to the same text. Kineto parsing too.
+//! Any bytes as an ET file: the parser returns a trace or an error, never panics, aborts or
+//! hangs; one thread and two give the same model or the same error (the parallel split is only
+//! taken with two); a parsed trace writes back and re-parses to the same text; the accessors
+//! other crates call on every node (op schema, argument types, value text) hold up too.
 #![no_main]
+use et_schema::{parse_trace, write_trace_to_vec, ParseOptions};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let opts = et_schema::ParseOptions { threads: 1, validate: true };
-    if let Ok(t) = et_schema::parse_trace(data, "fuzz", &opts) {
-        let text = et_schema::write_trace_to_vec(&t);
-        let again = et_schema::parse_trace(&text, "again", &opts).expect("written trace re-parses");
-        assert_eq!(et_schema::write_trace_to_vec(&again), text);
+    let one = ParseOptions {
+        threads: 1,
+        validate: true,
+    };
+    let two = ParseOptions {
+        threads: 2,
+        validate: true,
+    };
+    let a = parse_trace(data, "fuzz", &one);
+    let b = parse_trace(data, "fuzz", &two);
+    match (&a, &b) {
+        (Ok(x), Ok(y)) => assert_eq!(write_trace_to_vec(x), write_trace_to_vec(y)),
+        (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string()),
+        _ => panic!(
+            "one thread and two disagree: {:?} / {:?}",
+            a.as_ref().err().map(|e| e.to_string()),
+            b.as_ref().err().map(|e| e.to_string())
+        ),
     }
-    let _ = et_schema::kineto::parse_kineto(data, "fuzz");
-    let _ = et_schema::decompress(data.to_vec(), "fuzz");
+    if let Ok(t) = a {
+        let text = write_trace_to_vec(&t);
+        let again = parse_trace(&text, "again", &one).expect("written trace re-parses");
+        assert_eq!(write_trace_to_vec(&again), text);
+        for n in &t.nodes {
+            let _ = t.op_schema(n);
+            for arg in t.inputs(n).iter().chain(t.outputs(n)) {
+                let ty = t.arg_type(arg);
+                let mut ts = Vec::new();
+                t.tensors_typed(arg.value, &ty, &mut ts);
+                assert!(t.value_text(arg.value, 64).len() <= 64 + 3);
+            }
+        }
+        for w in &t.warnings {
+            assert!(w.len() < 2048, "a warning of {} bytes", w.len());
+        }
+    }
 });

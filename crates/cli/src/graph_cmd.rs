@@ -99,7 +99,7 @@ pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()
 
 pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
     let trace = crate::read_trace(et)?;
-    let k = et_schema::kineto::read_kineto(kineto)?;
+    let k = crate::read_kineto(kineto)?;
     let g = Graph::new(&trace);
     let set = g.replay_set(None);
     let l = et_graph::link(&g, &set, &k)?;

@@ -77,6 +77,16 @@ pub fn read_trace(path: &std::path::Path) -> Result<et_schema::Trace> {
     Ok(t)
 }
 
+/// Reads a Kineto trace, warning on stderr about the events it dropped (negative or absurd
+/// times).
+pub fn read_kineto(path: &std::path::Path) -> Result<et_schema::kineto::KinetoTrace> {
+    let k = et_schema::kineto::read_kineto(path)?;
+    for w in &k.warnings {
+        eprintln!("warning: {}: {w}", path.display());
+    }
+    Ok(k)
+}
+
 /// Runs a command that needs no libtorch; `None` for `replay`, `compare` and `env`.
 pub fn run(cli: Cli) -> Option<Result<()>> {
     compose_cmd::set_json(cli.json);

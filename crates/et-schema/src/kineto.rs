@@ -1,6 +1,6 @@
 //! Kineto (torch.profiler chrome-trace) files: the events this project links ET nodes to.
 
-use crate::error::{Error, Result};
+use crate::error::{clip, Error, Result, MSG_MAX};
 use crate::intern::{Interner, Sym};
 use serde::Deserialize;
 use std::path::Path;
@@ -82,7 +82,13 @@ pub struct KinetoTrace {
     pub world_size: Option<i64>,
     pub base_time_ns: Option<u64>,
     pub source: String,
+    /// Non-fatal findings: events dropped for impossible times (see [`parse_kineto`]).
+    pub warnings: Vec<String>,
 }
+
+/// The largest timestamp or duration kept, in microseconds: 2^53, where f64 stops holding
+/// every microsecond (about 285 years; epoch-based Kineto timestamps are near 1.7e15).
+pub const MAX_TIME_US: f64 = 9_007_199_254_740_992.0;
 
 impl KinetoTrace {
     pub fn str(&self, s: Sym) -> &str {
@@ -91,7 +97,8 @@ impl KinetoTrace {
 
     /// The process id that ran the CPU ops (the most common numeric pid of cpu_op events).
     pub fn main_pid(&self) -> Option<i64> {
-        let mut counts: rustc_hash::FxHashMap<i64, usize> = Default::default();
+        // std's keyed hash: the pids are the file's to choose (see `IdIndex::Sparse`).
+        let mut counts: std::collections::HashMap<i64, usize> = Default::default();
         for e in self.events.iter().filter(|e| e.cat == Category::CpuOp) {
             if let Lane::Id(p) = e.pid {
                 *counts.entry(p).or_default() += 1;
@@ -176,32 +183,45 @@ struct RawArgs {
     device: Option<i64>,
 }
 
-/// Reads a Kineto trace (`.json`, `.json.gz`, or `-`).
+/// Reads a Kineto trace (`.json`, `.json.gz`, or `-`) within the default
+/// [`ReadOptions`](crate::ReadOptions).
 pub fn read_kineto(path: &Path) -> Result<KinetoTrace> {
-    let bytes = crate::read_input(path)?;
+    read_kineto_with(path, &crate::ReadOptions::default())
+}
+
+/// [`read_kineto`] within the limits of `ropts`.
+pub fn read_kineto_with(path: &Path, ropts: &crate::ReadOptions) -> Result<KinetoTrace> {
+    let bytes = crate::read_input_with(path, ropts)?;
     parse_kineto(&bytes, &path.display().to_string())
 }
 
+/// Parses a Kineto trace. Events whose `ts` or `dur` is negative, not finite or over
+/// [`MAX_TIME_US`] are dropped, and counted in one warning naming the first: a few glitched
+/// device events should not refuse a whole trace, and none of them may reach the gap and ratio
+/// arithmetic downstream. A missing `ts` or `dur` is 0.
 pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
     let raw: RawFile = serde_json::from_slice(bytes).map_err(|e| {
         if e.is_eof() {
-            Error::Truncated {
+            Error::KinetoTruncated {
                 path: source.into(),
                 offset: bytes.len() as u64,
-                context: "the Kineto trace",
-                complete: 0,
-                last: String::new(),
             }
         } else if e.is_syntax() {
             Error::Syntax {
                 path: source.into(),
                 offset: line_col_offset(bytes, e.line(), e.column()),
-                msg: e.to_string(),
+                msg: crate::parse::serde_message(&e.to_string()),
             }
         } else {
+            // A value of the wrong kind (`"dur": "x"`): where it is, since there is no other
+            // offset in this error.
             Error::NotKineto {
                 path: source.into(),
-                msg: e.to_string(),
+                msg: format!(
+                    "{} at byte {}",
+                    crate::parse::serde_message(&e.to_string()),
+                    line_col_offset(bytes, e.line(), e.column())
+                ),
             }
         }
     })?;
@@ -220,7 +240,20 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
         k.distributed_info = Some(d.to_string());
     }
     k.events.reserve(events.len());
-    for e in events {
+    let (mut dropped, mut first_dropped) = (0usize, None);
+    let time_ok = |t: f64| t.is_finite() && (0.0..=MAX_TIME_US).contains(&t);
+    for (index, e) in events.into_iter().enumerate() {
+        let (ts, dur) = (e.ts.unwrap_or(0.0), e.dur.unwrap_or(0.0));
+        if !(time_ok(ts) && time_ok(dur) && time_ok(ts + dur)) {
+            dropped += 1;
+            first_dropped.get_or_insert_with(|| {
+                format!(
+                    "{:?} at index {index} (ts {ts}, dur {dur})",
+                    clip(e.name.as_deref().unwrap_or(""), MSG_MAX)
+                )
+            });
+            continue;
+        }
         let mut lane = |l: Option<RawLane>| match l {
             Some(RawLane::Id(i)) => Lane::Id(i),
             Some(RawLane::Name(s)) => Lane::Name(k.strings.intern(&s)),
@@ -241,8 +274,8 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
             name: k.strings.intern(e.name.as_deref().unwrap_or("")),
             pid,
             tid,
-            ts: e.ts.unwrap_or(0.0),
-            dur: e.dur.unwrap_or(0.0),
+            ts,
+            dur,
             external_id: a.external_id,
             record_function_id: a.record_function_id,
             correlation: a.correlation,
@@ -253,6 +286,11 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
             device: a.device,
             flow_id: e.id.and_then(|i| i.get()),
         });
+    }
+    if let Some(first) = first_dropped {
+        k.warnings.push(format!(
+            "{dropped} events with a negative, non-finite or absurd (over {MAX_TIME_US} us) timestamp or duration were dropped; the first: {first}"
+        ));
     }
     Ok(k)
 }
@@ -305,7 +343,7 @@ mod tests {
         ));
         assert!(matches!(
             parse_kineto(br#"{"traceEvents": [{"ph": "X""#, "t"),
-            Err(Error::Truncated { .. })
+            Err(Error::KinetoTruncated { .. })
         ));
     }
 }

@@ -10,6 +10,13 @@
 //! * a writer that round-trips the model ([`write_trace`]).
 //!
 //! This crate never links libtorch and keeps its dependencies few: others build on it.
+//!
+//! Hostile input is refused, not obeyed: nesting deeper than [`MAX_NESTING`] is an error naming
+//! where it is (the same on every thread), gzip input inflates only up to a limit
+//! ([`ReadOptions`], `MYSTIQUE_MAX_DECOMPRESSED`), the parallel parser's probing is budgeted,
+//! hash tables keyed by the file's strings and ids are keyed per process, input quoted in
+//! messages is cut ([`clip`]), and Kineto events with impossible times are dropped with a
+//! counted warning ([`kineto::parse_kineto`]).
 
 mod dtype;
 mod error;
@@ -25,13 +32,28 @@ pub mod testkit;
 mod types;
 mod write;
 
+/// The deepest nesting any reader of this crate accepts: brackets in a type string
+/// (`Tuple[Tuple[...]]`), wrappers in an op schema type (`(((Tensor)))`, `Tensor[][]`, `Tensor??`),
+/// and JSON arrays/objects inside one node record or one Kineto event (serde_json's limit,
+/// which is the same 128). Deeper input is an error naming where it is, never a stack overflow,
+/// and the limit is the same on every parser thread (they run with [`PARSER_STACK`] bytes of
+/// stack), so the model does not depend on the number of threads.
+pub const MAX_NESTING: usize = 128;
+
+/// Stack size of the parser's worker threads: the usual main-thread size, far more than
+/// [`MAX_NESTING`] levels of any parser here need (tested unoptimised on 1 MiB, half of what
+/// a spawned thread gets by default).
+pub const PARSER_STACK: usize = 8 << 20;
+
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{clip, Error, Result};
 pub use intern::{Interner, Sym};
 pub use model::*;
 pub use opschema::{AliasInfo, OpSchema, SchemaArg, SchemaParseError, SchemaType};
 pub use parse::{
-    decompress, parse_trace, read_input, read_trace, read_trace_with, validate, ParseOptions,
+    decompress, decompress_with, parse_trace, read_input, read_input_with, read_trace,
+    read_trace_with, validate, ParseOptions, ReadOptions, DEFAULT_MAX_DECOMPRESSED,
+    MAX_DECOMPRESSED_ENV,
 };
 pub use types::{TypeParseError, ValueType};
 pub use write::{write_trace, write_trace_to_vec};

@@ -2,6 +2,7 @@
 
 use crate::dtype::DType;
 use crate::intern::{Interner, Sym};
+use crate::opschema::{OpSchema, SchemaParseError};
 use crate::types::ValueType;
 use std::ops::Range;
 
@@ -189,6 +190,81 @@ impl Trace {
         n.op_schema.map(|s| self.str(s)).filter(|s| !s.is_empty())
     }
 
+    /// The node's op schema parsed: `None` when the trace records none (or an empty one),
+    /// `Some(Err)` when it records one that does not parse (too deep, say), so that "no op
+    /// schema" and "an op schema that does not parse" can be told apart. Parses on every call:
+    /// cache per distinct `n.op_schema` symbol.
+    pub fn op_schema(&self, n: &Node) -> Option<Result<OpSchema, SchemaParseError>> {
+        self.op_schema_str(n).map(OpSchema::parse)
+    }
+
+    /// A value as JSON text, as the trace records it (a tensor as its tuple), cut to about
+    /// `max` bytes: for messages that must show a value, such as one that is not the tensor
+    /// its type string says.
+    pub fn value_text(&self, v: Value, max: usize) -> String {
+        let mut out = String::new();
+        self.value_text_into(v, max, &mut out);
+        if out.len() > max {
+            let mut end = max;
+            while !out.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.truncate(end);
+            out.push_str("...");
+        }
+        out
+    }
+
+    fn value_text_into(&self, v: Value, max: usize, out: &mut String) {
+        use std::fmt::Write;
+        if out.len() > max {
+            return;
+        }
+        let quoted = |s: &str, out: &mut String| {
+            let s = crate::error::clip(s, max);
+            out.push_str(&serde_json::to_string(s.as_ref()).unwrap_or_default());
+        };
+        match v {
+            Value::Null => out.push_str("null"),
+            Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
+            Value::Int(i) => {
+                let _ = write!(out, "{i}");
+            }
+            Value::UInt(u) => {
+                let _ = write!(out, "{u}");
+            }
+            Value::Float(f) => out.push_str(&serde_json::to_string(&f).unwrap_or_default()),
+            Value::Str(s) => quoted(self.str(s), out),
+            Value::Raw(s) => out.push_str(&crate::error::clip(self.str(s), max)),
+            Value::List { .. } => {
+                out.push('[');
+                for (i, &x) in self.list(v).iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    if out.len() > max {
+                        break;
+                    }
+                    self.value_text_into(x, max, out);
+                }
+                out.push(']');
+            }
+            Value::Tensor(i) => {
+                let x = *self.tensor(i);
+                let _ = write!(
+                    out,
+                    "[{}, {}, {}, {}, {}",
+                    x.id, x.storage, x.offset, x.numel, x.itemsize
+                );
+                if let Some(d) = x.device {
+                    out.push_str(", ");
+                    quoted(self.str(d), out);
+                }
+                out.push(']');
+            }
+        }
+    }
+
     /// Parses an argument's type string. Unparsable strings become `Opaque`.
     pub fn arg_type(&self, a: &Arg) -> ValueType {
         let s = self.str(a.ty);
@@ -351,8 +427,14 @@ impl Trace {
 /// `id - min` serves most traces; sparse ids fall back to a hash map.
 #[derive(Clone, Debug)]
 pub enum IdIndex {
-    Dense { min: u64, pos: Vec<u32> },
-    Sparse(rustc_hash::FxHashMap<u64, usize>),
+    Dense {
+        min: u64,
+        pos: Vec<u32>,
+    },
+    /// Keyed by std's random SipHash, not FxHash: ids are the file's to choose, and ids made
+    /// to collide under FxHash (`K^-1 * (j << 6)`) made building this quadratic (20,000 nodes:
+    /// 3 s, a million: hours).
+    Sparse(std::collections::HashMap<u64, usize>),
 }
 
 impl IdIndex {

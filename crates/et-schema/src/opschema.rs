@@ -5,6 +5,7 @@
 //! (`Tensor(a!)`, `Tensor(a -> *)`), optionals (`?`), lists (`[]`, `int[2]`), tuples, `Dict(k, v)`,
 //! `Future(t)`, keyword-only marker `*`, defaults (kept as written) and named returns.
 
+use crate::MAX_NESTING;
 use std::fmt;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -112,6 +113,7 @@ impl OpSchema {
         let mut p = Lexer {
             s: s.as_bytes(),
             i: 0,
+            depth: 0,
         };
         p.ws();
         let full = p.qualified_name()?;
@@ -119,6 +121,13 @@ impl OpSchema {
             Some((n, o)) => (n.to_string(), o.to_string()),
             None => (full, String::new()),
         };
+        if name.is_empty() {
+            // `.x()`: an overload of nothing, which would print as `x()`.
+            return Err(SchemaParseError {
+                pos: 0,
+                msg: "expected an operator name before the overload".into(),
+            });
+        }
         p.ws();
         p.expect(b'(')?;
         let (args, is_vararg) = p.arg_list(b')', true)?;
@@ -186,6 +195,8 @@ impl OpSchema {
 struct Lexer<'a> {
     s: &'a [u8],
     i: usize,
+    /// Types (tuple, `Dict(`, `Future(`) open around the one being parsed.
+    depth: usize,
 }
 
 impl Lexer<'_> {
@@ -230,6 +241,9 @@ impl Lexer<'_> {
         }
         std::str::from_utf8(&self.s[start..self.i]).unwrap_or("")
     }
+    fn skip_ident(&mut self) {
+        self.ident_raw();
+    }
     fn opt_ident(&mut self) -> Option<String> {
         let id = self.ident_raw();
         (!id.is_empty()).then(|| id.to_string())
@@ -264,6 +278,10 @@ impl Lexer<'_> {
         loop {
             self.ws();
             if self.peek() == Some(b'*') {
+                if !allow_default {
+                    // Returns are not passed by keyword (and would print without the marker).
+                    return Err(self.err("'*' among the returns"));
+                }
                 self.i += 1;
                 kwarg_only = true;
             } else if self.eat_str("...") {
@@ -301,12 +319,15 @@ impl Lexer<'_> {
     /// A default value, kept verbatim: up to the next ',' or closer at bracket depth 0.
     fn default_value(&mut self, close: u8) -> Result<String, SchemaParseError> {
         let start = self.i;
-        let mut depth = 0i32;
+        let mut depth = 0usize;
         let mut quote: Option<u8> = None;
         while let Some(c) = self.peek() {
             if let Some(q) = quote {
                 if c == b'\\' {
-                    self.i += 1;
+                    // The escaped character, if the text has one: an error's position stays
+                    // inside the text.
+                    self.i = (self.i + 2).min(self.s.len());
+                    continue;
                 } else if c == q {
                     quote = None;
                 }
@@ -391,66 +412,122 @@ impl Lexer<'_> {
     }
 
     fn ty(&mut self) -> Result<SchemaType, SchemaParseError> {
+        self.ty_h().map(|(t, _)| t)
+    }
+
+    /// A type inside another (a tuple element, `Dict`'s or `Future`'s argument).
+    fn inner_ty(&mut self) -> Result<(SchemaType, usize), SchemaParseError> {
+        self.depth += 1;
+        let r = self.ty_h();
+        self.depth -= 1;
+        r
+    }
+
+    /// One more level of nesting around a type of height `h`: an error past [`MAX_NESTING`]
+    /// levels in all (counting the types this one is inside), so that neither the parse nor the
+    /// recursive drop, print or compare of the result can overflow the stack.
+    fn wrap(&self, h: usize) -> Result<usize, SchemaParseError> {
+        if self.depth + h >= MAX_NESTING {
+            return Err(self.err(&format!("types nested deeper than {MAX_NESTING} levels")));
+        }
+        Ok(h + 1)
+    }
+
+    /// A type and its height (wrappers around its innermost named type). The recursion goes
+    /// through small functions, each with only its own locals: a frame per nesting level
+    /// stays small even without optimisation.
+    fn ty_h(&mut self) -> Result<(SchemaType, usize), SchemaParseError> {
         self.ws();
-        let mut t = if self.peek() == Some(b'(') {
-            // Tuple type.
-            self.i += 1;
-            let mut items = Vec::new();
-            self.ws();
-            if self.peek() == Some(b')') {
-                self.i += 1;
-            } else {
-                loop {
-                    items.push(self.ty()?);
-                    self.ws();
-                    // Named tuple fields: `(Tensor a, Tensor b)` inside a type.
-                    let _ = self.opt_ident();
-                    self.ws();
-                    match self.peek() {
-                        Some(b',') => self.i += 1,
-                        Some(b')') => {
-                            self.i += 1;
-                            break;
-                        }
-                        _ => return Err(self.err("expected ',' or ')' in a tuple type")),
-                    }
-                }
-            }
-            SchemaType::Tuple(items)
+        let (t, h) = if self.peek() == Some(b'(') {
+            self.tuple_ty()?
         } else {
-            // Class types are dotted: `__torch__.torch.classes.c10d.ProcessGroup`.
-            let start = self.i;
-            while self
-                .peek()
-                .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.')
-            {
-                self.i += 1;
-            }
-            let name = String::from_utf8_lossy(&self.s[start..self.i]).into_owned();
-            if name.is_empty() {
-                return Err(self.err("expected a type"));
-            }
-            match name.as_str() {
-                "Dict" | "Future" | "Await" | "RRef" => {
-                    self.expect(b'(')?;
-                    let a = self.ty()?;
-                    if name == "Dict" {
-                        self.expect(b',')?;
-                        let b = self.ty()?;
-                        self.expect(b')')?;
-                        SchemaType::Dict(Box::new(a), Box::new(b))
-                    } else {
-                        self.expect(b')')?;
-                        SchemaType::Future(Box::new(a))
-                    }
-                }
-                _ => {
-                    let alias = self.alias()?;
-                    SchemaType::Named { name, alias }
-                }
-            }
+            self.named_ty()?
         };
-        // Postfix: `[]`, `[N]`, `?`, and a list alias `Tensor[](a)`.
+        self.postfix(t, h)
+    }
+
+    #[inline(never)]
+    fn tuple_ty(&mut self) -> Result<(SchemaType, usize), SchemaParseError> {
+        self.wrap(0)?;
+        self.i += 1;
+        let mut items = Vec::new();
+        let mut inner = 0;
+        self.ws();
+        if self.peek() == Some(b')') {
+            self.i += 1;
+        } else {
+            loop {
+                let (item, ih) = self.inner_ty()?;
+                inner = inner.max(ih);
+                items.push(item);
+                self.ws();
+                // Named tuple fields: `(Tensor a, Tensor b)` inside a type.
+                self.skip_ident();
+                self.ws();
+                match self.peek() {
+                    Some(b',') => self.i += 1,
+                    Some(b')') => {
+                        self.i += 1;
+                        break;
+                    }
+                    _ => return Err(self.err("expected ',' or ')' in a tuple type")),
+                }
+            }
+        }
+        Ok((SchemaType::Tuple(items), self.wrap(inner)?))
+    }
+
+    #[inline(never)]
+    fn named_ty(&mut self) -> Result<(SchemaType, usize), SchemaParseError> {
+        // Class types are dotted: `__torch__.torch.classes.c10d.ProcessGroup`.
+        let start = self.i;
+        while self
+            .peek()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'.')
+        {
+            self.i += 1;
+        }
+        let name = &self.s[start..self.i];
+        if name.is_empty() {
+            return Err(self.err("expected a type"));
+        }
+        match name {
+            b"Dict" | b"Future" | b"Await" | b"RRef" => self.container_ty(name == b"Dict"),
+            _ => {
+                let name = String::from_utf8_lossy(name).into_owned();
+                let alias = self.alias()?;
+                Ok((SchemaType::Named { name, alias }, 0))
+            }
+        }
+    }
+
+    /// `Dict(K, V)`, or `Future(T)` (also `Await`, `RRef`), after the name.
+    #[inline(never)]
+    fn container_ty(&mut self, dict: bool) -> Result<(SchemaType, usize), SchemaParseError> {
+        self.wrap(0)?;
+        self.expect(b'(')?;
+        let (a, ah) = self.inner_ty()?;
+        if dict {
+            self.expect(b',')?;
+            let (b, bh) = self.inner_ty()?;
+            self.expect(b')')?;
+            Ok((
+                SchemaType::Dict(Box::new(a), Box::new(b)),
+                self.wrap(ah.max(bh))?,
+            ))
+        } else {
+            self.expect(b')')?;
+            Ok((SchemaType::Future(Box::new(a)), self.wrap(ah)?))
+        }
+    }
+
+    /// Postfix: `[]`, `[N]`, `?`, and a list alias `Tensor[](a)`.
+    #[inline(never)]
+    fn postfix(
+        &mut self,
+        mut t: SchemaType,
+        mut h: usize,
+    ) -> Result<(SchemaType, usize), SchemaParseError> {
         loop {
             match self.peek() {
                 Some(b'[') => {
@@ -469,6 +546,7 @@ impl Lexer<'_> {
                     };
                     self.expect(b']')?;
                     let alias = self.alias()?;
+                    h = self.wrap(h)?;
                     t = SchemaType::List {
                         elem: Box::new(t),
                         size,
@@ -476,13 +554,13 @@ impl Lexer<'_> {
                     };
                 }
                 Some(b'?') => {
+                    h = self.wrap(h)?;
                     self.i += 1;
                     t = SchemaType::Optional(Box::new(t));
                 }
-                _ => break,
+                _ => return Ok((t, h)),
             }
         }
-        Ok(t)
     }
 }
 
@@ -574,7 +652,12 @@ impl fmt::Display for OpSchema {
         }
         f.write_str(") -> ")?;
         if self.returns.len() == 1 && self.returns[0].name.is_none() && !self.is_varret {
-            return write!(f, "{}", self.returns[0]);
+            // A lone tuple-typed return (`-> ((Tensor, Tensor))`, `-> ((int, int)[])`) keeps
+            // its list's parentheses: without them it would read back as a list of returns.
+            let ty = self.returns[0].to_string();
+            if !ty.starts_with('(') {
+                return f.write_str(&ty);
+            }
         }
         f.write_str("(")?;
         for (i, r) in self.returns.iter().enumerate() {
@@ -584,7 +667,11 @@ impl fmt::Display for OpSchema {
             write!(f, "{r}")?;
         }
         if self.is_varret {
-            f.write_str("...")?;
+            f.write_str(if self.returns.is_empty() {
+                "..."
+            } else {
+                ", ..."
+            })?;
         }
         f.write_str(")")
     }
@@ -666,6 +753,10 @@ mod tests {
             "aten::_foreach_add_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()",
             "aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]",
             "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+            // Found by the parse_schema fuzz target: varargs after named returns printed
+            // without their comma (`(Tensor a...)`).
+            "prim::x(Dict(str, Tensor[])? d, Future(int) f, int[2] k=[1, 1], ...) -> (Tensor a, ...)",
+            "prim::y(...) -> ...",
         ] {
             let s = OpSchema::parse(src).unwrap();
             let again = OpSchema::parse(&s.to_string()).unwrap();
@@ -680,5 +771,30 @@ mod tests {
         assert!(OpSchema::parse("").is_err());
         assert!(OpSchema::parse("aten::x(Tensor(a self) -> Tensor").is_err());
         assert!(OpSchema::parse("aten::x(int a=) -> Tensor").is_err());
+        // Found by the parse_schema fuzz target: an overload without a name parsed, and
+        // printed as a schema that does not parse.
+        assert!(OpSchema::parse(".()").is_err());
+        assert!(OpSchema::parse(".x(int a) -> ()").is_err());
+        // And a lone return of a tuple type, printed as a list of returns.
+        for src in [
+            "aten::x(Tensor a) -> ((((Tensor, int))))",
+            "aten::x(Tensor a) -> (((Tensor, int)[]))",
+            "aten::x(Tensor a) -> ((()))",
+        ] {
+            let s = OpSchema::parse(src).unwrap();
+            assert_eq!(OpSchema::parse(&s.to_string()).unwrap(), s, "{src}");
+        }
+        // Also found by it: a keyword-only marker among the returns, which printed without it.
+        assert!(OpSchema::parse("a(Tensor x) -> (Tensor a, *, Tensor b)").is_err());
+        // An escape at the very end: the position is the end, not past it.
+        for s in ["a(int x=\"\\", "a(int x='\\"] {
+            assert_eq!(OpSchema::parse(s).unwrap_err().pos, s.len(), "{s}");
+        }
+        assert_eq!(
+            OpSchema::parse("a(str x=\"\\\"\") -> ()").unwrap().args[0]
+                .default
+                .as_deref(),
+            Some("\"\\\"\"")
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! parsing each node record on its own keeps peak memory near the input size and lets the nodes
 //! be split across threads. Values go straight into flat arenas, strings into an interner.
 
-use crate::error::{Error, Result};
+use crate::error::{clip, human_bytes, Error, Result, MSG_MAX};
 use crate::intern::{Interner, Sym};
 use crate::model::*;
 use crate::scan::{self, ScanError};
@@ -35,9 +35,91 @@ impl Default for ParseOptions {
     }
 }
 
+/// The environment variable that sets [`ReadOptions::max_decompressed`] when that is `None`.
+pub const MAX_DECOMPRESSED_ENV: &str = "MYSTIQUE_MAX_DECOMPRESSED";
+
+/// The most a gzip input may inflate to by default, whatever its compressed size.
+pub const DEFAULT_MAX_DECOMPRESSED: u64 = 16 << 30;
+/// By default a gzip input may also inflate to at most this many times its compressed size...
+const DEFAULT_MAX_RATIO: u64 = 128;
+/// ... unless that is under this floor. Traces compress 10-30x (the shared ones); deflate's
+/// ceiling is about 1032x, which only bombs (runs of one byte) reach.
+const DEFAULT_RATIO_FLOOR: u64 = 1 << 30;
+
+/// How to read input files: limits that keep a hostile file from exhausting memory.
+#[derive(Clone, Debug, Default)]
+pub struct ReadOptions {
+    /// The most bytes a gzip input may decompress to; more is an
+    /// [`Error::DecompressedTooLarge`] naming the limit. `None`: the environment variable
+    /// [`MAX_DECOMPRESSED_ENV`] (`MYSTIQUE_MAX_DECOMPRESSED`, bytes or with a K/M/G/T suffix)
+    /// when set, else 128 times the compressed size but at least 1 GiB, and at most
+    /// [`DEFAULT_MAX_DECOMPRESSED`] (16 GiB).
+    pub max_decompressed: Option<u64>,
+}
+
+impl ReadOptions {
+    /// The limit for an input of `compressed` bytes, and how it was chosen (for the message).
+    fn limit(&self, compressed: usize) -> Result<(u64, String)> {
+        if let Some(l) = self.max_decompressed {
+            return Ok((l, "the limit set by the caller".into()));
+        }
+        if let Some(v) = std::env::var_os(MAX_DECOMPRESSED_ENV) {
+            let v = v.to_string_lossy();
+            let l = parse_size(&v).ok_or_else(|| Error::BadLimit {
+                var: MAX_DECOMPRESSED_ENV,
+                value: clip(&v, MSG_MAX).into_owned(),
+            })?;
+            return Ok((l, format!("the limit {MAX_DECOMPRESSED_ENV}={v} sets")));
+        }
+        Ok((
+            default_max_decompressed(compressed as u64),
+            format!(
+                "the default limit for {compressed} compressed bytes ({DEFAULT_MAX_RATIO}x that, at least {}, at most {})",
+                human_bytes(DEFAULT_RATIO_FLOOR),
+                human_bytes(DEFAULT_MAX_DECOMPRESSED)
+            ),
+        ))
+    }
+}
+
+/// The default decompression limit for `compressed` bytes of gzip (see [`ReadOptions`]).
+fn default_max_decompressed(compressed: u64) -> u64 {
+    compressed
+        .saturating_mul(DEFAULT_MAX_RATIO)
+        .clamp(DEFAULT_RATIO_FLOOR, DEFAULT_MAX_DECOMPRESSED)
+}
+
+/// `17179869184`, `16G`, `16GiB`, `512m`, `1.5T`: binary multiples.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(1u64 << shift);
+    }
+    let f: f64 = num.parse().ok()?;
+    let v = f * (1u64 << shift) as f64;
+    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v as u64)
+}
+
 /// Reads a file (or `-` for stdin) into memory, decompressing gzip when the magic bytes say so,
-/// whatever the file name.
+/// whatever the file name, within the default [`ReadOptions`].
 pub fn read_input(path: &Path) -> Result<Vec<u8>> {
+    read_input_with(path, &ReadOptions::default())
+}
+
+/// [`read_input`] within the limits of `ropts`.
+pub fn read_input_with(path: &Path, ropts: &ReadOptions) -> Result<Vec<u8>> {
     let name = path.display().to_string();
     let raw = if path.as_os_str() == "-" {
         let mut v = Vec::new();
@@ -55,27 +137,47 @@ pub fn read_input(path: &Path) -> Result<Vec<u8>> {
             source,
         })?
     };
-    decompress(raw, &name)
+    decompress_with(raw, &name, ropts)
 }
 
-/// Decompresses gzip input (possibly multi-member); other input is returned as is.
+/// Decompresses gzip input (possibly multi-member) within the default [`ReadOptions`]; other
+/// input is returned as is.
 pub fn decompress(raw: Vec<u8>, name: &str) -> Result<Vec<u8>> {
+    decompress_with(raw, name, &ReadOptions::default())
+}
+
+/// [`decompress`] within the limits of `ropts`.
+pub fn decompress_with(raw: Vec<u8>, name: &str, ropts: &ReadOptions) -> Result<Vec<u8>> {
     if raw.len() < 2 || raw[0] != 0x1f || raw[1] != 0x8b {
         return Ok(raw);
     }
-    // ISIZE (the last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint.
+    let (limit, why) = ropts.limit(raw.len())?;
+    // ISIZE (the last 4 bytes) is the uncompressed size mod 2^32: a good capacity hint, but
+    // only a claim: never more than deflate can give from this many bytes (at most ~1032x),
+    // nor more than the limit.
     let hint = if raw.len() >= 18 {
-        u32::from_le_bytes(raw[raw.len() - 4..].try_into().unwrap_or([0; 4])) as usize
+        u32::from_le_bytes(raw[raw.len() - 4..].try_into().unwrap_or([0; 4])) as u64
     } else {
         0
     };
-    let mut out = Vec::with_capacity(hint.max(raw.len() * 4).min(1 << 34));
-    let mut dec = flate2::read::MultiGzDecoder::new(&raw[..]);
-    if let Err(source) = dec.read_to_end(&mut out) {
+    let hint = hint
+        .min((raw.len() as u64).saturating_mul(1032))
+        .max(raw.len() as u64 * 4)
+        .min(limit.saturating_add(1));
+    let mut out = Vec::with_capacity(usize::try_from(hint).unwrap_or(usize::MAX));
+    let dec = flate2::read::MultiGzDecoder::new(&raw[..]);
+    if let Err(source) = dec.take(limit.saturating_add(1)).read_to_end(&mut out) {
         return Err(Error::Gzip {
             path: name.to_string(),
             decompressed: out.len() as u64,
             source,
+        });
+    }
+    if out.len() as u64 > limit {
+        return Err(Error::DecompressedTooLarge {
+            path: name.to_string(),
+            limit,
+            why,
         });
     }
     Ok(out)
@@ -86,6 +188,8 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
     read_trace_with(path, &ParseOptions::default())
 }
 
+/// Reads and parses an execution trace file with `opts`, within the default [`ReadOptions`]
+/// (read with [`read_input_with`] and parse with [`parse_trace`] for others).
 pub fn read_trace_with(path: &Path, opts: &ParseOptions) -> Result<Trace> {
     let bytes = read_input(path)?;
     parse_trace(&bytes, &path.display().to_string(), opts)
@@ -137,11 +241,11 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
                 std::thread::scope(|s| {
                     let handles: Vec<_> = ranges
                         .iter()
-                        .map(|r| s.spawn(move || parse_chunk(bytes, r, source)))
+                        .map(|r| spawn(s, move || parse_chunk(bytes, r, source)))
                         .collect();
                     handles
                         .into_iter()
-                        .map(|h| h.join().expect("parser thread panicked"))
+                        .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                         .collect::<Result<Vec<_>>>()
                 })?
             };
@@ -165,7 +269,11 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
         let bad = |msg: &str| Error::Syntax {
             path: source.to_string(),
             offset: range.start as u64,
-            msg: format!("top-level \"{key}\": {msg}"),
+            msg: format!(
+                "top-level \"{}\": {}",
+                clip(key, MSG_MAX),
+                serde_message(msg)
+            ),
         };
         match key.as_str() {
             "schema" => {
@@ -210,7 +318,7 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
     } else if !trace.schema_is_known() {
         trace.warnings.push(format!(
             "schema version {:?} is newer or other than the versions this tool knows ({}); parsed on a best-effort basis",
-            trace.meta.schema,
+            clip(&trace.meta.schema, MSG_MAX),
             KNOWN_SCHEMAS.join(", ")
         ));
     }
@@ -400,7 +508,7 @@ fn parse_one(
     .deserialize(&mut de)
     .and_then(|()| de.end());
     if let Err(e) = res {
-        return Err(node_error(e, text, r.start, acc.id, source));
+        return Err(node_error(e, text, r.start, acc, &b.strings, source));
     }
     b.finish_node(acc, r.start as u64)
         .map_err(|msg| Error::Node {
@@ -428,14 +536,25 @@ fn parse_parallel(
     for k in 1..threads {
         let guess = first + len / threads * k;
         // Objects inside a node (`attrs` entries) look like boundaries too: a candidate must
-        // hold a whole node record (an object with an id and inputs).
+        // hold a whole node record (an object with an id and inputs). Probing a candidate
+        // reads it to its end, and crafted nesting makes every candidate end at the end of the
+        // file: the bytes probed per split are budgeted, and past the budget the serial path
+        // (linear, and the one that gives precise errors) takes over.
+        let mut budget = (len / threads).clamp(PROBE_MIN, PROBE_BUDGET);
+        let window = budget;
         let mut from = guess;
-        while let Some(s) = scan::find_boundary(bytes, from, 1 << 22) {
-            if looks_like_node(bytes, s) {
+        while let Some(s) = scan::find_boundary(bytes, from, window) {
+            let window = &bytes[..bytes.len().min(s + budget)];
+            let end = scan::skip_value(window, s).ok()?;
+            budget = budget.saturating_sub(end - s);
+            if looks_like_node(&bytes[s..end]) {
                 if s > *starts.last().unwrap_or(&0) {
                     starts.push(s);
                 }
                 break;
+            }
+            if budget == 0 {
+                return None;
             }
             from = s + 1;
         }
@@ -444,7 +563,7 @@ fn parse_parallel(
         let handles: Vec<_> = (0..starts.len())
             .map(|k| {
                 let (start, stop) = (starts[k], starts.get(k + 1).copied());
-                s.spawn(move || parse_span(bytes, start, stop, source))
+                spawn(s, move || parse_span(bytes, start, stop, source))
             })
             .collect();
         handles
@@ -462,7 +581,46 @@ fn parse_parallel(
     Some((parts, end))
 }
 
-fn looks_like_node(bytes: &[u8], at: usize) -> bool {
+/// Bytes the parallel parser may read while looking for one split point: a thread's share of
+/// the file, within these bounds. All probing then costs at most one more pass over the file,
+/// which is also what falling back costs.
+const PROBE_BUDGET: usize = 4 << 20;
+const PROBE_MIN: usize = 4 << 10;
+
+/// A parser thread with [`crate::PARSER_STACK`] bytes of stack, or, when no thread can be
+/// made, the work already done on this one.
+enum Spawned<'scope, T> {
+    Thread(std::thread::ScopedJoinHandle<'scope, T>),
+    Done(T),
+}
+
+impl<T> Spawned<'_, T> {
+    fn join(self) -> std::thread::Result<T> {
+        match self {
+            Spawned::Thread(h) => h.join(),
+            Spawned::Done(t) => Ok(t),
+        }
+    }
+}
+
+/// The closures only capture references and indices, so they are `Copy`: one copy goes to the
+/// thread, the other runs here if the thread cannot be made.
+fn spawn<'scope, T: Send + 'scope>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    f: impl FnOnce() -> T + Send + Copy + 'scope,
+) -> Spawned<'scope, T> {
+    match std::thread::Builder::new()
+        .name("et-parse".into())
+        .stack_size(crate::PARSER_STACK)
+        .spawn_scoped(s, f)
+    {
+        Ok(h) => Spawned::Thread(h),
+        Err(_) => Spawned::Done(f()),
+    }
+}
+
+/// Whether `record` (one JSON value) is a node record: an object with an id and inputs.
+fn looks_like_node(record: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Probe {
         #[allow(dead_code)]
@@ -470,10 +628,7 @@ fn looks_like_node(bytes: &[u8], at: usize) -> bool {
         #[allow(dead_code)]
         inputs: IgnoredAny,
     }
-    let Ok(end) = scan::skip_value(bytes, at) else {
-        return false;
-    };
-    serde_json::from_slice::<Probe>(&bytes[at..end]).is_ok()
+    serde_json::from_slice::<Probe>(record).is_ok()
 }
 
 thread_local! {
@@ -548,11 +703,41 @@ fn parse_span(
     }
 }
 
+/// A parser's message fit for an error: serde_json quotes whole input strings (a 2 GiB one
+/// too), so long messages keep their start and end; the recursion limit is said in words.
+pub(crate) fn serde_message(msg: &str) -> String {
+    let msg = msg.rsplit_once(" at line ").map_or(msg, |(m, _)| m);
+    if msg.starts_with("recursion limit exceeded") {
+        return format!(
+            "values nested deeper than {} levels (recursion limit exceeded)",
+            crate::MAX_NESTING
+        );
+    }
+    if msg.len() <= MSG_MAX {
+        return msg.to_string();
+    }
+    let mut head = MSG_MAX * 3 / 4;
+    while !msg.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = msg.len() - MSG_MAX / 4;
+    while !msg.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{} [... {} bytes ...] {}",
+        &msg[..head],
+        tail - head,
+        &msg[tail..]
+    )
+}
+
 fn node_error(
     e: serde_json::Error,
     text: &[u8],
     start: usize,
-    id: Option<u64>,
+    acc: &NodeAcc,
+    strings: &Interner,
     source: &str,
 ) -> Error {
     // serde_json reports line/column within the record; turn that into a file offset.
@@ -567,12 +752,17 @@ fn node_error(
         l += 1;
     }
     let offset = (start + off + col.saturating_sub(1)) as u64;
-    let msg = e.to_string();
-    let msg = msg
-        .rsplit_once(" at line ")
-        .map_or(msg.as_str(), |(m, _)| m)
-        .to_string();
-    let id = id.or_else(|| {
+    let mut msg = serde_message(&e.to_string());
+    // The field whose value was being read, if the error is inside one.
+    let field = match acc.field {
+        FieldName::None => None,
+        FieldName::Known(f) => Some(f),
+        FieldName::Other(sym) => Some(strings.get(sym)),
+    };
+    if let Some(f) = field {
+        msg = format!("field \"{}\": {msg}", clip(f, MSG_MAX));
+    }
+    let id = acc.id.or_else(|| {
         #[derive(serde::Deserialize)]
         struct Id {
             id: Option<u64>,
@@ -584,7 +774,7 @@ fn node_error(
             path: source.to_string(),
             offset,
             msg: match id {
-                Some(i) => format!("in node {i}: {msg}"),
+                Some(i) => format!("in node {i}, {msg}"),
                 None => msg,
             },
         }
@@ -615,8 +805,18 @@ impl IoAcc {
     }
 }
 
+/// The key of a node record whose value is being read, for errors.
+#[derive(Clone, Copy, Default)]
+enum FieldName {
+    #[default]
+    None,
+    Known(&'static str),
+    Other(Sym),
+}
+
 #[derive(Default)]
 struct NodeAcc {
+    field: FieldName,
     id: Option<u64>,
     name: Option<Sym>,
     parent: Option<u64>,
@@ -1014,6 +1214,35 @@ enum Field {
     Other,
 }
 
+/// The key of a known field (the inverse of [`field`]).
+fn field_name(f: Field) -> &'static str {
+    match f {
+        Field::Id => "id",
+        Field::Name => "name",
+        Field::CtrlDeps => "ctrl_deps",
+        Field::Parent => "parent",
+        Field::RfId => "rf_id",
+        Field::FwParent => "fw_parent",
+        Field::SeqId => "seq_id",
+        Field::Scope => "scope",
+        Field::Tid => "tid",
+        Field::FwTid => "fw_tid",
+        Field::OpSchema => "op_schema",
+        Field::KernelBackend => "kernel_backend",
+        Field::KernelFile => "kernel_file",
+        Field::Inputs => "inputs",
+        Field::Outputs => "outputs",
+        Field::InputShapes => "input_shapes",
+        Field::InputTypes => "input_types",
+        Field::InputStrides => "input_strides",
+        Field::OutputShapes => "output_shapes",
+        Field::OutputTypes => "output_types",
+        Field::OutputStrides => "output_strides",
+        Field::Attrs => "attrs",
+        Field::Other => "",
+    }
+}
+
 fn field(s: &str) -> Field {
     match s {
         "id" => Field::Id,
@@ -1106,6 +1335,10 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
         while let Some((f, key)) = map.next_key_seed(KeySeed {
             strings: &mut b.strings,
         })? {
+            acc.field = match f {
+                Field::Other => FieldName::Other(key),
+                known => FieldName::Known(field_name(known)),
+            };
             let Builder {
                 strings,
                 raw,
@@ -1215,6 +1448,7 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                     });
                 }
             }
+            acc.field = FieldName::None;
         }
         Ok(())
     }
@@ -1496,5 +1730,89 @@ impl<'de> Visitor<'de> for AttrSeed<'_> {
             ty: ty.unwrap_or(Word::Other(Interner::EMPTY)),
             value: value.unwrap_or(Value::Null),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_in_the_environment_read_as_binary_multiples() {
+        assert_eq!(parse_size("17179869184"), Some(16 << 30));
+        assert_eq!(parse_size("16G"), Some(16 << 30));
+        assert_eq!(parse_size(" 16 GiB "), Some(16 << 30));
+        assert_eq!(parse_size("512m"), Some(512 << 20));
+        assert_eq!(parse_size("1.5K"), Some(1536));
+        assert_eq!(parse_size("0"), Some(0));
+        for bad in ["", "lots", "-1G", "1Q", "99999999999999T", "1e9"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_default_decompression_limit_follows_the_compressed_size() {
+        // Small files: the floor; bombs (~1000x) of a few MB stop at 1 GiB.
+        assert_eq!(default_max_decompressed(32), 1 << 30);
+        assert_eq!(default_max_decompressed(4 << 20), 1 << 30);
+        // Real traces compress 10-30x: well inside 128x.
+        assert_eq!(default_max_decompressed(64 << 20), 8 << 30);
+        assert_eq!(default_max_decompressed(1 << 40), DEFAULT_MAX_DECOMPRESSED);
+        let (limit, why) = ReadOptions {
+            max_decompressed: Some(5),
+        }
+        .limit(100)
+        .unwrap();
+        assert_eq!((limit, why.as_str()), (5, "the limit set by the caller"));
+    }
+
+    #[test]
+    fn serde_messages_are_cut_in_the_middle_and_name_the_depth_limit() {
+        let long = format!(
+            "invalid type: string \"{}\", expected u64",
+            "9".repeat(1 << 20)
+        );
+        let m = serde_message(&long);
+        assert!(m.len() < 2 * MSG_MAX, "{}", m.len());
+        assert!(m.starts_with("invalid type: string \"999"), "{m}");
+        assert!(m.ends_with("\", expected u64"), "{m}");
+        assert!(
+            serde_message("recursion limit exceeded at line 1 column 300")
+                .contains("nested deeper than 128 levels")
+        );
+        assert_eq!(
+            serde_message("expected value at line 3 column 4"),
+            "expected value"
+        );
+    }
+
+    #[test]
+    fn field_names_are_the_keys_they_come_from() {
+        for k in [
+            "id",
+            "name",
+            "ctrl_deps",
+            "parent",
+            "rf_id",
+            "fw_parent",
+            "seq_id",
+            "scope",
+            "tid",
+            "fw_tid",
+            "op_schema",
+            "kernel_backend",
+            "kernel_file",
+            "inputs",
+            "outputs",
+            "input_shapes",
+            "input_types",
+            "input_strides",
+            "output_shapes",
+            "output_types",
+            "output_strides",
+            "attrs",
+        ] {
+            assert_eq!(field_name(field(k)), k);
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! `Tuple[String,String]`, `Tensor(nullptr (uninitialized))`, `Int`, `None`, ...
 
 use crate::dtype::DType;
+use crate::error::{clip, MSG_MAX};
+use crate::MAX_NESTING;
 use std::fmt;
 
 /// A parsed ET value type.
@@ -48,6 +50,7 @@ impl ValueType {
         let mut p = P {
             s: s.as_bytes(),
             i: 0,
+            depth: 0,
         };
         let t = p.ty()?;
         if p.i != p.s.len() {
@@ -101,6 +104,8 @@ impl fmt::Display for ValueType {
 struct P<'a> {
     s: &'a [u8],
     i: usize,
+    /// Brackets open around the type being parsed; at most [`MAX_NESTING`].
+    depth: usize,
 }
 
 impl P<'_> {
@@ -168,6 +173,10 @@ impl P<'_> {
                 }
             }
             Some(b'[') => {
+                if self.depth == MAX_NESTING {
+                    return Err(self.err(&format!("types nested deeper than {MAX_NESTING} levels")));
+                }
+                self.depth += 1;
                 self.i += 1;
                 let mut items = Vec::new();
                 if self.s.get(self.i) == Some(&b']') {
@@ -185,12 +194,13 @@ impl P<'_> {
                         }
                     }
                 }
+                self.depth -= 1;
                 match name.as_str() {
                     "GenericList" | "List" => Ok(ValueType::List(items)),
                     "Tuple" => Ok(ValueType::Tuple(items)),
                     _ => Err(TypeParseError {
                         pos: start,
-                        msg: format!("unknown container '{name}'"),
+                        msg: format!("unknown container '{}'", clip(&name, MSG_MAX)),
                     }),
                 }
             }

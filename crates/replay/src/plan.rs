@@ -828,8 +828,9 @@ fn build_arg(
     }
     let unsupported = || {
         format!(
-            "argument type {ty} with value {:?} is not supported",
-            t.str(a.ty)
+            "argument type {ty} (recorded as {:?}) with value {} is not supported",
+            t.str(a.ty),
+            t.value_text(a.value, 200)
         )
     };
     match ty {

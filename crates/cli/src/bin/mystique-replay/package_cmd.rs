@@ -152,7 +152,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
             let g = Graph::new(t);
             let set = g.select(&sel)?;
             if let (0, Some(k)) = (rank, &a.kineto) {
-                let kt = et_schema::kineto::read_kineto(k)?;
+                let kt = mystique_cli::read_kineto(k)?;
                 let link = et_graph::link(&g, &set, &kt)?;
                 let o = et_graph::original_timing(&link, &kt);
                 original = Some(Original {

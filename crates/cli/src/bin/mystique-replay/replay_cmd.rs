@@ -107,7 +107,7 @@ struct Linked {
 
 impl Linked {
     fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path) -> Result<Linked> {
-        let kineto = et_schema::kineto::read_kineto(path)?;
+        let kineto = mystique_cli::read_kineto(path)?;
         let link = et_graph::link(g, set, &kineto)?;
         let original = et_graph::original_timing(&link, &kineto);
         Ok(Linked {
