@@ -511,7 +511,9 @@ fn push_args(
     device: &Device,
     comm: Option<&Comm>,
 ) -> Result<(), CallError> {
-    stack.clear();
+    // The stack is empty here: every call path clears it after use (`settle`) or before a
+    // retry, so no FFI call is spent clearing it again.
+    debug_assert!(stack.is_empty());
     for a in args {
         match a {
             Arg::Tensor(s) => match &slots[*s as usize] {
