@@ -70,6 +70,10 @@ pub enum Cmd {
         /// dependencies, collectives with their type, size and process group.
         #[arg(long)]
         chakra: bool,
+        /// With --chakra: also put each op's predecessor on its thread in `data_deps`, since
+        /// ASTRA-sim's feeder follows `data_deps` only (otherwise it may reorder ops).
+        #[arg(long, requires = "chakra")]
+        astra_sim: bool,
         #[command(flatten)]
         filters: compose_cmd::Filters,
         #[arg(short, long, default_value = "-")]

@@ -506,7 +506,9 @@ fn push_i32(attrs: &mut Vec<AttributeProto>, name: &str, v: Option<i64>) {
 }
 
 /// Converts a selection (a replay set, filters applied) to Chakra nodes.
-pub fn convert(g: &Graph, set: &ReplaySet) -> Export {
+/// With `order_in_data`, each op's predecessor on its thread is also a data dependency (for
+/// consumers that follow `data_deps` only, such as ASTRA-sim's feeder).
+pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
     let t = g.trace;
     let threads = g.threads();
     let tensors = g.tensors(set);
@@ -525,10 +527,13 @@ pub fn convert(g: &Graph, set: &ReplaySet) -> Export {
         let id = n.id;
         let class = g.class[i as usize];
         let mut ctrl_deps = Vec::new();
+        let mut data_deps = std::mem::take(&mut data[pos]);
         if let Some(prev) = last_on_thread.insert(threads.thread(i), id) {
             ctrl_deps.push(prev);
+            if order_in_data {
+                data_deps.push(prev);
+            }
         }
-        let mut data_deps = std::mem::take(&mut data[pos]);
         data_deps.sort_unstable();
         data_deps.dedup();
 
@@ -622,7 +627,13 @@ pub fn convert(g: &Graph, set: &ReplaySet) -> Export {
 }
 
 /// `mystique export TRACE --chakra [filters] -o OUT`.
-pub fn export(trace: &Path, f: &crate::compose_cmd::Filters, out: &Path, json: bool) -> Result<()> {
+pub fn export(
+    trace: &Path,
+    f: &crate::compose_cmd::Filters,
+    out: &Path,
+    json: bool,
+    order_in_data: bool,
+) -> Result<()> {
     use std::io::IsTerminal;
     if out.as_os_str() == "-" && std::io::stdout().is_terminal() {
         anyhow::bail!("a Chakra trace is binary: write it to a file with -o OUT, or pipe stdout");
@@ -631,7 +642,7 @@ pub fn export(trace: &Path, f: &crate::compose_cmd::Filters, out: &Path, json: b
     let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
-    let x = convert(&g, &set);
+    let x = convert(&g, &set, order_in_data);
     crate::output::write_atomic(out, |w| x.write(w))?;
     let data: usize = x.nodes.iter().map(|n| n.data_deps.len()).sum();
     let ctrl: usize = x.nodes.iter().map(|n| n.ctrl_deps.len()).sum();

@@ -105,11 +105,12 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
             trace,
             dot: _,
             chakra,
+            astra_sim,
             filters,
             output,
         } => {
             if chakra {
-                chakra::export(&trace, &filters, &output, json)
+                chakra::export(&trace, &filters, &output, json, astra_sim)
             } else {
                 compose_cmd::export_dot(&trace, &filters, &output)
             }

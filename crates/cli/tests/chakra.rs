@@ -648,3 +648,31 @@ fn send_and_recv_become_point_to_point_nodes() {
     );
     check_against_graph(&p, &d);
 }
+
+/// `--astra-sim` also orders each op after its thread predecessor through `data_deps`, which is
+/// all ASTRA-sim's feeder follows; without it `data_deps` are the tensor edges alone.
+#[test]
+fn astra_sim_order_goes_into_data_deps() {
+    let trace = shared("cpu/dist_mlp_w2.rank0.et.json");
+    let plain = export(&trace, &[], &tmp("order-plain.et"));
+    let astra = export(&trace, &["--astra-sim"], &tmp("order-astra.et"));
+    assert_eq!(plain.nodes.len(), astra.nodes.len());
+    let mut added = 0;
+    for (p, a) in plain.nodes.iter().zip(&astra.nodes) {
+        assert_eq!(p.ctrl_deps, a.ctrl_deps);
+        if let Some(prev) = a.ctrl_deps.first() {
+            assert!(
+                a.data_deps.contains(prev),
+                "node {}: {:?}",
+                a.id,
+                a.data_deps
+            );
+            added += !p.data_deps.contains(prev) as usize;
+        }
+        assert!(p.data_deps.iter().all(|d| a.data_deps.contains(d)));
+    }
+    assert!(
+        added > 0,
+        "order was not already implied by the tensor edges"
+    );
+}
