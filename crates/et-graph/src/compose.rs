@@ -173,6 +173,23 @@ fn renumber_iterations(out: &mut Trace, original: usize, per_copy: usize) {
 /// are shifted past `a`'s (they are different tensors), its thread roots hang under `a`'s
 /// process root. The result has `a`'s schema and layout.
 pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
+    // The model's arenas are indexed by u32: the joined arenas must stay within it.
+    for (field, x, y) in [
+        ("arguments", a.args.len(), b.args.len()),
+        ("list items", a.items.len(), b.items.len()),
+        ("tensors", a.tensors.len(), b.tensors.len()),
+        ("attributes", a.extra_attrs.len(), b.extra_attrs.len()),
+    ] {
+        if (x as u64 + y as u64) > u32::MAX as u64 {
+            return Err(ComposeError::Overflow { node: 0, field });
+        }
+    }
+    if (a.nodes.len() + b.nodes.len()) as u64 > MAX_NODES {
+        return Err(ComposeError::TooBig {
+            nodes: (a.nodes.len() + b.nodes.len()) as u128,
+            limit: MAX_NODES,
+        });
+    }
     let mut out = a.clone();
     let mut b = b.clone();
     let id_off = max_id(a);
