@@ -220,18 +220,9 @@ pub struct ProcessMemory {
 
 pub fn process_memory() -> Option<ProcessMemory> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib = |key: &str| -> Option<u64> {
-        let line = status.lines().find(|l| l.starts_with(key))?;
-        line[key.len()..]
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse::<u64>()
-            .ok()
-    };
     Some(ProcessMemory {
-        rss_bytes: kib("VmRSS:")? * 1024,
-        peak_rss_bytes: kib("VmHWM:")? * 1024,
+        rss_bytes: proc_bytes(&status, "VmRSS:")?,
+        peak_rss_bytes: proc_bytes(&status, "VmHWM:")?,
     })
 }
 
@@ -253,12 +244,17 @@ mod memory_tests {
 /// `None` elsewhere.
 pub fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line["MemAvailable:".len()..]
+    proc_bytes(&info, "MemAvailable:")
+}
+
+/// The bytes of a `KEY:   1234 kB` line of a Linux `/proc` file.
+fn proc_bytes(text: &str, key: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line[key.len()..]
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()
         .ok()?;
-    Some(kib * 1024)
+    kib.checked_mul(1024)
 }

@@ -237,20 +237,23 @@ impl<'a> Executor<'a> {
     /// A step that is not run: outputs that are inputs of the same tensor pass through, the
     /// rest are synthesised from the recorded specs.
     pub fn pass_through(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+        self.pass_inputs(pos, slots);
+        self.fill_missing_outputs(pos, slots);
+    }
+
+    /// Outputs that are new versions of an input (same tensor) take the input's tensor.
+    fn pass_inputs(&self, pos: usize, slots: &mut [Option<Tensor>]) {
         for (from, to) in &self.plan.steps[pos].passthrough {
             slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
         }
-        self.fill_missing_outputs(pos, slots);
     }
 
     /// A step left out by `--only`: outputs that are inputs pass through, the others get
     /// stand-ins made on first use and kept.
     pub fn leave_out(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
-        let step = &self.plan.steps[pos];
-        for (from, to) in &step.passthrough {
-            slots[*to as usize] = slots[*from as usize].as_ref().map(|t| t.shallow_clone());
-        }
-        for (s, spec) in &step.out_specs {
+        self.pass_inputs(pos, slots);
+        let plan = self.plan;
+        for (s, spec) in &plan.steps[pos].out_specs {
             let s = *s as usize;
             if slots[s].is_none() {
                 if self.stand_ins[s].is_none() {

@@ -117,7 +117,7 @@ impl Comm {
         size: usize,
         timeout: std::time::Duration,
     ) -> Result<Comm, CallError> {
-        let h = CString::new(host).map_err(|e| CallError::unsupported(e.to_string()))?;
+        let h = c_string(host)?;
         let mut code = 0;
         // SAFETY: a valid C string; the shim returns null and sets code on failure.
         let p = unsafe {
@@ -138,7 +138,7 @@ impl Comm {
     /// Creates a subgroup of global ranks (every rank calls this, in the same order); returns
     /// its index.
     pub fn new_group(&mut self, name: &str, ranks: &[i64]) -> Result<i64, CallError> {
-        let n = CString::new(name).map_err(|e| CallError::unsupported(e.to_string()))?;
+        let n = c_string(name)?;
         // SAFETY: live comm, valid string and slice.
         match unsafe {
             mq_dist_new_group(self.ptr.as_ptr(), n.as_ptr(), ranks.as_ptr(), ranks.len())
@@ -182,6 +182,11 @@ pub fn storage_info(t: &Tensor) -> (usize, usize) {
     (p, n)
 }
 
+/// A string for the shim; one with a NUL byte cannot be passed (an unsupported argument).
+fn c_string(s: impl Into<Vec<u8>>) -> Result<CString, CallError> {
+    CString::new(s).map_err(|e| CallError::unsupported(e.to_string()))
+}
+
 /// The error of the last failed shim call on this thread, typed by its return code.
 fn call_error(code: i32) -> CallError {
     CallError::new(ErrorKind::from_code(code), last_error())
@@ -205,9 +210,8 @@ unsafe impl Sync for Op {}
 impl Op {
     /// Finds `name.overload` (e.g. `aten::add`, `Tensor`) in the dispatcher.
     pub fn find(name: &str, overload: &str) -> Result<Op, CallError> {
-        let bad = |e: std::ffi::NulError| CallError::unsupported(e.to_string());
-        let n = CString::new(name).map_err(bad)?;
-        let o = CString::new(overload).map_err(bad)?;
+        let n = c_string(name)?;
+        let o = c_string(overload)?;
         let mut code = 0;
         // SAFETY: valid NUL-terminated strings; the shim returns null on failure and sets code.
         NonNull::new(unsafe { mq_find_op(n.as_ptr(), o.as_ptr(), &mut code) })
@@ -454,8 +458,7 @@ pub fn empty_strided(
 
 /// Loads a library of custom operators (like `torch.ops.load_library`).
 pub fn load_library(path: &std::path::Path) -> Result<(), CallError> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|e| CallError::unsupported(e.to_string()))?;
+    let c = c_string(path.as_os_str().as_encoded_bytes())?;
     match unsafe { mq_load_library(c.as_ptr()) } {
         0 => Ok(()),
         code => Err(call_error(code)),

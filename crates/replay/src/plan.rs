@@ -30,6 +30,11 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// Bytes of storage this view reaches (saturating).
+    pub fn bytes(&self) -> u64 {
+        (self.extent().max(0) as u64).saturating_mul(self.dtype.size_bytes() as u64)
+    }
+
     /// Elements of storage this view reaches (offset included).
     /// Saturating: a hostile shape gives a huge extent (refused as too big), never an overflow.
     pub fn extent(&self) -> i64 {
@@ -449,8 +454,6 @@ impl Plan {
     /// intermediates live at once along the steps (a storage counted once while any slot
     /// viewing it is live). Checked against the memory available before materialising.
     pub fn peak_bytes_estimate(&self, only: et_graph::Kind) -> u64 {
-        let bytes =
-            |s: &TensorSpec| (s.extent().max(0) as u64).saturating_mul(s.dtype.size_bytes() as u64);
         // In-place updates of external inputs (parameters) are in the external bytes already.
         let external: std::collections::HashSet<u64> =
             self.externals.iter().map(|e| e.1.storage).collect();
@@ -475,11 +478,11 @@ impl Plan {
                 };
                 let e = live.entry(key).or_insert((0, 0));
                 if e.1 == 0 {
-                    now = now.saturating_add(bytes(spec));
-                    e.0 = bytes(spec);
+                    now = now.saturating_add(spec.bytes());
+                    e.0 = spec.bytes();
                 }
                 e.1 += 1;
-                storage_of.insert(*slot, (key, bytes(spec)));
+                storage_of.insert(*slot, (key, spec.bytes()));
             }
             peak = peak.max(now);
             for s in &st.frees {
@@ -493,25 +496,28 @@ impl Plan {
                 }
             }
         }
-        // External inputs, one allocation per storage, those the included steps read.
-        let mut per_storage: HashMap<(u64, DType), u64> = HashMap::new();
-        for (slot, spec, _) in &self.externals {
-            if only == et_graph::Kind::All || used.contains(slot) {
-                let e = per_storage.entry((spec.storage, spec.dtype)).or_default();
-                *e = (*e).max(bytes(spec));
-            }
-        }
-        per_storage.values().fold(peak, |a, b| a.saturating_add(*b))
+        // External inputs, those the included steps read.
+        let externals =
+            self.externals_bytes(|slot| only == et_graph::Kind::All || used.contains(&slot));
+        peak.saturating_add(externals)
     }
 
     /// Bytes the external inputs take once materialised (one allocation per storage and dtype).
     pub fn external_bytes(&self) -> i64 {
-        let mut per_storage: HashMap<(u64, DType), i64> = HashMap::new();
-        for (_, s, _) in &self.externals {
-            let e = per_storage.entry((s.storage, s.dtype)).or_default();
-            *e = (*e).max(s.extent().saturating_mul(s.dtype.size_bytes() as i64));
+        self.externals_bytes(|_| true).min(i64::MAX as u64) as i64
+    }
+
+    /// Bytes of the external inputs whose slots `keep` accepts: one allocation per storage and
+    /// dtype, the largest extent among its views.
+    fn externals_bytes(&self, keep: impl Fn(Slot) -> bool) -> u64 {
+        let mut per_storage: HashMap<(u64, DType), u64> = HashMap::new();
+        for (slot, spec, _) in &self.externals {
+            if keep(*slot) {
+                let e = per_storage.entry((spec.storage, spec.dtype)).or_default();
+                *e = (*e).max(spec.bytes());
+            }
         }
-        per_storage.values().fold(0i64, |a, b| a.saturating_add(*b))
+        per_storage.values().fold(0u64, |a, b| a.saturating_add(*b))
     }
 }
 
