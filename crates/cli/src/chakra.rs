@@ -346,47 +346,6 @@ fn tensor_bytes<'a>(t: &Trace, values: impl Iterator<Item = &'a Value>) -> u64 {
     bytes
 }
 
-/// A value as JSON text, as the trace records it (a tensor as its tuple).
-fn json_text(t: &Trace, v: Value, out: &mut String) {
-    use std::fmt::Write;
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
-        Value::Int(i) => {
-            let _ = write!(out, "{i}");
-        }
-        Value::UInt(u) => {
-            let _ = write!(out, "{u}");
-        }
-        Value::Float(f) => out.push_str(&serde_json::to_string(&f).unwrap_or_default()),
-        Value::Str(s) => out.push_str(&serde_json::to_string(t.str(s)).unwrap_or_default()),
-        Value::Raw(s) => out.push_str(t.str(s)),
-        Value::List { .. } => {
-            out.push('[');
-            for (k, &x) in t.list(v).iter().enumerate() {
-                if k > 0 {
-                    out.push_str(", ");
-                }
-                json_text(t, x, out);
-            }
-            out.push(']');
-        }
-        Value::Tensor(i) => {
-            let x = t.tensor(i);
-            let _ = write!(
-                out,
-                "[{}, {}, {}, {}, {}",
-                x.id, x.storage, x.offset, x.numel, x.itemsize
-            );
-            if let Some(d) = x.device {
-                out.push_str(", ");
-                out.push_str(&serde_json::to_string(t.str(d)).unwrap_or_default());
-            }
-            out.push(']');
-        }
-    }
-}
-
 /// `IOInfo` of a node's inputs or outputs: JSON lists of the values, shapes and type strings.
 fn io_info(t: &Trace, args: &[et_schema::Arg]) -> IoInfo {
     let list = |f: &dyn Fn(&et_schema::Arg, &mut String)| {
@@ -401,8 +360,9 @@ fn io_info(t: &Trace, args: &[et_schema::Arg]) -> IoInfo {
         s
     };
     IoInfo {
-        values: list(&|a, s| json_text(t, a.value, s)),
-        shapes: list(&|a, s| json_text(t, a.shape, s)),
+        // Whole, as recorded: no length limit.
+        values: list(&|a, s| s.push_str(&t.value_text(a.value, usize::MAX))),
+        shapes: list(&|a, s| s.push_str(&t.value_text(a.shape, usize::MAX))),
         types: list(&|a, s| s.push_str(&serde_json::to_string(t.str(a.ty)).unwrap_or_default())),
     }
 }

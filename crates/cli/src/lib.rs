@@ -162,6 +162,26 @@ impl std::fmt::Display for OpsFailed {
 
 impl std::error::Error for OpsFailed {}
 
+impl OpsFailed {
+    /// Ok when no op failed; otherwise the error that makes the exit code 3.
+    pub fn check(failed: usize, selected: usize) -> Result<()> {
+        if failed > 0 {
+            return Err(OpsFailed { failed, selected }.into());
+        }
+        Ok(())
+    }
+
+    /// [`OpsFailed::check`] over the `--json` reports of several ranks.
+    pub fn check_reports<'a>(reports: impl Iterator<Item = &'a serde_json::Value>) -> Result<()> {
+        let (mut failed, mut selected) = (0, 0);
+        for r in reports {
+            failed += r["ops_failed"].as_u64().unwrap_or(0) as usize;
+            selected += r["ops_selected"].as_u64().unwrap_or(0) as usize;
+        }
+        Self::check(failed, selected)
+    }
+}
+
 /// Exit codes scripts can rely on: 0 every selected op ran; 3 the replay completed with failed
 /// ops (report printed); 2 bad input or usage, or a run that could not complete.
 pub const EXIT_OPS_FAILED: u8 = 3;

@@ -438,16 +438,6 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     };
     let text = serde_json::to_vec_pretty(&result)?;
     mystique_cli::output::write_atomic(&out, |w| Ok(w.write_all(&text)?))?;
-    let failed: usize = result
-        .ranks
-        .iter()
-        .map(|r| r.report["ops_failed"].as_u64().unwrap_or(0) as usize)
-        .sum();
-    let selected: usize = result
-        .ranks
-        .iter()
-        .map(|r| r.report["ops_selected"].as_u64().unwrap_or(0) as usize)
-        .sum();
     if json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
@@ -478,8 +468,5 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
             )?;
         }
     }
-    if failed > 0 {
-        return Err(mystique_cli::OpsFailed { failed, selected }.into());
-    }
-    Ok(())
+    mystique_cli::OpsFailed::check_reports(result.ranks.iter().map(|r| &r.report))
 }

@@ -56,20 +56,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     } else {
         print_table(&mut out, &summary)?;
     }
-    let count = |k: &str| -> usize {
-        reports
-            .iter()
-            .map(|r| r[k].as_u64().unwrap_or(0) as usize)
-            .sum()
-    };
-    if count("ops_failed") > 0 {
-        return Err(mystique_cli::OpsFailed {
-            failed: count("ops_failed"),
-            selected: count("ops_selected"),
-        }
-        .into());
-    }
-    Ok(())
+    mystique_cli::OpsFailed::check_reports(reports.iter())
 }
 
 /// Rank trace files: every ET file of a directory, or the files a glob's last component matches.

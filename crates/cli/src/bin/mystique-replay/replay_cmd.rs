@@ -196,14 +196,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
 
 /// Ok when every selected op ran; the exit code says when some failed.
 fn completed(r: &replay::Report) -> Result<()> {
-    if r.ops_failed > 0 {
-        return Err(mystique_cli::OpsFailed {
-            failed: r.ops_failed,
-            selected: r.ops_selected,
-        }
-        .into());
-    }
-    Ok(())
+    mystique_cli::OpsFailed::check(r.ops_failed, r.ops_selected)
 }
 
 fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result<()> {
