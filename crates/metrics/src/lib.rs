@@ -1,8 +1,14 @@
 //! # metrics
 //!
-//! Timing and reporting helpers: CPU timers, summary statistics over samples, and a
-//! Chrome/Perfetto trace writer. Knows nothing about execution traces (architecture invariant):
-//! callers hand it names and numbers.
+//! Timing and reporting helpers: CPU timers, CUDA events ([`cuda`]), GPU counters through NVML
+//! ([`gpu`]), CPU counters ([`cpu`]), summary statistics over samples, and Chrome/Perfetto trace
+//! and SVG writers. Knows nothing about execution traces (architecture invariant): callers hand
+//! it names and numbers. Every GPU library is loaded at run time, so the crate builds and its
+//! tests pass on a machine without a GPU, a driver or a CUDA toolkit.
+
+pub mod cpu;
+pub mod cuda;
+pub mod gpu;
 
 use serde::Serialize;
 use std::io::Write;
@@ -83,13 +89,40 @@ pub struct Slice {
     pub args: serde_json::Value,
 }
 
+/// One value of a counter track ("C" phase): e.g. an NVML metric at a sample's time.
+#[derive(Clone, Debug, Serialize)]
+pub struct Counter {
+    pub track: String,
+    pub ts: f64,
+    pub value: f64,
+}
+
 /// Writes slices as a Chrome/Perfetto JSON trace (open in ui.perfetto.dev or chrome://tracing).
 pub fn write_chrome_trace<W: Write>(w: W, process: &str, slices: &[Slice]) -> std::io::Result<()> {
-    let mut events = Vec::with_capacity(slices.len() + 1);
+    write_chrome_trace_with(w, process, &[], slices, &[])
+}
+
+/// [`write_chrome_trace`] with named threads (tid, name) and counter tracks.
+pub fn write_chrome_trace_with<W: Write>(
+    w: W,
+    process: &str,
+    threads: &[(u64, &str)],
+    slices: &[Slice],
+    counters: &[Counter],
+) -> std::io::Result<()> {
+    let mut events = Vec::with_capacity(slices.len() + counters.len() + threads.len() + 1);
     events.push(serde_json::json!({"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": process}}));
+    for (tid, name) in threads {
+        events.push(serde_json::json!({"ph": "M", "name": "thread_name", "pid": 1, "tid": tid, "args": {"name": name}}));
+    }
     for s in slices {
         events.push(serde_json::json!({
             "ph": "X", "name": s.name, "cat": s.cat, "pid": 1, "tid": s.tid, "ts": s.ts, "dur": s.dur, "args": s.args,
+        }));
+    }
+    for c in counters.iter().filter(|c| c.value.is_finite()) {
+        events.push(serde_json::json!({
+            "ph": "C", "name": c.track, "pid": 1, "ts": c.ts, "args": {"value": c.value},
         }));
     }
     serde_json::to_writer(
@@ -126,6 +159,25 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["traceEvents"].as_array().unwrap().len(), 3);
         assert_eq!(v["traceEvents"][1]["name"], "aten::mm");
+    }
+
+    #[test]
+    fn chrome_trace_names_threads_and_writes_finite_counters() {
+        let mut out = Vec::new();
+        let c = |value| Counter {
+            track: "sm_util".into(),
+            ts: 1.0,
+            value,
+        };
+        write_chrome_trace_with(&mut out, "p", &[(2, "gpu")], &[], &[c(3.0), c(f64::NAN)]).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let ev = v["traceEvents"].as_array().unwrap();
+        assert_eq!(ev.len(), 3, "NaN counter dropped: {ev:?}");
+        assert_eq!(ev[1]["args"]["name"], "gpu");
+        assert_eq!(
+            (ev[2]["ph"].as_str(), ev[2]["args"]["value"].as_f64()),
+            (Some("C"), Some(3.0))
+        );
     }
 }
 

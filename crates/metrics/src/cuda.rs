@@ -1,0 +1,159 @@
+//! CUDA events on a stream: marks recorded in the stream's order of work and resolved to times
+//! after the work is done, so a timed loop never waits on the device per mark.
+//!
+//! Events are created once and reused (creating one costs microseconds, recording one costs
+//! a launch's worth of host time). Times are relative to the first mark of a round; a caller
+//! puts them on its host clock by adding the host time of that first mark.
+//!
+//! Without the `cuda` feature the same types exist and every constructor returns an error.
+
+/// Marks on a CUDA stream.
+pub struct EventTimer {
+    #[cfg(feature = "cuda")]
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    #[cfg(feature = "cuda")]
+    events: Vec<cudarc::driver::CudaEvent>,
+    used: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl EventTimer {
+    /// A timer recording on `stream`.
+    pub fn new(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> EventTimer {
+        EventTimer {
+            stream,
+            events: Vec::new(),
+            used: 0,
+        }
+    }
+
+    /// Records the next mark on the stream; returns its index in this round.
+    pub fn record(&mut self) -> Result<usize, String> {
+        if self.used == self.events.len() {
+            // Timing enabled (the default flags), unlike cudarc's default of disabled.
+            let e = self
+                .stream
+                .context()
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| format!("creating a CUDA event: {e}"))?;
+            self.events.push(e);
+        }
+        self.events[self.used]
+            .record(&self.stream)
+            .map_err(|e| format!("recording a CUDA event: {e}"))?;
+        self.used += 1;
+        Ok(self.used - 1)
+    }
+
+    /// Waits for the last mark and returns every mark's time in µs after the first.
+    pub fn resolve(&self) -> Result<Vec<f64>, String> {
+        let Some(first) = self.events[..self.used].first() else {
+            return Ok(Vec::new());
+        };
+        self.events[self.used - 1]
+            .synchronize()
+            .map_err(|e| format!("waiting for a CUDA event: {e}"))?;
+        self.events[..self.used]
+            .iter()
+            .map(|e| {
+                first
+                    .elapsed_ms(e)
+                    .map(|ms| ms as f64 * 1e3)
+                    .map_err(|e| format!("reading a CUDA event: {e}"))
+            })
+            .collect()
+    }
+
+    /// Starts a new round (events are reused).
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// Marks recorded this round.
+    pub fn len(&self) -> usize {
+        self.used
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl EventTimer {
+    pub fn record(&mut self) -> Result<usize, String> {
+        Err(NO_CUDA.into())
+    }
+
+    pub fn resolve(&self) -> Result<Vec<f64>, String> {
+        Err(NO_CUDA.into())
+    }
+
+    pub fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.used
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.used == 0
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str = "this build has no CUDA support (cargo feature `cuda`)";
+
+/// Whether the CUDA driver library can be loaded here, and how many devices it sees; `Err` says
+/// why not. Checked before any other CUDA call: cudarc panics on first use without libcuda.
+pub fn driver_devices() -> Result<usize, String> {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: only tries to load the library by its usual names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("no CUDA driver: libcuda.so is not installed on this machine".into());
+        }
+        cudarc::driver::CudaContext::device_count()
+            .map(|n| n.max(0) as usize)
+            .map_err(|e| format!("the CUDA driver is installed but reports {e}"))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(NO_CUDA.into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn driver_check_answers_without_panicking() {
+        match super::driver_devices() {
+            Ok(n) => eprintln!("{n} CUDA devices"),
+            Err(e) => assert!(e.contains("CUDA"), "{e}"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn events_time_work_in_stream_order() {
+        if super::driver_devices().unwrap_or(0) == 0 {
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let mut t = super::EventTimer::new(stream.clone());
+        for _ in 0..2 {
+            t.clear();
+            t.record().unwrap();
+            // 256 MiB of memset between the marks: measurable on any GPU.
+            let mut buf = stream.alloc_zeros::<u8>(256 << 20).unwrap();
+            t.record().unwrap();
+            stream.memset_zeros(&mut buf).unwrap();
+            t.record().unwrap();
+            let us = t.resolve().unwrap();
+            assert_eq!(us.len(), 3);
+            assert_eq!(us[0], 0.0);
+            assert!(us[2] > us[1] && us[1] >= 0.0, "{us:?}");
+        }
+    }
+}
