@@ -341,8 +341,11 @@ mod imp {
     }
 }
 
+/// One line of [`svg_timelines`]: name, unit and (time in ms, value) points.
+pub type Series<'a> = (String, &'a str, Vec<(f64, f64)>);
+
 /// Stacked line charts, one per series, over a shared time axis (ms): NVML timelines.
-pub fn svg_timelines(title: &str, series: &[(String, &str, Vec<(f64, f64)>)]) -> String {
+pub fn svg_timelines(title: &str, series: &[Series]) -> String {
     use std::fmt::Write as _;
     let (w, h, left, top) = (900.0, 90.0, 170.0, 40.0);
     let t_max = series
