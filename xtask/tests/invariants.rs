@@ -259,12 +259,14 @@ fn schema_depends_only_on_the_documented_crates() {
 }
 
 /// libtorch stays in the replay crate and the executables that run it: no other workspace
-/// crate depends on tch or torch-sys directly. (That the `mystique` binary itself never loads
-/// libtorch is checked on the binary, in the CLI's tests.)
+/// crate depends on tch or torch-sys directly; the CUDA driver (cudarc) only in replay (stream,
+/// arena) and metrics (CUDA events). (That the `mystique` binary itself never loads libtorch is
+/// checked on the binary, in the CLI's tests.)
 #[test]
 fn only_replay_and_its_executables_use_libtorch_directly() {
     let d = deps();
     let allowed = ["replay", "mystique-cli", "mystique-benches"];
+    let cuda_allowed = ["replay", "metrics"];
     let mut bad = Vec::new();
     for pkg in [
         "et-schema",
@@ -276,15 +278,25 @@ fn only_replay_and_its_executables_use_libtorch_directly() {
         "xtask",
     ] {
         let direct = d.direct(pkg);
-        for t in ["tch", "torch-sys", "cudarc"] {
+        for t in ["tch", "torch-sys"] {
             if direct.contains(t) && !allowed.contains(&pkg) {
                 bad.push(format!("{pkg} -> {t}"));
             }
+        }
+        if direct.contains("cudarc") && !cuda_allowed.contains(&pkg) {
+            bad.push(format!("{pkg} -> cudarc"));
+        }
+        if pkg == "metrics" && (direct.contains("tch") || direct.contains("torch-sys")) {
+            bad.push("metrics -> libtorch".into());
         }
     }
     assert!(
         d.direct("replay").contains("tch"),
         "sanity: replay uses tch directly"
+    );
+    assert!(
+        d.direct("replay").contains("cudarc") && d.direct("metrics").contains("nvml-wrapper"),
+        "the CUDA backend and NVML are built by default"
     );
     assert!(bad.is_empty(), "libtorch outside replay: {bad:?}");
 }

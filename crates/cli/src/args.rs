@@ -171,9 +171,16 @@ pub struct ReplayArgs {
     /// Stop at the first failing op.
     #[arg(long)]
     pub strict: bool,
-    /// Write a Chrome/Perfetto trace of the last measured iteration (one slice per op).
+    /// Write a Chrome/Perfetto trace of the last measured iteration (one slice per op; on CUDA
+    /// launches and device times on two tracks, and NVML counter tracks).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
+    /// CUDA: sample the GPU through NVML every MS milliseconds (0: off).
+    #[arg(long, value_name = "MS", default_value_t = 20)]
+    pub nvml_period: u64,
+    /// CUDA: write an SVG of the NVML timelines (SM and memory utilisation, power, clocks, ...).
+    #[arg(long, value_name = "PATH")]
+    pub gpu_svg: Option<PathBuf>,
     /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
     #[arg(long)]
     pub load_library: Vec<PathBuf>,

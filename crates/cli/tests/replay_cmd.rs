@@ -63,7 +63,9 @@ fn replay_reports_missing_cuda_and_bad_devices_cleanly() {
     };
     refused("tpu", "unknown device");
     if !tch::Cuda::is_available() {
-        refused("cuda", "no CUDA device");
+        // Says which is missing (driver, device), never panics (cudarc would without libcuda).
+        refused("cuda", "no CUDA");
+        refused("cuda:3", "no CUDA");
     }
 }
 

@@ -146,6 +146,20 @@ pub enum GpuSelect {
     Uuid(String),
 }
 
+/// NVML's driver version and device count, or why NVML cannot be used here.
+pub fn nvml_status() -> Result<(String, u32), String> {
+    #[cfg(feature = "nvml")]
+    {
+        let n = imp::init()?;
+        Ok((
+            n.sys_driver_version().unwrap_or_default(),
+            n.device_count().unwrap_or(0),
+        ))
+    }
+    #[cfg(not(feature = "nvml"))]
+    Err("this build has no NVML support (cargo feature `nvml`)".into())
+}
+
 /// A thread reading the GPU every period until stopped.
 pub struct NvmlSampler {
     /// The device's name, as NVML gives it.
@@ -207,7 +221,7 @@ mod imp {
 
     /// The library's versioned name first: the unversioned one exists only with the driver's
     /// development files.
-    fn init() -> Result<Nvml, String> {
+    pub(super) fn init() -> Result<Nvml, String> {
         let versioned = Nvml::builder()
             .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
             .init();
@@ -451,6 +465,14 @@ mod tests {
             (empty.samples, empty.metrics.len(), empty.energy_j),
             (0, 0, None)
         );
+    }
+
+    #[test]
+    fn nvml_status_names_the_driver_or_why_not() {
+        match nvml_status() {
+            Ok((version, _)) => assert!(!version.is_empty()),
+            Err(e) => assert!(e.contains("NVML"), "{e}"),
+        }
     }
 
     #[test]

@@ -97,6 +97,64 @@ pub struct Counter {
     pub value: f64,
 }
 
+/// What a timed run looked like: slices on named threads and counter tracks, on one clock (µs).
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub threads: Vec<(u64, String)>,
+    pub slices: Vec<Slice>,
+    pub counters: Vec<Counter>,
+}
+
+impl Timeline {
+    /// Writes it as a Chrome/Perfetto JSON trace.
+    pub fn write_chrome<W: Write>(&self, w: W, process: &str) -> std::io::Result<()> {
+        let threads: Vec<(u64, &str)> =
+            self.threads.iter().map(|(t, n)| (*t, n.as_str())).collect();
+        write_chrome_trace_with(w, process, &threads, &self.slices, &self.counters)
+    }
+
+    /// The counter tracks as stacked line charts ([`gpu::svg_timelines`]), time from the first
+    /// value in ms; `None` without counters. A track's unit is what its name ends with in
+    /// parentheses (`sm_util (%)`).
+    pub fn svg_counters(&self, title: &str) -> Option<String> {
+        let t0 = self
+            .counters
+            .iter()
+            .map(|c| c.ts)
+            .fold(f64::INFINITY, f64::min);
+        if !t0.is_finite() {
+            return None;
+        }
+        let mut tracks: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for c in &self.counters {
+            let pt = ((c.ts - t0) / 1000.0, c.value);
+            match tracks.iter_mut().find(|t| t.0 == c.track) {
+                Some(t) => t.1.push(pt),
+                None => tracks.push((c.track.clone(), vec![pt])),
+            }
+        }
+        let series: Vec<gpu::Series> = tracks
+            .into_iter()
+            .map(|(name, pts)| {
+                let unit = name
+                    .rsplit_once('(')
+                    .map_or("", |(_, u)| u.trim_end_matches(')'));
+                (name.clone(), known_unit(unit), pts)
+            })
+            .collect();
+        Some(gpu::svg_timelines(title, &series))
+    }
+}
+
+/// The unit as one of the static units of [`gpu::METRICS`] ("" for others).
+fn known_unit(u: &str) -> &'static str {
+    gpu::METRICS
+        .iter()
+        .map(|m| m.1)
+        .find(|m| *m == u)
+        .unwrap_or("")
+}
+
 /// Writes slices as a Chrome/Perfetto JSON trace (open in ui.perfetto.dev or chrome://tracing).
 pub fn write_chrome_trace<W: Write>(w: W, process: &str, slices: &[Slice]) -> std::io::Result<()> {
     write_chrome_trace_with(w, process, &[], slices, &[])
@@ -159,6 +217,30 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["traceEvents"].as_array().unwrap().len(), 3);
         assert_eq!(v["traceEvents"][1]["name"], "aten::mm");
+    }
+
+    #[test]
+    fn timeline_svg_has_one_chart_per_counter_track() {
+        let c = |track: &str, ts, value| Counter {
+            track: track.into(),
+            ts,
+            value,
+        };
+        let t = Timeline {
+            counters: vec![
+                c("sm_util (%)", 100.0, 1.0),
+                c("power (W)", 100.0, 300.0),
+                c("sm_util (%)", 2100.0, 80.0),
+            ],
+            ..Default::default()
+        };
+        let svg = t.svg_counters("gpu").unwrap();
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert!(
+            svg.contains("max 80.0 %") && svg.contains("max 300.0 W"),
+            "{svg}"
+        );
+        assert!(Timeline::default().svg_counters("x").is_none());
     }
 
     #[test]

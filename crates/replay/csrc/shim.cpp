@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -244,6 +246,66 @@ at::Tensor* mq_empty_strided(const int64_t* size, const int64_t* stride, size_t 
     out = new at::Tensor(at::empty_strided(c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim), opts));
   });
   return out;
+}
+
+// A tensor over memory the caller owns (a CUDA arena carved by Rust): `release(ctx)` runs when
+// the last tensor sharing this storage is gone, so the memory outlives every view of it.
+at::Tensor* mq_from_blob(void* data, const int64_t* size, const int64_t* stride, size_t ndim, int dtype,
+                         int device_type, int device_index, void* ctx, void (*release)(void*), int* code) {
+  at::Tensor* out = nullptr;
+  *code = guarded([&] {
+    auto opts = at::TensorOptions()
+                    .dtype(static_cast<c10::ScalarType>(dtype))
+                    .device(c10::Device(device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                                        static_cast<c10::DeviceIndex>(device_index)));
+    out = new at::Tensor(at::from_blob(
+        data, c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim),
+        [ctx, release](void*) { release(ctx); }, opts));
+  });
+  if (*code != 0) release(ctx);
+  return out;
+}
+
+// Makes `stream` (a CUstream of device `device`'s primary context, created by Rust) the current
+// CUDA stream of this thread for every libtorch op that follows. Through the generic
+// DeviceGuardImpl and one symbol of libc10_cuda, so this file needs no CUDA headers (the wheel
+// ships an incomplete set). getStreamFromExternal returns a c10::cuda::CUDAStream, whose only
+// member is a c10::Stream: the same 16 bytes, returned in the same registers.
+int mq_cuda_set_stream(void* stream, int device) {
+  return guarded([&] {
+    using Fn = c10::Stream (*)(void*, int8_t);
+    static Fn from_external =
+        reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda21getStreamFromExternalEP11CUstream_sta"));
+    if (!from_external) throw std::runtime_error("libc10_cuda is not loaded: this libtorch has no CUDA");
+    c10::Stream s = from_external(stream, static_cast<int8_t>(device));
+    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->exchangeStream(s);
+  });
+}
+
+// libtorch's caching allocator on CUDA device `device`: out[0..10] = allocated (current, peak),
+// reserved (current, peak), active (current, peak), inactive split (current, peak) bytes,
+// allocation retries, OOMs.
+int mq_cuda_memory_stats(int device, int64_t* out) {
+  return guarded([&] {
+    auto st = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    out[0] = st.allocated_bytes[agg].current;
+    out[1] = st.allocated_bytes[agg].peak;
+    out[2] = st.reserved_bytes[agg].current;
+    out[3] = st.reserved_bytes[agg].peak;
+    out[4] = st.active_bytes[agg].current;
+    out[5] = st.active_bytes[agg].peak;
+    out[6] = st.inactive_split_bytes[agg].current;
+    out[7] = st.inactive_split_bytes[agg].peak;
+    out[8] = st.num_alloc_retries;
+    out[9] = st.num_ooms;
+  });
+}
+
+int mq_cuda_reset_peak(int device) {
+  return guarded([&] {
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
 }
 
 // The storage a tensor views (data pointer and bytes), to count live memory once per storage.

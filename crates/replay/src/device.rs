@@ -5,9 +5,12 @@
 //! snapshot, and the table of [`Rewrite`]s (ops without a kernel on this device and what runs
 //! instead) that [`crate::bind`] applies to a plan.
 //!
-//! CPU is the only complete backend. `Cuda` runs the same kernels through libtorch's CUDA build
-//! and synchronises at iteration edges, but its timer reads the host clock (launch time, not
-//! kernel time) until CUDA events land behind [`Timer`].
+//! `Cpu` times steps with the host clock. `Cuda` (see [`crate::cuda`]) runs the same kernels
+//! through libtorch's CUDA build on a replay stream that Rust owns and libtorch uses as its
+//! current stream, carves external inputs from one arena, and times steps with CUDA events on
+//! that stream, resolved after each iteration (the host clock still gives each op's launch
+//! time). Without the `cuda` feature, or without a driver or device, `Device::parse("cuda")`
+//! says which is missing.
 
 use crate::error::{CallError, ReplayError};
 use crate::ffi;
@@ -47,9 +50,14 @@ impl Device {
             },
         };
         if let Device::Cuda(i) = d {
+            // The driver first: cudarc must not be used without libcuda, and its message says
+            // what is missing better than libtorch's "no device".
+            crate::cuda::runtime(i)
+                .map_err(|e| ReplayError::Device(format!("{e} (replay with --device cpu)")))?;
             if !tch::Cuda::is_available() {
                 return Err(ReplayError::Device(
-                    "no CUDA device: this machine has no usable GPU (replay with --device cpu)"
+                    "no CUDA device: the driver sees a GPU but this libtorch cannot use it (a \
+                     CPU-only libtorch, or a driver older than its CUDA); replay with --device cpu"
                         .into(),
                 ));
             }
@@ -61,6 +69,14 @@ impl Device {
             }
         }
         Ok(d)
+    }
+
+    /// The CUDA runtime of this device (`None` on CPU).
+    pub(crate) fn cuda(&self) -> Option<std::sync::Arc<crate::cuda::Runtime>> {
+        match self {
+            Device::Cpu => None,
+            Device::Cuda(i) => crate::cuda::runtime(*i).ok(),
+        }
     }
 
     /// `cpu`, `cuda:N`.
@@ -78,14 +94,21 @@ impl Device {
         }
     }
 
-    /// Sets the process up as a warm model's: glibc keeps freed memory, denormals flush to zero.
-    pub fn setup_process(&self) {
+    /// Sets the process up as a warm model's (glibc keeps freed memory, denormals flush to
+    /// zero) and, on CUDA, makes the replay stream current on this thread.
+    pub fn setup_process(&self) -> Result<(), ReplayError> {
         keep_freed_memory();
+        if let Device::Cuda(i) = self {
+            crate::cuda::runtime(*i)
+                .and_then(|r| r.make_current())
+                .map_err(ReplayError::Device)?;
+        }
         // Synthetic values can decay into denormals the original's real ones never reached (an
         // optimizer's second moment under a stand-in beta): each op on them takes the CPU's
         // microcode path: one of AdamW's sqrt calls on the transformer took 950 us; all 24 take
         // 0.16 ms per iteration once flushed.
         ffi::flush_denormal();
+        Ok(())
     }
 
     /// An uninitialised tensor of the given shape, strides and dtype on this device.
@@ -129,18 +152,37 @@ impl Device {
             clock: metrics::Clock::default(),
             marks: Vec::new(),
             device: *self,
+            events: self.cuda().map(|r| r.timer()),
+            resolved: Vec::new(),
+            event_error: None,
         }
     }
 
-    /// Memory in use on this device, where it can be read.
+    /// Memory in use on this device, where it can be read (CUDA: libtorch's caching allocator,
+    /// allocated bytes; the external-input arena is not in it).
     pub fn memory(&self) -> Option<MemorySnapshot> {
         match self {
             Device::Cpu => metrics::process_memory().map(|m| MemorySnapshot {
                 live_bytes: m.rss_bytes,
                 peak_bytes: m.peak_rss_bytes,
             }),
-            // libtorch's caching allocator statistics come with the CUDA backend.
-            Device::Cuda(_) => None,
+            Device::Cuda(i) => ffi::cuda_memory_stats(*i).ok().map(|m| MemorySnapshot {
+                live_bytes: m.allocated_bytes,
+                peak_bytes: m.peak_allocated_bytes,
+            }),
+        }
+    }
+
+    /// One allocation to carve `bytes` of external inputs from (CUDA), or `None` where they are
+    /// allocated one by one (CPU; or CUDA when the arena cannot be had, which is logged).
+    pub(crate) fn arena(&self, bytes: usize) -> Option<crate::cuda::Arena> {
+        let rt = self.cuda()?;
+        match rt.arena(bytes) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                log::warn!("{e}; external inputs go to libtorch's allocator instead");
+                None
+            }
         }
     }
 
@@ -196,11 +238,18 @@ macro_rules! test_device {
 pub struct Mark(u32);
 
 /// Records marks around steps during an iteration and resolves them to times after it, so the
-/// loop never waits on the device per op. CPU: a monotonic clock read per mark.
+/// loop never waits on the device per op. CPU: a monotonic clock read per mark. CUDA: also an
+/// event per mark on the replay stream; resolved marks are then the device's times, put on the
+/// host clock at the round's first mark.
 pub struct Timer {
     clock: metrics::Clock,
     marks: Vec<f64>,
     device: Device,
+    events: Option<metrics::cuda::EventTimer>,
+    /// Device times of the marks (µs after the first), once resolved.
+    resolved: Vec<f64>,
+    /// Why CUDA events stopped (the marks fall back to the host clock).
+    pub event_error: Option<String>,
 }
 
 impl Timer {
@@ -208,7 +257,23 @@ impl Timer {
     #[inline]
     pub fn mark(&mut self) -> Mark {
         self.marks.push(self.clock.now_us());
+        if let Some(ev) = &mut self.events {
+            if let Err(e) = ev.record() {
+                self.event_error = Some(e);
+                self.events = None;
+            }
+        }
         Mark(self.marks.len() as u32 - 1)
+    }
+
+    /// Whether resolved marks are the device's times (CUDA events) rather than the host's.
+    pub fn on_device(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// The clock marks are read on (to put other samples, e.g. NVML's, on the same axis).
+    pub fn clock(&self) -> metrics::Clock {
+        self.clock
     }
 
     /// The host clock's time when mark `m` was recorded (valid at once, before [`Timer::resolve`]).
@@ -226,16 +291,35 @@ impl Timer {
     /// Waits for the device and makes every mark readable with [`Timer::us`].
     pub fn resolve(&mut self) {
         self.device.synchronize();
+        self.resolved.clear();
+        if let Some(ev) = &self.events {
+            match ev.resolve() {
+                Ok(v) => self.resolved = v,
+                Err(e) => {
+                    self.event_error = Some(e);
+                    self.events = None;
+                }
+            }
+        }
     }
 
-    /// A resolved mark's time in µs.
+    /// A resolved mark's time in µs: the device's where events timed every mark of this
+    /// round, else the host's.
     pub fn us(&self, m: Mark) -> f64 {
-        self.marks[m.0 as usize]
+        if self.resolved.len() == self.marks.len() && !self.marks.is_empty() {
+            self.marks[0] + self.resolved[m.0 as usize]
+        } else {
+            self.marks[m.0 as usize]
+        }
     }
 
     /// Forgets the marks (between iterations).
     pub fn clear(&mut self) {
         self.marks.clear();
+        self.resolved.clear();
+        if let Some(ev) = &mut self.events {
+            ev.clear();
+        }
     }
 }
 

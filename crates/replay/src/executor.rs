@@ -9,9 +9,9 @@ use crate::error::{CallError, ErrorKind, ReplayError};
 use crate::ffi::{self, Comm, Stack};
 use crate::options::ReplayOptions;
 use crate::plan::{Arg, Fill, Out, Plan, TensorSpec};
-use crate::recorder::Recorder;
+use crate::recorder::{GpuSamples, Recorder};
 use crate::report::{NonFinite, Report};
-use metrics::Slice;
+use metrics::Timeline;
 use std::collections::{BTreeMap, HashMap};
 use tch::{Kind, Tensor};
 
@@ -93,6 +93,8 @@ pub struct Executor<'a> {
     comm: Option<Comm>,
     /// How long a collective's work may take.
     timeout: std::time::Duration,
+    /// Bytes of the CUDA arena the external inputs live in (0: none).
+    arena_bytes: u64,
 }
 
 impl<'a> Executor<'a> {
@@ -111,7 +113,7 @@ impl<'a> Executor<'a> {
         autograd: bool,
         only: et_graph::Kind,
     ) -> Result<Self, ReplayError> {
-        bound.device.setup_process();
+        bound.device.setup_process()?;
         let needed = (only != et_graph::Kind::All).then(|| {
             let mut needed = vec![false; plan.n_slots];
             for (pos, step) in plan.steps.iter().enumerate() {
@@ -123,7 +125,7 @@ impl<'a> Executor<'a> {
             }
             needed
         });
-        let externals = materialise(plan, &bound.device, needed.as_deref())?;
+        let (externals, arena_bytes) = materialise(plan, &bound.device, needed.as_deref())?;
         if autograd {
             require_grad(plan, &externals);
         }
@@ -136,6 +138,7 @@ impl<'a> Executor<'a> {
             comm: None,
             timeout: std::time::Duration::from_secs(60),
             externals,
+            arena_bytes,
         })
     }
 
@@ -384,13 +387,14 @@ fn has_half_input(args: &[Arg], slots: &[Option<Tensor>]) -> bool {
 }
 
 /// Allocates the external inputs (those `needed`, by slot; all when `None`): one allocation per
-/// trace storage, views into it, values that suit their consumers (random floats; valid
-/// indices; sorted offsets).
+/// trace storage (on CUDA carved from one arena), views into it, values that suit their
+/// consumers (random floats; valid indices; sorted offsets). Returns them by slot, and the
+/// arena's size (0 without one).
 pub fn materialise(
     plan: &Plan,
     device: &Device,
     needed: Option<&[bool]>,
-) -> Result<Vec<Option<Tensor>>, ReplayError> {
+) -> Result<(Vec<Option<Tensor>>, u64), ReplayError> {
     let mut slots: Vec<Option<Tensor>> = (0..plan.n_slots).map(|_| None).collect();
     // Group by (storage, dtype): views of one storage share one allocation.
     let mut groups: BTreeMap<(u64, et_schema::DType), Vec<usize>> = BTreeMap::new();
@@ -403,23 +407,42 @@ pub fn materialise(
             .or_default()
             .push(k);
     }
-    for ((_, dtype), members) in groups {
-        let extent = members
-            .iter()
-            .map(|&k| plan.externals[k].1.extent())
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let flat = TensorSpec {
-            shape: vec![extent],
-            strides: vec![1],
-            dtype,
-            storage: 0,
-            offset: 0,
-        };
-        let mut base = device
-            .empty_strided(&flat)
-            .map_err(ReplayError::Materialise)?;
+    let flats: Vec<(TensorSpec, Vec<usize>)> = groups
+        .into_iter()
+        .map(|((_, dtype), members)| {
+            let extent = members
+                .iter()
+                .map(|&k| plan.externals[k].1.extent())
+                .max()
+                .unwrap_or(0)
+                .max(1);
+            let flat = TensorSpec {
+                shape: vec![extent],
+                strides: vec![1],
+                dtype,
+                storage: 0,
+                offset: 0,
+            };
+            (flat, members)
+        })
+        .collect();
+    // On CUDA, one arena for them all, each storage at a 256-byte boundary (what cudaMalloc
+    // guarantees, and more than any kernel's vector loads need).
+    let align = |b: u64| b.div_ceil(256).saturating_mul(256);
+    let total = flats
+        .iter()
+        .map(|(f, _)| align(f.bytes()))
+        .fold(0u64, u64::saturating_add);
+    let arena = usize::try_from(total).ok().and_then(|t| device.arena(t));
+    let mut offset = 0u64;
+    for (flat, members) in flats {
+        let dtype = flat.dtype;
+        let mut base = match &arena {
+            Some(a) => a.tensor(offset as usize, &flat),
+            None => device.empty_strided(&flat),
+        }
+        .map_err(ReplayError::Materialise)?;
+        offset += align(flat.bytes());
         // Floats get standard normal values, scaled per view below; integers and bools start
         // at zero and index inputs are filled per view below.
         if dtype.is_floating_point() {
@@ -440,7 +463,7 @@ pub fn materialise(
             slots[*slot as usize] = Some(view);
         }
     }
-    Ok(slots)
+    Ok((slots, arena.map_or(0, |a| a.bytes as u64)))
 }
 
 /// Whether a float tensor holds NaN or Inf.
@@ -636,7 +659,7 @@ pub fn run(
     plan: &Plan,
     bound: &Bound,
     opts: &ReplayOptions,
-) -> Result<(Report, Vec<Slice>), ReplayError> {
+) -> Result<(Report, Timeline), ReplayError> {
     let needed = plan.peak_bytes_estimate(opts.only);
     if let Some(available) = metrics::available_memory() {
         if needed > available && !opts.force {
@@ -683,6 +706,7 @@ pub fn run(
         .as_deref()
         .filter(|g| g.len() == plan.steps.len());
     let mut timer = bound.device.timer();
+    let sampler = gpu_sampler(&bound.device, opts, &timer);
     let total = total_iterations(opts);
     for it in 0..total {
         let phase = Phase::of(it, opts);
@@ -710,7 +734,41 @@ pub fn run(
         }
         log::debug!("iteration {}/{total} ({phase:?}) done", it + 1);
     }
-    Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound))
+    let gpu = GpuSamples {
+        sampled: match sampler {
+            Some(Ok((s, period_ms))) => {
+                let (name, gpm) = (s.device_name.clone(), s.gpm);
+                Ok((name, period_ms, gpm, s.stop()))
+            }
+            Some(Err(why)) => Err(Some(why)),
+            None => Err(None),
+        },
+        arena_bytes: ex.arena_bytes,
+    };
+    Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu))
+}
+
+/// On CUDA, NVML sampling of the replay's GPU on the timer's clock (and its period in ms), or
+/// why not; `None` on CPU.
+fn gpu_sampler(
+    device: &Device,
+    opts: &ReplayOptions,
+    timer: &Timer,
+) -> Option<Result<(metrics::gpu::NvmlSampler, f64), String>> {
+    let rt = device.cuda()?;
+    if opts.nvml_period_ms == 0 {
+        return Some(Err("NVML sampling is off (--nvml-period 0)".into()));
+    }
+    let period = std::time::Duration::from_millis(opts.nvml_period_ms);
+    let gpu = if rt.uuid.is_empty() {
+        metrics::gpu::GpuSelect::Index(rt.ordinal as u32)
+    } else {
+        metrics::gpu::GpuSelect::Uuid(rt.uuid.clone())
+    };
+    Some(
+        metrics::gpu::NvmlSampler::start(gpu, period, timer.clock())
+            .map(|s| (s, opts.nvml_period_ms as f64)),
+    )
 }
 
 /// One iteration over every step. Returns the steps dispatched (for the instrumented
@@ -739,7 +797,7 @@ fn iteration(
     // tensor frees count toward its gaps.
     let mut last_op_end = timer.host_at(start);
     let mut last_progress = last_op_end;
-    rec.begin_iteration();
+    rec.begin_iteration(phase);
     for (pos, step) in plan.steps.iter().enumerate() {
         if !step.kind.included(opts.only) {
             // Not part of what is measured: neither its gap nor its bookkeeping.
@@ -839,6 +897,8 @@ fn iteration(
     }
     let end = timer.mark();
     timer.resolve();
+    // The host's view of the iteration, up to the device finishing it (for NVML's samples).
+    let window = (timer.host_at(start), timer.host_us());
     let wall_us = timer.us(end) - timer.us(start) - excluded_us;
     if measured {
         let faults = match (faults_before, metrics::minor_page_faults()) {
@@ -849,6 +909,7 @@ fn iteration(
             timer,
             &timed,
             wall_us,
+            window,
             faults,
             it + 1 == total_iterations(opts) - opts.instrument as usize,
         );

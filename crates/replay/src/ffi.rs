@@ -62,6 +62,21 @@ extern "C" {
         dev_index: i32,
         code: *mut i32,
     ) -> *mut C_tensor;
+    fn mq_from_blob(
+        data: *mut c_void,
+        size: *const i64,
+        stride: *const i64,
+        ndim: usize,
+        dtype: i32,
+        dev_type: i32,
+        dev_index: i32,
+        ctx: *mut c_void,
+        release: unsafe extern "C" fn(*mut c_void),
+        code: *mut i32,
+    ) -> *mut C_tensor;
+    fn mq_cuda_set_stream(stream: *mut c_void, device: i32) -> i32;
+    fn mq_cuda_memory_stats(device: i32, out: *mut i64) -> i32;
+    fn mq_cuda_reset_peak(device: i32) -> i32;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
@@ -454,6 +469,116 @@ pub fn empty_strided(
     } else {
         Ok(unsafe { Tensor::from_ptr(p) })
     }
+}
+
+/// Drops the `Box<T>` a [`from_blob`] tensor's storage kept alive.
+unsafe extern "C" fn release_owner<T>(ctx: *mut c_void) {
+    // SAFETY: ctx is the Box<T> from_blob leaked for exactly this call, released once.
+    drop(unsafe { Box::from_raw(ctx.cast::<T>()) });
+}
+
+/// A tensor over `data`, which `owner` keeps valid: the storage holds `owner` and drops it when
+/// its last view is gone (so tensors may outlive whatever handed the memory out).
+///
+/// # Safety
+/// `data` must point to memory of the tensor's device that stays valid while `owner` lives and
+/// spans the bytes the shape, strides and dtype address.
+pub unsafe fn from_blob<T: Send + 'static>(
+    data: *mut c_void,
+    size: &[i64],
+    stride: &[i64],
+    dtype_code: i32,
+    device: tch::Device,
+    owner: T,
+) -> Result<Tensor, CallError> {
+    let (ty, idx) = match device {
+        tch::Device::Cuda(i) => (1, i as i32),
+        _ => (0, -1),
+    };
+    let ctx = Box::into_raw(Box::new(owner)).cast::<c_void>();
+    let mut code = 0;
+    // SAFETY: size/stride outlive the call and are copied; the shim calls release_owner once,
+    // on failure at once, else when the storage dies.
+    let p = unsafe {
+        mq_from_blob(
+            data,
+            size.as_ptr(),
+            stride.as_ptr(),
+            size.len().min(stride.len()),
+            dtype_code,
+            ty,
+            idx,
+            ctx,
+            release_owner::<T>,
+            &mut code,
+        )
+    };
+    if p.is_null() {
+        Err(call_error(code))
+    } else {
+        Ok(unsafe { Tensor::from_ptr(p) })
+    }
+}
+
+/// Makes `stream` (a `CUstream` of the device's primary context) libtorch's current CUDA stream
+/// on this thread.
+///
+/// # Safety
+/// `stream` must be a live stream of device `device`'s primary context, alive while libtorch
+/// may use it on this thread.
+pub unsafe fn cuda_set_stream(stream: *mut c_void, device: usize) -> Result<(), CallError> {
+    match unsafe { mq_cuda_set_stream(stream, device as i32) } {
+        0 => Ok(()),
+        c => Err(call_error(c)),
+    }
+}
+
+/// libtorch's CUDA caching allocator statistics for a device (see [`CudaAllocatorStats`]).
+pub fn cuda_memory_stats(device: usize) -> Result<CudaAllocatorStats, CallError> {
+    let mut v = [0i64; 10];
+    // SAFETY: the shim writes exactly 10 values.
+    match unsafe { mq_cuda_memory_stats(device as i32, v.as_mut_ptr()) } {
+        0 => {
+            let u = |i: usize| v[i].max(0) as u64;
+            Ok(CudaAllocatorStats {
+                allocated_bytes: u(0),
+                peak_allocated_bytes: u(1),
+                reserved_bytes: u(2),
+                peak_reserved_bytes: u(3),
+                active_bytes: u(4),
+                peak_active_bytes: u(5),
+                inactive_split_bytes: u(6),
+                peak_inactive_split_bytes: u(7),
+                alloc_retries: u(8),
+                ooms: u(9),
+            })
+        }
+        c => Err(call_error(c)),
+    }
+}
+
+/// Starts the allocator's peak figures afresh.
+pub fn cuda_reset_peak(device: usize) -> Result<(), CallError> {
+    match unsafe { mq_cuda_reset_peak(device as i32) } {
+        0 => Ok(()),
+        c => Err(call_error(c)),
+    }
+}
+
+/// libtorch's CUDA caching allocator on one device (bytes; "inactive split" is memory cached in
+/// blocks split for allocations that are gone: the allocator's fragmentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CudaAllocatorStats {
+    pub allocated_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub active_bytes: u64,
+    pub peak_active_bytes: u64,
+    pub inactive_split_bytes: u64,
+    pub peak_inactive_split_bytes: u64,
+    pub alloc_retries: u64,
+    pub ooms: u64,
 }
 
 /// Loads a library of custom operators (like `torch.ops.load_library`).

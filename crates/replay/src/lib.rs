@@ -18,6 +18,11 @@
 //! `plan` does not touch libtorch.
 
 pub mod bind;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_stub.rs"]
+pub mod cuda;
 pub mod device;
 pub mod dist;
 pub mod error;
@@ -34,7 +39,8 @@ pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
 pub use options::{DistOptions, ReplayOptions};
 pub use report::{
-    CollectiveTiming, Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming,
+    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
+    Report, StepTiming,
 };
 
 /// Loads a custom-op library (like `torch.ops.load_library`).
@@ -45,38 +51,52 @@ pub fn load_library(path: &std::path::Path) -> Result<(), ReplayError> {
     })
 }
 
-/// Compiles, binds and runs a replay of `set`; returns the report and (with `trace_out`) the op
-/// slices.
+/// Compiles, binds and runs a replay of `set`; returns the report and (with `trace_out`) the
+/// timeline: op slices (on CUDA, launches and device times) and NVML counter tracks.
 pub fn replay(
     g: &et_graph::Graph,
     set: &et_graph::ReplaySet,
     opts: &ReplayOptions,
-) -> Result<(Report, Vec<metrics::Slice>), ReplayError> {
+) -> Result<(Report, metrics::Timeline), ReplayError> {
     let plan = plan::compile(g, set);
     let bound = bind(&plan, &opts.device);
     executor::run(&plan, &bound, opts)
 }
 
-/// A one-line description of the libtorch runtime: version, threads, CUDA.
+/// A description of the runtime: libtorch version and threads, the CUDA driver and devices,
+/// NVML.
 pub fn env_report() -> String {
-    let cuda = if tch::Cuda::is_available() {
-        format!("CUDA available, {} device(s)", tch::Cuda::device_count())
-    } else {
-        "no CUDA device".to_string()
+    let cuda = match metrics::cuda::driver_devices() {
+        Err(e) => e,
+        Ok(_) if !tch::Cuda::is_available() => {
+            "a CUDA driver, but libtorch cannot use it (CPU-only build or an old driver)".into()
+        }
+        Ok(_) => format!("CUDA available, {} device(s)", tch::Cuda::device_count()),
+    };
+    let nvml = match metrics::gpu::nvml_status() {
+        Ok((v, n)) => format!("NVML {v}, {n} device(s)"),
+        Err(e) => e,
     };
     format!(
-        "libtorch 2.11.0 (tch 0.24.0), {} intra-op threads, {cuda}",
+        "libtorch 2.11.0 (tch 0.24.0), {} intra-op threads; {cuda}; {nvml}",
         tch::get_num_threads()
     )
 }
 
-/// The libtorch runtime as JSON: version, threads, CUDA devices.
+/// The runtime as JSON: libtorch version and threads, CUDA devices, NVML.
 pub fn env_json() -> serde_json::Value {
+    let driver = metrics::cuda::driver_devices();
+    let usable = driver.is_ok() && tch::Cuda::is_available();
+    let nvml = metrics::gpu::nvml_status();
     serde_json::json!({
         "libtorch": "2.11.0",
         "tch": "0.24.0",
         "intra_op_threads": tch::get_num_threads(),
-        "cuda_available": tch::Cuda::is_available(),
-        "cuda_devices": if tch::Cuda::is_available() { tch::Cuda::device_count() } else { 0 },
+        "cuda_backend": cfg!(feature = "cuda"),
+        "cuda_available": usable,
+        "cuda_devices": if usable { tch::Cuda::device_count() } else { 0 },
+        "cuda_unavailable": driver.err(),
+        "nvml_driver": nvml.as_ref().ok().map(|n| n.0.clone()),
+        "nvml_unavailable": nvml.err(),
     })
 }

@@ -35,6 +35,8 @@ pub struct ReplayOptions {
     /// Run the collectives for real, as one rank of several (`None`: a single process, where
     /// collectives fail as unsupported).
     pub dist: Option<DistOptions>,
+    /// CUDA: sample the GPU through NVML every this many ms (0: off).
+    pub nvml_period_ms: u64,
 }
 
 /// This process's place among the ranks, and where they meet: what torchrun's `RANK`,
@@ -104,6 +106,7 @@ impl Default for ReplayOptions {
             check_values: false,
             dist: None,
             force: false,
+            nvml_period_ms: 20,
         }
     }
 }

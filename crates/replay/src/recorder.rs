@@ -11,9 +11,10 @@ use crate::ffi::ProfiledEvent;
 use crate::options::ReplayOptions;
 use crate::plan::{Plan, StepKind};
 use crate::report::{
-    CollectiveTiming, Failure, Fallback, NonFinite, OpTiming, ProfiledStep, Report, StepTiming,
+    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
+    Report, StepTiming,
 };
-use metrics::{Slice, Stats};
+use metrics::{Counter, Slice, Stats, Timeline};
 use std::collections::BTreeMap;
 
 pub(crate) struct Recorder<'a> {
@@ -23,6 +24,14 @@ pub(crate) struct Recorder<'a> {
     /// Per step: total µs and calls over the measured iterations.
     step_total_us: Vec<f64>,
     step_calls: Vec<u32>,
+    /// Per step: total host (launch) µs over the measured iterations.
+    step_launch_us: Vec<f64>,
+    /// Whether op times came from the device (CUDA events), and why they stopped if they did.
+    device_timing: bool,
+    event_error: Option<String>,
+    /// Host-clock window of each measured iteration (for NVML samples).
+    windows: Vec<(f64, f64)>,
+    cpu: metrics::cpu::CpuSampler,
     /// Per step, every measured time (with `per_step`).
     step_us: Vec<Vec<f64>>,
     iter_ms: Vec<f64>,
@@ -52,6 +61,11 @@ impl<'a> Recorder<'a> {
             external_bytes,
             step_total_us: vec![0.0; n],
             step_calls: vec![0; n],
+            step_launch_us: vec![0.0; n],
+            device_timing: false,
+            event_error: None,
+            windows: Vec::new(),
+            cpu: metrics::cpu::CpuSampler::new(),
             step_us: if opts.per_step {
                 vec![Vec::new(); n]
             } else {
@@ -74,8 +88,11 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    pub fn begin_iteration(&mut self) {
+    pub fn begin_iteration(&mut self, phase: Phase) {
         self.current = (0, 0, 0);
+        if phase == Phase::Measured {
+            self.cpu.begin();
+        }
     }
 
     /// A step ran (or passed through as a no-op on this device).
@@ -135,28 +152,47 @@ impl<'a> Recorder<'a> {
         timer: &Timer,
         timed: &[(usize, Mark, Mark)],
         wall_us: f64,
+        window: (f64, f64),
         faults: Option<u64>,
         last: bool,
     ) {
         let mut sum = 0.0;
+        self.device_timing = timer.on_device();
+        if let Some(e) = &timer.event_error {
+            self.event_error.get_or_insert_with(|| e.clone());
+        }
+        self.windows.push(window);
         for &(pos, t0, t1) in timed {
             let d = timer.us(t1) - timer.us(t0);
+            let launch = timer.host_at(t1) - timer.host_at(t0);
             sum += d;
             self.step_total_us[pos] += d;
+            self.step_launch_us[pos] += launch;
             self.step_calls[pos] += 1;
             if self.opts.per_step {
                 self.step_us[pos].push(d);
             }
             if last && self.opts.trace_out.is_some() {
                 let step = &self.plan.steps[pos];
+                // On CUDA, the launch on the host (tid 1) and the work on the device (tid 2).
                 self.slices.push(Slice {
                     name: step.name.clone(),
                     cat: "op",
-                    ts: timer.us(t0),
-                    dur: d,
+                    ts: timer.host_at(t0),
+                    dur: launch,
                     tid: 1,
                     args: serde_json::json!({"id": step.id}),
                 });
+                if self.device_timing {
+                    self.slices.push(Slice {
+                        name: step.name.clone(),
+                        cat: "gpu",
+                        ts: timer.us(t0),
+                        dur: d,
+                        tid: 2,
+                        args: serde_json::json!({"id": step.id}),
+                    });
+                }
             }
         }
         self.faults = match (self.faults, faults) {
@@ -168,6 +204,9 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
+        if phase == Phase::Measured {
+            self.cpu.end();
+        }
         if phase != Phase::Instrumented {
             self.counts = self.current;
         }
@@ -259,7 +298,8 @@ impl<'a> Recorder<'a> {
         device: &Device,
         rank: Option<(usize, usize)>,
         bound: &Bound,
-    ) -> (Report, Vec<Slice>) {
+        gpu: GpuSamples,
+    ) -> (Report, Timeline) {
         let plan = self.plan;
         let opts = self.opts;
         // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
@@ -267,12 +307,13 @@ impl<'a> Recorder<'a> {
         let nonfinite_externals = externals.iter().flatten().filter(|t| nonfinite(t)).count();
         let iters = opts.iters.max(1);
         let n_iters = iters as f64;
-        let mut per_op: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+        let mut per_op: BTreeMap<&str, (usize, f64, f64)> = BTreeMap::new();
         for (pos, step) in plan.steps.iter().enumerate() {
             if self.step_calls[pos] > 0 {
                 let e = per_op.entry(step.name.as_str()).or_default();
                 e.0 += self.step_calls[pos] as usize;
                 e.1 += self.step_total_us[pos];
+                e.2 += self.step_launch_us[pos];
             }
         }
         let mut colls: BTreeMap<&str, CollectiveTiming> = BTreeMap::new();
@@ -291,11 +332,12 @@ impl<'a> Recorder<'a> {
         }
         let mut ops: Vec<OpTiming> = per_op
             .into_iter()
-            .map(|(name, (count, us))| OpTiming {
+            .map(|(name, (count, us, launch))| OpTiming {
                 op: name.to_string(),
                 count: count / iters,
                 total_ms: us / 1000.0 / n_iters,
                 mean_us: us / count.max(1) as f64,
+                launch_us: launch / count.max(1) as f64,
             })
             .collect();
         ops.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
@@ -339,6 +381,62 @@ impl<'a> Recorder<'a> {
                     }),
             )
             .collect();
+        let cuda_memory = match device {
+            Device::Cuda(i) => crate::ffi::cuda_memory_stats(*i).ok().map(|m| CudaMemory {
+                allocator: m,
+                fragmentation: if m.reserved_bytes > 0 {
+                    m.inactive_split_bytes as f64 / m.reserved_bytes as f64
+                } else {
+                    0.0
+                },
+                arena_bytes: gpu.arena_bytes,
+            }),
+            Device::Cpu => None,
+        };
+        let mut timeline = Timeline {
+            threads: if self.device_timing {
+                vec![(1, "cpu (launch)".into()), (2, "gpu (cuda events)".into())]
+            } else {
+                vec![(1, "ops".into())]
+            },
+            slices: self.slices,
+            counters: Vec::new(),
+        };
+        let (gpu_report, gpu_unavailable) = match gpu.sampled {
+            Ok((device_name, period_ms, gpm, samples)) => {
+                if opts.trace_out.is_some() {
+                    for s in &samples {
+                        for (i, (name, unit)) in metrics::gpu::METRICS.iter().enumerate() {
+                            if let Some(v) = s.values[i] {
+                                timeline.counters.push(Counter {
+                                    track: format!("{name} ({unit})"),
+                                    ts: s.t_us,
+                                    value: v,
+                                });
+                            }
+                        }
+                    }
+                }
+                let first = self.windows.first().map_or(0.0, |w| w.0);
+                let last = self.windows.last().map_or(0.0, |w| w.1);
+                (
+                    Some(GpuReport {
+                        device: device_name,
+                        period_ms,
+                        gpm,
+                        samples: samples.len(),
+                        measured: metrics::gpu::summarise(&samples, first, last),
+                        per_iteration: self
+                            .windows
+                            .iter()
+                            .map(|w| metrics::gpu::summarise(&samples, w.0, w.1))
+                            .collect(),
+                    }),
+                    None,
+                )
+            }
+            Err(why) => (None, why),
+        };
         let report = Report {
             trace: plan.source.clone(),
             device: device.name(),
@@ -359,6 +457,11 @@ impl<'a> Recorder<'a> {
                     reason,
                 })
                 .collect(),
+            timing: if self.device_timing {
+                "cuda events"
+            } else {
+                "host clock"
+            },
             iter_ms: iter,
             iter_samples_ms: self.iter_ms.clone(),
             op_ms: opsum,
@@ -369,6 +472,11 @@ impl<'a> Recorder<'a> {
             external_bytes: self.external_bytes,
             externals: plan.externals.len(),
             device_memory: device.memory(),
+            cuda_memory,
+            gpu: gpu_report,
+            gpu_unavailable,
+            event_error: self.event_error,
+            cpu: Some(self.cpu.report()),
             ops,
             fallbacks,
             comm: rank.map(|_| {
@@ -400,8 +508,15 @@ impl<'a> Recorder<'a> {
             instrument_error: self.instrument_error,
             first_nonfinite: self.first_nonfinite,
         };
-        (report, self.slices)
+        (report, timeline)
     }
+}
+
+/// What a run's GPU side hands the recorder: NVML samples (device name, period in ms, GPM read,
+/// samples) or why there are none (`None`: not a GPU replay), and the external-input arena.
+pub(crate) struct GpuSamples {
+    pub sampled: Result<(String, f64, bool, Vec<metrics::gpu::GpuSample>), Option<String>>,
+    pub arena_bytes: u64,
 }
 
 /// Seconds as `42 s`, `3 min 20 s`, `1 h 05 min`.

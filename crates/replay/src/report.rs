@@ -29,6 +29,9 @@ pub struct OpTiming {
     /// Milliseconds per iteration.
     pub total_ms: f64,
     pub mean_us: f64,
+    /// Host time to launch one call (µs): on CPU the same as `mean_us`; on CUDA the CPU side of
+    /// the op, beside its device time.
+    pub launch_us: f64,
 }
 
 /// What a replay did. Op counts are per iteration of the replay set.
@@ -45,6 +48,9 @@ pub struct Report {
     /// Ops left out by `--only` (they pass their inputs through).
     pub ops_skipped: usize,
     pub failures: Vec<Failure>,
+    /// What the op and iteration times were measured with: `host clock` (CPU), `cuda events`
+    /// (device times on the replay stream; `launch_us` keeps the host side).
+    pub timing: &'static str,
     /// Wall time per measured iteration.
     pub iter_ms: metrics::Stats,
     /// Each measured iteration's wall time (ms), in order.
@@ -68,6 +74,23 @@ pub struct Report {
     /// The device's memory after the run (CPU: the process's resident memory and its peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory: Option<MemorySnapshot>,
+    /// CUDA: libtorch's caching allocator after the run (intermediates) and the arena holding
+    /// the external inputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cuda_memory: Option<CudaMemory>,
+    /// CUDA: NVML counters over the measured iterations and per iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuReport>,
+    /// CUDA: why there are no NVML counters (no driver library, sampling off, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_unavailable: Option<String>,
+    /// CUDA: why op times fell back to the host clock, if they did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_error: Option<String>,
+    /// CPU time, context switches, page faults and (where permitted) hardware counters per
+    /// measured iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<metrics::cpu::CpuReport>,
     /// Per op name, most time first.
     pub ops: Vec<OpTiming>,
     /// Ops replayed through a device fallback.
@@ -136,4 +159,30 @@ pub struct CollectiveTiming {
     pub bytes: u64,
     /// Time in the collective, waiting for its peers included.
     pub total_ms: f64,
+}
+
+/// Device memory of a CUDA replay.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CudaMemory {
+    /// libtorch's caching allocator (the intermediates, and anything libtorch allocated).
+    pub allocator: crate::ffi::CudaAllocatorStats,
+    /// Cached but split blocks no allocation uses, over reserved bytes (0..1).
+    pub fragmentation: f64,
+    /// The arena the external inputs were carved from (0: they went to libtorch's allocator).
+    pub arena_bytes: u64,
+}
+
+/// NVML counters of a CUDA replay.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuReport {
+    pub device: String,
+    pub period_ms: f64,
+    /// GPM metrics (SM occupancy, DRAM bandwidth, tensor activity) were read.
+    pub gpm: bool,
+    /// Samples taken over the whole run.
+    pub samples: usize,
+    /// Over all measured iterations.
+    pub measured: metrics::gpu::GpuSummary,
+    /// Per measured iteration (short iterations may hold no sample at all).
+    pub per_iteration: Vec<metrics::gpu::GpuSummary>,
 }

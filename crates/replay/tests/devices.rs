@@ -18,13 +18,86 @@ fn mlp_replays_completely(device: &replay::Device) {
     assert!(r.ops_selected > 40);
     assert_eq!(r.device, device.name());
     assert!(r.iter_ms.median > 0.0);
+    // Every op has a launch time beside its (host or device) time.
+    assert!(r.ops.iter().all(|o| o.launch_us > 0.0), "{:?}", r.ops);
+    let cpu = r.cpu.as_ref().expect("CPU counters on every device");
+    assert!(cpu.per_iter.user_ms + cpu.per_iter.sys_ms > 0.0, "{cpu:?}");
+    match device {
+        replay::Device::Cpu => {
+            assert_eq!(r.timing, "host clock");
+            assert!(r.cuda_memory.is_none() && r.gpu.is_none() && r.gpu_unavailable.is_none());
+            // Host clock: an op's time is its launch time.
+            for o in &r.ops {
+                assert!((o.mean_us - o.launch_us).abs() < 1e-6, "{o:?}");
+            }
+        }
+        replay::Device::Cuda(_) => {
+            assert_eq!(r.timing, "cuda events", "{:?}", r.event_error);
+            let m = r.cuda_memory.expect("allocator statistics on CUDA");
+            assert!(m.arena_bytes >= r.external_bytes, "{m:?}");
+            assert!(m.allocator.peak_allocated_bytes > 0, "{m:?}");
+            assert!(r.gpu.is_some() || r.gpu_unavailable.is_some());
+        }
+    }
+}
+
+/// External inputs stay valid after the executor that made them is gone (on CUDA they live in
+/// an arena that each storage keeps alive).
+fn externals_outlive_their_executor(device: &replay::Device) {
+    let t = et_schema::read_trace(&common::shared("cpu/mlp.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.select(&Default::default()).unwrap();
+    let plan = replay::plan::compile(&g, &set);
+    let bound = replay::bind(&plan, device);
+    let (slots, failures) = replay::executor::run_once_keep(&plan, &bound).unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    drop(bound);
+    let mut seen = 0;
+    for (slot, _, _) in &plan.externals {
+        if let Some(t) = &slots[*slot as usize] {
+            assert_eq!(t.device(), device_tch(device));
+            let s = t.to_kind(tch::Kind::Double).sum(tch::Kind::Double);
+            assert!(s.double_value(&[]).is_finite());
+            seen += 1;
+        }
+    }
+    assert!(seen > 5, "{seen} externals checked");
+}
+
+fn device_tch(d: &replay::Device) -> tch::Device {
+    match d {
+        replay::Device::Cpu => tch::Device::Cpu,
+        replay::Device::Cuda(i) => tch::Device::Cuda(*i),
+    }
+}
+
+/// `--trace-out`'s timeline: one op track on CPU; launches and device times on CUDA.
+fn timeline_has_the_device_tracks(device: &replay::Device) {
+    let out = std::env::temp_dir().join(format!("mq-timeline-{}.json", std::process::id()));
+    let opts = replay::ReplayOptions {
+        device: *device,
+        warmup: 1,
+        iters: 1,
+        trace_out: Some(out),
+        ..Default::default()
+    };
+    let t = et_schema::read_trace(&common::shared("cpu/mlp.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.select(&Default::default()).unwrap();
+    let (r, timeline) = replay::replay(&g, &set, &opts).unwrap();
+    let on = |tid| timeline.slices.iter().filter(|s| s.tid == tid).count();
+    assert_eq!(on(1), r.ops_replayed, "one launch slice per op");
+    match device {
+        replay::Device::Cpu => assert_eq!((on(2), timeline.threads.len()), (0, 1)),
+        replay::Device::Cuda(_) => assert_eq!((on(2), timeline.threads.len()), (on(1), 2)),
+    }
 }
 
 /// The device's timer resolves marks in order, and its memory snapshot reads.
 fn timer_marks_are_ordered(device: &replay::Device) {
     let mut timer = device.timer();
     let a = timer.mark();
-    let x = tch::Tensor::ones([64, 64], (tch::Kind::Float, tch::Device::Cpu));
+    let x = tch::Tensor::ones([64, 64], (tch::Kind::Float, device_tch(device)));
     let _y = x.matmul(&x);
     let b = timer.mark();
     timer.resolve();
@@ -37,3 +110,5 @@ fn timer_marks_are_ordered(device: &replay::Device) {
 
 replay::test_device!(mlp_replays, mlp_replays_completely);
 replay::test_device!(timer, timer_marks_are_ordered);
+replay::test_device!(externals, externals_outlive_their_executor);
+replay::test_device!(timeline, timeline_has_the_device_tracks);

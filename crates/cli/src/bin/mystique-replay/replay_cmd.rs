@@ -127,7 +127,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     };
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
     // Outputs are checked before the long work, so a bad path does not lose the report.
-    if let Some(p) = &a.trace_out {
+    for p in [&a.trace_out, &a.gpu_svg].into_iter().flatten() {
         mystique_cli::output::check(p, &[path.as_path()])?;
     }
     let timeout = std::time::Duration::from_secs(a.timeout);
@@ -157,11 +157,13 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     let opts = replay::ReplayOptions {
         device,
         strict: a.strict,
-        trace_out: a.trace_out.clone(),
+        // The NVML timelines come from the timeline's counters.
+        trace_out: a.trace_out.clone().or_else(|| a.gpu_svg.clone()),
         gaps_us,
         // On stderr, so with --json too.
         progress: true,
         dist,
+        nvml_period_ms: a.nvml_period,
         ..a.run.options()
     };
     if !json {
@@ -173,15 +175,28 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             a.device
         );
     }
-    let (report, slices) = replay::replay(&g, &set, &opts)?;
+    let (report, timeline) = replay::replay(&g, &set, &opts)?;
     if let Some(p) = &a.trace_out {
         mystique_cli::output::write_atomic(p, |w| {
-            Ok(metrics::write_chrome_trace(
-                w,
-                &format!("mystique replay of {}", trace.source),
-                &slices,
-            )?)
+            Ok(timeline.write_chrome(w, &format!("mystique replay of {}", trace.source))?)
         })?;
+    }
+    if let Some(p) = &a.gpu_svg {
+        match timeline.svg_counters(&format!(
+            "NVML timelines: {} on {}",
+            trace.source, report.device
+        )) {
+            Some(svg) => {
+                mystique_cli::output::write_atomic(p, |w| Ok(w.write_all(svg.as_bytes())?))?
+            }
+            None => log::warn!(
+                "--gpu-svg: no NVML samples to draw ({})",
+                report
+                    .gpu_unavailable
+                    .as_deref()
+                    .unwrap_or("not a CUDA replay")
+            ),
+        }
     }
     a.run.warn_values(&report);
     let mut out = std::io::stdout().lock();
@@ -225,6 +240,10 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
         "iteration  median {:.3} ms  (min {:.3}, max {:.3}; {} measured)",
         r.iter_ms.median, r.iter_ms.min, r.iter_ms.max, r.iters
     )?;
+    writeln!(out, "timing     {}", r.timing)?;
+    if let Some(e) = &r.event_error {
+        writeln!(out, "           (CUDA events failed, host clock used: {e})")?;
+    }
     writeln!(
         out,
         "overhead   {:.2} us/op of replay bookkeeping",
@@ -246,6 +265,68 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
     )?;
     if let Some(f) = r.page_faults_per_iter {
         writeln!(out, "faults     {f:.1} minor page faults per iteration")?;
+    }
+    if let Some(m) = &r.cuda_memory {
+        writeln!(
+            out,
+            "cuda mem   allocator peak {} allocated, {} reserved ({:.0}% fragmented); inputs arena {}",
+            human_bytes(m.allocator.peak_allocated_bytes),
+            human_bytes(m.allocator.peak_reserved_bytes),
+            m.fragmentation * 100.0,
+            human_bytes(m.arena_bytes)
+        )?;
+    }
+    if let Some(c) = &r.cpu {
+        let u = &c.per_iter;
+        writeln!(
+            out,
+            "cpu        {:.2} ms user + {:.2} ms sys per iteration, {} + {} context switches, {} major faults",
+            u.user_ms, u.sys_ms, u.voluntary_switches, u.involuntary_switches, u.major_faults
+        )?;
+        match (&c.hw_per_iter, &c.hw_unavailable) {
+            (Some(h), _) => writeln!(
+                out,
+                "           {} cycles, {} instructions (IPC {:.2}), {} cache misses per iteration",
+                h.cycles,
+                h.instructions,
+                h.ipc(),
+                h.cache_misses
+            )?,
+            (None, Some(why)) => writeln!(out, "           no hardware counters: {why}")?,
+            (None, None) => {}
+        }
+    }
+    if let Some(g) = &r.gpu {
+        writeln!(
+            out,
+            "gpu        {} ({} NVML samples every {} ms{})",
+            g.device,
+            g.samples,
+            g.period_ms,
+            if g.gpm { ", GPM" } else { "" }
+        )?;
+        for (name, m) in &g.measured.metrics {
+            writeln!(
+                out,
+                "  {name:<18} mean {:>8.1}  p50 {:>8.1}  p99 {:>8.1}  max {:>8.1} {}",
+                m.mean, m.p50, m.p99, m.max, m.unit
+            )?;
+        }
+        if let Some(e) = g.measured.energy_j {
+            writeln!(
+                out,
+                "  energy             {e:.2} J over the measured iterations"
+            )?;
+        }
+        if !g.measured.throttle_reasons.is_empty() {
+            writeln!(
+                out,
+                "  throttled by       {}",
+                g.measured.throttle_reasons.join(", ")
+            )?;
+        }
+    } else if let Some(why) = &r.gpu_unavailable {
+        writeln!(out, "gpu        no NVML counters: {why}")?;
     }
     if !r.failures.is_empty() {
         writeln!(out, "failures")?;
@@ -278,13 +359,30 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
         }
     }
     writeln!(out, "top ops by time per iteration")?;
-    writeln!(out, "  {:>9} {:>6} {:>9}  op", "ms", "calls", "us/call")?;
-    for o in r.ops.iter().take(15) {
+    let gpu = r.timing == "cuda events";
+    if gpu {
         writeln!(
             out,
-            "  {:>9.3} {:>6} {:>9.1}  {}",
-            o.total_ms, o.count, o.mean_us, o.op
+            "  {:>9} {:>6} {:>9} {:>9}  op",
+            "ms", "calls", "us/call", "launch us"
         )?;
+    } else {
+        writeln!(out, "  {:>9} {:>6} {:>9}  op", "ms", "calls", "us/call")?;
+    }
+    for o in r.ops.iter().take(15) {
+        if gpu {
+            writeln!(
+                out,
+                "  {:>9.3} {:>6} {:>9.1} {:>9.1}  {}",
+                o.total_ms, o.count, o.mean_us, o.launch_us, o.op
+            )?;
+        } else {
+            writeln!(
+                out,
+                "  {:>9.3} {:>6} {:>9.1}  {}",
+                o.total_ms, o.count, o.mean_us, o.op
+            )?;
+        }
     }
     Ok(())
 }
