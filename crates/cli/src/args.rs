@@ -229,6 +229,10 @@ pub struct CompareArgs {
     /// Emulate the original's time outside operators.
     #[arg(long)]
     pub emulate_gaps: bool,
+    /// cpu, cuda or cuda:N. On CUDA, ops compare by GPU time (the original's kernels under each
+    /// op vs the replay's CUDA events) and the GPU activity of both is reported.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     #[command(flatten)]
     pub run: RunArgs,
 }

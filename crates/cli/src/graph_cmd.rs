@@ -118,6 +118,7 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         .flatten()
         .map(|&e| k.events[e as usize].dur)
         .sum();
+    let (gpu, _) = et_graph::original_gpu(&l, &k);
     let j = serde_json::json!({
         "et": trace.source,
         "kineto": k.source,
@@ -126,6 +127,7 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         "linked": l.linked(),
         "fraction": l.fraction(),
         "gpu_events": kernels,
+        "gpu": gpu,
         "linked_cpu_us": cpu_us,
         "unlinked_sample": unlinked,
         "warnings": l.warnings,
@@ -152,8 +154,43 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         "GPU events under linked ops: {kernels}; linked CPU time {:.3} ms",
         cpu_us / 1000.0
     )?;
+    if gpu.events > 0 {
+        print_gpu_activity(&mut out, "original", &gpu)?;
+    }
     for u in unlinked {
         writeln!(out, "  unlinked: {} {}", u["id"], u["name"])?;
+    }
+    Ok(())
+}
+
+/// GPU busy time, the breakdown by kind of work, overlap and top kernels, as text.
+pub fn print_gpu_activity(
+    out: &mut impl Write,
+    label: &str,
+    a: &et_graph::GpuActivity,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "GPU ({label}): busy {:.3} ms of a {:.3} ms span; compute {:.3} ms, communication {:.3} ms \
+         ({:.3} ms overlapped with compute, {:.3} ms exposed), memcpy {:.3} ms, memset {:.3} ms",
+        a.busy_us / 1e3,
+        a.span_us / 1e3,
+        a.compute_us / 1e3,
+        a.comm_us / 1e3,
+        a.overlap_us / 1e3,
+        a.exposed_comm_us / 1e3,
+        a.memcpy_us / 1e3,
+        a.memset_us / 1e3
+    )?;
+    for k in a.top.iter().take(8) {
+        writeln!(
+            out,
+            "  {:>9.3} ms {:>6}x  {:?}  {}",
+            k.total_us / 1e3,
+            k.calls,
+            k.work,
+            k.kernel
+        )?;
     }
     Ok(())
 }

@@ -28,6 +28,38 @@ fn link_json_reports_ops_and_linked() {
 }
 
 #[test]
+fn link_reports_the_gpu_activity_of_a_gpu_trace_and_none_on_cpu() {
+    let dir = "public/param_dlrm_8rank_1.0.1";
+    let j = json(&[
+        "link".as_ref(),
+        shared(&format!("{dir}/rank0.et.json.gz")).as_os_str(),
+        shared(&format!("{dir}/rank0.kineto.json.gz")).as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let gpu = &j["gpu"];
+    let f = |k: &str| gpu[k].as_f64().unwrap();
+    // DLRM's all_to_all / allreduce run NCCL kernels; embedding and MLP kernels compute.
+    assert!(f("comm_us") > 0.0 && f("compute_us") > 0.0, "{gpu}");
+    assert!(f("busy_us") <= f("span_us") + 1e-6, "{gpu}");
+    assert!(
+        f("overlap_us") <= f("comm_us").min(f("compute_us")) + 1e-6,
+        "{gpu}"
+    );
+    assert!(
+        (f("exposed_comm_us") + f("overlap_us") - f("comm_us")).abs() < 1e-3
+            || f("comm_us") > f("exposed_comm_us")
+    );
+    assert_eq!(gpu["top"][0]["work"], "Comm", "{gpu}");
+    let cpu = json(&[
+        "link".as_ref(),
+        shared("cpu/cnn.linked.et.json.gz").as_os_str(),
+        shared("cpu/cnn.kineto.json.gz").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(cpu["gpu"]["events"], 0, "{}", cpu["gpu"]);
+}
+
+#[test]
 fn graph_select_compose_and_export_round_trip() {
     let dir = std::env::temp_dir().join(format!("mystique-compose-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

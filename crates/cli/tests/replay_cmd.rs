@@ -70,6 +70,25 @@ fn replay_reports_missing_cuda_and_bad_devices_cleanly() {
 }
 
 #[test]
+fn compare_of_a_gpu_original_on_cpu_says_the_devices_differ() {
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(shared("public/hta_simple_add_1.0.1.et.json.gz"))
+            .arg(shared("public/hta_simple_add_1.0.1.kineto.json.gz"))
+            .args(["--json", "--iters", "1", "--warmup", "0"]),
+    );
+    assert!(
+        j["device_mismatch"].as_str().unwrap().contains("GPU"),
+        "{}",
+        j["device_mismatch"]
+    );
+    assert_eq!(j["compared_by"], "op time");
+    assert!(j["original_gpu"]["events"].as_u64().unwrap() > 0);
+    assert!(j["replay_gpu"].is_null(), "no GPU activity on a CPU replay");
+}
+
+#[test]
 fn compare_reports_ratios_and_an_svg() {
     let svg = std::env::temp_dir().join(format!("mystique-compare-{}.svg", std::process::id()));
     let j = json(

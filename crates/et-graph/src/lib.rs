@@ -22,6 +22,7 @@ pub use et_schema;
 pub mod class;
 pub mod compose;
 pub mod fidelity;
+pub mod gpu;
 pub mod graph;
 pub mod link;
 pub mod select;
@@ -32,6 +33,7 @@ pub use fidelity::{
     cap_gaps, compare_ops, corrected_gaps, original_timing, Comparison, OpComparison,
     OriginalTiming,
 };
+pub use gpu::{gpu_activity, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};
 pub use link::{link, Link, LinkError, Method};
 pub use select::{Kind, SelectError, Selection};

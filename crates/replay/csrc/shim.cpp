@@ -345,12 +345,14 @@ int mq_load_library(const char* path) {
 struct MqEvents {
   std::vector<std::string> names;
   std::vector<uint64_t> start_ns, end_ns, tid;
+  std::vector<uint8_t> gpu;
   uint64_t self_tid = 0;
 };
 
 static int saved_log_level = 0;
 
-int mq_instr_begin(const char* et_path) {
+// With `cuda`, Kineto also records the GPU's activity (kernels, memcpy, memset) through CUPTI.
+int mq_instr_begin(const char* et_path, int cuda) {
   return guarded([&] {
     // Kineto logs an error per missing GPU and the observer a warning per start/stop: the
     // calibration is internal, keep stderr for the user's messages.
@@ -364,6 +366,7 @@ int mq_instr_begin(const char* et_path) {
     }
     ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/true);
     std::set<ActivityType> acts{ActivityType::CPU};
+    if (cuda) acts.insert(ActivityType::CUDA);
     torch::autograd::profiler::prepareProfiler(cfg, acts);
     torch::profiler::impl::enableExecutionTraceObserver();
     torch::autograd::profiler::enableProfiler(cfg, acts);
@@ -382,11 +385,13 @@ MqEvents* mq_instr_end() {
     auto ev = std::make_unique<MqEvents>();
     ev->self_tid = at::RecordFunction::currentThreadId();
     for (const auto& e : result->events()) {
-      if (e.deviceType() != c10::DeviceType::CPU || e.isAsync()) continue;
+      const bool gpu = e.deviceType() == c10::DeviceType::CUDA;
+      if ((e.deviceType() != c10::DeviceType::CPU && !gpu) || e.isAsync()) continue;
       ev->names.push_back(e.name());
       ev->start_ns.push_back(e.startNs());
       ev->end_ns.push_back(e.endNs());
-      ev->tid.push_back(e.startThreadId());
+      ev->tid.push_back(gpu ? 0 : e.startThreadId());
+      ev->gpu.push_back(gpu ? 1 : 0);
     }
     out = ev.release();
   });
@@ -396,7 +401,8 @@ MqEvents* mq_instr_end() {
 size_t mq_events_len(const MqEvents* ev) { return ev->names.size(); }
 uint64_t mq_events_self_tid(const MqEvents* ev) { return ev->self_tid; }
 const char* mq_event(const MqEvents* ev, size_t i, uint64_t* start_ns, uint64_t* end_ns,
-                     uint64_t* tid) {
+                     uint64_t* tid, uint8_t* gpu) {
+  *gpu = ev->gpu[i];
   *start_ns = ev->start_ns[i];
   *end_ns = ev->end_ns[i];
   *tid = ev->tid[i];

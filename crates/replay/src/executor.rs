@@ -711,7 +711,7 @@ pub fn run(
     for it in 0..total {
         let phase = Phase::of(it, opts);
         let instr = if phase == Phase::Instrumented {
-            match ffi::Instrumentation::start() {
+            match ffi::Instrumentation::start(bound.device.cuda().is_some()) {
                 Ok(i) => Some(i),
                 // The measured iterations stand; only the profiled windows are missing.
                 Err(e) => {
@@ -725,7 +725,7 @@ pub fn run(
         let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
         if let Some(instr) = instr {
             match instr.finish() {
-                Ok(events) => rec.profiled(&events, &dispatched),
+                Ok(profile) => rec.profiled(&profile, &dispatched),
                 Err(e) => rec.instrument_error = Some(e),
             }
         }

@@ -80,7 +80,7 @@ extern "C" {
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
-    fn mq_instr_begin(et_path: *const c_char) -> i32;
+    fn mq_instr_begin(et_path: *const c_char, cuda: i32) -> i32;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
     fn mq_events_self_tid(ev: *const MqEvents) -> u64;
@@ -90,6 +90,7 @@ extern "C" {
         start_ns: *mut u64,
         end_ns: *mut u64,
         tid: *mut u64,
+        gpu: *mut u8,
     ) -> *const c_char;
     fn mq_events_free(ev: *mut MqEvents);
     fn mq_dist_init(
@@ -610,8 +611,17 @@ pub struct Instrumentation {
 /// first's observer and profiler session silently, and the first's `finish` then fail.
 static INSTRUMENTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// What an instrumented piece of work recorded: the CPU events of the calling thread, and the
+/// GPU's activity (with `cuda`).
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    pub cpu: Vec<ProfiledEvent>,
+    pub gpu: Vec<ProfiledEvent>,
+}
+
 impl Instrumentation {
-    pub fn start() -> Result<Instrumentation, String> {
+    /// Starts the instrumentation; with `cuda`, Kineto records the GPU's activity too.
+    pub fn start(cuda: bool) -> Result<Instrumentation, String> {
         use std::sync::atomic::Ordering;
         if INSTRUMENTED.swap(true, Ordering::AcqRel) {
             return Err(
@@ -620,14 +630,14 @@ impl Instrumentation {
                     .into(),
             );
         }
-        let started = Self::begin();
+        let started = Self::begin(cuda);
         if started.is_err() {
             INSTRUMENTED.store(false, Ordering::Release);
         }
         started
     }
 
-    fn begin() -> Result<Instrumentation, String> {
+    fn begin(cuda: bool) -> Result<Instrumentation, String> {
         let et_path = std::env::temp_dir().join(format!(
             "mystique-calibration-{}-{:?}.et.json",
             std::process::id(),
@@ -635,7 +645,7 @@ impl Instrumentation {
         ));
         let c = CString::new(et_path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
         // SAFETY: a valid C string; errors come back as a code.
-        if unsafe { mq_instr_begin(c.as_ptr()) } != 0 {
+        if unsafe { mq_instr_begin(c.as_ptr(), cuda as i32) } != 0 {
             let _ = std::fs::remove_file(&et_path);
             return Err(last_error());
         }
@@ -645,8 +655,9 @@ impl Instrumentation {
         })
     }
 
-    /// Stops the instrumentation; returns the CPU events recorded on this thread.
-    pub fn finish(mut self) -> Result<Vec<ProfiledEvent>, String> {
+    /// Stops the instrumentation; returns the CPU events recorded on this thread and the GPU
+    /// events.
+    pub fn finish(mut self) -> Result<Profile, String> {
         self.active = false;
         // SAFETY: started by `start` on this process; null means an error was recorded.
         let ev = unsafe { mq_instr_end() };
@@ -655,19 +666,22 @@ impl Instrumentation {
         if ev.is_null() {
             return Err(last_error());
         }
-        let mut out = Vec::new();
+        let mut out = Profile::default();
         // SAFETY: `ev` is a live event list until mq_events_free; names are copied out.
         unsafe {
             let me = mq_events_self_tid(ev);
             for i in 0..mq_events_len(ev) {
-                let (mut s, mut e, mut tid) = (0, 0, 0);
-                let name = mq_event(ev, i, &mut s, &mut e, &mut tid);
-                if tid == me {
-                    out.push(ProfiledEvent {
-                        name: CStr::from_ptr(name).to_string_lossy().into_owned(),
-                        start_ns: s,
-                        end_ns: e,
-                    });
+                let (mut s, mut e, mut tid, mut gpu) = (0, 0, 0, 0u8);
+                let name = mq_event(ev, i, &mut s, &mut e, &mut tid, &mut gpu);
+                let event = || ProfiledEvent {
+                    name: CStr::from_ptr(name).to_string_lossy().into_owned(),
+                    start_ns: s,
+                    end_ns: e,
+                };
+                if gpu != 0 {
+                    out.gpu.push(event());
+                } else if tid == me {
+                    out.cpu.push(event());
                 }
             }
             mq_events_free(ev);

@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::device::{Mark, Timer};
 use crate::error::{CallError, ErrorKind};
 use crate::executor::{first_line, nonfinite, Phase};
-use crate::ffi::ProfiledEvent;
+use crate::ffi::Profile;
 use crate::options::ReplayOptions;
 use crate::plan::{Plan, StepKind};
 use crate::report::{
@@ -46,6 +46,8 @@ pub(crate) struct Recorder<'a> {
     first_nonfinite: Option<NonFinite>,
     profiled: Vec<Option<ProfiledStep>>,
     pub(crate) instrument_error: Option<String>,
+    /// The GPU's activity in the instrumented iteration (CUDA).
+    gpu_activity: Option<et_graph::GpuActivity>,
     /// This iteration's counts, and those of the last iteration that was not instrumented.
     current: (usize, usize, usize),
     counts: (usize, usize, usize),
@@ -82,6 +84,7 @@ impl<'a> Recorder<'a> {
             first_nonfinite: None,
             profiled: Vec::new(),
             instrument_error: None,
+            gpu_activity: None,
             current: (0, 0, 0),
             counts: (0, 0, 0),
             last_wall_us: 0.0,
@@ -253,7 +256,21 @@ impl<'a> Recorder<'a> {
     /// thread, in order, matched by name. Extra outermost events (the casts of a float32
     /// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
     /// within a few events is left unmatched rather than shifting every later match.
-    pub fn profiled(&mut self, events: &[ProfiledEvent], dispatched: &[usize]) {
+    pub fn profiled(&mut self, profile: &Profile, dispatched: &[usize]) {
+        if !profile.gpu.is_empty() {
+            let intervals: Vec<et_graph::GpuInterval> = profile
+                .gpu
+                .iter()
+                .map(|e| et_graph::GpuInterval {
+                    name: &e.name,
+                    work: et_graph::GpuWork::of_name(&e.name),
+                    start_us: e.start_ns as f64 / 1e3,
+                    dur_us: e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3,
+                })
+                .collect();
+            self.gpu_activity = Some(et_graph::gpu_activity(&intervals));
+        }
+        let events = &profile.cpu;
         const LOOKAHEAD: usize = 8;
         let mut order: Vec<usize> = (0..events.len()).collect();
         order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
@@ -506,6 +523,7 @@ impl<'a> Recorder<'a> {
                 .collect(),
             profiled: self.profiled,
             instrument_error: self.instrument_error,
+            gpu_activity: self.gpu_activity,
             first_nonfinite: self.first_nonfinite,
         };
         (report, timeline)

@@ -119,6 +119,10 @@ pub struct Report {
     /// measured iterations stand; `profiled` is then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrument_error: Option<String>,
+    /// With `instrument` on CUDA: the GPU's activity in the instrumented iteration (busy time,
+    /// compute vs communication, overlap, top kernels), as `link` reports the original's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_activity: Option<et_graph::GpuActivity>,
     /// With `check_values`: the first op whose output held NaN/Inf.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_nonfinite: Option<NonFinite>,

@@ -7,7 +7,7 @@ mod common;
 fn a_replay_whose_instrumentation_cannot_start_keeps_its_measurements() {
     tch::set_num_threads(1);
     // Someone else (here: this test) is profiling already.
-    let held = replay::ffi::Instrumentation::start().unwrap();
+    let held = replay::ffi::Instrumentation::start(false).unwrap();
     let opts = replay::ReplayOptions {
         iters: 2,
         warmup: 0,

@@ -393,20 +393,51 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
     a.run.apply_threads()?;
+    let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
     // Every op; `--only` is the replay's to apply, as for `replay`.
     let set = g.select(&Selection::default())?;
     let linked = Linked::new(&g, &set, &a.kineto)?;
-    let (kt, l, orig) = (&linked.kineto, &linked.link, &linked.original);
+    let (kt, l) = (&linked.kineto, &linked.link);
+    let (original_gpu, gpu_per_op) = et_graph::original_gpu(l, kt);
+    // Like for like: a GPU original on CUDA compares GPU time per op; on CPU it is compared
+    // with CPU op times that include the work its GPU did asynchronously, which says so.
+    let by_gpu = matches!(device, replay::Device::Cuda(_)) && original_gpu.events > 0;
+    let mismatch = match (device, original_gpu.events > 0) {
+        (replay::Device::Cpu, true) => Some(
+            "the original ran on a GPU (its Kineto trace has GPU kernels) and this replay on \
+             the CPU: per-op ratios set the original's CPU launch times against the replay's \
+             full CPU execution (replay with --device cuda to compare GPU times)",
+        ),
+        (replay::Device::Cuda(_), false) => Some(
+            "the original's Kineto trace has no GPU work and this replay runs on CUDA: per-op \
+             ratios set CPU times against CUDA event times",
+        ),
+        _ => None,
+    };
+    if let (Some(m), false) = (mismatch, json) {
+        eprintln!("warning: {m}");
+    }
+    let gpu_orig;
+    let orig = if by_gpu {
+        gpu_orig = et_graph::OriginalTiming {
+            op_us: gpu_per_op,
+            ..linked.original.clone()
+        };
+        &gpu_orig
+    } else {
+        &linked.original
+    };
     let (gaps, per_event_us) = if a.emulate_gaps {
-        calibrated_gaps(&g, &set, &linked, replay::Device::Cpu, !a.run.no_autograd)?
+        calibrated_gaps(&g, &set, &linked, device, !a.run.no_autograd)?
     } else {
         (vec![], 0.0)
     };
     // One more iteration runs under the capture's instrumentation: its op windows compare
     // with the original's Kineto durations like for like (both carry the profiler's cost).
     let opts = replay::ReplayOptions {
+        device,
         gaps_us: a.emulate_gaps.then_some(gaps),
         per_step: true,
         instrument: true,
@@ -458,6 +489,11 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "ratio_iter": r.iter_ms.median / orig_iter_ms.max(1e-9),
         "ratio_ops": r.op_ms.median / orig_ops_ms.max(1e-9),
         "emulate_gaps": a.emulate_gaps,
+        "device": r.device,
+        "compared_by": if by_gpu { "gpu time per op" } else { "op time" },
+        "device_mismatch": mismatch,
+        "original_gpu": (original_gpu.events > 0).then_some(&original_gpu),
+        "replay_gpu": r.gpu_activity,
         "profiler_us_per_event": per_event_us,
         "instrumented": instrumented,
         "top_differences": rows.iter().take(15).map(|r| serde_json::json!({
@@ -526,7 +562,17 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             prof_ms / prof_orig_ms.max(1e-9)
         )?;
     }
-    writeln!(out, "largest differences (per iteration)")?;
+    if original_gpu.events > 0 {
+        mystique_cli::graph_cmd::print_gpu_activity(&mut out, "original", &original_gpu)?;
+    }
+    if let Some(g) = &r.gpu_activity {
+        mystique_cli::graph_cmd::print_gpu_activity(&mut out, "replay", g)?;
+    }
+    writeln!(
+        out,
+        "largest differences (per iteration{})",
+        if by_gpu { ", GPU time" } else { "" }
+    )?;
     writeln!(
         out,
         "  {:>10} {:>10} {:>7} {:>10} {:>7} {:>6}  op",

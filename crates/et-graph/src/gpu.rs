@@ -1,0 +1,305 @@
+//! GPU activity of a run: busy time, the breakdown by kind of work (compute kernels, NCCL
+//! kernels, memcpy, memset), the overlap of compute with communication, and the kernels that
+//! took the most time. The same computation serves the original (its Kineto trace's GPU events,
+//! tied to their CPU ops through correlation ids: [`crate::Link::gpu_events`]) and a CUDA replay
+//! (the GPU events of its instrumented iteration), so both are measured alike.
+
+use crate::link::Link;
+use et_schema::kineto::{Category, KinetoTrace};
+use serde::Serialize;
+use std::collections::HashMap;
+
+/// What a GPU interval was doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum GpuWork {
+    /// A kernel that is not a collective's.
+    Compute,
+    /// A collective's kernel (NCCL).
+    Comm,
+    Memcpy,
+    Memset,
+}
+
+impl GpuWork {
+    /// From a Kineto category and event name; `None` for events that are not GPU work.
+    pub fn of(cat: Category, name: &str) -> Option<GpuWork> {
+        match cat {
+            Category::Kernel if is_comm_kernel(name) => Some(GpuWork::Comm),
+            Category::Kernel => Some(GpuWork::Compute),
+            Category::GpuMemcpy => Some(GpuWork::Memcpy),
+            Category::GpuMemset => Some(GpuWork::Memset),
+            _ => None,
+        }
+    }
+
+    /// From an event name alone (a profile that carries no category: the replay's own).
+    pub fn of_name(name: &str) -> GpuWork {
+        if name.starts_with("Memcpy") {
+            GpuWork::Memcpy
+        } else if name.starts_with("Memset") {
+            GpuWork::Memset
+        } else if is_comm_kernel(name) {
+            GpuWork::Comm
+        } else {
+            GpuWork::Compute
+        }
+    }
+}
+
+fn is_comm_kernel(name: &str) -> bool {
+    name.starts_with("nccl") || name.starts_with("void nccl") || name.contains("ncclDevKernel")
+}
+
+/// One piece of GPU work (µs on any one clock).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuInterval<'a> {
+    pub name: &'a str,
+    pub work: GpuWork,
+    pub start_us: f64,
+    pub dur_us: f64,
+}
+
+/// A kernel name's total in a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelTime {
+    /// The kernel's name without its template and parameter lists.
+    pub kernel: String,
+    pub work: GpuWork,
+    pub calls: usize,
+    pub total_us: f64,
+}
+
+/// GPU activity over some intervals (µs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct GpuActivity {
+    pub events: usize,
+    /// First start to last end.
+    pub span_us: f64,
+    /// Time with any GPU work running (the union of the intervals).
+    pub busy_us: f64,
+    /// Sums of durations by kind of work (concurrent work counts twice).
+    pub compute_us: f64,
+    pub comm_us: f64,
+    pub memcpy_us: f64,
+    pub memset_us: f64,
+    /// Time in which compute kernels and communication kernels both ran.
+    pub overlap_us: f64,
+    /// Communication time with no compute beside it.
+    pub exposed_comm_us: f64,
+    /// The kernels (and copies) with the most time, most first (at most 15).
+    pub top: Vec<KernelTime>,
+}
+
+/// Merges intervals into disjoint ones, sorted.
+fn union(mut v: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    v.retain(|(a, b)| a.is_finite() && b.is_finite() && b > a);
+    v.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let mut out: Vec<(f64, f64)> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+fn length(v: &[(f64, f64)]) -> f64 {
+    v.iter().map(|(a, b)| b - a).sum()
+}
+
+/// Total length of the intersection of two disjoint sorted interval lists.
+fn intersection(x: &[(f64, f64)], y: &[(f64, f64)]) -> f64 {
+    let (mut i, mut j, mut total) = (0, 0, 0.0);
+    while i < x.len() && j < y.len() {
+        let lo = x[i].0.max(y[j].0);
+        let hi = x[i].1.min(y[j].1);
+        if hi > lo {
+            total += hi - lo;
+        }
+        if x[i].1 < y[j].1 {
+            i += 1;
+        } else {
+            j += 1;
+        }
+    }
+    total
+}
+
+/// `void at::native::(anonymous namespace)::foo<float, 4>(...)` -> `at::native::foo`.
+pub fn short_kernel_name(name: &str) -> String {
+    let s = name.strip_prefix("void ").unwrap_or(name);
+    let s = s.replace("(anonymous namespace)::", "");
+    let end = s.find(['<', '(']).unwrap_or(s.len());
+    s[..end].trim().to_string()
+}
+
+/// The activity of `intervals`.
+pub fn gpu_activity(intervals: &[GpuInterval]) -> GpuActivity {
+    let mut a = GpuActivity {
+        events: intervals.len(),
+        ..Default::default()
+    };
+    if intervals.is_empty() {
+        return a;
+    }
+    let span = |w: Option<GpuWork>| {
+        union(
+            intervals
+                .iter()
+                .filter(|i| w.is_none_or(|w| i.work == w))
+                .map(|i| (i.start_us, i.start_us + i.dur_us.max(0.0)))
+                .collect(),
+        )
+    };
+    let all = span(None);
+    let compute = span(Some(GpuWork::Compute));
+    let comm = span(Some(GpuWork::Comm));
+    a.busy_us = length(&all);
+    a.span_us = all.last().map_or(0.0, |l| l.1) - all.first().map_or(0.0, |f| f.0);
+    a.overlap_us = intersection(&compute, &comm);
+    a.exposed_comm_us = (length(&comm) - a.overlap_us).max(0.0);
+    let mut by: HashMap<(String, GpuWork), (usize, f64)> = HashMap::new();
+    for i in intervals {
+        let d = i.dur_us.max(0.0);
+        match i.work {
+            GpuWork::Compute => a.compute_us += d,
+            GpuWork::Comm => a.comm_us += d,
+            GpuWork::Memcpy => a.memcpy_us += d,
+            GpuWork::Memset => a.memset_us += d,
+        }
+        let e = by.entry((short_kernel_name(i.name), i.work)).or_default();
+        e.0 += 1;
+        e.1 += d;
+    }
+    let mut top: Vec<KernelTime> = by
+        .into_iter()
+        .map(|((kernel, work), (calls, total_us))| KernelTime {
+            kernel,
+            work,
+            calls,
+            total_us,
+        })
+        .collect();
+    top.sort_by(|x, y| {
+        y.total_us
+            .total_cmp(&x.total_us)
+            .then_with(|| x.kernel.cmp(&y.kernel))
+    });
+    top.truncate(15);
+    a.top = top;
+    a
+}
+
+/// The original's GPU activity under the linked ops, and each replay-set op's GPU time (the
+/// sum of the GPU work it launched, µs; `None` where unlinked or where it launched nothing).
+pub fn original_gpu(l: &Link, k: &KinetoTrace) -> (GpuActivity, Vec<Option<f64>>) {
+    let mut intervals = Vec::new();
+    let mut per_op = Vec::with_capacity(l.gpu_events.len());
+    for evs in &l.gpu_events {
+        let mut sum = None;
+        for &e in evs {
+            let ev = &k.events[e as usize];
+            let name = k.str(ev.name);
+            if let Some(work) = GpuWork::of(ev.cat, name) {
+                intervals.push(GpuInterval {
+                    name,
+                    work,
+                    start_us: ev.ts,
+                    dur_us: ev.dur,
+                });
+                *sum.get_or_insert(0.0) += ev.dur.max(0.0);
+            }
+        }
+        per_op.push(sum);
+    }
+    (gpu_activity(&intervals), per_op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iv(name: &str, work: GpuWork, start_us: f64, dur_us: f64) -> GpuInterval<'_> {
+        GpuInterval {
+            name,
+            work,
+            start_us,
+            dur_us,
+        }
+    }
+
+    #[test]
+    fn busy_time_overlap_and_exposed_communication() {
+        use GpuWork::*;
+        // compute [0,10) and [20,30); comm [5,25); memcpy [40,42).
+        let v = [
+            iv("void at::native::gemm<float>(int)", Compute, 0.0, 10.0),
+            iv("void at::native::gemm<half>(int)", Compute, 20.0, 10.0),
+            iv("ncclKernel_AllReduce_RING", Comm, 5.0, 20.0),
+            iv("Memcpy HtoD", Memcpy, 40.0, 2.0),
+        ];
+        let a = gpu_activity(&v);
+        assert_eq!(a.events, 4);
+        assert_eq!(a.span_us, 42.0);
+        assert_eq!(a.busy_us, 32.0);
+        assert_eq!((a.compute_us, a.comm_us, a.memcpy_us), (20.0, 20.0, 2.0));
+        assert_eq!(a.overlap_us, 10.0);
+        assert_eq!(a.exposed_comm_us, 10.0);
+        assert_eq!(a.top[0].kernel, "at::native::gemm");
+        assert_eq!((a.top[0].calls, a.top[0].total_us), (2, 20.0));
+        assert_eq!(gpu_activity(&[]), GpuActivity::default());
+    }
+
+    #[test]
+    fn work_is_classified_by_category_and_name() {
+        assert_eq!(
+            GpuWork::of(
+                Category::Kernel,
+                "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(x)"
+            ),
+            Some(GpuWork::Comm)
+        );
+        assert_eq!(
+            GpuWork::of(Category::Kernel, "volta_sgemm_64x64_tn"),
+            Some(GpuWork::Compute)
+        );
+        assert_eq!(GpuWork::of(Category::CpuOp, "aten::mm"), None);
+        assert_eq!(GpuWork::of_name("Memset (Device)"), GpuWork::Memset);
+        assert_eq!(
+            short_kernel_name("void at::native::(anonymous namespace)::k<float>(int)"),
+            "at::native::k"
+        );
+        assert_eq!(
+            GpuWork::of_name("ncclDevKernel_AllGather_RING_LL(x)"),
+            GpuWork::Comm
+        );
+    }
+
+    #[test]
+    fn a_public_gpu_trace_has_gpu_time_under_its_ops() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/public");
+        let (et, kt) = (
+            dir.join("param_dlrm_8rank_1.0.1/rank0.et.json.gz"),
+            dir.join("param_dlrm_8rank_1.0.1/rank0.kineto.json.gz"),
+        );
+        if !et.exists() {
+            eprintln!("skipped: {} is missing", et.display());
+            return;
+        }
+        let t = et_schema::read_trace(&et).unwrap();
+        let k = et_schema::kineto::read_kineto(&kt).unwrap();
+        let g = crate::Graph::new(&t);
+        let set = g.replay_set(None);
+        let l = crate::link(&g, &set, &k).unwrap();
+        let (a, per_op) = original_gpu(&l, &k);
+        assert_eq!(per_op.len(), set.ops.len());
+        assert!(a.events > 0 && a.busy_us > 0.0, "{a:?}");
+        assert!(a.busy_us <= a.span_us + 1e-6);
+        // DLRM's all_to_all and allreduce run NCCL kernels.
+        assert!(a.comm_us > 0.0, "{a:?}");
+        let launched: f64 = per_op.iter().flatten().sum();
+        assert!((launched - (a.compute_us + a.comm_us + a.memcpy_us + a.memset_us)).abs() < 1e-6);
+    }
+}
