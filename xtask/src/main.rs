@@ -4,6 +4,8 @@
 //! per-user cache, links it as `.libtorch` in the checkout (which `.cargo/config.toml` points
 //! `LIBTORCH` at), and builds the release `mystique` binary with an rpath to it.
 
+mod gpu_check;
+
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::Command;
@@ -23,6 +25,7 @@ fn main() -> Result<()> {
         ["replay", rest @ ..] => replay(rest),
         ["fidelity", rest @ ..] => fidelity(rest),
         ["bench-ops", rest @ ..] => bench_ops(rest),
+        ["gpu-check", rest @ ..] => gpu_check::main(rest, &root(), &shared()),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
@@ -33,7 +36,8 @@ fn main() -> Result<()> {
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
                  fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)\n\
-                 bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)"
+                 bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
+                 gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML"
             );
             std::process::exit(2)
         }
@@ -228,6 +232,16 @@ fn test(extra: &[&str]) -> Result<()> {
         .args(["test", "--workspace", "--release"])
         .args(extra)
         .env("MYSTIQUE_FBGEMM_DIR", &fbgemm))?;
+    // The CUDA backend compiles away: the replay crate without its `cuda` feature (the stub
+    // runtime) still builds.
+    run(cargo().args([
+        "check",
+        "--release",
+        "-p",
+        "replay",
+        "--no-default-features",
+    ]))
+    .context("the replay crate without its cuda feature")?;
     // The downstream example (et-graph alone) builds and answers on the bundled trace.
     let out = cargo()
         .args(["run", "-q", "--release", "-p", "et-graph-opmix", "--"])

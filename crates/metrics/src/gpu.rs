@@ -260,7 +260,14 @@ mod imp {
                 };
                 let device = match &gpu {
                     GpuSelect::Index(i) => nvml.device_by_index(*i),
-                    GpuSelect::Uuid(u) => nvml.device_by_uuid(u.as_str()),
+                    // A machine with one GPU has no doubt about which, whatever the UUID says.
+                    GpuSelect::Uuid(u) => {
+                        nvml.device_by_uuid(u.as_str())
+                            .or_else(|e| match nvml.device_count() {
+                                Ok(1) => nvml.device_by_index(0),
+                                _ => Err(e),
+                            })
+                    }
                 };
                 let device = match device {
                     Ok(d) => d,

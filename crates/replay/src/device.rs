@@ -190,7 +190,7 @@ impl Device {
     pub fn rewrites(&self) -> &'static [Rewrite] {
         match self {
             Device::Cpu => CPU_REWRITES,
-            Device::Cuda(_) => &[],
+            Device::Cuda(_) => CUDA_REWRITES,
         }
     }
 
@@ -370,6 +370,15 @@ pub enum ArgFrom {
     Bool(bool),
     BoolList(&'static [u8]),
 }
+
+/// Operators a CUDA replay need not run: it issues every op on one stream, so telling the
+/// caching allocator that a tensor is used on another stream has nothing to protect (and the
+/// trace's stream handle does not exist in this process).
+const CUDA_REWRITES: &[Rewrite] = &[Rewrite {
+    op: "aten::record_stream",
+    arity: Arity::Any,
+    to: RewriteTo::Elide,
+}];
 
 /// CUDA-only operators on a CPU replay.
 const CPU_REWRITES: &[Rewrite] = &[

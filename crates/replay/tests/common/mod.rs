@@ -2,11 +2,15 @@
 
 use std::path::PathBuf;
 
-/// A path under `../shared/traces`.
+/// A path under `../shared/traces` (or `$MYSTIQUE_SHARED_TRACES`: the test binaries that
+/// `cargo xtask gpu-check` carries to a GPU machine find their traces in its bundle).
 pub fn shared(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/traces")
-        .join(rel)
+    match std::env::var_os("MYSTIQUE_SHARED_TRACES") {
+        Some(d) => PathBuf::from(d).join(rel),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/traces")
+            .join(rel),
+    }
 }
 
 /// Replays the ops of a shared trace that `sel` selects, with `opts`.

@@ -1,0 +1,500 @@
+//! `cargo xtask gpu-check`: one command that proves the CUDA path on a GPU machine.
+//!
+//! Two halves, because the device machine this project is lent has a GPU, PyTorch 2.11 and no
+//! Rust toolchain, and sees only the checkout:
+//!
+//! - `prepare` (here, where cargo is): builds the release binaries and the GPU test binaries,
+//!   copies them stripped, with the public GPU traces, into `.gpucheck/` (git-ignored; carry it).
+//! - `run --dir .gpucheck` (there, through the carried `xtask` binary): finds that machine's
+//!   libtorch through Python (`LD_LIBRARY_PATH`), then in about 8 minutes at most: the runtime
+//!   (`mystique env`), the GPU tests (the CUDA variants of `test_device!`, CUDA events), the
+//!   public GPU traces replayed on `cuda` (coverage of compute ops, CUDA-event times beside
+//!   launch times, NVML summary, allocator figures), and `compare --device cuda` of a trace
+//!   with its Kineto (per-op GPU event times vs the original's kernels). One summary; with
+//!   `$OUT` set, `gpu-check.json` and the NVML SVGs land there.
+//!
+//! Plain `cargo xtask gpu-check` on a GPU machine with cargo does both.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Public GPU traces replayed on CUDA (ET, optional Kineto).
+const TRACES: [(&str, Option<&str>); 4] = [
+    ("param_resnet_1.1.0.et.json.gz", None),
+    ("param_hf_gpt2_1.1.0.et.json.gz", None),
+    (
+        "param_linear_1.0.1.et.json.gz",
+        Some("param_linear_1.0.1.kineto.json.gz"),
+    ),
+    (
+        "hta_simple_add_1.0.1.et.json.gz",
+        Some("hta_simple_add_1.0.1.kineto.json.gz"),
+    ),
+];
+
+/// Test binaries whose CUDA variants run there: (cargo target name, package).
+const TESTS: [(&str, &str); 2] = [("devices", "replay"), ("metrics", "metrics")];
+
+pub fn main(args: &[&str], root: &Path, shared: &Path) -> Result<()> {
+    match args {
+        ["prepare", rest @ ..] => prepare(root, &shared.join("traces"), dir_arg(rest, root)?),
+        ["run", rest @ ..] => run(&dir_arg(rest, root)?),
+        [] => {
+            let dir = root.join(".gpucheck");
+            prepare(root, &shared.join("traces"), dir.clone())?;
+            run(&dir)
+        }
+        _ => bail!(
+            "usage: cargo xtask gpu-check [prepare | run] [--dir DIR]  (DIR: .gpucheck by default)"
+        ),
+    }
+}
+
+fn dir_arg(rest: &[&str], root: &Path) -> Result<PathBuf> {
+    match rest {
+        [] => Ok(root.join(".gpucheck")),
+        ["--dir", d] => Ok(PathBuf::from(d)),
+        _ => bail!("expected --dir DIR, got {rest:?}"),
+    }
+}
+
+fn strip_copy(from: &Path, to: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(to);
+    let ok = Command::new("strip")
+        .arg("-o")
+        .arg(to)
+        .arg(from)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(())
+}
+
+/// Builds and bundles everything `run` needs into `dir`.
+fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("[gpu-check] building release binaries and GPU test binaries ...");
+    let status = Command::new(&cargo)
+        .current_dir(root)
+        .args(["build", "--release", "-p", "mystique-cli", "-p", "xtask"])
+        .status()?;
+    if !status.success() {
+        bail!("cargo build failed");
+    }
+    // The test executables' paths, from cargo's own report.
+    let mut cmd = Command::new(&cargo);
+    cmd.current_dir(root)
+        .args(["test", "--release", "--no-run", "--message-format=json"]);
+    for (name, pkg) in TESTS {
+        cmd.args(["-p", pkg]);
+        if name != "metrics" {
+            cmd.args(["--test", name]);
+        } else {
+            cmd.arg("--lib");
+        }
+    }
+    let out = cmd.stderr(Stdio::inherit()).output()?;
+    if !out.status.success() {
+        bail!("cargo test --no-run failed");
+    }
+    let mut tests = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str())
+        else {
+            continue;
+        };
+        if TESTS.iter().any(|(n, _)| *n == name) {
+            tests.push((name.to_string(), PathBuf::from(exe)));
+        }
+    }
+    if tests.len() != TESTS.len() {
+        bail!(
+            "expected {} test binaries, cargo reported {tests:?}",
+            TESTS.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for sub in ["bin", "tests", "traces/public", "traces/cpu"] {
+        std::fs::create_dir_all(dir.join(sub))?;
+    }
+    for b in ["mystique", "mystique-replay", "xtask"] {
+        strip_copy(
+            &root.join("target/release").join(b),
+            &dir.join("bin").join(b),
+        )?;
+    }
+    for (name, exe) in &tests {
+        strip_copy(exe, &dir.join("tests").join(name))?;
+    }
+    for (et, kineto) in TRACES {
+        for f in std::iter::once(et).chain(kineto) {
+            std::fs::copy(
+                shared.join("public").join(f),
+                dir.join("traces/public").join(f),
+            )
+            .with_context(|| format!("copying {f} from {}", shared.display()))?;
+        }
+    }
+    // What the device tests replay.
+    std::fs::copy(
+        shared.join("cpu/mlp.et.json"),
+        dir.join("traces/cpu/mlp.et.json"),
+    )?;
+    let size: u64 = walk(&dir)
+        .iter()
+        .map(|p| p.metadata().map_or(0, |m| m.len()))
+        .sum();
+    let rel = dir.strip_prefix(root).unwrap_or(&dir).display().to_string();
+    eprintln!(
+        "[gpu-check] {} ready ({:.1} MiB). On the device machine, carry it and run:\n  \
+         {rel}/bin/xtask gpu-check run --dir {rel}",
+        dir.display(),
+        size as f64 / (1 << 20) as f64
+    );
+    if size > 60 << 20 {
+        bail!("the bundle is over 60 MiB: it will not travel (64 MiB with the checkout)");
+    }
+    Ok(())
+}
+
+fn walk(d: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(d) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The machine's libtorch (and its CUDA libraries, found by libtorch's own RUNPATH): the
+/// bundle's `.libtorch`-free binaries load it through `LD_LIBRARY_PATH`.
+fn torch_lib_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MYSTIQUE_TORCH_LIB") {
+        return Some(PathBuf::from(d));
+    }
+    for py in ["python3", "python"] {
+        let out = Command::new(py)
+            .args([
+                "-c",
+                "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+            ])
+            .output();
+        if let Ok(o) = out {
+            if o.status.success() {
+                let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+                if p.join("libtorch_cpu.so").exists() {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Runs a command with a time limit; (exit code or None when killed, stdout, stderr).
+fn run_limited(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, String, String)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting a check")?;
+    let out = child.stdout.take();
+    let err = child.stderr.take();
+    let read = |r: Option<std::process::ChildStdout>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let _ = std::io::Read::read_to_string(&mut r, &mut s);
+            }
+            s
+        })
+    };
+    let o = read(out);
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut r) = err {
+            let _ = std::io::Read::read_to_string(&mut r, &mut s);
+        }
+        s
+    });
+    let t = Instant::now();
+    let code = loop {
+        if let Some(st) = child.try_wait()? {
+            break st.code();
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Ok((
+        code,
+        o.join().unwrap_or_default(),
+        e.join().unwrap_or_default(),
+    ))
+}
+
+fn tail(s: &str, lines: usize) -> String {
+    let v: Vec<&str> = s.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Runs every check from the bundle in `dir`; fails when one fails.
+fn run(dir: &Path) -> Result<()> {
+    let t0 = Instant::now();
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("no bundle at {}", dir.display()))?;
+    let lib = torch_lib_dir().context(
+        "no libtorch found: install PyTorch 2.11 (python3 -c 'import torch') or set MYSTIQUE_TORCH_LIB",
+    )?;
+    let ld = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(p) if !p.is_empty() => format!("{}:{p}", lib.display()),
+        _ => lib.display().to_string(),
+    };
+    let out_dir = std::env::var_os("OUT").map(PathBuf::from);
+    let bin = dir.join("bin/mystique");
+    let traces = dir.join("traces");
+    let with_env = |c: &mut Command| {
+        c.env("LD_LIBRARY_PATH", &ld)
+            .env("MYSTIQUE_SHARED_TRACES", &traces);
+    };
+    let mut failures: Vec<String> = Vec::new();
+    let mut summary = serde_json::Map::new();
+
+    // 1. The runtime.
+    let mut c = Command::new(&bin);
+    c.args(["env", "--json"]);
+    with_env(&mut c);
+    let (code, stdout, stderr) = run_limited(&mut c, Duration::from_secs(60))?;
+    let env: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_default();
+    println!("== env: {}", stdout.trim());
+    if code != Some(0) || env["cuda_available"] != true {
+        failures.push(format!(
+            "env: CUDA not available: {} {}",
+            stdout.trim(),
+            tail(&stderr, 5)
+        ));
+    }
+    summary.insert("env".into(), env);
+
+    // 2. The GPU tests (their CUDA variants run where a device is present).
+    let mut tests = serde_json::Map::new();
+    for (name, _) in TESTS {
+        let mut c = Command::new(dir.join("tests").join(name));
+        // --nocapture: the CUDA variants say "skipped" on stderr when they see no device.
+        c.args(["--test-threads=1", "--nocapture"]);
+        with_env(&mut c);
+        let (code, out, err) = run_limited(&mut c, Duration::from_secs(120))?;
+        let result = out
+            .lines()
+            .find(|l| l.starts_with("test result"))
+            .unwrap_or("(no result)")
+            .to_string();
+        let skipped = format!("{out}{err}").matches("skipped").count();
+        println!("== tests/{name}: {result}; {skipped} skipped");
+        if code != Some(0) {
+            failures.push(format!(
+                "tests/{name}: {}",
+                tail(&format!("{out}\n{err}"), 30)
+            ));
+        }
+        if skipped > 0 {
+            failures.push(format!(
+                "tests/{name}: {skipped} CUDA checks skipped (no device seen)"
+            ));
+        }
+        tests.insert(
+            name.into(),
+            serde_json::json!({"result": result, "skipped": skipped}),
+        );
+    }
+    summary.insert("tests".into(), serde_json::Value::Object(tests));
+    let cuda = summary["env"]["cuda_available"] == true;
+
+    // 3. The public GPU traces on cuda.
+    let mut replays = Vec::new();
+    for (et, _) in TRACES.iter().filter(|_| cuda) {
+        let path = traces.join("public").join(et);
+        let stem = et.trim_end_matches(".et.json.gz");
+        let mut c = Command::new(&bin);
+        c.arg("replay")
+            .arg(&path)
+            .args(["--device", "cuda", "--json", "--only", "compute"])
+            .args(["--warmup", "1", "--iters", "3", "--nvml-period", "20"]);
+        if let Some(o) = &out_dir {
+            c.arg("--gpu-svg").arg(o.join(format!("{stem}.nvml.svg")));
+        }
+        with_env(&mut c);
+        let t = Instant::now();
+        let (code, out, err) = run_limited(&mut c, Duration::from_secs(150))?;
+        let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        let (sel, ran) = (
+            r["ops_selected"].as_u64().unwrap_or(0),
+            r["ops_replayed"].as_u64().unwrap_or(0),
+        );
+        let coverage = ran as f64 / sel.max(1) as f64;
+        let gpu = &r["gpu"]["measured"]["metrics"];
+        let m = |k: &str, f: &str| gpu[k][f].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "== {stem} on cuda ({:.0} s, exit {code:?}): {ran}/{sel} compute ops ({:.1}%), \
+             iteration {:.3} ms by {}, peak allocated {:.1} MiB (arena {:.1} MiB, {:.0}% fragmented)",
+            t.elapsed().as_secs_f64(),
+            100.0 * coverage,
+            r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN),
+            r["timing"].as_str().unwrap_or("?"),
+            r["cuda_memory"]["allocator"]["peak_allocated_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            r["cuda_memory"]["arena_bytes"].as_f64().unwrap_or(0.0) / 1048576.0,
+            100.0 * r["cuda_memory"]["fragmentation"].as_f64().unwrap_or(0.0),
+        );
+        println!(
+            "   NVML: {} samples; SM util mean {:.0}% max {:.0}%; power mean {:.0} W max {:.0} W; \
+             SM clock p50 {:.0} MHz; memory used max {:.0} MiB{}",
+            r["gpu"]["samples"].as_u64().unwrap_or(0),
+            m("sm_util", "mean"),
+            m("sm_util", "max"),
+            m("power", "mean"),
+            m("power", "max"),
+            m("sm_clock", "p50"),
+            m("mem_used", "max"),
+            r["gpu_unavailable"]
+                .as_str()
+                .map(|s| format!(" (unavailable: {s})"))
+                .unwrap_or_default()
+        );
+        for o in r["ops"].as_array().into_iter().flatten().take(5) {
+            println!(
+                "   {:>10.3} ms {:>5}x  gpu {:>9.1} us  launch {:>8.1} us  {}",
+                o["total_ms"].as_f64().unwrap_or(0.0),
+                o["count"],
+                o["mean_us"].as_f64().unwrap_or(0.0),
+                o["launch_us"].as_f64().unwrap_or(0.0),
+                o["op"].as_str().unwrap_or("")
+            );
+        }
+        for f in r["failures"].as_array().into_iter().flatten().take(5) {
+            println!(
+                "   failed {}x {}: {}",
+                f["count"],
+                f["op"].as_str().unwrap_or(""),
+                f["reason"].as_str().unwrap_or("")
+            );
+        }
+        if r.is_null() {
+            failures.push(format!(
+                "{stem}: no report (exit {code:?}): {}",
+                tail(&err, 15)
+            ));
+        } else {
+            if coverage < 0.99 {
+                failures.push(format!(
+                    "{stem}: {:.1}% of compute ops ran (< 99%)",
+                    100.0 * coverage
+                ));
+            }
+            if r["timing"] != "cuda events" {
+                failures.push(format!(
+                    "{stem}: timed by {} ({})",
+                    r["timing"], r["event_error"]
+                ));
+            }
+            if r["gpu"].is_null() {
+                failures.push(format!("{stem}: no NVML summary: {}", r["gpu_unavailable"]));
+            }
+        }
+        replays.push(serde_json::json!({"trace": stem, "exit": code, "seconds": t.elapsed().as_secs_f64(), "report": r}));
+    }
+    summary.insert("replays".into(), serde_json::Value::Array(replays));
+
+    // 4. compare on cuda: the replay's CUDA-event GPU time per op vs the original's kernels.
+    let mut compares = Vec::new();
+    for (et, kineto) in TRACES.iter().filter(|_| cuda) {
+        let Some(k) = kineto else { continue };
+        let stem = et.trim_end_matches(".et.json.gz");
+        let mut c = Command::new(&bin);
+        c.arg("compare")
+            .arg(traces.join("public").join(et))
+            .arg(traces.join("public").join(k))
+            .args([
+                "--device", "cuda", "--json", "--warmup", "1", "--iters", "3",
+            ]);
+        with_env(&mut c);
+        let (code, out, err) = run_limited(&mut c, Duration::from_secs(120))?;
+        let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        println!(
+            "== compare {stem} on cuda (exit {code:?}): by {}; ops ratio {:.3}; original GPU busy {:.3} ms, replay GPU busy {:.3} ms",
+            j["compared_by"].as_str().unwrap_or("?"),
+            j["ratio_ops"].as_f64().unwrap_or(f64::NAN),
+            j["original_gpu"]["busy_us"].as_f64().unwrap_or(f64::NAN) / 1e3,
+            j["replay_gpu"]["busy_us"].as_f64().unwrap_or(f64::NAN) / 1e3,
+        );
+        for d in j["top_differences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .take(6)
+        {
+            println!(
+                "   orig {:>9.1} us  replay {:>9.1} us  ratio {:>6.2}  {}",
+                d["original_us"].as_f64().unwrap_or(0.0),
+                d["replay_us"].as_f64().unwrap_or(0.0),
+                d["ratio"].as_f64().unwrap_or(0.0),
+                d["op"].as_str().unwrap_or("")
+            );
+        }
+        if j.is_null() {
+            failures.push(format!(
+                "compare {stem}: no report (exit {code:?}): {}",
+                tail(&err, 15)
+            ));
+        } else if j["compared_by"] != "gpu time per op" {
+            failures.push(format!("compare {stem}: compared by {}", j["compared_by"]));
+        }
+        compares.push(serde_json::json!({"trace": stem, "exit": code, "report": j}));
+    }
+    summary.insert("compares".into(), serde_json::Value::Array(compares));
+    summary.insert("failures".into(), serde_json::json!(failures));
+    summary.insert(
+        "seconds".into(),
+        serde_json::json!(t0.elapsed().as_secs_f64()),
+    );
+    if let Some(o) = &out_dir {
+        std::fs::write(
+            o.join("gpu-check.json"),
+            serde_json::to_vec_pretty(&summary)?,
+        )?;
+    }
+    println!(
+        "== gpu-check: {} in {:.0} s",
+        if failures.is_empty() {
+            "all checks passed".to_string()
+        } else {
+            format!("{} failed", failures.len())
+        },
+        t0.elapsed().as_secs_f64()
+    );
+    for f in &failures {
+        println!("  FAILED {f}");
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        bail!("{} GPU checks failed", failures.len())
+    }
+}
