@@ -258,6 +258,12 @@ fn tail(s: &str, lines: usize) -> String {
 /// Runs every check from the bundle in `dir`; fails when one fails.
 fn run(dir: &Path) -> Result<()> {
     let t0 = Instant::now();
+    // One budget for everything (a device call may run 10 minutes in all): each step gets what
+    // it needs at most and what is left at least; steps past the budget are reported, not run.
+    let deadline = t0 + Duration::from_secs(480);
+    let limit = |secs: u64| {
+        Duration::from_secs(secs).min(deadline.saturating_duration_since(Instant::now()))
+    };
     let dir = dir
         .canonicalize()
         .with_context(|| format!("no bundle at {}", dir.display()))?;
@@ -277,12 +283,24 @@ fn run(dir: &Path) -> Result<()> {
     };
     let mut failures: Vec<String> = Vec::new();
     let mut summary = serde_json::Map::new();
+    // Written after every stage: a run cut short still leaves what it found.
+    let save = |summary: &serde_json::Map<String, serde_json::Value>, failures: &[String]| {
+        if let Some(o) = &out_dir {
+            let mut s = summary.clone();
+            s.insert("failures".into(), serde_json::json!(failures));
+            s.insert("seconds".into(), serde_json::json!(t0.elapsed().as_secs_f64()));
+            let _ = std::fs::write(
+                o.join("gpu-check.json"),
+                serde_json::to_vec_pretty(&s).unwrap_or_default(),
+            );
+        }
+    };
 
     // 1. The runtime.
     let mut c = Command::new(&bin);
     c.args(["env", "--json"]);
     with_env(&mut c);
-    let (code, stdout, stderr) = run_limited(&mut c, Duration::from_secs(60))?;
+    let (code, stdout, stderr) = run_limited(&mut c, limit(60))?;
     let env: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap_or_default();
     println!("== env: {}", stdout.trim());
     if code != Some(0) || env["cuda_available"] != true {
@@ -301,7 +319,7 @@ fn run(dir: &Path) -> Result<()> {
         // --nocapture: the CUDA variants say "skipped" on stderr when they see no device.
         c.args(["--test-threads=1", "--nocapture"]);
         with_env(&mut c);
-        let (code, out, err) = run_limited(&mut c, Duration::from_secs(120))?;
+        let (code, out, err) = run_limited(&mut c, limit(120))?;
         let result = out
             .lines()
             .find(|l| l.starts_with("test result"))
@@ -326,6 +344,7 @@ fn run(dir: &Path) -> Result<()> {
         );
     }
     summary.insert("tests".into(), serde_json::Value::Object(tests));
+    save(&summary, &failures);
     let cuda = summary["env"]["cuda_available"] == true;
 
     // 3. The public GPU traces on cuda.
@@ -343,7 +362,11 @@ fn run(dir: &Path) -> Result<()> {
         }
         with_env(&mut c);
         let t = Instant::now();
-        let (code, out, err) = run_limited(&mut c, Duration::from_secs(150))?;
+        if limit(150) < Duration::from_secs(20) {
+            failures.push(format!("{stem}: not run, out of time"));
+            continue;
+        }
+        let (code, out, err) = run_limited(&mut c, limit(150))?;
         let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
         let (sel, ran) = (
             r["ops_selected"].as_u64().unwrap_or(0),
@@ -419,6 +442,8 @@ fn run(dir: &Path) -> Result<()> {
             }
         }
         replays.push(serde_json::json!({"trace": stem, "exit": code, "seconds": t.elapsed().as_secs_f64(), "report": r}));
+        summary.insert("replays".into(), serde_json::Value::Array(replays.clone()));
+        save(&summary, &failures);
     }
     summary.insert("replays".into(), serde_json::Value::Array(replays));
 
@@ -435,7 +460,11 @@ fn run(dir: &Path) -> Result<()> {
                 "--device", "cuda", "--json", "--warmup", "1", "--iters", "3",
             ]);
         with_env(&mut c);
-        let (code, out, err) = run_limited(&mut c, Duration::from_secs(120))?;
+        if limit(120) < Duration::from_secs(20) {
+            failures.push(format!("compare {stem}: not run, out of time"));
+            continue;
+        }
+        let (code, out, err) = run_limited(&mut c, limit(120))?;
         let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
         println!(
             "== compare {stem} on cuda (exit {code:?}): by {}; ops ratio {:.3}; original GPU busy {:.3} ms, replay GPU busy {:.3} ms",

@@ -4,6 +4,7 @@
 //! per-user cache, links it as `.libtorch` in the checkout (which `.cargo/config.toml` points
 //! `LIBTORCH` at), and builds the release `mystique` binary with an rpath to it.
 
+mod fidelity;
 mod gpu_check;
 
 use anyhow::{bail, Context, Result};
@@ -35,7 +36,7 @@ fn main() -> Result<()> {
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
-                 fidelity [N]   replay vs original model time per shared CPU model, N alternating rounds (default 5)\n\
+                 fidelity [N] [--models a,b] [--svg P]  replay vs original over the model zoo (captured once, cached), N rounds (default 3)\n\
                  bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
                  gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML"
             );
@@ -430,116 +431,14 @@ fn bench_parse(args: &[&str]) -> Result<()> {
 }
 
 fn fidelity(args: &[&str]) -> Result<()> {
-    let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(5);
     let bin = setup()?;
-    let torch_py = cache_dir().join("torch-2.11.0");
-    let cpu = shared().join("traces/cpu");
-    let models = [
-        ("mlp", ""),
-        ("cnn", ".gz"),
-        ("transformer", ".gz"),
-        ("dlrm", ".gz"),
-    ];
-    println!(
-        "fidelity: {rounds} rounds of original, replay, replay + emulated gaps (order alternating), 1 thread, 30 iterations each\n\
-         ms: median iteration; ratio: median over rounds of the round's replay / original, \
-         from median iterations (med) and from fastest iterations (min, less sensitive to a busy machine)"
-    );
-    println!(
-        "{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7} {:>7} {:>8}",
-        "model", "orig ms", "replay", "med", "min", "+gaps", "med", "min", "gaps ms"
-    );
-    for (m, gz) in models {
-        let et = cpu.join(format!("{m}.linked.et.json{gz}"));
-        let kineto = cpu.join(format!("{m}.kineto.json{gz}"));
-        // [original, replay, replay + gaps] x (median, min) per round.
-        let mut runs: Vec<Round> = vec![];
-        let mut emulated = vec![];
-        for round in 0..rounds {
-            let mut r = [(f64::NAN, f64::NAN); 3];
-            // Alternate the order so a drift of the machine's speed within a round does not
-            // always favour the same side.
-            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
-            for which in order {
-                r[which] = if which == 0 {
-                    time_original(m, &torch_py)?
-                } else {
-                    let (med, min, gaps) =
-                        time_replay(&bin, m, &et, (which == 2).then_some(&kineto))?;
-                    if which == 2 {
-                        emulated.push(gaps);
-                    }
-                    (med, min)
-                };
-            }
-            runs.push(r);
-        }
-        let col = |f: &dyn Fn(&Round) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
-        println!(
-            "{m:<12} {:>9.3} {:>9.3} {:>7.3} {:>7.3} {:>9.3} {:>7.3} {:>7.3} {:>8.3}",
-            col(&|r| r[0].0),
-            col(&|r| r[1].0),
-            col(&|r| r[1].0 / r[0].0),
-            col(&|r| r[1].1 / r[0].1),
-            col(&|r| r[2].0),
-            col(&|r| r[2].0 / r[0].0),
-            col(&|r| r[2].1 / r[0].1),
-            median(&mut emulated),
-        );
-    }
-    Ok(())
-}
-
-/// One fidelity round: (median, fastest) iteration ms of the original, the replay and the
-/// replay with emulated gaps.
-type Round = [(f64, f64); 3];
-
-/// The original model's (median, fastest) iteration in ms, from `gen_traces.py --time`.
-fn time_original(m: &str, torch_py: &std::path::Path) -> Result<(f64, f64)> {
-    let o = Command::new(python())
-        .arg(shared().join("tools/gen_traces.py"))
-        .args(["--time", m])
-        .env("PYTHONPATH", torch_py)
-        .stderr(std::process::Stdio::null())
-        .output()?;
-    let line = String::from_utf8_lossy(&o.stdout);
-    let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
-        .with_context(|| format!("gen_traces.py --time {m}: {line}"))?;
-    let get = |k: &str| {
-        j[k].as_f64()
-            .with_context(|| format!("gen_traces.py --time {m}: no {k}"))
-    };
-    Ok((get("iter_ms_median")?, get("iter_ms_min")?))
-}
-
-/// A replay's (median, fastest) iteration and its emulated gaps in ms.
-fn time_replay(
-    bin: &std::path::Path,
-    m: &str,
-    et: &std::path::Path,
-    kineto: Option<&PathBuf>,
-) -> Result<(f64, f64, f64)> {
-    let mut c = Command::new(bin);
-    c.arg("replay")
-        .arg(et)
-        .args(["--threads", "1", "--iters", "30", "--warmup", "3", "--json"]);
-    if let Some(k) = kineto {
-        c.arg("--kineto").arg(k).arg("--emulate-gaps");
-    }
-    let r = c.output()?;
-    if !r.status.success() {
-        bail!(
-            "replay of {m} failed: {}",
-            String::from_utf8_lossy(&r.stderr)
-        );
-    }
-    let j: serde_json::Value = serde_json::from_slice(&r.stdout)?;
-    let get = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
-    Ok((
-        get(&j["iter_ms"]["median"]),
-        get(&j["iter_ms"]["min"]),
-        get(&j["gaps_ms"]),
-    ))
+    fidelity::run(
+        args,
+        &root(),
+        &cache_dir(),
+        &bin,
+        &cache_dir().join("torch-2.11.0"),
+    )
 }
 
 /// `cargo xtask bench comms [ROUNDS]`: the collectives of a replay against the same collectives

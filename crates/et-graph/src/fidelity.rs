@@ -5,8 +5,8 @@
 //! only prints.
 
 use crate::link::{is_cpu_event, Link};
-use et_schema::kineto::{KinetoTrace, Lane};
-use std::collections::{BTreeMap, HashMap};
+use et_schema::kineto::KinetoTrace;
+use std::collections::BTreeMap;
 
 /// Timing of the original run, per replay-set op, from the linked Kineto events.
 #[derive(Clone, Debug, Default)]
@@ -61,50 +61,114 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
     out
 }
 
-/// Gaps corrected for the profiler's own cost. Kineto with shapes and the execution trace
-/// observer slow every recorded event down, so the time between ops in a profiled run
-/// overstates the model's own time outside operators. The per-event cost `c` is fitted from
-/// the ops themselves: an op's profiled duration exceeds its plain replayed duration by about
-/// `c` times the events recorded inside it (itself included). Each gap then loses `c` per
-/// event that starts in it, plus one for the op boundary. Returns the gaps (µs) and `c` (µs).
+/// The replay's own timing, measured in the same run as the gap model is built: each step's
+/// plain time, the replay's bookkeeping between steps, and each step's window in one iteration
+/// run under the capture's instrumentation (execution trace observer + Kineto), in replay-set
+/// order.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplayTimes<'a> {
+    /// Median plain time of each step (µs).
+    pub plain_us: &'a [f64],
+    /// The plain replay's time between steps (µs per step: its iteration minus its op time,
+    /// over the steps).
+    pub between_us: f64,
+    /// Each step's profiled window (start, end µs on the profile's clock, events recorded
+    /// inside it), `None` where the step was not found in the profile.
+    pub profiled: &'a [Option<(f64, f64, u32)>],
+}
+
+/// What the gap model emulates between ops, and every quantity it was computed from. Serialised
+/// into the report, so a reader sees how much of a replay's time is emulated and why.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct GapModel {
+    /// The gap to spin before each step (µs), in replay-set order.
+    #[serde(skip)]
+    pub gaps_us: Vec<f64>,
+    /// The capture's time between ops per iteration (ms), as profiled.
+    pub capture_gaps_ms: f64,
+    /// What is emulated per iteration (ms).
+    pub emulated_ms: f64,
+    /// This host's speed relative to the capture's, both under the same instrumentation: the
+    /// median over ops of (the replay's profiled window / the original's Kineto duration). Below
+    /// 1: this host (now) runs the ops faster than the capture did (a busy or slower capture
+    /// host), so the capture's gaps shrink by the same factor.
+    pub speed: f64,
+    /// Ops the speed was measured on (found in both profiles).
+    pub speed_ops: usize,
+    /// The instrumentation's cost per recorded event on this host (µs): the median over ops of
+    /// (profiled window - plain time) / events in the window.
+    pub per_event_us: f64,
+    /// The instrumentation's cost between two ops on this host (µs): the median of the
+    /// instrumented replay's gaps less the plain replay's bookkeeping between steps.
+    pub per_boundary_us: f64,
+    /// Profiled events the original recorded inside its gaps (annotations, ops outside the
+    /// replay set), each charged `per_event_us`.
+    pub events_in_gaps: usize,
+    /// Gaps capped at ten times the original's op time (a shifted event).
+    pub capped: usize,
+}
+
+/// The time outside operators to emulate before each op, as a formula of quantities measured
+/// in this run (no fitted constants):
 ///
-/// `c` is the median of the per-op ratios, not a ratio of sums: a few long ops carry most of
-/// the absolute noise (a cold first call under the profiler, a large matmul whose replay
-/// differs by more than the profiler's cost) and would otherwise set it.
-pub fn corrected_gaps(
-    l: &Link,
-    k: &KinetoTrace,
-    orig: &OriginalTiming,
-    replay_us: &[f64],
-) -> (Vec<f64>, f64) {
-    let mut starts_by_tid: HashMap<Lane, Vec<f64>> = HashMap::new();
-    let mut all_starts: Vec<f64> = Vec::new();
-    for (i, e) in k.events.iter().enumerate() {
-        if is_cpu_event(k, i) {
-            starts_by_tid.entry(e.tid).or_default().push(e.ts);
-            all_starts.push(e.ts);
-        }
-    }
-    for v in starts_by_tid.values_mut() {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
+/// `gap_i = max(0, speed * g_i - per_boundary - per_event * n_i)`
+///
+/// where `g_i` is the capture's (instrumented) gap before op `i`, `speed` puts it on this host
+/// under the same instrumentation (the median ratio of the replay's profiled op windows to the
+/// original's, so a capture on a busy or slower host counts for what it is), and the two
+/// subtractions remove what that instrumentation costs here: the instrumented replay's own
+/// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
+/// (`per_event`) for each of the `n_i` events the original recorded inside the gap. Where the
+/// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
+/// capture's gaps are taken as they are, and the model says so by `speed_ops`.
+pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTimes) -> GapModel {
+    let mut all_starts: Vec<f64> = (0..k.events.len())
+        .filter(|&i| is_cpu_event(k, i))
+        .map(|i| k.events[i].ts)
+        .collect();
     all_starts.sort_by(|a, b| a.total_cmp(b));
     let count_in =
         |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
-    let mut per_op: Vec<f64> = l
-        .event_of
-        .iter()
-        .zip(replay_us)
-        .filter_map(|(e, &r)| {
-            let ev = &k.events[(*e)? as usize];
-            let events = starts_by_tid
-                .get(&ev.tid)
-                .map_or(1, |v| count_in(v, ev.ts, ev.ts + ev.dur).max(1));
-            Some((ev.dur - r) / events as f64)
-        })
-        .collect();
-    per_op.sort_by(|a, b| a.total_cmp(b));
-    let c = median_sorted(&per_op).max(0.0);
+    // speed and per-event cost over the ops found in both profiles
+    let mut ratios = Vec::new();
+    let mut per_event = Vec::new();
+    for (pos, e) in l.event_of.iter().enumerate() {
+        let (Some(e), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
+            continue;
+        };
+        let window = b - a;
+        let original = k.events[*e as usize].dur;
+        if window > 0.0 && original > 0.0 {
+            ratios.push(window / original);
+        }
+        if let Some(&plain) = r.plain_us.get(pos) {
+            per_event.push((window - plain) / (*nested as f64 + 1.0));
+        }
+    }
+    // The instrumented replay's gaps: from one found step's end to the next found step's start,
+    // where the two are consecutive.
+    let mut boundaries = Vec::new();
+    for w in r.profiled.windows(2) {
+        if let [Some((_, end, _)), Some((start, _, _))] = w {
+            boundaries.push((start - end - r.between_us).max(0.0));
+        }
+    }
+    let enough = ratios.len() >= 3;
+    let med = |mut v: Vec<f64>| {
+        v.retain(|x| x.is_finite());
+        v.sort_by(|a, b| a.total_cmp(b));
+        median_sorted(&v)
+    };
+    let speed_ops = ratios.len();
+    let (speed, per_event_us, per_boundary_us) = if enough {
+        (
+            med(ratios),
+            med(per_event).max(0.0),
+            med(boundaries).max(0.0),
+        )
+    } else {
+        (1.0, 0.0, 0.0)
+    };
     let last_end = l
         .event_of
         .iter()
@@ -112,14 +176,16 @@ pub fn corrected_gaps(
         .map(|&e| k.events[e as usize].ts + k.events[e as usize].dur)
         .fold(f64::NEG_INFINITY, f64::max);
     let mut prev_end: Option<f64> = None;
-    let gaps = l
+    let mut events_in_gaps = 0;
+    let mut gaps: Vec<f64> = l
         .event_of
         .iter()
         .zip(&orig.gap_us)
         .map(|(e, &g)| {
             let Some(e) = e else { return 0.0 };
             let ev = &k.events[*e as usize];
-            let in_gap = match (prev_end, l.span) {
+            // Events that start inside the gap, the op's own start excluded.
+            let n = match (prev_end, l.span) {
                 (Some(p), _) => count_in(&all_starts, p, ev.ts).saturating_sub(1),
                 // The first op's gap: the iteration's time before it and after the last op.
                 (None, Some((a, b))) => {
@@ -127,12 +193,24 @@ pub fn corrected_gaps(
                         + count_in(&all_starts, last_end, b).saturating_sub(1)
                 }
                 (None, None) => 0,
-            } as f64;
+            };
+            events_in_gaps += n;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
-            (g - c * (in_gap + 1.0)).max(0.0)
+            (speed * g - per_boundary_us - per_event_us * n as f64).max(0.0)
         })
         .collect();
-    (gaps, c)
+    let capped = cap_gaps(&mut gaps, orig);
+    GapModel {
+        capture_gaps_ms: orig.gap_us.iter().sum::<f64>() / 1e3,
+        emulated_ms: gaps.iter().sum::<f64>() / 1e3,
+        gaps_us: gaps,
+        speed,
+        speed_ops,
+        per_event_us,
+        per_boundary_us,
+        events_in_gaps,
+        capped,
+    }
 }
 
 fn median_sorted(v: &[f64]) -> f64 {

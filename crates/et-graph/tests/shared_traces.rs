@@ -606,8 +606,23 @@ fn the_iteration_spans_every_et_node_and_its_edges_count_as_a_gap() {
     assert!((total - o.span_us).abs() < 1.0, "{total} vs {}", o.span_us);
 }
 
+/// The replay's times for `gap_model`: each op's plain time and its profiled window, the
+/// windows laid back to back `between` µs apart (no instrumentation cost between ops).
+fn replay_times(windows: &[f64], plain: &[f64], between: f64) -> Vec<Option<(f64, f64, u32)>> {
+    let mut t = 0.0;
+    windows
+        .iter()
+        .zip(plain)
+        .map(|(w, _)| {
+            let s = t;
+            t += w + between;
+            Some((s, s + w, 0))
+        })
+        .collect()
+}
+
 #[test]
-fn gap_correction_subtracts_only_the_profilers_measured_excess() {
+fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
     let kt =
         et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
@@ -615,23 +630,68 @@ fn gap_correction_subtracts_only_the_profilers_measured_excess() {
     let set = g.replay_set(None);
     let l = link(&g, &set, &kt).unwrap();
     let o = original_timing(&l, &kt);
-    // Replayed exactly as long as profiled: no excess, so no cost per event, gaps unchanged.
-    let same: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
-    let (gaps, c) = corrected_gaps(&l, &kt, &o, &same);
-    assert_eq!(c, 0.0);
-    assert_eq!(gaps, o.gap_us);
-    // Replayed in a tenth of the time: a positive cost, and every gap shrinks, none below 0.
-    let fast: Vec<f64> = same.iter().map(|d| d / 10.0).collect();
-    let (gaps, c) = corrected_gaps(&l, &kt, &o, &fast);
-    assert!(c > 0.0);
-    assert!(gaps.iter().zip(&o.gap_us).all(|(g, o)| *g >= 0.0 && g <= o));
-    assert!(gaps.iter().sum::<f64>() < o.gap_us.iter().sum::<f64>());
-    // The cost is a typical op's, not a sum's: one op made hugely slower in the original
-    // (a cold first call) leaves it unchanged.
-    let mut one_slow = fast.clone();
-    one_slow[0] = -1e6;
-    let (_, c2) = corrected_gaps(&l, &kt, &o, &one_slow);
-    assert!((c2 - c).abs() < 0.05 * c, "{c2} vs {c}");
+    let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    // No profile of the replay: the capture's gaps as they are.
+    let none = vec![None; orig.len()];
+    let m = gap_model(
+        &l,
+        &kt,
+        &o,
+        &ReplayTimes {
+            plain_us: &orig,
+            between_us: 0.3,
+            profiled: &none,
+        },
+    );
+    assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
+    assert_eq!(m.gaps_us, o.gap_us);
+    // This host runs the same instrumented ops in a third of the time (the capture host was
+    // busy), with no instrumentation cost: every gap is a third of the capture's.
+    let fast: Vec<f64> = orig.iter().map(|d| d / 3.0).collect();
+    let prof = replay_times(&fast, &fast, 0.3);
+    let m = gap_model(
+        &l,
+        &kt,
+        &o,
+        &ReplayTimes {
+            plain_us: &fast,
+            between_us: 0.3,
+            profiled: &prof,
+        },
+    );
+    assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
+    assert!(m.per_event_us.abs() < 1e-9 && m.per_boundary_us.abs() < 1e-9, "{m:?}");
+    for (g, o) in m.gaps_us.iter().zip(&o.gap_us) {
+        assert!((g - o / 3.0).abs() < 1e-6, "{g} vs {o}/3");
+    }
+    assert!((m.emulated_ms - m.capture_gaps_ms / 3.0).abs() < 1e-6);
+    // The instrumentation costs 2 µs per op window here and 5 µs between ops: gaps lose it.
+    let plain: Vec<f64> = fast.iter().map(|d| (d - 2.0).max(0.1)).collect();
+    let prof = replay_times(&fast, &plain, 5.3);
+    let m = gap_model(
+        &l,
+        &kt,
+        &o,
+        &ReplayTimes {
+            plain_us: &plain,
+            between_us: 0.3,
+            profiled: &prof,
+        },
+    );
+    assert!(
+        (m.per_boundary_us - 5.0).abs() < 1e-6,
+        "{}",
+        m.per_boundary_us
+    );
+    assert!(
+        m.per_event_us > 1.0 && m.per_event_us <= 2.0 + 1e-9,
+        "{}",
+        m.per_event_us
+    );
+    for (g, o) in m.gaps_us.iter().zip(&o.gap_us) {
+        assert!(*g >= 0.0 && *g <= o / 3.0 + 1e-9);
+    }
+    assert!(m.emulated_ms < m.capture_gaps_ms / 3.0);
 }
 
 /// Ranks run the same code, so another rank's Kineto trace would link one for one by record

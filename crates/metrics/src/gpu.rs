@@ -30,8 +30,8 @@ pub const METRICS: [(&str, &str); 16] = [
     ("gpm_sm_util", "%"),
     ("gpm_dram_bw_util", "%"),
     ("gpm_tensor_util", "%"),
-    ("gpm_nvlink_tx", "MB/s"),
-    ("gpm_nvlink_rx", "MB/s"),
+    ("gpm_nvlink_tx", "MiB/s"),
+    ("gpm_nvlink_rx", "MiB/s"),
 ];
 
 /// Index of a metric in [`METRICS`].
@@ -280,7 +280,13 @@ mod imp {
                 let name = device.name().unwrap_or_else(|_| "unknown GPU".into());
                 let _ = tx.send(Ok((name, gpm)));
                 let energy0 = device.total_energy_consumption().ok();
-                let mut prev_gpm = if gpm { device.gpm_sample().ok() } else { None };
+                // NVML's GPM counters refresh internally: two samples must be over 100 ms apart.
+                let gpm_every = std::time::Duration::from_millis(100);
+                let mut prev_gpm = if gpm {
+                    device.gpm_sample().ok().map(|s| (s, std::time::Instant::now()))
+                } else {
+                    None
+                };
                 let mut samples = Vec::new();
                 let mut next = std::time::Instant::now();
                 while !stop2.load(Ordering::Relaxed) {
@@ -313,16 +319,19 @@ mod imp {
                         .temperature(TemperatureSensor::Gpu)
                         .ok()
                         .map(f64::from);
-                    if let Some(p) = &prev_gpm {
+                    let due = prev_gpm
+                        .as_ref()
+                        .is_some_and(|(_, t)| t.elapsed() >= gpm_every);
+                    if let (true, Some((p, _))) = (due, &prev_gpm) {
                         if let Ok(cur) = device.gpm_sample() {
                             if let Ok(rs) = nvml_wrapper::gpm::gpm_metrics_get(&nvml, p, &cur, &GPM)
                             {
+                                // Percentages, and NVLink in MiB/s (NVML's header).
                                 for (k, r) in rs.into_iter().enumerate() {
-                                    let scale = if k >= 4 { 1e-6 } else { 1.0 };
-                                    v[10 + k] = r.ok().map(|r| r.value * scale);
+                                    v[10 + k] = r.ok().map(|r| r.value);
                                 }
                             }
-                            prev_gpm = Some(cur);
+                            prev_gpm = Some((cur, std::time::Instant::now()));
                         }
                     }
                     let throttle = device

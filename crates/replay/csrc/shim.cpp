@@ -12,6 +12,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
+#include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -34,7 +35,8 @@ thread_local std::string last_error;
 
 // Return codes, by the exception's type (Rust's replay::ErrorKind::from_code): 0 ok, 1 other,
 // 2 out of memory, 3 not implemented (no kernel for a dtype/device), 4 invalid argument
-// (type, value or index errors), 5 no such operator.
+// (type, value or index errors), 5 no such operator, 6 the device failed (a CUDA error such as
+// a device-side assert: the context is unusable afterwards).
 template <typename F>
 int guarded(F&& f) {
   try {
@@ -55,6 +57,9 @@ int guarded(F&& f) {
   } catch (const c10::IndexError& e) {
     last_error = e.what_without_backtrace();
     return 4;
+  } catch (const c10::AcceleratorError& e) {
+    last_error = e.what_without_backtrace();
+    return 6;
   } catch (const c10::Error& e) {
     last_error = e.what_without_backtrace();
   } catch (const std::bad_alloc& e) {
@@ -253,16 +258,17 @@ at::Tensor* mq_empty_strided(const int64_t* size, const int64_t* stride, size_t 
 at::Tensor* mq_from_blob(void* data, const int64_t* size, const int64_t* stride, size_t ndim, int dtype,
                          int device_type, int device_index, void* ctx, void (*release)(void*), int* code) {
   at::Tensor* out = nullptr;
+  // The maker owns `ctx` from here: whether it fails before or after building the storage,
+  // `release` runs exactly once (by the maker, or by the storage when its last view dies).
+  auto maker = at::for_blob(data, c10::IntArrayRef(size, ndim));
+  maker.context(ctx, release);
   *code = guarded([&] {
-    auto opts = at::TensorOptions()
-                    .dtype(static_cast<c10::ScalarType>(dtype))
-                    .device(c10::Device(device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
-                                        static_cast<c10::DeviceIndex>(device_index)));
-    out = new at::Tensor(at::from_blob(
-        data, c10::IntArrayRef(size, ndim), c10::IntArrayRef(stride, ndim),
-        [ctx, release](void*) { release(ctx); }, opts));
+    auto dev = c10::Device(device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU,
+                           static_cast<c10::DeviceIndex>(device_index));
+    auto opts = at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype)).device(dev);
+    out = new at::Tensor(
+        maker.strides(c10::IntArrayRef(stride, ndim)).options(opts).target_device(dev).make_tensor());
   });
-  if (*code != 0) release(ctx);
   return out;
 }
 
@@ -273,12 +279,18 @@ at::Tensor* mq_from_blob(void* data, const int64_t* size, const int64_t* stride,
 // member is a c10::Stream: the same 16 bytes, returned in the same registers.
 int mq_cuda_set_stream(void* stream, int device) {
   return guarded([&] {
+    // exchangeStream is noexcept: whatever it could throw (a bad index, CUDA not initialised)
+    // must throw here first, where it is caught, not terminate the process there.
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+    auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    if (device < 0 || device >= impl->deviceCount())
+      throw std::runtime_error("no CUDA device " + std::to_string(device));
     using Fn = c10::Stream (*)(void*, int8_t);
     static Fn from_external =
         reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "_ZN3c104cuda21getStreamFromExternalEP11CUstream_sta"));
     if (!from_external) throw std::runtime_error("libc10_cuda is not loaded: this libtorch has no CUDA");
     c10::Stream s = from_external(stream, static_cast<int8_t>(device));
-    c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->exchangeStream(s);
+    impl->exchangeStream(s);
   });
 }
 
@@ -385,8 +397,13 @@ MqEvents* mq_instr_end() {
     auto ev = std::make_unique<MqEvents>();
     ev->self_tid = at::RecordFunction::currentThreadId();
     for (const auto& e : result->events()) {
-      const bool gpu = e.deviceType() == c10::DeviceType::CUDA;
-      if ((e.deviceType() != c10::DeviceType::CPU && !gpu) || e.isAsync()) continue;
+      // By activity, not device type: Kineto files CUDA runtime/driver calls and CUPTI's
+      // overhead under the CPU, and GPU annotations and syncs under CUDA.
+      using KT = libkineto::ActivityType;
+      const auto t = static_cast<KT>(e.activityType());
+      const bool gpu = t == KT::CONCURRENT_KERNEL || t == KT::GPU_MEMCPY || t == KT::GPU_MEMSET;
+      const bool cpu = t == KT::CPU_OP || t == KT::USER_ANNOTATION;
+      if (!(gpu || cpu) || e.isAsync()) continue;
       ev->names.push_back(e.name());
       ev->start_ns.push_back(e.startNs());
       ev->end_ns.push_back(e.endNs());

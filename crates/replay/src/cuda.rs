@@ -98,6 +98,15 @@ impl Runtime {
         })
     }
 
+    /// Free device memory (bytes), as the driver reports it.
+    pub fn free_memory(&self) -> Option<u64> {
+        self.stream
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(free, _)| free as u64)
+    }
+
     /// CUDA events on the replay stream.
     pub fn timer(&self) -> metrics::cuda::EventTimer {
         metrics::cuda::EventTimer::new(self.stream.clone())
@@ -122,6 +131,18 @@ struct ArenaMem {
     /// Freed (stream-ordered) when the last tensor over it is gone.
     _slice: CudaSlice<u8>,
     ptr: u64,
+}
+
+impl Drop for ArenaMem {
+    fn drop(&mut self) {
+        // The last tensor may die on a thread without a current context: cudarc's free would
+        // then fail and leave its error to surface at the next unrelated call (a CUDA event),
+        // silently switching the timer to the host clock.
+        let ctx = self._slice.context().clone();
+        let _ = ctx.bind_to_thread();
+        // `_slice` is freed after this returns; check for an error it left then.
+        let _ = ctx.check_err();
+    }
 }
 
 /// Device memory that external inputs are carved from.

@@ -24,6 +24,10 @@ impl Runtime {
         match self.never {}
     }
 
+    pub fn free_memory(&self) -> Option<u64> {
+        match self.never {}
+    }
+
     pub fn timer(&self) -> metrics::cuda::EventTimer {
         match self.never {}
     }

@@ -173,6 +173,15 @@ impl Device {
         }
     }
 
+    /// Memory the replay can still have on this device (CPU: the host's available memory;
+    /// CUDA: the device's free memory).
+    pub fn available_memory(&self) -> Option<u64> {
+        match self {
+            Device::Cpu => metrics::available_memory(),
+            Device::Cuda(_) => self.cuda()?.free_memory(),
+        }
+    }
+
     /// One allocation to carve `bytes` of external inputs from (CUDA), or `None` where they are
     /// allocated one by one (CPU; or CUDA when the arena cannot be had, which is logged).
     pub(crate) fn arena(&self, bytes: usize) -> Option<crate::cuda::Arena> {

@@ -20,6 +20,9 @@ pub enum ErrorKind {
     Unsupported,
     /// No operator of this name and overload is registered (a custom-op library not loaded).
     NoOperator,
+    /// The device itself failed (`c10::AcceleratorError`: a CUDA device-side assert, an illegal
+    /// address): its context is unusable from here on, so the replay stops.
+    DeviceFault,
     /// Any other exception.
     Other,
 }
@@ -32,6 +35,7 @@ impl ErrorKind {
             3 => ErrorKind::NotImplemented,
             4 => ErrorKind::InvalidArgument,
             5 => ErrorKind::NoOperator,
+            6 => ErrorKind::DeviceFault,
             _ => ErrorKind::Other,
         }
     }
@@ -71,6 +75,16 @@ pub enum ReplayError {
     },
     #[error("{0}")]
     Device(String),
+    #[error(
+        "the device failed at op {op} (node {id}); CUDA reports such faults late, so an earlier \
+         op may have caused it (CUDA_LAUNCH_BLOCKING=1 pins it down)"
+    )]
+    DeviceFault {
+        op: String,
+        id: u64,
+        #[source]
+        source: CallError,
+    },
     #[error(
         "the replay needs about {} of memory and {} is available (--force runs it anyway)",
         human(*needed),

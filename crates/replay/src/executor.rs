@@ -660,8 +660,9 @@ pub fn run(
     bound: &Bound,
     opts: &ReplayOptions,
 ) -> Result<(Report, Timeline), ReplayError> {
+    let cpu = metrics::cpu::CpuSampler::new();
     let needed = plan.peak_bytes_estimate(opts.only);
-    if let Some(available) = metrics::available_memory() {
+    if let Some(available) = bound.device.available_memory() {
         if needed > available && !opts.force {
             return Err(ReplayError::Memory { needed, available });
         }
@@ -700,7 +701,7 @@ pub fn run(
             ex = ex.with_comm(crate::dist::connect(plan, d)?, d.timeout);
         }
     }
-    let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()));
+    let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
     let gaps = opts
         .gaps_us
         .as_deref()
@@ -850,6 +851,13 @@ fn iteration(
                     return Err(ReplayError::Dist {
                         rank,
                         what: format!("collective {} (node {}) failed", step.name, step.id),
+                        source: e,
+                    });
+                }
+                if e.kind == ErrorKind::DeviceFault {
+                    return Err(ReplayError::DeviceFault {
+                        op: step.name.clone(),
+                        id: step.id,
                         source: e,
                     });
                 }

@@ -498,8 +498,8 @@ pub unsafe fn from_blob<T: Send + 'static>(
     };
     let ctx = Box::into_raw(Box::new(owner)).cast::<c_void>();
     let mut code = 0;
-    // SAFETY: size/stride outlive the call and are copied; the shim calls release_owner once,
-    // on failure at once, else when the storage dies.
+    // SAFETY: size/stride outlive the call and are copied; the shim calls release_owner exactly
+    // once, on failure at once, else when the storage dies.
     let p = unsafe {
         mq_from_blob(
             data,

@@ -55,7 +55,14 @@ pub(crate) struct Recorder<'a> {
 }
 
 impl<'a> Recorder<'a> {
-    pub fn new(plan: &'a Plan, opts: &'a ReplayOptions, external_bytes: u64) -> Self {
+    /// `cpu`: opened before the replay's threads start (perf counters count only threads
+    /// created after them).
+    pub fn new(
+        plan: &'a Plan,
+        opts: &'a ReplayOptions,
+        external_bytes: u64,
+        cpu: metrics::cpu::CpuSampler,
+    ) -> Self {
         let n = plan.steps.len();
         Recorder {
             plan,
@@ -67,7 +74,7 @@ impl<'a> Recorder<'a> {
             device_timing: false,
             event_error: None,
             windows: Vec::new(),
-            cpu: metrics::cpu::CpuSampler::new(),
+            cpu,
             step_us: if opts.per_step {
                 vec![Vec::new(); n]
             } else {
@@ -258,13 +265,15 @@ impl<'a> Recorder<'a> {
     /// within a few events is left unmatched rather than shifting every later match.
     pub fn profiled(&mut self, profile: &Profile, dispatched: &[usize]) {
         if !profile.gpu.is_empty() {
+            // Relative to the first event: epoch nanoseconds in an f64 lose sub-µs precision.
+            let t0 = profile.gpu.iter().map(|e| e.start_ns).min().unwrap_or(0);
             let intervals: Vec<et_graph::GpuInterval> = profile
                 .gpu
                 .iter()
                 .map(|e| et_graph::GpuInterval {
                     name: &e.name,
                     work: et_graph::GpuWork::of_name(&e.name),
-                    start_us: e.start_ns as f64 / 1e3,
+                    start_us: e.start_ns.saturating_sub(t0) as f64 / 1e3,
                     dur_us: e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3,
                 })
                 .collect();

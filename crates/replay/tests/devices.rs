@@ -95,6 +95,8 @@ fn timeline_has_the_device_tracks(device: &replay::Device) {
 
 /// The device's timer resolves marks in order, and its memory snapshot reads.
 fn timer_marks_are_ordered(device: &replay::Device) {
+    // On CUDA the replay stream becomes current, so the matmul below is what the events time.
+    device.setup_process().unwrap();
     let mut timer = device.timer();
     let a = timer.mark();
     let x = tch::Tensor::ones([64, 64], (tch::Kind::Float, device_tch(device)));

@@ -66,36 +66,70 @@ impl RunOptions for RunArgs {
     }
 }
 
-/// Gaps to emulate: the Kineto gaps corrected for the profiler's cost, calibrated with a short
-/// plain replay of the same ops (see `et_graph::corrected_gaps`). Returns the gaps and the
-/// fitted cost per profiled event (µs).
+/// Gaps to emulate (`et_graph::gap_model`): a short calibration replay of the same ops on this
+/// host, plain and then one iteration under the capture's instrumentation, measures this host's
+/// speed relative to the capture and what the instrumentation costs here; the capture's gaps
+/// are scaled and corrected by those. Returns the model (gaps and every quantity behind them).
 fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     device: replay::Device,
     autograd: bool,
-) -> Result<(Vec<f64>, f64)> {
+) -> Result<et_graph::GapModel> {
     let calib = replay::ReplayOptions {
         device,
         autograd,
         warmup: 1,
         iters: 5,
         per_step: true,
+        instrument: true,
         ..Default::default()
     };
     let (r, _) = replay::replay(g, set, &calib)?;
-    let us: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
-    let (mut gaps, per_event) =
-        et_graph::corrected_gaps(&kineto.link, &kineto.kineto, &kineto.original, &us);
-    let capped = et_graph::cap_gaps(&mut gaps, &kineto.original);
-    if capped > 0 {
+    if let Some(e) = &r.instrument_error {
         eprintln!(
-            "warning: {capped} gaps of the Kineto trace are longer than this model's iteration can \
-             be (ten times its op time): capped (a shifted event, or a capture on a busy host?)"
+            "warning: the calibration replay could not run under the capture's instrumentation \
+             ({e}): the capture's gaps are emulated uncorrected"
         );
     }
-    Ok((gaps, per_event))
+    let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+    let profiled: Vec<Option<(f64, f64, u32)>> = (0..plain.len())
+        .map(|k| {
+            r.profiled
+                .get(k)
+                .copied()
+                .flatten()
+                .map(|p| (p.start_us, p.end_us, p.nested))
+        })
+        .collect();
+    let model = et_graph::gap_model(
+        &kineto.link,
+        &kineto.kineto,
+        &kineto.original,
+        &et_graph::ReplayTimes {
+            plain_us: &plain,
+            between_us: r.overhead_us_per_op,
+            profiled: &profiled,
+        },
+    );
+    if model.capped > 0 {
+        eprintln!(
+            "warning: {} gaps of the Kineto trace are longer than this model's iteration can \
+             be (ten times its op time): capped (a shifted event?)",
+            model.capped
+        );
+    }
+    log::info!(
+        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary)",
+        model.capture_gaps_ms,
+        model.emulated_ms,
+        model.speed,
+        model.speed_ops,
+        model.per_event_us,
+        model.per_boundary_us
+    );
+    Ok(model)
 }
 
 /// A Kineto trace linked to a replay set, with the original run's timing.
@@ -147,13 +181,20 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         iterations: a.iteration.clone(),
         ..Default::default()
     })?;
-    let gaps_us = match (&a.kineto, a.emulate_gaps) {
+    let gap_model = match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
             let linked = Linked::new(&g, &set, k)?;
-            Some(calibrated_gaps(&g, &set, &linked, device, !a.run.no_autograd)?.0)
+            Some(calibrated_gaps(
+                &g,
+                &set,
+                &linked,
+                device,
+                !a.run.no_autograd,
+            )?)
         }
         _ => None,
     };
+    let gaps_us = gap_model.as_ref().map(|m| m.gaps_us.clone());
     let opts = replay::ReplayOptions {
         device,
         strict: a.strict,
@@ -201,12 +242,36 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     a.run.warn_values(&report);
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer(&mut out, &report)?;
+        let mut j = serde_json::to_value(&report)?;
+        if let (Some(m), Some(o)) = (&gap_model, j.as_object_mut()) {
+            o.insert("gap_model".into(), serde_json::to_value(m)?);
+        }
+        serde_json::to_writer(&mut out, &j)?;
         writeln!(out)?;
     } else {
         print_table(&mut out, &report, &trace.source)?;
+        if let Some(m) = &gap_model {
+            print_gap_model(&mut out, m)?;
+        }
     }
     completed(&report)
+}
+
+/// Where the emulated gaps come from.
+fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
+    writeln!(
+        out,
+        "gap model  {:.3} ms emulated of the capture's {:.3} ms: this host at {:.3}x the capture's \
+         op time ({} ops), instrumentation {:.2} us per event ({} in gaps) and {:.2} us per op boundary",
+        m.emulated_ms,
+        m.capture_gaps_ms,
+        m.speed,
+        m.speed_ops,
+        m.per_event_us,
+        m.events_in_gaps,
+        m.per_boundary_us
+    )?;
+    Ok(())
 }
 
 /// Ok when every selected op ran; the exit code says when some failed.
@@ -429,16 +494,22 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     } else {
         &linked.original
     };
-    let (gaps, per_event_us) = if a.emulate_gaps {
-        calibrated_gaps(&g, &set, &linked, device, !a.run.no_autograd)?
+    let gap_model = if a.emulate_gaps {
+        Some(calibrated_gaps(
+            &g,
+            &set,
+            &linked,
+            device,
+            !a.run.no_autograd,
+        )?)
     } else {
-        (vec![], 0.0)
+        None
     };
     // One more iteration runs under the capture's instrumentation: its op windows compare
     // with the original's Kineto durations like for like (both carry the profiler's cost).
     let opts = replay::ReplayOptions {
         device,
-        gaps_us: a.emulate_gaps.then_some(gaps),
+        gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
         per_step: true,
         instrument: true,
         ..a.run.options()
@@ -494,7 +565,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "device_mismatch": mismatch,
         "original_gpu": (original_gpu.events > 0).then_some(&original_gpu),
         "replay_gpu": r.gpu_activity,
-        "profiler_us_per_event": per_event_us,
+        "gap_model": gap_model,
         "instrumented": instrumented,
         "top_differences": rows.iter().take(15).map(|r| serde_json::json!({
             "op": r.op,

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""The fidelity model zoo: capture execution traces of many kinds of model on CPU.
+
+Each model is captured the way a user captures one (the approach of ../shared/tools/gen_traces.py):
+warm up, time the uninstrumented iteration, then one iteration under ExecutionTraceObserver alone
+(clean ET) and one under torch.profiler + the observer (ET linked to Kineto by rf_id), and one
+more under torch.profiler(profile_memory=True) for the original's peak memory.
+
+  zoo.py list                      the models as JSON: name, set (tune | heldout), what it covers
+  zoo.py capture OUTDIR MODEL [--busy]
+        --busy: the host is made busy (one CPU burner per core) during the captures only, so the
+        Kineto trace is slower than the model really is (the timing stays quiet)
+  zoo.py time MODEL [ITERS]        time the uninstrumented model; one JSON line
+
+Sets: `tune` models may be looked at while developing the replay; `heldout` models are only
+ever reported (never used to choose a constant or a formula).
+Single-threaded (torch.set_num_threads(1)), seeded.
+"""
+import json, multiprocessing, os, statistics, sys, tempfile, time
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity
+
+torch.set_num_threads(1)
+
+
+def train(m, opt, loss_fn):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(m).backward()
+        opt.step()
+    return step
+
+
+# ---- tuning set -------------------------------------------------------------------------------
+
+def mlp_sgd():
+    m = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), lambda m: F.cross_entropy(m(x), y))
+
+
+def cnn_bn_adam():
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                      nn.Flatten(), nn.Linear(32, 10))
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+class Seq(nn.Module):
+    def __init__(self, cell, n_in=32, hidden=64, layers=1):
+        super().__init__()
+        self.rnn = cell(n_in, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, 5)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def lstm_train():
+    m = Seq(nn.LSTM, layers=2)
+    x, y = torch.randn(8, 20, 32), torch.randint(0, 5, (8,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def transformer_train():
+    m = nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256, batch_first=True), 2)
+    x = torch.randn(4, 32, 128)
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True), lambda m: m(x).pow(2).mean())
+
+
+class Rec(nn.Module):
+    def __init__(self, tables=6, rows=2000, dim=16):
+        super().__init__()
+        self.embs = nn.ModuleList([nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables)])
+        self.bot = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        self.top = nn.Sequential(nn.Linear(dim * (tables + 1), 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, dense, idx, offs):
+        feats = [self.bot(dense)] + [e(idx[i], offs[i]) for i, e in enumerate(self.embs)]
+        return self.top(torch.cat(feats, 1))
+
+
+def dlrm_sgd():
+    m = Rec()
+    b = 32
+    dense = torch.randn(b, 13)
+    idx = [torch.randint(0, 2000, (b * 3,)) for _ in range(6)]
+    offs = [torch.arange(0, b * 3, 3) for _ in range(6)]
+    y = torch.rand(b, 1)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.1),
+                 lambda m: F.binary_cross_entropy_with_logits(m(dense, idx, offs), y))
+
+
+def tiny_ops():
+    """Overhead-bound: hundreds of elementwise ops on tiny tensors, inference."""
+    xs = [torch.randn(16) for _ in range(8)]
+
+    @torch.no_grad()
+    def step():
+        acc = torch.zeros(16)
+        for i in range(40):
+            a = xs[i % 8]
+            acc = acc.add(a).mul(0.5).relu().sub(0.01).clamp(-3, 3)
+        return acc.sum()
+    return step
+
+
+def autocast_bf16_mlp():
+    m = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.GELU(), nn.Linear(256, 10))
+    x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
+# ---- held-out set -----------------------------------------------------------------------------
+
+def gru_infer():
+    m = Seq(nn.GRU, n_in=48, hidden=96, layers=2).eval()
+    x = torch.randn(8, 24, 48)
+
+    @torch.no_grad()
+    def step():
+        return m(x)
+    return step
+
+
+class Attn(nn.Module):
+    """Self-attention through F.scaled_dot_product_attention."""
+
+    def __init__(self, d, heads, causal=False):
+        super().__init__()
+        self.qkv, self.out, self.h, self.causal = nn.Linear(d, 3 * d), nn.Linear(d, d), heads, causal
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d, heads, causal=False):
+        super().__init__()
+        self.n1, self.a, self.n2 = nn.LayerNorm(d), Attn(d, heads, causal), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        x = x + self.a(self.n1(x))
+        return x + self.mlp(self.n2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, d=96, depth=2, heads=4, patch=8):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, patch, stride=patch)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(depth)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        return self.head(self.blocks(x).mean(1))
+
+
+def vit_train():
+    m = ViT()
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True), lambda m: F.cross_entropy(m(x), y))
+
+
+def transformer_infer():
+    m = nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=256, batch_first=True), 3).eval()
+    x = torch.randn(4, 48, 128)
+
+    def step():
+        with torch.inference_mode():
+            return m(x)
+    return step
+
+
+class Res(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+
+
+def resnet_sgd():
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                      Res(16), Res(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4),
+                 lambda m: F.cross_entropy(m(x), y))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=512, d=128, depth=2, heads=4, t=32):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.zeros(1, t, d))
+        self.blocks = nn.Sequential(*[Block(d, heads, causal=True) for _ in range(depth)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        return self.head(self.ln(self.blocks(self.tok(idx) + self.pos)))
+
+
+def gpt_bf16():
+    m = GPT().to(torch.bfloat16)
+    idx = torch.randint(0, 512, (4, 32))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True)
+    return train(m, opt, lambda m: F.cross_entropy(m(idx).float().view(-1, 512), idx.view(-1)))
+
+
+def big_matmul():
+    """Compute-bound: a few large matmuls."""
+    w = [torch.randn(768, 768) for _ in range(3)]
+    x = torch.randn(256, 768)
+
+    @torch.no_grad()
+    def step():
+        h = x
+        for m in w:
+            h = torch.tanh(h @ m)
+        return h
+    return step
+
+
+def recsys_adagrad():
+    m = nn.ModuleDict(dict(emb=nn.Embedding(5000, 32), mlp=nn.Sequential(nn.Linear(32 * 4, 64), nn.ReLU(), nn.Linear(64, 1))))
+    idx, y = torch.randint(0, 5000, (64, 4)), torch.rand(64, 1)
+    fwd = lambda m: F.mse_loss(m["mlp"](m["emb"](idx).flatten(1)), y)
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.05), fwd)
+
+
+def mlp_adam_fused():
+    m = nn.Sequential(nn.Linear(128, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
+    x, y = torch.randn(128, 128), torch.randn(128, 1)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3, fused=True), lambda m: F.mse_loss(m(x), y))
+
+
+MODELS = {
+    # name: (factory, set, what it covers)
+    "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
+    "cnn_bn_adam": (cnn_bn_adam, "tune", "CNN with batch-norm, Adam"),
+    "lstm_train": (lstm_train, "tune", "2-layer LSTM training, Adam"),
+    "transformer_train": (transformer_train, "tune", "transformer encoder training, AdamW foreach"),
+    "dlrm_sgd": (dlrm_sgd, "tune", "embedding bags + MLPs, SGD"),
+    "tiny_ops": (tiny_ops, "tune", "200 tiny elementwise ops, inference (overhead-bound)"),
+    "autocast_bf16_mlp": (autocast_bf16_mlp, "tune", "MLP under bf16 autocast, SGD"),
+    "gru_infer": (gru_infer, "heldout", "2-layer GRU inference"),
+    "vit_train": (vit_train, "heldout", "small ViT (conv patches, SDPA), AdamW fused"),
+    "transformer_infer": (transformer_infer, "heldout", "transformer encoder, inference_mode"),
+    "resnet_sgd": (resnet_sgd, "heldout", "residual CNN with batch-norm, SGD momentum + weight decay"),
+    "gpt_bf16": (gpt_bf16, "heldout", "bf16 GPT (causal SDPA, embeddings), AdamW foreach"),
+    "big_matmul": (big_matmul, "heldout", "three 256x768x768 matmuls (compute-bound)"),
+    "recsys_adagrad": (recsys_adagrad, "heldout", "embedding + MLP, Adagrad"),
+    "mlp_adam_fused": (mlp_adam_fused, "heldout", "MLP, Adam fused"),
+}
+
+
+def make(name):
+    torch.manual_seed(0)
+    return MODELS[name][0]()
+
+
+def timed(step, iters):
+    for _ in range(5):
+        step()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
+
+
+def burn(stop):
+    x = 1
+    while not stop.is_set():
+        x = (x * 6364136223846793005 + 1) & 0xFFFFFFFFFFFFFFFF
+
+
+def capture(out, name, busy):
+    os.makedirs(out, exist_ok=True)
+    step = make(name)
+    times = timed(step, 30)
+    burners, stop = [], None
+    if busy:
+        stop = multiprocessing.Event()
+        burners = [multiprocessing.Process(target=burn, args=(stop,), daemon=True) for _ in range(os.cpu_count() or 2)]
+        for p in burners:
+            p.start()
+        time.sleep(0.5)
+    try:
+        et = os.path.join(out, f"{name}.et.json")
+        obs = ExecutionTraceObserver().register_callback(et)
+        obs.start(); step(); obs.stop(); obs.unregister_callback()
+        linked, kineto = os.path.join(out, f"{name}.linked.et.json"), os.path.join(out, f"{name}.kineto.json")
+        obs2 = ExecutionTraceObserver().register_callback(linked)
+        t = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=obs2, record_shapes=True,
+                     on_trace_ready=lambda p: p.export_chrome_trace(kineto)):
+            step()
+        profiled_ms = (time.perf_counter() - t) * 1e3
+    finally:
+        if stop is not None:
+            stop.set()
+            for p in burners:
+                p.join()
+    # The original's peak memory: a quiet iteration under profile_memory (its own file, so the
+    # linked Kineto trace keeps the capture's timing).
+    with tempfile.TemporaryDirectory() as d:
+        mem = os.path.join(d, "mem.json")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     on_trace_ready=lambda p: p.export_chrome_trace(mem)):
+            step()
+        with open(mem) as f:
+            evs = json.load(f).get("traceEvents", [])
+        totals = [e["args"].get("Total Allocated", 0) for e in evs if e.get("name") == "[memory]" and "args" in e]
+        first = totals[0] if totals else 0
+        peak = max(totals) if totals else 0
+    meta = dict(model=name, set=MODELS[name][1], covers=MODELS[name][2], torch=torch.__version__,
+                threads=torch.get_num_threads(), busy=busy, iters=len(times),
+                iter_ms_median=statistics.median(times), iter_ms_min=min(times), iter_ms_max=max(times),
+                profiled_capture_ms=profiled_ms, peak_allocated_bytes=peak,
+                peak_over_start_bytes=peak - first)
+    with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    print(json.dumps(meta))
+
+
+def main():
+    a = sys.argv[1:]
+    if a[:1] == ["list"]:
+        print(json.dumps([dict(name=n, set=s, covers=c) for n, (_, s, c) in MODELS.items()]))
+    elif a[:1] == ["time"] and len(a) >= 2:
+        times = timed(make(a[1]), int(a[2]) if len(a) > 2 else 30)
+        print(json.dumps(dict(model=a[1], threads=torch.get_num_threads(), iters=len(times),
+                              iter_ms_median=statistics.median(times), iter_ms_min=min(times),
+                              iter_ms_max=max(times))))
+    elif a[:1] == ["capture"] and len(a) >= 3:
+        capture(a[1], a[2], "--busy" in a[3:])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--svg PATH]`: replay vs original over the
+//! model zoo (`xtask/scripts/zoo.py`).
+//!
+//! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
+//! hash): on a quiet host, and with the host made busy during the capture only. Per model and
+//! round, in alternating order: the original timed uninstrumented (30 iterations), the plain
+//! replay, the replay with gaps from the quiet capture, and with gaps from the busy capture
+//! (each 30 iterations after 3 warm-up, 1 thread). Ratios are per round (replay / original
+//! median iteration), then the median over rounds. The tuning set and the held-out set are
+//! reported apart; held-out models are never used to choose anything.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Model {
+    name: String,
+    set: String,
+    covers: String,
+}
+
+fn zoo_script(root: &Path) -> PathBuf {
+    root.join("xtask/scripts/zoo.py")
+}
+
+fn python_env(c: &mut Command, torch_py: &Path) {
+    c.env("PYTHONPATH", torch_py)
+        .env("PYTHONWARNINGS", "ignore")
+        .stderr(std::process::Stdio::null());
+}
+
+fn models(root: &Path, torch_py: &Path) -> Result<Vec<Model>> {
+    let mut c = Command::new(crate::python());
+    c.arg(zoo_script(root)).arg("list");
+    python_env(&mut c, torch_py);
+    let out = c.output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("zoo.py list: {}", String::from_utf8_lossy(&out.stdout)))?;
+    Ok(v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| Model {
+            name: m["name"].as_str().unwrap_or_default().into(),
+            set: m["set"].as_str().unwrap_or_default().into(),
+            covers: m["covers"].as_str().unwrap_or_default().into(),
+        })
+        .collect())
+}
+
+/// The zoo's cache directory for this script (a changed script captures afresh).
+fn zoo_dir(root: &Path, cache: &Path) -> Result<PathBuf> {
+    let src = std::fs::read(zoo_script(root))?;
+    // FNV-1a: a stable content key, no dependency.
+    let h = src.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    });
+    Ok(cache.join(format!("zoo/torch-2.11.0-{h:016x}")))
+}
+
+/// Captures whatever of the zoo is missing (quiet and busy).
+fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Result<()> {
+    for variant in ["quiet", "busy"] {
+        for m in models {
+            let out = dir.join(variant);
+            if out.join(format!("{}.meta.json", m.name)).exists() {
+                continue;
+            }
+            eprintln!("[fidelity] capturing {} ({variant}) ...", m.name);
+            let mut c = Command::new(crate::python());
+            c.arg(zoo_script(root))
+                .arg("capture")
+                .arg(&out)
+                .arg(&m.name);
+            if variant == "busy" {
+                c.arg("--busy");
+            }
+            python_env(&mut c, torch_py);
+            let o = c.output()?;
+            if !o.status.success() {
+                bail!("capturing {} ({variant}) failed", m.name);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn time_original(root: &Path, torch_py: &Path, m: &str) -> Result<(f64, f64)> {
+    let mut c = Command::new(crate::python());
+    c.arg(zoo_script(root)).args(["time", m, "30"]);
+    python_env(&mut c, torch_py);
+    let o = c.output()?;
+    let line = String::from_utf8_lossy(&o.stdout);
+    let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
+        .with_context(|| format!("zoo.py time {m}: {line}"))?;
+    Ok((
+        j["iter_ms_median"].as_f64().unwrap_or(f64::NAN),
+        j["iter_ms_min"].as_f64().unwrap_or(f64::NAN),
+    ))
+}
+
+fn replay(bin: &Path, et: &Path, kineto: Option<&Path>, extra: &[&str]) -> Result<serde_json::Value> {
+    let mut c = Command::new(bin);
+    c.arg("replay")
+        .arg(et)
+        .args(["--threads", "1", "--iters", "30", "--warmup", "3", "--json"])
+        .args(extra);
+    if let Some(k) = kineto {
+        c.arg("--kineto").arg(k).arg("--emulate-gaps");
+    }
+    let r = c.output()?;
+    // Exit 3 (some ops failed) still has a report.
+    serde_json::from_slice(&r.stdout).with_context(|| {
+        format!(
+            "replay of {}: {}",
+            et.display(),
+            String::from_utf8_lossy(&r.stderr)
+        )
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+struct Row {
+    model: String,
+    set: String,
+    orig_ms: f64,
+    plain: f64,
+    quiet: f64,
+    busy: f64,
+    rounds: Vec<[f64; 3]>,
+    busy_speed: f64,
+    busy_capture_over_orig: f64,
+    failed: u64,
+    nonfinite: String,
+    peak_ratio: f64,
+}
+
+pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
+    let mut rounds = 3usize;
+    let mut only: Option<Vec<String>> = None;
+    let mut svg: Option<PathBuf> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match *a {
+            "--models" => {
+                only = Some(
+                    it.next()
+                        .context("--models a,b")?
+                        .split(',')
+                        .map(String::from)
+                        .collect(),
+                )
+            }
+            "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
+            n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
+        }
+    }
+    let all = models(root, torch_py)?;
+    let models: Vec<Model> = all
+        .into_iter()
+        .filter(|m| only.as_ref().is_none_or(|o| o.contains(&m.name)))
+        .collect();
+    if models.is_empty() {
+        bail!("no zoo model selected");
+    }
+    let dir = zoo_dir(root, cache)?;
+    ensure_zoo(root, &dir, torch_py, &models)?;
+    println!(
+        "fidelity over the zoo ({}): {rounds} rounds, order alternating; 1 thread, 30 iterations each.\n\
+         ratio = replay / original median iteration per round, median over rounds; gaps from the quiet\n\
+         and from the busy capture (the host made busy while capturing only).",
+        dir.display()
+    );
+    let mut rows = Vec::new();
+    for m in &models {
+        let q = dir.join("quiet");
+        let b = dir.join("busy");
+        let et = |d: &Path| d.join(format!("{}.linked.et.json", m.name));
+        let kin = |d: &Path| d.join(format!("{}.kineto.json", m.name));
+        let mut per_round = Vec::new();
+        let mut orig = Vec::new();
+        let mut first_busy: Option<serde_json::Value> = None;
+        let mut first_plain: Option<serde_json::Value> = None;
+        for round in 0..rounds {
+            let mut r = [f64::NAN; 4];
+            let order: [usize; 4] = if round % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+            for which in order {
+                r[which] = match which {
+                    0 => time_original(root, torch_py, &m.name)?.0,
+                    1 => {
+                        let j = replay(bin, &et(&q), None, &[])?;
+                        let v = j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                        first_plain.get_or_insert(j);
+                        v
+                    }
+                    2 => replay(bin, &et(&q), Some(&kin(&q)), &[])?["iter_ms"]["median"]
+                        .as_f64()
+                        .unwrap_or(f64::NAN),
+                    _ => {
+                        let j = replay(bin, &et(&b), Some(&kin(&b)), &[])?;
+                        let v = j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                        first_busy.get_or_insert(j);
+                        v
+                    }
+                };
+            }
+            orig.push(r[0]);
+            per_round.push([r[1] / r[0], r[2] / r[0], r[3] / r[0]]);
+        }
+        // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
+        let checked = replay(bin, &et(&q), None, &["--check-values"])?;
+        let nonfinite = match &checked["first_nonfinite"] {
+            serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
+            v => format!("{} ({})", v["op"].as_str().unwrap_or("?"), checked["nonfinite_externals"]),
+        };
+        let meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        let busy_meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(b.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
+        )
+        .unwrap_or_default();
+        let plain = first_plain.unwrap_or_default();
+        let busy = first_busy.unwrap_or_default();
+        let orig_ms = median(orig);
+        let col = |k: usize| median(per_round.iter().map(|r| r[k]).collect());
+        let row = Row {
+            model: m.name.clone(),
+            set: m.set.clone(),
+            orig_ms,
+            plain: col(0),
+            quiet: col(1),
+            busy: col(2),
+            busy_speed: busy["gap_model"]["speed"].as_f64().unwrap_or(f64::NAN),
+            busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"].as_f64().unwrap_or(f64::NAN)
+                / orig_ms,
+            failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
+            nonfinite,
+            peak_ratio: plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
+                / meta["peak_allocated_bytes"].as_f64().unwrap_or(f64::NAN),
+            rounds: per_round,
+        };
+        let _ = busy_meta;
+        eprintln!(
+            "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy)",
+            row.model, row.orig_ms, row.plain, row.quiet, row.busy
+        );
+        rows.push((row, m.covers.clone()));
+    }
+    for set in ["tune", "heldout"] {
+        let in_set: Vec<&(Row, String)> = rows.iter().filter(|(r, _)| r.set == set).collect();
+        if in_set.is_empty() {
+            continue;
+        }
+        println!(
+            "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  {}",
+            if set == "tune" { "tuning" } else { "HELD-OUT" },
+            "model",
+            "orig ms",
+            "plain",
+            "+gaps",
+            "+gaps",
+            "busy gaps",
+            "busy",
+            "failed",
+            "peak",
+            "NaN/Inf"
+        );
+        println!(
+            "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}",
+            "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio"
+        );
+        for (r, _) in &in_set {
+            println!(
+                "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2}  {}",
+                r.model,
+                r.orig_ms,
+                r.plain,
+                r.quiet,
+                r.busy,
+                r.busy_capture_over_orig,
+                r.busy_speed,
+                r.failed,
+                r.peak_ratio,
+                r.nonfinite
+            );
+        }
+        let within = |f: &dyn Fn(&Row) -> f64, lo: f64, hi: f64| {
+            in_set
+                .iter()
+                .filter(|(r, _)| (lo..=hi).contains(&f(r)))
+                .count()
+        };
+        let n = in_set.len();
+        println!(
+            "summary ({set}, {n} models): with gaps, within [0.90, 1.10]: {} quiet, {} busy; within [0.80, 1.25]: {} quiet, {} busy; plain within [0.90, 1.10]: {}",
+            within(&|r| r.quiet, 0.9, 1.1),
+            within(&|r| r.busy, 0.9, 1.1),
+            within(&|r| r.quiet, 0.8, 1.25),
+            within(&|r| r.busy, 0.8, 1.25),
+            within(&|r| r.plain, 0.9, 1.1),
+        );
+    }
+    let json = serde_json::json!(rows
+        .iter()
+        .map(|(r, covers)| serde_json::json!({
+            "model": r.model, "set": r.set, "covers": covers, "original_ms": r.orig_ms,
+            "ratio_plain": r.plain, "ratio_gaps_quiet": r.quiet, "ratio_gaps_busy": r.busy,
+            "rounds": r.rounds, "busy_speed": r.busy_speed, "failed_ops": r.failed,
+            "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
+        }))
+        .collect::<Vec<_>>());
+    let out = root.join("target/fidelity");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("zoo.json"), serde_json::to_vec_pretty(&json)?)?;
+    let svg = svg.unwrap_or_else(|| out.join("zoo.svg"));
+    let bars: Vec<(String, f64, f64)> = rows
+        .iter()
+        .map(|(r, _)| {
+            (
+                format!("{}{}", r.model, if r.set == "heldout" { " (held-out)" } else { "" }),
+                r.quiet,
+                r.busy,
+            )
+        })
+        .collect();
+    std::fs::write(
+        &svg,
+        metrics::svg_bars(
+            "replay with emulated gaps / original iteration (1.0 = exact)",
+            "x",
+            ("gaps from a quiet capture", "gaps from a busy capture"),
+            &bars,
+        ),
+    )?;
+    println!("\nwrote {} and {}", out.join("zoo.json").display(), svg.display());
+    Ok(())
+}
