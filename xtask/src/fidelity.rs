@@ -98,7 +98,12 @@ fn time_original(root: &Path, torch_py: &Path, m: &str) -> Result<(f64, f64)> {
     ))
 }
 
-fn replay(bin: &Path, et: &Path, kineto: Option<&Path>, extra: &[&str]) -> Result<serde_json::Value> {
+fn replay(
+    bin: &Path,
+    et: &Path,
+    kineto: Option<&Path>,
+    extra: &[&str],
+) -> Result<serde_json::Value> {
     let mut c = Command::new(bin);
     c.arg("replay")
         .arg(et)
@@ -195,7 +200,11 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let mut first_plain: Option<serde_json::Value> = None;
         for round in 0..rounds {
             let mut r = [f64::NAN; 4];
-            let order: [usize; 4] = if round % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+            let order: [usize; 4] = if round % 2 == 0 {
+                [0, 1, 2, 3]
+            } else {
+                [3, 2, 1, 0]
+            };
             for which in order {
                 r[which] = match which {
                     0 => time_original(root, torch_py, &m.name)?.0,
@@ -223,7 +232,11 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let checked = replay(bin, &et(&q), None, &["--check-values"])?;
         let nonfinite = match &checked["first_nonfinite"] {
             serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
-            v => format!("{} ({})", v["op"].as_str().unwrap_or("?"), checked["nonfinite_externals"]),
+            v => format!(
+                "{} ({})",
+                v["op"].as_str().unwrap_or("?"),
+                checked["nonfinite_externals"]
+            ),
         };
         let meta: serde_json::Value = serde_json::from_slice(
             &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
@@ -245,7 +258,9 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             quiet: col(1),
             busy: col(2),
             busy_speed: busy["gap_model"]["speed"].as_f64().unwrap_or(f64::NAN),
-            busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"].as_f64().unwrap_or(f64::NAN)
+            busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
                 / orig_ms,
             failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
             nonfinite,
@@ -266,7 +281,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             continue;
         }
         println!(
-            "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  {}",
+            "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  NaN/Inf",
             if set == "tune" { "tuning" } else { "HELD-OUT" },
             "model",
             "orig ms",
@@ -277,7 +292,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "busy",
             "failed",
             "peak",
-            "NaN/Inf"
         );
         println!(
             "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}",
@@ -331,7 +345,15 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         .iter()
         .map(|(r, _)| {
             (
-                format!("{}{}", r.model, if r.set == "heldout" { " (held-out)" } else { "" }),
+                format!(
+                    "{}{}",
+                    r.model,
+                    if r.set == "heldout" {
+                        " (held-out)"
+                    } else {
+                        ""
+                    }
+                ),
                 r.quiet,
                 r.busy,
             )
@@ -346,6 +368,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             &bars,
         ),
     )?;
-    println!("\nwrote {} and {}", out.join("zoo.json").display(), svg.display());
+    println!(
+        "\nwrote {} and {}",
+        out.join("zoo.json").display(),
+        svg.display()
+    );
     Ok(())
 }

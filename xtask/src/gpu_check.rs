@@ -288,7 +288,10 @@ fn run(dir: &Path) -> Result<()> {
         if let Some(o) = &out_dir {
             let mut s = summary.clone();
             s.insert("failures".into(), serde_json::json!(failures));
-            s.insert("seconds".into(), serde_json::json!(t0.elapsed().as_secs_f64()));
+            s.insert(
+                "seconds".into(),
+                serde_json::json!(t0.elapsed().as_secs_f64()),
+            );
             let _ = std::fs::write(
                 o.join("gpu-check.json"),
                 serde_json::to_vec_pretty(&s).unwrap_or_default(),

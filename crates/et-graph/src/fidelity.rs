@@ -89,16 +89,16 @@ pub struct GapModel {
     /// What is emulated per iteration (ms).
     pub emulated_ms: f64,
     /// This host's speed relative to the capture's, both under the same instrumentation: the
-    /// median over ops of (the replay's profiled window / the original's Kineto duration). Below
-    /// 1: this host (now) runs the ops faster than the capture did (a busy or slower capture
-    /// host), so the capture's gaps shrink by the same factor.
+    /// replay's profiled op windows over the original's Kineto durations, summed over the ops
+    /// found in both. Below 1: this host (now) runs the ops faster than the capture did (a busy
+    /// or slower capture host), so the capture's gaps shrink by the same factor.
     pub speed: f64,
     /// Ops the speed was measured on (found in both profiles).
     pub speed_ops: usize,
-    /// The instrumentation's cost per recorded event on this host (µs): the median over ops of
-    /// (profiled window - plain time) / events in the window.
+    /// The instrumentation's cost per recorded event on this host (µs): over the ops found in
+    /// both, the sum of (profiled window - plain time) over the sum of events in the windows.
     pub per_event_us: f64,
-    /// The instrumentation's cost between two ops on this host (µs): the median of the
+    /// The instrumentation's cost between two ops on this host (µs): the mean of the
     /// instrumented replay's gaps less the plain replay's bookkeeping between steps.
     pub per_boundary_us: f64,
     /// Profiled events the original recorded inside its gaps (annotations, ops outside the
@@ -111,8 +111,10 @@ pub struct GapModel {
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
 ///
-/// `gap_i = max(0, speed * g_i - per_boundary - per_event * n_i)`
+/// `e_i = speed * g_i - per_boundary - per_event * n_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
 ///
+/// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
+/// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
 /// where `g_i` is the capture's (instrumented) gap before op `i`, `speed` puts it on this host
 /// under the same instrumentation (the median ratio of the replay's profiled op windows to the
 /// original's, so a capture on a busy or slower host counts for what it is), and the two
@@ -129,42 +131,51 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
     all_starts.sort_by(|a, b| a.total_cmp(b));
     let count_in =
         |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
-    // speed and per-event cost over the ops found in both profiles
-    let mut ratios = Vec::new();
-    let mut per_event = Vec::new();
+    // Speed and per-event cost over the ops found in both profiles, as ratios of sums: the
+    // instrumentation's cost is heavy-tailed (an op recording large tensor lists costs a
+    // hundred times a small one) and a busy capture host loses whole time slices in a few
+    // ops, so per-op medians would miss exactly the time that matters.
+    let (mut window_sum, mut original_sum, mut excess_sum, mut events_sum) = (0.0, 0.0, 0.0, 0.0);
+    let mut speed_ops = 0;
     for (pos, e) in l.event_of.iter().enumerate() {
         let (Some(e), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
             continue;
         };
         let window = b - a;
         let original = k.events[*e as usize].dur;
-        if window > 0.0 && original > 0.0 {
-            ratios.push(window / original);
+        let Some(&plain) = r.plain_us.get(pos) else {
+            continue;
+        };
+        if !(window.is_finite() && original.is_finite() && plain.is_finite()) || window <= 0.0 {
+            continue;
         }
-        if let Some(&plain) = r.plain_us.get(pos) {
-            per_event.push((window - plain) / (*nested as f64 + 1.0));
-        }
+        speed_ops += 1;
+        window_sum += window;
+        original_sum += original.max(0.0);
+        excess_sum += window - plain;
+        events_sum += *nested as f64 + 1.0;
     }
     // The instrumented replay's gaps: from one found step's end to the next found step's start,
     // where the two are consecutive.
-    let mut boundaries = Vec::new();
+    let (mut boundary_sum, mut boundaries) = (0.0, 0usize);
     for w in r.profiled.windows(2) {
         if let [Some((_, end, _)), Some((start, _, _))] = w {
-            boundaries.push((start - end - r.between_us).max(0.0));
+            let g = start - end - r.between_us;
+            if g.is_finite() {
+                boundary_sum += g.max(0.0);
+                boundaries += 1;
+            }
         }
     }
-    let enough = ratios.len() >= 3;
-    let med = |mut v: Vec<f64>| {
-        v.retain(|x| x.is_finite());
-        v.sort_by(|a, b| a.total_cmp(b));
-        median_sorted(&v)
-    };
-    let speed_ops = ratios.len();
-    let (speed, per_event_us, per_boundary_us) = if enough {
+    let (speed, per_event_us, per_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
         (
-            med(ratios),
-            med(per_event).max(0.0),
-            med(boundaries).max(0.0),
+            window_sum / original_sum,
+            (excess_sum / events_sum).max(0.0),
+            if boundaries > 0 {
+                boundary_sum / boundaries as f64
+            } else {
+                0.0
+            },
         )
     } else {
         (1.0, 0.0, 0.0)
@@ -177,6 +188,9 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         .fold(f64::NEG_INFINITY, f64::max);
     let mut prev_end: Option<f64> = None;
     let mut events_in_gaps = 0;
+    // Each gap's own estimate (clipped at 0) gives the shape; the total is the sum of the
+    // unclipped estimates, so clipping the gaps that come out negative does not bias it up.
+    let mut total = 0.0;
     let mut gaps: Vec<f64> = l
         .event_of
         .iter()
@@ -196,9 +210,20 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
             };
             events_in_gaps += n;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
-            (speed * g - per_boundary_us - per_event_us * n as f64).max(0.0)
+            let estimate = speed * g - per_boundary_us - per_event_us * n as f64;
+            total += estimate;
+            estimate.max(0.0)
         })
         .collect();
+    let clipped: f64 = gaps.iter().sum();
+    let scale = if clipped > 0.0 {
+        total.max(0.0) / clipped
+    } else {
+        0.0
+    };
+    for g in gaps.iter_mut() {
+        *g *= scale;
+    }
     let capped = cap_gaps(&mut gaps, orig);
     GapModel {
         capture_gaps_ms: orig.gap_us.iter().sum::<f64>() / 1e3,
@@ -210,14 +235,6 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         per_boundary_us,
         events_in_gaps,
         capped,
-    }
-}
-
-fn median_sorted(v: &[f64]) -> f64 {
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

@@ -660,7 +660,10 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
         },
     );
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
-    assert!(m.per_event_us.abs() < 1e-9 && m.per_boundary_us.abs() < 1e-9, "{m:?}");
+    assert!(
+        m.per_event_us.abs() < 1e-9 && m.per_boundary_us.abs() < 1e-9,
+        "{m:?}"
+    );
     for (g, o) in m.gaps_us.iter().zip(&o.gap_us) {
         assert!((g - o / 3.0).abs() < 1e-6, "{g} vs {o}/3");
     }

@@ -283,7 +283,10 @@ mod imp {
                 // NVML's GPM counters refresh internally: two samples must be over 100 ms apart.
                 let gpm_every = std::time::Duration::from_millis(100);
                 let mut prev_gpm = if gpm {
-                    device.gpm_sample().ok().map(|s| (s, std::time::Instant::now()))
+                    device
+                        .gpm_sample()
+                        .ok()
+                        .map(|s| (s, std::time::Instant::now()))
                 } else {
                     None
                 };

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/stack.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GradMode.h>
@@ -192,6 +193,31 @@ void mq_push_device(MqStack* st, int type, int index) {
 // ops as explicit calls, so nothing ever runs backward through what it records).
 int mq_call(void* op, MqStack* st, int grad) {
   return guarded([&] {
+    c10::AutoGradMode mode(grad != 0);
+    static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
+  });
+}
+
+// mq_call under autocast to `dtype` on `device_type` (0 CPU, 1 CUDA), as the original ran the op
+// inside `torch.autocast`: the op's autocast kernel casts its inputs, as it did there. The
+// autocast state is restored afterwards (and its cast cache cleared, as leaving the outermost
+// autocast region does), also when the call throws.
+int mq_call_autocast(void* op, MqStack* st, int grad, int device_type, int dtype) {
+  return guarded([&] {
+    const auto dev = device_type == 1 ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+    struct Restore {
+      c10::DeviceType dev;
+      bool enabled;
+      at::ScalarType dtype;
+      ~Restore() {
+        at::autocast::set_autocast_enabled(dev, enabled);
+        at::autocast::set_autocast_dtype(dev, dtype);
+        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      }
+    } restore{dev, at::autocast::is_autocast_enabled(dev), at::autocast::get_autocast_dtype(dev)};
+    at::autocast::increment_nesting();
+    at::autocast::set_autocast_enabled(dev, true);
+    at::autocast::set_autocast_dtype(dev, static_cast<at::ScalarType>(dtype));
     c10::AutoGradMode mode(grad != 0);
     static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
   });

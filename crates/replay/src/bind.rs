@@ -314,6 +314,7 @@ mod tests {
             frees: vec![],
             passthrough: vec![],
             autograd: false,
+            autocast: None,
         }
     }
 

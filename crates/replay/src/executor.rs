@@ -296,8 +296,15 @@ impl<'a> Executor<'a> {
         let args = self.bound.args(self.plan, pos);
         let comm = self.comm.as_ref();
         let collective = self.plan.steps[pos].kind.is_collective();
+        let autocast = self.plan.steps[pos].autocast;
+        let device = self.bound.device.tch();
         let first = push_args(&mut self.stack, args, slots, op, &self.bound.device, comm)
-            .and_then(|()| self.stack.call(op, grad))
+            .and_then(|()| match autocast {
+                Some(d) => self
+                    .stack
+                    .call_autocast(op, grad, device, d.scalar_type_code() as i32),
+                None => self.stack.call(op, grad),
+            })
             // A collective's work completes before anything reads its tensors (the trace's
             // own waits then find it done).
             .and_then(|()| {

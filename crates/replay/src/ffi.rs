@@ -48,6 +48,13 @@ extern "C" {
     fn mq_push_device(st: *mut MqStack, ty: i32, index: i32);
     fn mq_push_scalar_list(st: *mut MqStack, v: *const f64, n: usize);
     fn mq_call(op: *mut c_void, st: *mut MqStack, grad: i32) -> i32;
+    fn mq_call_autocast(
+        op: *mut c_void,
+        st: *mut MqStack,
+        grad: i32,
+        device_type: i32,
+        dtype: i32,
+    ) -> i32;
     fn mq_set_requires_grad(t: *mut C_tensor) -> i32;
     fn mq_stack_kind(st: *mut MqStack, i: usize) -> i32;
     fn mq_stack_tensor(st: *mut MqStack, i: usize) -> *mut C_tensor;
@@ -404,6 +411,23 @@ impl Stack {
     pub fn call(&mut self, op: &Op, grad: bool) -> Result<(), CallError> {
         // SAFETY: live op and stack; the shim catches every C++ exception.
         match unsafe { mq_call(op.0.as_ptr(), self.p(), grad as i32) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
+        }
+    }
+
+    /// [`Stack::call`] under autocast to `dtype` (a ScalarType code) on `device`, as the
+    /// original ran the op inside `torch.autocast`.
+    pub fn call_autocast(
+        &mut self,
+        op: &Op,
+        grad: bool,
+        device: tch::Device,
+        dtype: i32,
+    ) -> Result<(), CallError> {
+        let ty = matches!(device, tch::Device::Cuda(_)) as i32;
+        // SAFETY: as `call`; the shim restores the autocast state whatever happens.
+        match unsafe { mq_call_autocast(op.0.as_ptr(), self.p(), grad as i32, ty, dtype) } {
             0 => Ok(()),
             code => Err(call_error(code)),
         }

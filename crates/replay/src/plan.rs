@@ -64,6 +64,28 @@ mod dtype_name {
         DType::from_et_name(&name)
             .ok_or_else(|| D::Error::custom(format!("unknown dtype {name:?}")))
     }
+
+    /// The same for an optional dtype.
+    pub mod opt {
+        use et_schema::DType;
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(d: &Option<DType>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DType>, D::Error> {
+            match Option::<String>::deserialize(d)? {
+                Some(name) => DType::from_et_name(&name)
+                    .map(Some)
+                    .ok_or_else(|| serde::de::Error::custom(format!("unknown dtype {name:?}"))),
+                None => Ok(None),
+            }
+        }
+    }
 }
 
 /// Doubles as JSON numbers, and the non-finite ones a trace can hold (`-inf` masks, `inf`
@@ -298,6 +320,14 @@ pub struct Step {
     /// replay it with autograd on, so it builds the same graph nodes and saves the same tensors
     /// and composite ops take the same (differentiable) paths.
     pub autograd: bool,
+    /// The original ran this op inside `torch.autocast` to this dtype (see [`autocast_of`]):
+    /// the replay calls it under autocast too, so it casts and computes as it did there.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "dtype_name::opt"
+    )]
+    pub autocast: Option<et_schema::DType>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -315,6 +345,9 @@ pub struct Plan {
     /// External float inputs of autograd steps: the model's parameters (and inputs), made to
     /// require grad so the forward records a graph.
     pub grad_inputs: Vec<Slot>,
+    /// Scalars the trace rounded to 0 that the replay restored (see [`restore_rounded`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored: Vec<Restored>,
     /// Process groups, the world first (index 0). From the trace's `## process_group:init ##`;
     /// a trace without one (older schemas) has the world alone, its size unknown (0).
     pub groups: Vec<GroupSpec>,
@@ -358,6 +391,13 @@ impl Plan {
         }
         for s in &self.grad_inputs {
             slot(*s, "grad input", 0)?;
+        }
+        if let Some(r) = self.restored.iter().find(|r| r.step >= self.steps.len()) {
+            return Err(format!(
+                "restored scalar of step {} of {}",
+                r.step,
+                self.steps.len()
+            ));
         }
         for st in &self.steps {
             let id = st.id;
@@ -1085,6 +1125,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
     let groups = process_groups(t);
     let mut steps = Vec::with_capacity(set.ops.len());
     let mut grad_inputs = std::collections::BTreeSet::new();
+    let mut restored: Vec<Restored> = Vec::new();
     for (step, &i) in set.ops.iter().enumerate() {
         let node = &t.nodes[i as usize];
         let name = t.name(node).to_string();
@@ -1130,6 +1171,23 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                                         }
                                     }
                                 }
+                                let in_step = || {
+                                    g.ancestors(i).any(|a| {
+                                        t.name(&t.nodes[a as usize]).starts_with("Optimizer.step")
+                                    })
+                                };
+                                let arg = match restore_rounded(&name, sa, arg, in_step) {
+                                    (arg, Some((value, why))) => {
+                                        restored.push(Restored {
+                                            step,
+                                            arg: sa.name.clone().unwrap_or_else(|| k.to_string()),
+                                            value,
+                                            why,
+                                        });
+                                        arg
+                                    }
+                                    (arg, None) => arg,
+                                };
                                 args.push(arg);
                             }
                             Err(e) => {
@@ -1236,6 +1294,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             frees: Vec::new(),
             passthrough,
             autograd,
+            autocast: None,
         });
     }
     link_waits(&mut steps);
@@ -1247,7 +1306,8 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             steps[last].frees.push(slot as u32);
         }
     }
-    Plan {
+    let mut plan = Plan {
+        restored,
         version: Plan::VERSION,
         source: t.source.clone(),
         ops: b.ops.into_iter().collect(),
@@ -1256,6 +1316,161 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         externals: b.externals,
         grad_inputs: grad_inputs.into_iter().collect(),
         groups,
+    };
+    let dtypes: Vec<Option<et_schema::DType>> = plan
+        .slot_specs()
+        .iter()
+        .map(|s| s.map(|s| s.dtype))
+        .collect();
+    for step in &mut plan.steps {
+        step.autocast = autocast_of(step, &dtypes);
+    }
+    plan
+}
+
+/// A scalar argument the trace recorded as 0 and the replay restored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Restored {
+    pub step: usize,
+    /// The schema's name for the argument (or its position).
+    pub arg: String,
+    #[serde(with = "float")]
+    pub value: f64,
+    pub why: String,
+}
+
+/// PyTorch's optimizers' default epsilon (Adam, AdamW, RMSprop, NAdam, RAdam).
+const OPTIMIZER_EPS: f64 = 1e-8;
+
+/// The execution trace observer writes doubles with six decimals, so a scalar below 5e-7
+/// arrives as 0: an optimizer's `eps=1e-8` among them (AdamW then divides 0 by 0 where a second
+/// moment is 0). A recorded 0 is restored where it cannot have been meant:
+/// - an argument named `eps`: to its schema default when that is non-zero (norms), else to the
+///   optimizers' default 1e-8 (fused optimizers' `eps` has no default);
+/// - an argument whose schema default is itself below 5e-7 but non-zero (it would have been
+///   written as 0 too);
+/// - the scalar of an `add`/`_foreach_add` inside `Optimizer.step` (the optimizer adding its
+///   eps to the denominator: adding 0 is no work a model asks for).
+///
+/// Returns the argument and, when restored, the value and why.
+pub fn restore_rounded(
+    op: &str,
+    sa: &et_schema::SchemaArg,
+    arg: Arg,
+    in_optimizer_step: impl Fn() -> bool,
+) -> (Arg, Option<(f64, String)>) {
+    let zero = matches!(arg, Arg::Double(v) | Arg::ScalarDouble(v) if v == 0.0);
+    if !zero {
+        return (arg, None);
+    }
+    let default = sa
+        .default
+        .as_deref()
+        .and_then(|d| d.parse::<f64>().ok())
+        .filter(|d| *d != 0.0 && d.is_finite());
+    let name = sa.name.as_deref().unwrap_or("");
+    let value = if name == "eps" || name == "epsilon" {
+        Some((
+            default.unwrap_or(OPTIMIZER_EPS),
+            format!(
+                "`{name}` recorded as 0 (the trace keeps 6 decimals); restored to {}",
+                if default.is_some() {
+                    "its schema default"
+                } else {
+                    "the optimizers' default 1e-8"
+                }
+            ),
+        ))
+    } else if let Some(d) = default.filter(|d| d.abs() < 5e-7) {
+        Some((
+            d,
+            format!("`{name}` recorded as 0, its default {d:e} rounds to 0 in the trace"),
+        ))
+    } else if matches!(
+        op,
+        "aten::_foreach_add_" | "aten::_foreach_add" | "aten::add_" | "aten::add"
+    ) && matches!(name, "scalar" | "other")
+        && in_optimizer_step()
+    {
+        Some((
+            OPTIMIZER_EPS,
+            "an optimizer step adds 0 (its eps, rounded to 0 in the trace); restored to 1e-8"
+                .to_string(),
+        ))
+    } else {
+        None
+    };
+    match value {
+        Some((v, why)) => {
+            let arg = match arg {
+                Arg::Double(_) => Arg::Double(v),
+                _ => Arg::ScalarDouble(v),
+            };
+            (arg, Some((v, why)))
+        }
+        None => (arg, None),
+    }
+}
+
+/// Ops whose output dtype differs from their inputs' by their own doing (casts, explicit dtype
+/// arguments), never a sign of autocast.
+const CASTS: &[&str] = &[
+    "aten::to",
+    "aten::_to_copy",
+    "aten::type_as",
+    "aten::copy_",
+    "aten::_autocast_to_reduced_precision",
+    "aten::_autocast_to_full_precision",
+    "aten::view",
+    "aten::empty_like",
+    "aten::zeros_like",
+    "aten::ones_like",
+    "aten::full_like",
+    "aten::rand_like",
+    "aten::randn_like",
+];
+
+/// The autocast dtype a step ran under in the original, read off the dtypes the trace recorded:
+/// a float32 input with only half-precision outputs (autocast's lower-precision ops: linear,
+/// matmul, conv), half-precision inputs with only float32 outputs and no float32 input
+/// (autocast's float32 ops: softmax, losses), or float32 and half inputs together with a half
+/// output (an op that could not take mixed inputs outside autocast). Autocast only changes the
+/// ops on its lists, so a step wrongly marked runs as it would have anyway.
+pub fn autocast_of(step: &Step, dtypes: &[Option<et_schema::DType>]) -> Option<et_schema::DType> {
+    use et_schema::DType;
+    if step.op.is_none() || CASTS.contains(&step.name.as_str()) {
+        return None;
+    }
+    let half = |d: &DType| matches!(d, DType::BFloat16 | DType::Float16);
+    let mut ins: Vec<DType> = step
+        .args
+        .iter()
+        .flat_map(Arg::slots)
+        .filter_map(|s| dtypes.get(s as usize).copied().flatten())
+        .filter(|d| d.is_floating_point())
+        .collect();
+    ins.sort_by_key(|d| *d as u8);
+    ins.dedup();
+    let mut outs: Vec<DType> = step
+        .out_specs
+        .iter()
+        .map(|(_, s)| s.dtype)
+        .filter(|d| d.is_floating_point())
+        .collect();
+    outs.sort_by_key(|d| *d as u8);
+    outs.dedup();
+    let f32_in = ins.contains(&DType::Float32);
+    let half_in = ins.iter().find(|d| half(d)).copied();
+    let half_out = outs.iter().find(|d| half(d)).copied();
+    let only_f32_out = !outs.is_empty() && outs.iter().all(|d| *d == DType::Float32);
+    match (f32_in, half_in, half_out) {
+        // float32 in, half out (and that half type not among the inputs)
+        (true, None, Some(h)) if outs.iter().all(half) => Some(h),
+        // float32 and half in, half out
+        (true, Some(h), Some(o)) if h == o => Some(h),
+        // half in, float32 out, no float32 in
+        (false, Some(h), None) if only_f32_out => Some(h),
+        _ => None,
     }
 }
 
@@ -1409,6 +1624,43 @@ mod tests {
     use super::*;
     use et_schema::testkit::{tensor, TraceBuilder};
     use serde_json::json;
+
+    #[test]
+    fn scalars_the_trace_rounded_to_zero_are_restored_only_where_zero_cannot_be_meant() {
+        let arg =
+            |schema: &str, k: usize| et_schema::OpSchema::parse(schema).unwrap().args[k].clone();
+        let ln = "aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor";
+        let fused = "aten::_fused_adamw_(Tensor(a!)[] self, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor[] state_steps, *, float lr, float beta1, float beta2, float weight_decay, float eps, bool amsgrad, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()";
+        let fadd = "aten::_foreach_add_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()";
+        let dropout = "aten::dropout(Tensor input, float p, bool train) -> Tensor";
+        let yes = || true;
+        let no = || false;
+        // eps with a default: the default; without one: the optimizers' 1e-8.
+        let (a, r) = restore_rounded("aten::layer_norm", &arg(ln, 4), Arg::Double(0.0), no);
+        assert_eq!((a, r.map(|r| r.0)), (Arg::Double(1e-5), Some(1e-5)));
+        let (a, r) = restore_rounded("aten::_fused_adamw_", &arg(fused, 10), Arg::Double(0.0), no);
+        assert_eq!((a, r.is_some()), (Arg::Double(1e-8), true));
+        // The optimizer's eps added to a denominator, inside Optimizer.step only.
+        let (a, r) = restore_rounded(
+            "aten::_foreach_add_",
+            &arg(fadd, 1),
+            Arg::ScalarDouble(0.0),
+            yes,
+        );
+        assert_eq!((a, r.is_some()), (Arg::ScalarDouble(1e-8), true));
+        let (a, r) = restore_rounded(
+            "aten::_foreach_add_",
+            &arg(fadd, 1),
+            Arg::ScalarDouble(0.0),
+            no,
+        );
+        assert_eq!((a, r), (Arg::ScalarDouble(0.0), None));
+        // A 0 that means 0 stays (dropout p=0), and so does any non-zero value.
+        let (a, r) = restore_rounded("aten::dropout", &arg(dropout, 1), Arg::Double(0.0), yes);
+        assert_eq!((a, r), (Arg::Double(0.0), None));
+        let (a, r) = restore_rounded("aten::layer_norm", &arg(ln, 4), Arg::Double(1e-3), no);
+        assert_eq!((a, r), (Arg::Double(1e-3), None));
+    }
 
     const ADD: &str = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
     const ADD_: &str =

@@ -505,6 +505,23 @@ impl<'a> Recorder<'a> {
             cpu: Some(self.cpu.report()),
             ops,
             fallbacks,
+            restored_scalars: {
+                let mut by: BTreeMap<(String, String), crate::report::RestoredScalar> =
+                    BTreeMap::new();
+                for r in &plan.restored {
+                    let op = plan.steps[r.step].name.clone();
+                    by.entry((op.clone(), r.arg.clone()))
+                        .or_insert_with(|| crate::report::RestoredScalar {
+                            op,
+                            arg: r.arg.clone(),
+                            value: r.value,
+                            count: 0,
+                            why: r.why.clone(),
+                        })
+                        .count += 1;
+                }
+                by.into_values().collect()
+            },
             comm: rank.map(|_| {
                 format!(
                     "gloo, {} process group(s){}",

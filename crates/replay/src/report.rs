@@ -95,6 +95,9 @@ pub struct Report {
     pub ops: Vec<OpTiming>,
     /// Ops replayed through a device fallback.
     pub fallbacks: Vec<Fallback>,
+    /// Scalars the trace rounded to 0 that the replay restored (an optimizer's eps), per op.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub restored_scalars: Vec<RestoredScalar>,
     /// This process's rank and the world size, when collectives ran for real.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rank: Option<usize>,
@@ -189,4 +192,14 @@ pub struct GpuReport {
     pub measured: metrics::gpu::GpuSummary,
     /// Per measured iteration (short iterations may hold no sample at all).
     pub per_iteration: Vec<metrics::gpu::GpuSummary>,
+}
+
+/// Scalars of one op and argument the trace rounded to 0, restored.
+#[derive(Clone, Debug, Serialize)]
+pub struct RestoredScalar {
+    pub op: String,
+    pub arg: String,
+    pub value: f64,
+    pub count: usize,
+    pub why: String,
 }

@@ -612,3 +612,65 @@ fn expanded_external_inputs_materialise() {
     assert!(failures.is_empty(), "{failures:?}");
     assert!(slots[out_slot(&plan, 0, 0)].is_some());
 }
+
+/// A bf16 tensor reference (2-byte elements).
+fn t16(id: u64, storage: u64, numel: u64) -> J {
+    json!([id, storage, 0, numel, 2, "cpu"])
+}
+
+#[test]
+fn ops_recorded_under_autocast_replay_under_autocast_with_the_recorded_dtypes() {
+    // Inside torch.autocast("cpu", bfloat16): linear(x f32, w f32) -> bf16, then mm(bf16, bf16).
+    // Called plainly, linear would give float32 and mm would refuse the mixed dtypes.
+    const LINEAR: &str = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor";
+    const MM: &str = "aten::mm(Tensor self, Tensor mat2) -> Tensor";
+    let tr = trace(&[
+        (
+            "aten::linear",
+            LINEAR,
+            vec![
+                (t(1, 1, 8), json!([2, 4]), "Tensor(float)"),
+                (t(2, 2, 12), json!([3, 4]), "Tensor(float)"),
+                (json!("<None>"), json!([]), "None"),
+            ],
+            vec![(t16(3, 3, 6), json!([2, 3]), "Tensor(c10::BFloat16)")],
+        ),
+        (
+            "aten::mm",
+            MM,
+            vec![
+                (t16(3, 3, 6), json!([2, 3]), "Tensor(c10::BFloat16)"),
+                (t16(4, 4, 6), json!([3, 2]), "Tensor(c10::BFloat16)"),
+            ],
+            vec![(t16(5, 5, 4), json!([2, 2]), "Tensor(c10::BFloat16)")],
+        ),
+        // Not autocast: same dtypes in and out.
+        (
+            "aten::mm",
+            MM,
+            vec![
+                (t(1, 1, 8), json!([2, 4]), "Tensor(float)"),
+                (t(6, 6, 8), json!([4, 2]), "Tensor(float)"),
+            ],
+            vec![(t(7, 7, 4), json!([2, 2]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(plan.steps[0].autocast, Some(et_schema::DType::BFloat16));
+    assert_eq!(
+        (plan.steps[1].autocast, plan.steps[2].autocast),
+        (None, None)
+    );
+    let y = slots[out_slot(&plan, 0, 0)].as_ref().unwrap();
+    assert_eq!(y.kind(), tch::Kind::BFloat16, "linear ran under autocast");
+    assert_eq!(
+        slots[out_slot(&plan, 1, 0)].as_ref().unwrap().kind(),
+        tch::Kind::BFloat16
+    );
+    // The autocast state did not leak into later calls.
+    assert_eq!(
+        slots[out_slot(&plan, 2, 0)].as_ref().unwrap().kind(),
+        tch::Kind::Float
+    );
+}

@@ -403,6 +403,16 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
             )?;
         }
     }
+    if !r.restored_scalars.is_empty() {
+        writeln!(out, "restored scalars (rounded to 0 in the trace)")?;
+        for x in &r.restored_scalars {
+            writeln!(
+                out,
+                "  {:>4}x {} `{}` = {:e}: {}",
+                x.count, x.op, x.arg, x.value, x.why
+            )?;
+        }
+    }
     if !r.fallbacks.is_empty() {
         writeln!(out, "device fallbacks")?;
         for f in &r.fallbacks {
