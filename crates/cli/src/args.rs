@@ -229,6 +229,12 @@ pub struct CompareArgs {
     /// Emulate the original's time outside operators.
     #[arg(long)]
     pub emulate_gaps: bool,
+    /// The original's uninstrumented iteration time (ms): the iteration is then compared
+    /// uninstrumented with uninstrumented. Default: `iter_ms_median` of a `NAME.meta.json`
+    /// beside the trace (as the capture scripts write); without either, the instrumented
+    /// replay is compared with the profiled original.
+    #[arg(long, value_name = "MS")]
+    pub original_ms: Option<f64>,
     /// cpu, cuda or cuda:N. On CUDA, ops compare by GPU time (the original's kernels under each
     /// op vs the replay's CUDA events) and the GPU activity of both is reported.
     #[arg(long, default_value = "cpu")]

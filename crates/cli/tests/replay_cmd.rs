@@ -89,6 +89,39 @@ fn compare_of_a_gpu_original_on_cpu_says_the_devices_differ() {
 }
 
 #[test]
+fn compare_without_the_originals_time_compares_profiled_with_profiled() {
+    // A copy of the pair without its meta file.
+    let dir = std::env::temp_dir().join(format!("mq-cmp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["mlp.linked.et.json", "mlp.kineto.json"] {
+        std::fs::copy(shared(&format!("cpu/{f}")), dir.join(f)).unwrap();
+    }
+    let run = |extra: &[&str]| {
+        json(
+            bin()
+                .arg("compare")
+                .arg(dir.join("mlp.linked.et.json"))
+                .arg(dir.join("mlp.kineto.json"))
+                .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"])
+                .args(extra),
+        )
+    };
+    let j = run(&[]);
+    assert!(
+        j["basis_iter"].as_str().unwrap().starts_with("profiled"),
+        "{}",
+        j["basis_iter"]
+    );
+    let p = j["replay"]["instrumented_iter_ms"].as_f64().unwrap();
+    let o = j["original"]["iter_ms"].as_f64().unwrap();
+    assert!((j["ratio_iter"].as_f64().unwrap() - p / o).abs() < 1e-9);
+    let j = run(&["--original-ms", "2.5"]);
+    assert_eq!(j["original"]["uninstrumented_ms"], 2.5);
+    assert!(j["basis_iter"].as_str().unwrap().contains("--original-ms"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn compare_reports_ratios_and_an_svg() {
     let svg = std::env::temp_dir().join(format!("mystique-compare-{}.svg", std::process::id()));
     let j = json(
@@ -111,6 +144,23 @@ fn compare_reports_ratios_and_an_svg() {
     );
     assert_eq!(j["linked"], j["ops"]);
     assert!(j["ratio_iter"].as_f64().unwrap() > 0.0);
+    // mlp.meta.json beside the trace holds the original's uninstrumented time: the iteration
+    // compares uninstrumented with uninstrumented, and says so.
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shared("cpu/mlp.meta.json")).unwrap()).unwrap();
+    assert_eq!(j["original"]["uninstrumented_ms"], meta["iter_ms_median"]);
+    assert!(
+        j["basis_iter"]
+            .as_str()
+            .unwrap()
+            .starts_with("uninstrumented"),
+        "{}",
+        j["basis_iter"]
+    );
+    let expect =
+        j["replay"]["iter_ms"].as_f64().unwrap() / meta["iter_ms_median"].as_f64().unwrap();
+    assert!((j["ratio_iter"].as_f64().unwrap() - expect).abs() < 1e-9);
+    assert!(j["basis_ops"].as_str().unwrap().starts_with("profiled"));
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
     assert!(!j["top_differences"].as_array().unwrap().is_empty());
     // The extra iteration under the capture's instrumentation profiled every linked op, and

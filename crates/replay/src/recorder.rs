@@ -52,6 +52,8 @@ pub(crate) struct Recorder<'a> {
     current: (usize, usize, usize),
     counts: (usize, usize, usize),
     last_wall_us: f64,
+    /// The instrumented iteration's wall time.
+    instrumented_iter_ms: Option<f64>,
 }
 
 impl<'a> Recorder<'a> {
@@ -95,6 +97,7 @@ impl<'a> Recorder<'a> {
             current: (0, 0, 0),
             counts: (0, 0, 0),
             last_wall_us: 0.0,
+            instrumented_iter_ms: None,
         }
     }
 
@@ -214,6 +217,9 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
+        if phase == Phase::Instrumented {
+            self.instrumented_iter_ms = Some(wall_us / 1000.0);
+        }
         if phase == Phase::Measured {
             self.cpu.end();
         }
@@ -550,6 +556,7 @@ impl<'a> Recorder<'a> {
             profiled: self.profiled,
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,
+            instrumented_iter_ms: self.instrumented_iter_ms,
             first_nonfinite: self.first_nonfinite,
         };
         (report, timeline)

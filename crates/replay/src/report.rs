@@ -122,6 +122,10 @@ pub struct Report {
     /// measured iterations stand; `profiled` is then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrument_error: Option<String>,
+    /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
+    /// profiled original's iteration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_iter_ms: Option<f64>,
     /// With `instrument` on CUDA: the GPU's activity in the instrumented iteration (busy time,
     /// compute vs communication, overlap, top kernels), as `link` reports the original's.
     #[serde(skip_serializing_if = "Option::is_none")]

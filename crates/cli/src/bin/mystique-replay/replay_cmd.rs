@@ -257,6 +257,26 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     completed(&report)
 }
 
+/// The original's uninstrumented iteration (ms) from a capture script's `NAME.meta.json`
+/// beside the trace (`NAME.et.json`, `NAME.linked.et.json`, optionally `.gz`), and where from.
+fn meta_original_ms(trace: &Path) -> Option<(f64, String)> {
+    let file = trace.file_name()?.to_str()?;
+    let stem = [
+        ".linked.et.json.gz",
+        ".linked.et.json",
+        ".et.json.gz",
+        ".et.json",
+    ]
+    .iter()
+    .find_map(|s| file.strip_suffix(s))?;
+    let meta = trace.with_file_name(format!("{stem}.meta.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).ok()?).ok()?;
+    let ms = v["iter_ms_median"]
+        .as_f64()
+        .filter(|m| m.is_finite() && *m > 0.0)?;
+    Some((ms, meta.display().to_string()))
+}
+
 /// Where the emulated gaps come from.
 fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
     writeln!(
@@ -552,6 +572,34 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
     let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
     let orig_iter_ms = orig.span_us / 1000.0;
+    // Like for like: uninstrumented with uninstrumented where the original's own time is
+    // known, else profiled with profiled.
+    let uninstrumented = match a.original_ms {
+        Some(ms) => Some((ms, "--original-ms".to_string())),
+        None => meta_original_ms(&a.trace),
+    };
+    let (ratio_iter, basis) = match (&uninstrumented, r.instrumented_iter_ms) {
+        (Some((ms, from)), _) => (
+            r.iter_ms.median / ms.max(1e-9),
+            format!("uninstrumented: the replay's measured iterations vs the original's {ms:.3} ms ({from})"),
+        ),
+        (None, Some(p)) => (
+            p / orig_iter_ms.max(1e-9),
+            format!(
+                "profiled: the replay's iteration under the capture's instrumentation ({p:.3} ms) vs the profiled original{}",
+                if a.emulate_gaps { "" } else { " (without --emulate-gaps the replay has none of the original's time between ops)" }
+            ),
+        ),
+        (None, None) => (
+            r.iter_ms.median / orig_iter_ms.max(1e-9),
+            "mixed: the plain replay vs the profiled original (the instrumented iteration could not run; pass --original-ms)".to_string(),
+        ),
+    };
+    let ratio_ops = if found > 0 {
+        prof_ms / prof_orig_ms.max(1e-9)
+    } else {
+        r.op_ms.median / orig_ops_ms.max(1e-9)
+    };
     let instrumented = (found > 0).then(|| {
         serde_json::json!({
             "ops": found,
@@ -565,10 +613,14 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "kineto": kt.source,
         "linked": l.linked(),
         "ops": set.ops.len(),
-        "original": {"iter_ms": orig_iter_ms, "ops_ms": orig_ops_ms, "gaps_ms": gaps_ms},
-        "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms},
-        "ratio_iter": r.iter_ms.median / orig_iter_ms.max(1e-9),
-        "ratio_ops": r.op_ms.median / orig_ops_ms.max(1e-9),
+        "original": {"iter_ms": orig_iter_ms, "ops_ms": orig_ops_ms, "gaps_ms": gaps_ms,
+                     "uninstrumented_ms": uninstrumented.as_ref().map(|u| u.0)},
+        "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms,
+                   "instrumented_iter_ms": r.instrumented_iter_ms},
+        "ratio_iter": ratio_iter,
+        "basis_iter": basis,
+        "ratio_ops": ratio_ops,
+        "basis_ops": if found > 0 { "profiled: linked ops under the capture's instrumentation in both" } else { "mixed: plain replay ops vs profiled original ops" },
         "emulate_gaps": a.emulate_gaps,
         "device": r.device,
         "compared_by": if by_gpu { "gpu time per op" } else { "op time" },
@@ -618,7 +670,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         return completed(&r);
     }
     writeln!(out, "linked     {} of {} ops", l.linked(), set.ops.len())?;
-    writeln!(out, "original   {orig_iter_ms:.3} ms per iteration ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them)")?;
+    writeln!(out, "original   {orig_iter_ms:.3} ms per iteration profiled ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them){}",
+        uninstrumented.as_ref().map(|(ms, from)| format!("; {ms:.3} ms uninstrumented ({from})")).unwrap_or_default())?;
     writeln!(
         out,
         "replay     {:.3} ms per iteration ({:.3} ms in ops{})",
@@ -630,12 +683,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             String::new()
         }
     )?;
-    writeln!(
-        out,
-        "ratio      {:.3} per iteration, {:.3} in ops",
-        j["ratio_iter"].as_f64().unwrap_or(0.0),
-        j["ratio_ops"].as_f64().unwrap_or(0.0)
-    )?;
+    writeln!(out, "ratio      {ratio_iter:.3} per iteration, {basis}")?;
     if found > 0 {
         writeln!(
             out,
