@@ -450,7 +450,49 @@ fn run(dir: &Path) -> Result<()> {
     }
     summary.insert("replays".into(), serde_json::Value::Array(replays));
 
-    // 4. compare on cuda: the replay's CUDA-event GPU time per op vs the original's kernels.
+    // 4. Two ranks on cuda: collectives on CUDA tensors (NCCL with a GPU per rank, else Gloo).
+    if cuda && limit(120) >= Duration::from_secs(20) {
+        let mut c = Command::new(&bin);
+        c.arg("replay")
+            .arg("--ranks")
+            .arg(traces.join("cpu/dist_mlp_w2.rank*.et.json"))
+            .args([
+                "--device", "cuda", "--json", "--warmup", "1", "--iters", "2",
+            ]);
+        with_env(&mut c);
+        let (code, out, err) = run_limited(&mut c, limit(120))?;
+        let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        let ranks = j["ranks"].as_array().cloned().unwrap_or_default();
+        let all_ran = ranks.len() == 2
+            && ranks
+                .iter()
+                .all(|r| r["ops_failed"] == 0 && r["ops_replayed"] == r["ops_selected"]);
+        println!(
+            "== 2 ranks on cuda (exit {code:?}): {}; {}",
+            ranks
+                .iter()
+                .map(|r| format!(
+                    "rank {}: {}/{} ops",
+                    r["rank"], r["ops_replayed"], r["ops_selected"]
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
+            ranks
+                .first()
+                .and_then(|r| r["comm"].as_str())
+                .unwrap_or("?")
+        );
+        if !all_ran {
+            failures.push(format!(
+                "2 ranks on cuda: {}",
+                tail(&format!("{out}\n{err}"), 15)
+            ));
+        }
+        summary.insert("ranks".into(), j);
+        save(&summary, &failures);
+    }
+
+    // 5. compare on cuda: the replay's CUDA-event GPU time per op vs the original's kernels.
     let mut compares = Vec::new();
     for (et, kineto) in TRACES.iter().filter(|_| cuda) {
         let Some(k) = kineto else { continue };

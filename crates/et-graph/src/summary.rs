@@ -59,6 +59,14 @@ pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
     if let Some(rest) = name.strip_prefix("c10d::") {
         return Some(rest.trim_end_matches('_').to_string());
     }
+    // Functional collectives (torch.distributed._functional_collectives, torch.compile's):
+    // `_c10d_functional::all_reduce`, `::wait_tensor`, ...
+    if let Some(rest) = name
+        .strip_prefix("_c10d_functional::")
+        .or_else(|| name.strip_prefix("c10d_functional::"))
+    {
+        return Some(rest.trim_end_matches('_').to_string());
+    }
     for backend in ["nccl:", "gloo:"] {
         if let Some(rest) = name.strip_prefix(backend) {
             return Some(rest.to_string());

@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -515,15 +516,77 @@ c10::intrusive_ptr<c10d::Backend> new_gloo(const c10::intrusive_ptr<c10d::Store>
   return c10::intrusive_ptr<c10d::Backend>::unsafe_steal_from_new(
       static_cast<c10d::Backend*>(mem));
 }
+// NCCL, likewise by symbol from libtorch_cuda (its header needs CUDA's, which the wheel ships
+// incomplete): the Options constructor and the ProcessGroupNCCL constructor, both on memory
+// reserved here; default options (no high-priority stream, no split).
+using NcclOptionsCtor = void (*)(void*, bool);
+using NcclCtor = void (*)(void*, c10::intrusive_ptr<c10d::Store>, int, int,
+                          c10::intrusive_ptr<c10d::Backend::Options>);
+constexpr size_t kNcclBytes = 1 << 20;
+constexpr size_t kNcclOptionsBytes = 1 << 16;
+
+c10::intrusive_ptr<c10d::Backend> new_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size) {
+  auto nccl_symbol = [](const char* name) {
+    void* p = dlsym(RTLD_DEFAULT, name);
+    if (!p) throw std::runtime_error(std::string("this libtorch has no NCCL backend (") + name + ")");
+    return p;
+  };
+  auto opts_ctor = reinterpret_cast<NcclOptionsCtor>(nccl_symbol("_ZN4c10d16ProcessGroupNCCL7OptionsC1Eb"));
+  auto ctor = reinterpret_cast<NcclCtor>(nccl_symbol(
+      "_ZN4c10d16ProcessGroupNCCLC1EN3c1013intrusive_ptrINS_5StoreENS1_6detail34intrusive_"
+      "target_default_null_typeIS3_EEEEiiNS2_INS0_7OptionsENS5_IS8_EEEE"));
+  void* omem = ::operator new(kNcclOptionsBytes);
+  std::memset(omem, 0, kNcclOptionsBytes);
+  try {
+    opts_ctor(omem, false);
+  } catch (...) {
+    ::operator delete(omem);
+    throw;
+  }
+  auto opts = c10::intrusive_ptr<c10d::Backend::Options>::unsafe_steal_from_new(
+      static_cast<c10d::Backend::Options*>(omem));
+  void* mem = ::operator new(kNcclBytes);
+  std::memset(mem, 0, kNcclBytes);
+  try {
+    ctor(mem, store, rank, size, std::move(opts));
+  } catch (...) {
+    ::operator delete(mem);
+    throw;
+  }
+  return c10::intrusive_ptr<c10d::Backend>::unsafe_steal_from_new(static_cast<c10d::Backend*>(mem));
+}
 }  // namespace
 
 struct MqComm {
   c10::intrusive_ptr<c10d::Store> store;
   int rank = 0, size = 1;
+  // CUDA tensors' collectives: 0 none (a CPU replay), 1 through Gloo (ranks sharing a GPU), 2
+  // through NCCL (one GPU per rank).
+  int cuda_mode = 0;
   std::chrono::milliseconds timeout{60000};
   std::string host;
   // Groups by index; a null entry is a group this rank is not a member of.
   std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups;
+  // Names registered in c10d's group registry (functional collectives find groups by name).
+  std::vector<std::string> registered;
+  ~MqComm() {
+    for (const auto& n : registered) {
+      try {
+        c10d::unregister_process_group(n);
+      } catch (...) {
+      }
+    }
+  }
+  void register_group(const std::string& name, const c10::intrusive_ptr<c10d::ProcessGroup>& pg) {
+    // A name left by an earlier Comm in this process is replaced.
+    try {
+      c10d::unregister_process_group(name);
+    } catch (...) {
+    }
+    c10d::register_process_group(name, pg);
+    registered.push_back(name);
+  }
 };
 
 namespace {
@@ -534,6 +597,15 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_group(MqComm* c, c10::intrusive_ptr<
   backend->setGroupUid(name);
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
   pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  if (c->cuda_mode == 1) {
+    // Gloo stages CUDA tensors through the host: slower than NCCL, but ranks may share a GPU.
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, backend);
+  } else if (c->cuda_mode == 2) {
+    auto nccl = new_nccl(c10::make_intrusive<c10d::PrefixStore>("nccl", store), rank, size);
+    nccl->setGroupUid(name);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  }
   pg->setGroupName(name);
   return pg;
 }
@@ -542,10 +614,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_group(MqComm* c, c10::intrusive_ptr<
 extern "C" {
 
 // Joins the world: a TCPStore at host:port (rank 0 serves it) and the world group (group 0).
-MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t timeout_ms, int* code) {
+MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t timeout_ms,
+                     int cuda_mode, int* code) {
   MqComm* out = nullptr;
   *code = guarded([&] {
     auto c = std::make_unique<MqComm>();
+    c->cuda_mode = cuda_mode;
     c->rank = rank;
     c->size = size;
     c->host = host;
@@ -559,7 +633,11 @@ MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t tim
     o.useLibUV = false;
     c->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), o);
     auto world = c10::make_intrusive<c10d::PrefixStore>("mystique/world", c->store);
+    // Each replay thread resolves group names in its own registry: ranks run as threads of
+    // one process in tests, and a functional collective must find its own rank's group.
+    c10d::set_thread_isolation_mode(true);
     c->groups.push_back(make_group(c.get(), world, rank, size, "0"));
+    c->register_group("0", c->groups.back());
     out = c.release();
   });
   return out;
@@ -577,6 +655,7 @@ int64_t mq_dist_new_group(MqComm* c, const char* name, const int64_t* ranks, siz
     if (me >= 0) {
       auto store = c10::make_intrusive<c10d::PrefixStore>(std::string("mystique/") + name, c->store);
       pg = make_group(c, store, me, static_cast<int>(n), name);
+      c->register_group(name, pg);
     }
     c->groups.push_back(pg);
     idx = static_cast<int64_t>(c->groups.size()) - 1;

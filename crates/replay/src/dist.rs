@@ -1,14 +1,38 @@
 //! Distributed replay: this rank joins the others through c10d (a TCPStore rendezvous, Gloo
 //! process groups made as the trace made them), so collectives run for real.
 
+use crate::device::Device;
 use crate::error::{CallError, ReplayError};
-use crate::ffi::Comm;
+use crate::ffi::{Comm, CudaComm};
 use crate::options::DistOptions;
 use crate::plan::Plan;
 
+/// How this rank's collectives on CUDA tensors run: NCCL when each rank on this host can have a
+/// GPU of its own (NCCL refuses two ranks on one GPU), else Gloo through the host; none on CPU.
+/// `MYSTIQUE_CUDA_COMM=nccl|gloo` decides instead.
+pub fn cuda_comm(device: &Device, d: &DistOptions) -> CudaComm {
+    if *device == Device::Cpu {
+        return CudaComm::None;
+    }
+    match std::env::var("MYSTIQUE_CUDA_COMM").as_deref() {
+        Ok("nccl") => return CudaComm::Nccl,
+        Ok("gloo") => return CudaComm::Gloo,
+        _ => {}
+    }
+    let local = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(d.world_size);
+    if (tch::Cuda::device_count().max(0) as usize) >= local {
+        CudaComm::Nccl
+    } else {
+        CudaComm::Gloo
+    }
+}
+
 /// Joins the world and creates the plan's process groups (every rank creates every group, in
 /// the plan's order, so group `k` of the plan is group `k` of the returned Comm).
-pub fn connect(plan: &Plan, d: &DistOptions) -> Result<Comm, ReplayError> {
+pub fn connect(plan: &Plan, d: &DistOptions, device: &Device) -> Result<Comm, ReplayError> {
     let fail = |what: String, source: CallError| ReplayError::Dist {
         rank: d.rank,
         what,
@@ -28,6 +52,7 @@ pub fn connect(plan: &Plan, d: &DistOptions) -> Result<Comm, ReplayError> {
         d.rank,
         d.world_size,
         d.timeout,
+        cuda_comm(device, d),
     )
     .map_err(|e| {
         fail(

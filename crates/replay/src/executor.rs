@@ -705,10 +705,11 @@ pub fn run(
                     d.rank, d.world_size, d.master_addr, d.master_port
                 );
             }
-            ex = ex.with_comm(crate::dist::connect(plan, d)?, d.timeout);
+            ex = ex.with_comm(crate::dist::connect(plan, d, &bound.device)?, d.timeout);
         }
     }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
+    rec.cuda_comm = ex.comm.as_ref().map(|c| c.cuda);
     let gaps = opts
         .gaps_us
         .as_deref()
@@ -950,7 +951,7 @@ pub fn run_once_keep_as(
 ) -> Result<Kept, ReplayError> {
     let mut ex = Executor::new(plan, bound, true)?;
     if let Some(d) = dist {
-        ex = ex.with_comm(crate::dist::connect(plan, d)?, d.timeout);
+        ex = ex.with_comm(crate::dist::connect(plan, d, &bound.device)?, d.timeout);
     }
     let mut slots = std::mem::take(&mut ex.externals);
     let mut failures = Vec::new();

@@ -106,6 +106,7 @@ extern "C" {
         rank: i32,
         size: i32,
         timeout_ms: i64,
+        cuda_mode: i32,
         code: *mut i32,
     ) -> *mut MqComm;
     fn mq_dist_new_group(c: *mut MqComm, name: *const c_char, ranks: *const i64, n: usize) -> i64;
@@ -120,12 +121,24 @@ pub struct MqComm {
     _private: [u8; 0],
 }
 
+/// How collectives on CUDA tensors run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaComm {
+    /// A CPU replay: Gloo for CPU tensors only.
+    None,
+    /// Gloo for CUDA tensors too (staged through the host): ranks may share a GPU.
+    Gloo,
+    /// NCCL for CUDA tensors: one GPU per rank.
+    Nccl,
+}
+
 /// This rank's membership of the replay's process groups: a TCPStore rendezvous and one Gloo
-/// process group per group of the trace (the world first).
+/// process group per group of the trace (the world first), with NCCL or Gloo for CUDA tensors.
 pub struct Comm {
     ptr: NonNull<MqComm>,
     pub rank: usize,
     pub size: usize,
+    pub cuda: CudaComm,
 }
 
 // SAFETY: the process groups are thread-safe c10d objects; a Comm is used by one thread at a time.
@@ -139,6 +152,7 @@ impl Comm {
         rank: usize,
         size: usize,
         timeout: std::time::Duration,
+        cuda: CudaComm,
     ) -> Result<Comm, CallError> {
         let h = c_string(host)?;
         let mut code = 0;
@@ -150,11 +164,17 @@ impl Comm {
                 rank as i32,
                 size as i32,
                 timeout.as_millis() as i64,
+                cuda as i32,
                 &mut code,
             )
         };
         NonNull::new(p)
-            .map(|ptr| Comm { ptr, rank, size })
+            .map(|ptr| Comm {
+                ptr,
+                rank,
+                size,
+                cuda,
+            })
             .ok_or_else(|| call_error(code))
     }
 

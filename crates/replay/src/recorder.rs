@@ -54,6 +54,8 @@ pub(crate) struct Recorder<'a> {
     last_wall_us: f64,
     /// The instrumented iteration's wall time.
     instrumented_iter_ms: Option<f64>,
+    /// How collectives on CUDA tensors ran, when collectives ran for real.
+    pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
 }
 
 impl<'a> Recorder<'a> {
@@ -98,6 +100,7 @@ impl<'a> Recorder<'a> {
             counts: (0, 0, 0),
             last_wall_us: 0.0,
             instrumented_iter_ms: None,
+            cuda_comm: None,
         }
     }
 
@@ -529,15 +532,15 @@ impl<'a> Recorder<'a> {
                 by.into_values().collect()
             },
             comm: rank.map(|_| {
-                format!(
-                    "gloo, {} process group(s){}",
-                    plan.groups.len(),
-                    if plan.recorded_nccl() {
-                        "; the trace's NCCL groups run on Gloo on CPU"
-                    } else {
-                        ""
+                let cuda = match self.cuda_comm {
+                    Some(crate::ffi::CudaComm::Nccl) => "; CUDA tensors through NCCL",
+                    Some(crate::ffi::CudaComm::Gloo) => {
+                        "; CUDA tensors through Gloo (ranks share a GPU: NCCL needs one per rank)"
                     }
-                )
+                    _ if plan.recorded_nccl() => "; the trace's NCCL groups run on Gloo on CPU",
+                    _ => "",
+                };
+                format!("gloo, {} process group(s){cuda}", plan.groups.len())
             }),
             rank: rank.map(|r| r.0),
             world_size: rank.map(|r| r.1),

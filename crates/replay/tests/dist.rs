@@ -102,3 +102,78 @@ fn a_collective_without_peers_fails_clearly() {
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert!(failures[0].1.contains("--ranks"), "{failures:?}");
 }
+
+const F_ALLREDUCE: &str =
+    "_c10d_functional::all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor";
+const F_WAIT: &str = "_c10d_functional::wait_tensor(Tensor tensor) -> Tensor";
+
+/// `full([4], value)`, a functional all_reduce (the group named, not passed) and its wait, as
+/// torch.compile and torch.distributed._functional_collectives record them.
+fn functional_trace(value: f64) -> et_schema::Trace {
+    let mut b = TraceBuilder::new();
+    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    let r = tensor(6, 6, 0, 4, 4, "cpu");
+    let mut full = b
+        .op("aten::full", FULL)
+        .input(json!([4]), json!([[]]), "GenericList[Int]")
+        .input(json!(value), json!([]), "Double");
+    for _ in 0..4 {
+        full = full.input(json!("<None>"), json!([]), "None");
+    }
+    full.output(t.clone(), json!([4]), "Tensor(float)").done();
+    b.op("_c10d_functional::all_reduce", F_ALLREDUCE)
+        .input(t, json!([4]), "Tensor(float)")
+        .input("sum", json!([]), "String")
+        .input("0", json!([]), "String")
+        .output(r.clone(), json!([4]), "Tensor(float)")
+        .done();
+    b.op("_c10d_functional::wait_tensor", F_WAIT)
+        .input(r.clone(), json!([4]), "Tensor(float)")
+        .output(r, json!([4]), "Tensor(float)")
+        .done();
+    b.build()
+}
+
+/// Functional collectives are collectives: they find their group by name in c10d's registry
+/// (each rank thread its own) and the wait completes them; rank r contributes r + 1.
+#[test]
+fn functional_collectives_run_with_their_named_group_and_wait() {
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let tr = functional_trace(rank as f64 + 1.0);
+                let g = et_graph::Graph::new(&tr);
+                let plan = compile(&g, &g.replay_set(None));
+                assert!(
+                    plan.steps[1].kind.is_collective(),
+                    "{:?}",
+                    plan.steps[1].kind
+                );
+                assert!(
+                    plan.steps[2].kind.is_collective(),
+                    "the wait counts as communication"
+                );
+                let bound = replay::bind(&plan, &replay::Device::Cpu);
+                let d = replay::DistOptions {
+                    rank,
+                    world_size: 2,
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    timeout: Duration::from_secs(30),
+                };
+                let (slots, failures) =
+                    replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();
+                assert!(failures.is_empty(), "rank {rank}: {failures:?}");
+                let Out::Tensor(out) = plan.steps[2].outs[0] else {
+                    panic!("{:?}", plan.steps[2].outs)
+                };
+                let t = slots[out as usize].as_ref().unwrap();
+                (0..4).map(|i| t.double_value(&[i])).collect::<Vec<f64>>()
+            })
+        })
+        .collect();
+    for (rank, h) in ranks.into_iter().enumerate() {
+        assert_eq!(h.join().unwrap(), vec![3.0; 4], "rank {rank}");
+    }
+}

@@ -170,7 +170,18 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         replay::load_library(lib)?;
     }
     a.run.apply_threads()?;
-    let device = replay::Device::parse(&a.device)?;
+    let mut device = replay::Device::parse(&a.device)?;
+    // Under torchrun (or --ranks), `cuda` is this rank's GPU, as PyTorch jobs pick it.
+    if let (true, Some(_), Ok(lr)) = (
+        a.device == "cuda",
+        &dist,
+        std::env::var("LOCAL_RANK").map(|v| v.parse::<usize>()),
+    ) {
+        let n = tch::Cuda::device_count().max(1) as usize;
+        if let Ok(lr) = lr {
+            device = replay::Device::parse(&format!("cuda:{}", lr % n))?;
+        }
+    }
     let trace = mystique_cli::read_trace(path)?;
     let t0 = std::time::Instant::now();
     let g = Graph::new(&trace);
