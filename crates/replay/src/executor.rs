@@ -452,7 +452,21 @@ pub fn materialise(
         offset += align(flat.bytes());
         // Floats get standard normal values, scaled per view below; integers and bools start
         // at zero and index inputs are filled per view below.
-        if dtype.is_floating_point() {
+        if matches!(
+            dtype,
+            et_schema::DType::BFloat16 | et_schema::DType::Float16
+        ) {
+            // Drawn in float32 and rounded: libtorch's half-precision normal_ draws its uniforms
+            // in half precision too, and about one value in 150 comes out exactly 0 (bf16). An
+            // optimizer's second moment of 0 beside a non-zero first moment then divides by its
+            // eps alone: a bf16 GPT's AdamW step blew its weights to 2e4 and its next backward
+            // to NaN.
+            let drawn = Tensor::f_randn([flat.shape[0]], (Kind::Float, base.device()))
+                .and_then(|r| base.f_copy_(&r));
+            if drawn.is_err() {
+                let _ = base.f_zero_();
+            }
+        } else if dtype.is_floating_point() {
             if base.f_normal_(0.0, 1.0).is_err() {
                 let _ = base.f_zero_();
             }

@@ -674,3 +674,27 @@ fn ops_recorded_under_autocast_replay_under_autocast_with_the_recorded_dtypes() 
         tch::Kind::Float
     );
 }
+
+#[test]
+fn half_precision_external_inputs_hold_no_exact_zeros() {
+    // libtorch's bf16 normal_ returns exactly 0 for about one value in 150; an optimizer's
+    // second moment of 0 then meets a non-zero first moment and the step divides by eps alone.
+    const ABS: &str = "aten::abs(Tensor self) -> Tensor";
+    for ty in ["Tensor(c10::BFloat16)", "Tensor(c10::Half)"] {
+        let tr = trace(&[(
+            "aten::abs",
+            ABS,
+            vec![(t16(1, 1, 65536), json!([256, 256]), ty)],
+            vec![(t16(2, 2, 65536), json!([256, 256]), ty)],
+        )]);
+        let g = Graph::new(&tr);
+        let plan = compile(&g, &g.replay_set(None));
+        let bound = replay::bind(&plan, &replay::Device::Cpu);
+        let ex = replay::executor::Executor::new(&plan, &bound, false).unwrap();
+        let (slot, _, _) = &plan.externals[0];
+        let x = ex.externals()[*slot as usize].as_ref().unwrap();
+        assert_ne!(x.kind(), tch::Kind::Float, "{ty}");
+        let zeros = x.eq(0.0).sum(tch::Kind::Int64).int64_value(&[]);
+        assert_eq!(zeros, 0, "{ty}: {zeros} exact zeros");
+    }
+}

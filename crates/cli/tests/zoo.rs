@@ -1,0 +1,64 @@
+//! Every trace of the fidelity zoo (captured by `cargo xtask fidelity` into the user cache, or
+//! `$MYSTIQUE_ZOO_DIR`) replays with no failed op and no NaN/Inf in any op's output.
+
+mod common;
+use common::{bin, json};
+use std::path::PathBuf;
+
+fn zoo_dirs() -> Vec<PathBuf> {
+    let root = std::env::var_os("MYSTIQUE_ZOO_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mystique/zoo")));
+    let Some(root) = root else { return vec![] };
+    // The newest capture of the zoo script (one directory per script version).
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("quiet").is_dir())
+        .collect();
+    versions.sort_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    versions
+        .last()
+        .map(|v| vec![v.join("quiet"), v.join("busy")])
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_zoo_trace_replays_without_failures_or_nonfinite_values() {
+    let dirs = zoo_dirs();
+    if dirs.is_empty() {
+        eprintln!("skipped: no zoo captured (cargo xtask fidelity captures it)");
+        return;
+    }
+    let mut seen = 0;
+    for d in dirs.iter().filter(|d| d.is_dir()) {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let p = e.path();
+            if !p.to_string_lossy().ends_with(".linked.et.json") {
+                continue;
+            }
+            let j = json(bin().arg("replay").arg(&p).args([
+                "--json",
+                "--threads",
+                "1",
+                "--warmup",
+                "1",
+                "--iters",
+                "2",
+                "--check-values",
+            ]));
+            assert_eq!(j["ops_failed"], 0, "{}: {}", p.display(), j["failures"]);
+            assert!(
+                j["first_nonfinite"].is_null(),
+                "{}: {}",
+                p.display(),
+                j["first_nonfinite"]
+            );
+            assert_eq!(j["nonfinite_externals"], 0, "{}", p.display());
+            seen += 1;
+        }
+    }
+    assert!(seen >= 12, "only {seen} zoo traces found in {dirs:?}");
+}
