@@ -1,6 +1,7 @@
 //! Every trace of the fidelity zoo (captured by `cargo xtask fidelity` into the user cache, or
 //! `$MYSTIQUE_ZOO_DIR`) replays with no failed op and no NaN/Inf in any op's output.
 
+#[allow(dead_code)]
 mod common;
 use common::{bin, json};
 use std::path::PathBuf;
