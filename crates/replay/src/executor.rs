@@ -49,7 +49,7 @@ impl Phase {
     /// The phase of iteration `it` of a run with `opts`.
     pub fn of(it: usize, opts: &ReplayOptions) -> Phase {
         let total = total_iterations(opts);
-        if opts.instrument && it + 1 == total {
+        if it + instrumented(opts) >= total {
             Phase::Instrumented
         } else if it >= opts.warmup {
             Phase::Measured
@@ -60,7 +60,16 @@ impl Phase {
 }
 
 fn total_iterations(opts: &ReplayOptions) -> usize {
-    opts.warmup + opts.iters.max(1) + opts.instrument as usize
+    opts.warmup + opts.iters.max(1) + instrumented(opts)
+}
+
+/// Instrumented iterations at the end of a run.
+fn instrumented(opts: &ReplayOptions) -> usize {
+    if opts.instrument {
+        opts.instrument_iters.max(1)
+    } else {
+        0
+    }
 }
 
 /// How one step went.
@@ -941,7 +950,7 @@ fn iteration(
             wall_us,
             window,
             faults,
-            it + 1 == total_iterations(opts) - opts.instrument as usize,
+            it + 1 == total_iterations(opts) - instrumented(opts),
         );
     }
     rec.end_iteration(phase, wall_us);

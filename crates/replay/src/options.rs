@@ -23,6 +23,9 @@ pub struct ReplayOptions {
     /// Kineto pair is captured with, and report each step's profiled window
     /// ([`crate::Report::profiled`]): what that instrumentation costs on these ops, measured.
     pub instrument: bool,
+    /// How many instrumented iterations (with `instrument`): each step's window is the median
+    /// over them, as is the time before it (one profiled iteration is noisy).
+    pub instrument_iters: usize,
     /// Replay the ops the original recorded for autograd (its forward) with autograd on, the
     /// parameters requiring grad: graph nodes are built and tensors saved as in the original,
     /// and composite ops take their differentiable paths.
@@ -102,6 +105,7 @@ impl Default for ReplayOptions {
             per_step: false,
             progress: false,
             instrument: false,
+            instrument_iters: 3,
             autograd: true,
             check_values: false,
             dist: None,

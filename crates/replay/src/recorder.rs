@@ -44,7 +44,8 @@ pub(crate) struct Recorder<'a> {
     peak: u64,
     slices: Vec<Slice>,
     first_nonfinite: Option<NonFinite>,
-    profiled: Vec<Option<ProfiledStep>>,
+    /// Each instrumented iteration's profiled windows, by step.
+    profiled: Vec<Vec<Option<ProfiledStep>>>,
     pub(crate) instrument_error: Option<String>,
     /// The GPU's activity in the instrumented iteration (CUDA).
     gpu_activity: Option<et_graph::GpuActivity>,
@@ -52,8 +53,8 @@ pub(crate) struct Recorder<'a> {
     current: (usize, usize, usize),
     counts: (usize, usize, usize),
     last_wall_us: f64,
-    /// The instrumented iteration's wall time.
-    instrumented_iter_ms: Option<f64>,
+    /// The instrumented iterations' wall times.
+    instrumented_ms: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
 }
@@ -99,7 +100,7 @@ impl<'a> Recorder<'a> {
             current: (0, 0, 0),
             counts: (0, 0, 0),
             last_wall_us: 0.0,
-            instrumented_iter_ms: None,
+            instrumented_ms: Vec::new(),
             cuda_comm: None,
         }
     }
@@ -221,7 +222,7 @@ impl<'a> Recorder<'a> {
 
     pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
         if phase == Phase::Instrumented {
-            self.instrumented_iter_ms = Some(wall_us / 1000.0);
+            self.instrumented_ms.push(wall_us / 1000.0);
         }
         if phase == Phase::Measured {
             self.cpu.end();
@@ -324,7 +325,7 @@ impl<'a> Recorder<'a> {
                 j += k + 1;
             }
         }
-        self.profiled = out;
+        self.profiled.push(out);
     }
 
     pub fn finish(
@@ -556,14 +557,55 @@ impl<'a> Recorder<'a> {
                     us: Stats::of(v).median,
                 })
                 .collect(),
-            profiled: self.profiled,
+            profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,
-            instrumented_iter_ms: self.instrumented_iter_ms,
+            instrumented_iter_ms: (!self.instrumented_ms.is_empty())
+                .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,
         };
         (report, timeline)
     }
+}
+
+/// One window per step from several instrumented iterations: each step's median duration and
+/// median time since the previous step's end (where both were found in an iteration), laid end
+/// to end; `None` for steps no iteration found.
+fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> {
+    let n = runs.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(n);
+    let mut cursor = 0.0;
+    for pos in 0..n {
+        let found: Vec<&ProfiledStep> = runs.iter().filter_map(|r| r.get(pos)?.as_ref()).collect();
+        if found.is_empty() {
+            out.push(None);
+            continue;
+        }
+        let durs: Vec<f64> = found.iter().map(|p| p.end_us - p.start_us).collect();
+        let leads: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| {
+                let prev = r.get(pos.checked_sub(1)?)?.as_ref()?;
+                Some(r.get(pos)?.as_ref()?.start_us - prev.end_us)
+            })
+            .collect();
+        let mut nested: Vec<u32> = found.iter().map(|p| p.nested).collect();
+        nested.sort_unstable();
+        let start = cursor
+            + if leads.is_empty() {
+                0.0
+            } else {
+                Stats::of(&leads).median
+            };
+        let end = start + Stats::of(&durs).median;
+        out.push(Some(ProfiledStep {
+            start_us: start,
+            end_us: end,
+            nested: nested[nested.len() / 2],
+        }));
+        cursor = end;
+    }
+    out
 }
 
 /// What a run's GPU side hands the recorder: NVML samples (device name, period in ms, GPM read,
@@ -580,5 +622,35 @@ fn eta(secs: f64) -> String {
         0..=99 => format!("{s} s"),
         100..=5999 => format!("{} min {:02} s", s / 60, s % 60),
         _ => format!("{} h {:02} min", s / 3600, s / 60 % 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
+        Some(ProfiledStep {
+            start_us,
+            end_us,
+            nested,
+        })
+    }
+
+    #[test]
+    fn instrumented_windows_consolidate_to_medians_of_durations_and_lead_times() {
+        // Three runs of two steps: durations 10, 12, 50 (an outlier) and 5, 5, 6; the second
+        // step starts 2, 3, 2 after the first ends; the third run misses step 0.
+        let runs = vec![
+            vec![w(100.0, 110.0, 1), w(112.0, 117.0, 0)],
+            vec![w(0.0, 12.0, 1), w(15.0, 20.0, 0)],
+            vec![None, w(7.0, 13.0, 2)],
+        ];
+        let c = consolidate(&runs);
+        let (a, b) = (c[0].unwrap(), c[1].unwrap());
+        assert_eq!((a.start_us, a.end_us, a.nested), (0.0, 11.0, 1));
+        // lead: median of 2 and 3 (the third run has no step 0) = 2.5; duration median 5.
+        assert_eq!((b.start_us, b.end_us), (13.5, 18.5));
+        assert_eq!(consolidate(&[vec![None, None]]), vec![None, None]);
     }
 }

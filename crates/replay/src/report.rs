@@ -147,7 +147,7 @@ pub struct NonFinite {
 
 /// One step of the instrumented iteration (see [`crate::ReplayOptions::instrument`]): its profiled
 /// window on the profiler's clock (µs) and the events recorded inside it.
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct ProfiledStep {
     pub start_us: f64,
     pub end_us: f64,
