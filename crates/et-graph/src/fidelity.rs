@@ -75,6 +75,9 @@ pub struct ReplayTimes<'a> {
     /// Each step's profiled window (start, end µs on the profile's clock, events recorded
     /// inside it), `None` where the step was not found in the profile.
     pub profiled: &'a [Option<(f64, f64, u32)>],
+    /// The instrumentation's cost of one event without arguments (µs), probed on this host
+    /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
+    pub event_us: Option<f64>,
 }
 
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
@@ -101,9 +104,12 @@ pub struct GapModel {
     /// The instrumentation's cost between two ops on this host (µs): the mean of the
     /// instrumented replay's gaps less the plain replay's bookkeeping between steps.
     pub per_boundary_us: f64,
-    /// Profiled events the original recorded inside its gaps (annotations, ops outside the
-    /// replay set), each charged `per_event_us`.
+    /// Profiled events the original recorded inside its gaps (annotations, autograd's
+    /// `evaluate_function` wrappers), each charged `per_gap_event_us`.
     pub events_in_gaps: usize,
+    /// The cost charged per event in a gap (µs): the probed cost of an event without
+    /// arguments where measured (those events record no arguments), else `per_event_us`.
+    pub per_gap_event_us: f64,
     /// Gaps capped at ten times the original's op time (a shifted event).
     pub capped: usize,
 }
@@ -111,7 +117,7 @@ pub struct GapModel {
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
 ///
-/// `e_i = speed * g_i - per_boundary - per_event * n_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
+/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
 ///
 /// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
 /// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
@@ -120,7 +126,9 @@ pub struct GapModel {
 /// original's, so a capture on a busy or slower host counts for what it is), and the two
 /// subtractions remove what that instrumentation costs here: the instrumented replay's own
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
-/// (`per_event`) for each of the `n_i` events the original recorded inside the gap. Where the
+/// for each of the `n_i` events the original recorded inside the gap (`per_gap_event`: the
+/// probed cost of an event without arguments, which is what gap events are: annotations,
+/// autograd's wrappers; else the replay's mean cost per event). Where the
 /// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
 /// capture's gaps are taken as they are, and the model says so by `speed_ops`.
 pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTimes) -> GapModel {
@@ -180,6 +188,10 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
     } else {
         (1.0, 0.0, 0.0)
     };
+    let per_gap_event_us = match r.event_us.filter(|e| e.is_finite() && *e >= 0.0) {
+        Some(e) if speed_ops >= 3 => e,
+        _ => per_event_us,
+    };
     let last_end = l
         .event_of
         .iter()
@@ -210,7 +222,7 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
             };
             events_in_gaps += n;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
-            let estimate = speed * g - per_boundary_us - per_event_us * n as f64;
+            let estimate = speed * g - per_boundary_us - per_gap_event_us * n as f64;
             total += estimate;
             estimate.max(0.0)
         })
@@ -234,6 +246,7 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         per_event_us,
         per_boundary_us,
         events_in_gaps,
+        per_gap_event_us,
         capped,
     }
 }

@@ -641,6 +641,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             plain_us: &orig,
             between_us: 0.3,
             profiled: &none,
+            event_us: None,
         },
     );
     assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
@@ -657,6 +658,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             plain_us: &fast,
             between_us: 0.3,
             profiled: &prof,
+            event_us: None,
         },
     );
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
@@ -679,6 +681,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             plain_us: &plain,
             between_us: 0.3,
             profiled: &prof,
+            event_us: None,
         },
     );
     assert!(

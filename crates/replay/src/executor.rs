@@ -756,6 +756,9 @@ pub fn run(
         };
         let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
         if let Some(instr) = instr {
+            if let Some(us) = instr.probe_event_us(200) {
+                rec.probed_event_us.push(us);
+            }
             match instr.finish() {
                 Ok(profile) => rec.profiled(&profile, &dispatched),
                 Err(e) => rec.instrument_error = Some(e),

@@ -55,6 +55,9 @@ pub(crate) struct Recorder<'a> {
     last_wall_us: f64,
     /// The instrumented iterations' wall times.
     instrumented_ms: Vec<f64>,
+    /// The instrumentation's cost of an event without arguments, probed after each
+    /// instrumented iteration (µs).
+    pub(crate) probed_event_us: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
 }
@@ -101,6 +104,7 @@ impl<'a> Recorder<'a> {
             counts: (0, 0, 0),
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
+            probed_event_us: Vec::new(),
             cuda_comm: None,
         }
     }
@@ -560,6 +564,8 @@ impl<'a> Recorder<'a> {
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,
+            instrumented_event_us: (!self.probed_event_us.is_empty())
+                .then(|| Stats::of(&self.probed_event_us).median),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,

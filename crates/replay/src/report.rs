@@ -122,6 +122,10 @@ pub struct Report {
     /// measured iterations stand; `profiled` is then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrument_error: Option<String>,
+    /// With `instrument`: the capture's instrumentation cost of one event without arguments on
+    /// this host (µs), probed with empty record_function scopes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_event_us: Option<f64>,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -77,13 +77,23 @@ fn calibrated_gaps(
     device: replay::Device,
     autograd: bool,
 ) -> Result<et_graph::GapModel> {
+    // About half a second under instrumentation (the capture's span is its instrumented
+    // iteration), at least 3 iterations and at most 15: medians over more of them steady the
+    // measured speed and costs, which small models' gaps are most sensitive to.
+    let span_s = kineto.original.span_us / 1e6;
+    let instrument_iters = if span_s > 0.0 {
+        ((0.5 / span_s) as usize).clamp(3, 15)
+    } else {
+        3
+    };
     let calib = replay::ReplayOptions {
         device,
         autograd,
         warmup: 1,
-        iters: 5,
+        iters: instrument_iters.max(5),
         per_step: true,
         instrument: true,
+        instrument_iters,
         ..Default::default()
     };
     let (r, _) = replay::replay(g, set, &calib)?;
@@ -111,6 +121,7 @@ fn calibrated_gaps(
             plain_us: &plain,
             between_us: r.overhead_us_per_op,
             profiled: &profiled,
+            event_us: r.instrumented_event_us,
         },
     );
     if model.capped > 0 {
@@ -293,12 +304,13 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
     writeln!(
         out,
         "gap model  {:.3} ms emulated of the capture's {:.3} ms: this host at {:.3}x the capture's \
-         op time ({} ops), instrumentation {:.2} us per event ({} in gaps) and {:.2} us per op boundary",
+         op time ({} ops), instrumentation {:.2} us per event in ops, {:.2} us per event in gaps ({}) and {:.2} us per op boundary",
         m.emulated_ms,
         m.capture_gaps_ms,
         m.speed,
         m.speed_ops,
         m.per_event_us,
+        m.per_gap_event_us,
         m.events_in_gaps,
         m.per_boundary_us
     )?;
