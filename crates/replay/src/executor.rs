@@ -104,6 +104,38 @@ pub struct Executor<'a> {
     timeout: std::time::Duration,
     /// Bytes of the CUDA arena the external inputs live in (0: none).
     arena_bytes: u64,
+    /// Per step, small outputs of `empty*` ops to fill with ones after the call (see
+    /// [`small_empties`]).
+    fill_ones: Vec<Vec<crate::plan::Slot>>,
+}
+
+/// Outputs of `empty*` ops small enough to be Python scalars made tensors
+/// (`torch.tensor(1.0)` records `aten::empty`, then an untraced copy of the value, then
+/// `aten::to`): the replay has no value to copy, and the memory's garbage (3.6e17 in a bf16
+/// GPT's optimizer step counters) would flow on. They get ones, which no consumer divides by
+/// zero or overflows with; large `empty` buffers are written by the ops that follow and are
+/// left alone (filling them would cost time the original did not spend).
+fn small_empties(plan: &Plan) -> Vec<Vec<crate::plan::Slot>> {
+    const EMPTY: &[&str] = &[
+        "aten::empty",
+        "aten::empty_strided",
+        "aten::new_empty",
+        "aten::new_empty_strided",
+        "aten::empty_like",
+    ];
+    plan.steps
+        .iter()
+        .map(|s| {
+            if !EMPTY.contains(&s.name.as_str()) {
+                return Vec::new();
+            }
+            s.out_specs
+                .iter()
+                .filter(|(_, spec)| spec.shape.iter().product::<i64>() <= 64)
+                .map(|(slot, _)| *slot)
+                .collect()
+        })
+        .collect()
 }
 
 impl<'a> Executor<'a> {
@@ -148,6 +180,7 @@ impl<'a> Executor<'a> {
             timeout: std::time::Duration::from_secs(60),
             externals,
             arena_bytes,
+            fill_ones: small_empties(plan),
         })
     }
 
@@ -243,6 +276,13 @@ impl<'a> Executor<'a> {
         self.stack.clear();
         if matches!(outcome, Outcome::Failed(_)) {
             self.fill_missing_outputs(pos, slots);
+        }
+        if !self.fill_ones[pos].is_empty() {
+            for &s in &self.fill_ones[pos] {
+                if let Some(t) = &mut slots[s as usize] {
+                    let _ = t.f_fill_(1.0);
+                }
+            }
         }
     }
 

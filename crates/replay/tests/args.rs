@@ -698,3 +698,48 @@ fn half_precision_external_inputs_hold_no_exact_zeros() {
         assert_eq!(zeros, 0, "{ty}: {zeros} exact zeros");
     }
 }
+
+#[test]
+fn small_empty_outputs_hold_ones_not_garbage() {
+    // torch.tensor(1.0) records aten::empty, an untraced copy of the value, then its use: the
+    // replay's empty tensor gets ones, so what reads it is finite (here 1 + 1 = 2).
+    const EMPTY: &str = "aten::empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None, MemoryFormat? memory_format=None) -> Tensor";
+    let none = || (json!("<None>"), json!([]), "None");
+    let tr = trace(&[
+        (
+            "aten::empty",
+            EMPTY,
+            vec![
+                (json!([2]), json!([[]]), "GenericList[Int]"),
+                none(),
+                none(),
+                none(),
+                none(),
+                none(),
+            ],
+            vec![(t(1, 1, 2), json!([2]), "Tensor(float)")],
+        ),
+        (
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            vec![
+                (t(1, 1, 2), json!([2]), "Tensor(float)"),
+                (t(1, 1, 2), json!([2]), "Tensor(float)"),
+            ],
+            vec![(t(2, 2, 2), json!([2]), "Tensor(float)")],
+        ),
+    ]);
+    let g = Graph::new(&tr);
+    let plan = compile(&g, &g.replay_set(None));
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let mut ex = replay::executor::Executor::new(&plan, &bound, false).unwrap();
+    let mut slots = ex.fresh_slots();
+    for pos in 0..plan.steps.len() {
+        let o = ex.step(pos, &mut slots, false);
+        ex.settle(pos, &mut slots, &o);
+    }
+    assert_eq!(
+        values(slots[out_slot(&plan, 1, 0)].as_ref().unwrap()),
+        vec![2.0, 2.0]
+    );
+}
