@@ -5,8 +5,8 @@
 //! only prints.
 
 use crate::link::{is_cpu_event, Link};
-use et_schema::kineto::KinetoTrace;
-use std::collections::BTreeMap;
+use et_schema::kineto::{KinetoTrace, Lane};
+use std::collections::{BTreeMap, HashMap};
 
 /// Timing of the original run, per replay-set op, from the linked Kineto events.
 #[derive(Clone, Debug, Default)]
@@ -122,8 +122,9 @@ pub struct GapModel {
 /// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
 /// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
 /// where `g_i` is the capture's (instrumented) gap before op `i`, `speed` puts it on this host
-/// under the same instrumentation (the median ratio of the replay's profiled op windows to the
-/// original's, so a capture on a busy or slower host counts for what it is), and the two
+/// under the same instrumentation (the replay's profiled op windows over the original's, summed
+/// over the ops found in both that ran and launched no GPU work, so a capture on a busy or
+/// slower host counts for what it is), and the two
 /// subtractions remove what that instrumentation costs here: the instrumented replay's own
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
 /// for each of the `n_i` events the original recorded inside the gap (`per_gap_event`: the
@@ -132,13 +133,31 @@ pub struct GapModel {
 /// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
 /// capture's gaps are taken as they are, and the model says so by `speed_ops`.
 pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTimes) -> GapModel {
-    let mut all_starts: Vec<f64> = (0..k.events.len())
-        .filter(|&i| is_cpu_event(k, i))
-        .map(|i| k.events[i].ts)
-        .collect();
-    all_starts.sort_by(|a, b| a.total_cmp(b));
-    let count_in =
-        |v: &[f64], a: f64, b: f64| v.partition_point(|&x| x <= b) - v.partition_point(|&x| x < a);
+    // Event starts per thread: a gap is this thread's time, other threads' events are not in it.
+    let mut starts: HashMap<Lane, Vec<f64>> = HashMap::new();
+    for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
+        starts
+            .entry(k.events[i].tid)
+            .or_default()
+            .push(k.events[i].ts);
+    }
+    for v in starts.values_mut() {
+        v.sort_by(|a, b| a.total_cmp(b));
+    }
+    // Starts in [a, b) (b inclusive with `upto`); none when the interval is empty (two linked
+    // ops that overlap, from different threads).
+    let count_in = |lane: &Lane, a: f64, b: f64, upto: bool| -> usize {
+        let Some(v) = starts.get(lane) else { return 0 };
+        if a.is_nan() || b.is_nan() || b <= a {
+            return 0;
+        }
+        let hi = if upto {
+            v.partition_point(|&x| x <= b)
+        } else {
+            v.partition_point(|&x| x < b)
+        };
+        hi.saturating_sub(v.partition_point(|&x| x < a))
+    };
     // Speed and per-event cost over the ops found in both profiles, as ratios of sums: the
     // instrumentation's cost is heavy-tailed (an op recording large tensor lists costs a
     // hundred times a small one) and a busy capture host loses whole time slices in a few
@@ -154,7 +173,15 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         let Some(&plain) = r.plain_us.get(pos) else {
             continue;
         };
-        if !(window.is_finite() && original.is_finite() && plain.is_finite()) || window <= 0.0 {
+        // A step that failed was never timed (plain 0); an op that launched GPU work in the
+        // original has a launch for its CPU window there, not the work the replay's window
+        // may hold (a GPU trace replayed on CPU, or a CUDA op that synchronises).
+        let launched = l.gpu_events.get(pos).is_some_and(|g| !g.is_empty());
+        if !(window.is_finite() && original.is_finite() && plain.is_finite())
+            || window <= 0.0
+            || plain <= 0.0
+            || launched
+        {
             continue;
         }
         speed_ops += 1;
@@ -210,13 +237,12 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         .map(|(e, &g)| {
             let Some(e) = e else { return 0.0 };
             let ev = &k.events[*e as usize];
-            // Events that start inside the gap, the op's own start excluded.
+            // Events of this op's thread that start inside the gap (before the op's start).
             let n = match (prev_end, l.span) {
-                (Some(p), _) => count_in(&all_starts, p, ev.ts).saturating_sub(1),
+                (Some(p), _) => count_in(&ev.tid, p, ev.ts, false),
                 // The first op's gap: the iteration's time before it and after the last op.
                 (None, Some((a, b))) => {
-                    count_in(&all_starts, a, ev.ts).saturating_sub(1)
-                        + count_in(&all_starts, last_end, b).saturating_sub(1)
+                    count_in(&ev.tid, a, ev.ts, false) + count_in(&ev.tid, last_end, b, true)
                 }
                 (None, None) => 0,
             };

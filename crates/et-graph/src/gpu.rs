@@ -126,12 +126,24 @@ fn intersection(x: &[(f64, f64)], y: &[(f64, f64)]) -> f64 {
     total
 }
 
-/// `void at::native::(anonymous namespace)::foo<float, 4>(...)` -> `at::native::foo`.
+/// `void at::native::(anonymous namespace)::foo<float, 4>(...)` -> `at::native::foo`;
+/// `std::enable_if<...>::type internal::gemvx::kernel<...>(...)` -> `internal::gemvx::kernel`.
 pub fn short_kernel_name(name: &str) -> String {
-    let s = name.strip_prefix("void ").unwrap_or(name);
-    let s = s.replace("(anonymous namespace)::", "");
-    let end = s.find(['<', '(']).unwrap_or(s.len());
-    s[..end].trim().to_string()
+    let s = name.replace("(anonymous namespace)::", "");
+    // The name without template arguments (depth 0 only) and up to its parameter list.
+    let mut out = String::new();
+    let mut depth = 0usize;
+    for c in s.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            '(' if depth == 0 => break,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    // The last word: a return type (`void`, `std::enable_if::type`) comes before it.
+    out.split_whitespace().last().unwrap_or("").to_string()
 }
 
 /// The activity of `intervals`.
@@ -269,6 +281,16 @@ mod tests {
         assert_eq!(
             short_kernel_name("void at::native::(anonymous namespace)::k<float>(int)"),
             "at::native::k"
+        );
+        assert_eq!(
+            short_kernel_name(
+                "std::enable_if<!(T7), void>::type internal::gemvx::kernel<int, float>(P<float>)"
+            ),
+            "internal::gemvx::kernel"
+        );
+        assert_eq!(
+            short_kernel_name("volta_sgemm_64x64_tn"),
+            "volta_sgemm_64x64_tn"
         );
         assert_eq!(
             GpuWork::of_name("ncclDevKernel_AllGather_RING_LL(x)"),

@@ -510,10 +510,20 @@ pub fn materialise(
             // optimizer's second moment of 0 beside a non-zero first moment then divides by its
             // eps alone: a bf16 GPT's AdamW step blew its weights to 2e4 and its next backward
             // to NaN.
-            let drawn = Tensor::f_randn([flat.shape[0]], (Kind::Float, base.device()))
-                .and_then(|r| base.f_copy_(&r));
-            if drawn.is_err() {
-                let _ = base.f_zero_();
+            // In chunks: a float32 copy of a whole large buffer would need twice its memory.
+            const CHUNK: i64 = 1 << 24;
+            let n = flat.shape[0];
+            let mut at = 0;
+            while at < n {
+                let len = CHUNK.min(n - at);
+                let drawn = Tensor::f_randn([len], (Kind::Float, base.device()))
+                    .and_then(|r| base.f_narrow(0, at, len)?.f_copy_(&r));
+                if let Err(e) = drawn {
+                    log::warn!("random half-precision input: {e}; zeros instead");
+                    let _ = base.f_narrow(0, at, n - at).and_then(|mut t| t.f_zero_());
+                    break;
+                }
+                at += len;
             }
         } else if dtype.is_floating_point() {
             if base.f_normal_(0.0, 1.0).is_err() {

@@ -360,7 +360,7 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 1;
+    pub const VERSION: u32 = 2;
 
     /// Checks a plan that came from outside (a stored benchmark package): its version, and that
     /// every index in it points inside it, so that binding and running it cannot panic.
@@ -391,6 +391,13 @@ impl Plan {
         }
         for s in &self.grad_inputs {
             slot(*s, "grad input", 0)?;
+        }
+        if let Some(st) = self.steps.iter().find(|st| {
+            st.autocast.is_some_and(|d| {
+                !matches!(d, et_schema::DType::BFloat16 | et_schema::DType::Float16)
+            })
+        }) {
+            return Err(format!("node {}: autocast to {:?}", st.id, st.autocast));
         }
         if let Some(r) = self.restored.iter().find(|r| r.step >= self.steps.len()) {
             return Err(format!(
@@ -1345,8 +1352,8 @@ const OPTIMIZER_EPS: f64 = 1e-8;
 /// The execution trace observer writes doubles with six decimals, so a scalar below 5e-7
 /// arrives as 0: an optimizer's `eps=1e-8` among them (AdamW then divides 0 by 0 where a second
 /// moment is 0). A recorded 0 is restored where it cannot have been meant:
-/// - an argument named `eps`: to its schema default when that is non-zero (norms), else to the
-///   optimizers' default 1e-8 (fused optimizers' `eps` has no default);
+/// - an argument named `eps`: to its schema default when that too is below 5e-7, else to the
+///   optimizers' default 1e-8 (a recorded 0 says the value was below 5e-7);
 /// - an argument whose schema default is itself below 5e-7 but non-zero (it would have been
 ///   written as 0 too);
 /// - the scalar of an `add`/`_foreach_add` inside `Optimizer.step` (the optimizer adding its
@@ -1370,14 +1377,17 @@ pub fn restore_rounded(
         .filter(|d| *d != 0.0 && d.is_finite());
     let name = sa.name.as_deref().unwrap_or("");
     let value = if name == "eps" || name == "epsilon" {
+        // A recorded 0 says the value was below 5e-7: the default only if it is too (a norm's
+        // 1e-5 it cannot have been; BERT's layer_norm eps is 1e-12).
+        let small_default = default.filter(|d| d.abs() < 5e-7);
         Some((
-            default.unwrap_or(OPTIMIZER_EPS),
+            small_default.unwrap_or(OPTIMIZER_EPS),
             format!(
-                "`{name}` recorded as 0 (the trace keeps 6 decimals); restored to {}",
-                if default.is_some() {
+                "`{name}` recorded as 0 (the trace keeps 6 decimals, so it was below 5e-7); restored to {}",
+                if small_default.is_some() {
                     "its schema default"
                 } else {
-                    "the optimizers' default 1e-8"
+                    "1e-8"
                 }
             ),
         ))
@@ -1468,8 +1478,10 @@ pub fn autocast_of(step: &Step, dtypes: &[Option<et_schema::DType>]) -> Option<e
         (true, None, Some(h)) if outs.iter().all(half) => Some(h),
         // float32 and half in, half out
         (true, Some(h), Some(o)) if h == o => Some(h),
-        // half in, float32 out, no float32 in
-        (false, Some(h), None) if only_f32_out => Some(h),
+        // half in, float32 out (autocast's float32 list: norms, losses); with float32 inputs too
+        // (a norm's float32 weight), since outside autocast mixed inputs promote only where
+        // autocast would leave them alone
+        (_, Some(h), None) if only_f32_out => Some(h),
         _ => None,
     }
 }
@@ -1635,9 +1647,9 @@ mod tests {
         let dropout = "aten::dropout(Tensor input, float p, bool train) -> Tensor";
         let yes = || true;
         let no = || false;
-        // eps with a default: the default; without one: the optimizers' 1e-8.
+        // eps recorded 0 was below 5e-7: not the default 1e-5, the optimizers' 1e-8.
         let (a, r) = restore_rounded("aten::layer_norm", &arg(ln, 4), Arg::Double(0.0), no);
-        assert_eq!((a, r.map(|r| r.0)), (Arg::Double(1e-5), Some(1e-5)));
+        assert_eq!((a, r.map(|r| r.0)), (Arg::Double(1e-8), Some(1e-8)));
         let (a, r) = restore_rounded("aten::_fused_adamw_", &arg(fused, 10), Arg::Double(0.0), no);
         assert_eq!((a, r.is_some()), (Arg::Double(1e-8), true));
         // The optimizer's eps added to a denominator, inside Optimizer.step only.

@@ -32,6 +32,8 @@ pub(crate) struct Recorder<'a> {
     /// Host-clock window of each measured iteration (for NVML samples).
     windows: Vec<(f64, f64)>,
     cpu: metrics::cpu::CpuSampler,
+    /// Per step, every measured host (launch) time (with `per_step`).
+    step_launch_samples: Vec<Vec<f64>>,
     /// Per step, every measured time (with `per_step`).
     step_us: Vec<Vec<f64>>,
     iter_ms: Vec<f64>,
@@ -83,6 +85,11 @@ impl<'a> Recorder<'a> {
             event_error: None,
             windows: Vec::new(),
             cpu,
+            step_launch_samples: if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            },
             step_us: if opts.per_step {
                 vec![Vec::new(); n]
             } else {
@@ -192,6 +199,7 @@ impl<'a> Recorder<'a> {
             self.step_calls[pos] += 1;
             if self.opts.per_step {
                 self.step_us[pos].push(d);
+                self.step_launch_samples[pos].push(launch);
             }
             if last && self.opts.trace_out.is_some() {
                 let step = &self.plan.steps[pos];
@@ -555,10 +563,12 @@ impl<'a> Recorder<'a> {
                 .steps
                 .iter()
                 .zip(&self.step_us)
-                .map(|(s, v)| StepTiming {
+                .zip(&self.step_launch_samples)
+                .map(|((s, v), h)| StepTiming {
                     id: s.id,
                     op: s.name.clone(),
                     us: Stats::of(v).median,
+                    launch_us: Stats::of(h).median,
                 })
                 .collect(),
             profiled: consolidate(&self.profiled),

@@ -162,7 +162,10 @@ pub struct ProfiledStep {
 pub struct StepTiming {
     pub id: u64,
     pub op: String,
+    /// Median time (device time on CUDA).
     pub us: f64,
+    /// Median host (launch) time: the same as `us` on CPU.
+    pub launch_us: f64,
 }
 
 /// One collective op of a replay, per measured iteration.

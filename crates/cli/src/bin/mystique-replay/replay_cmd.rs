@@ -103,7 +103,11 @@ fn calibrated_gaps(
              ({e}): the capture's gaps are emulated uncorrected"
         );
     }
-    let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+    // The profiled windows are on the host's clock: so are the plain times they are set
+    // against (on CUDA, the launch times; the bookkeeping between steps is then not known
+    // apart from the device's idle time, and counts as 0).
+    let host = r.timing == "host clock";
+    let plain: Vec<f64> = r.steps.iter().map(|s| s.launch_us).collect();
     let profiled: Vec<Option<(f64, f64, u32)>> = (0..plain.len())
         .map(|k| {
             r.profiled
@@ -119,7 +123,7 @@ fn calibrated_gaps(
         &kineto.original,
         &et_graph::ReplayTimes {
             plain_us: &plain,
-            between_us: r.overhead_us_per_op,
+            between_us: if host { r.overhead_us_per_op } else { 0.0 },
             profiled: &profiled,
             event_us: r.instrumented_event_us,
         },
@@ -188,10 +192,10 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         &dist,
         std::env::var("LOCAL_RANK").map(|v| v.parse::<usize>()),
     ) {
+        let lr = lr.map_err(|_| anyhow::anyhow!("LOCAL_RANK is not a non-negative integer"))?;
         let n = tch::Cuda::device_count().max(1) as usize;
-        if let Ok(lr) = lr {
-            device = replay::Device::parse(&format!("cuda:{}", lr % n))?;
-        }
+        // More local ranks than GPUs: they share them (and their collectives go through Gloo).
+        device = replay::Device::parse(&format!("cuda:{}", lr % n))?;
     }
     let trace = mystique_cli::read_trace(path)?;
     let t0 = std::time::Instant::now();
@@ -579,12 +583,14 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     // under the capture's instrumentation (like for like).
     let names: Vec<&str> = r.steps.iter().map(|s| s.op.as_str()).collect();
     let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+    // Profiled windows are host time: not comparable with GPU kernel time per op.
     let profiled: Vec<Option<f64>> = (0..r.steps.len())
         .map(|k| {
             r.profiled
                 .get(k)
                 .copied()
                 .flatten()
+                .filter(|_| !by_gpu)
                 .map(|p| p.end_us - p.start_us)
         })
         .collect();
@@ -598,6 +604,9 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     // Like for like: uninstrumented with uninstrumented where the original's own time is
     // known, else profiled with profiled.
     let uninstrumented = match a.original_ms {
+        Some(ms) if !(ms.is_finite() && ms > 0.0) => {
+            anyhow::bail!("--original-ms must be a positive number of milliseconds, not {ms}")
+        }
         Some(ms) => Some((ms, "--original-ms".to_string())),
         None => meta_original_ms(&a.trace),
     };
@@ -643,7 +652,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "ratio_iter": ratio_iter,
         "basis_iter": basis,
         "ratio_ops": ratio_ops,
-        "basis_ops": if found > 0 { "profiled: linked ops under the capture's instrumentation in both" } else { "mixed: plain replay ops vs profiled original ops" },
+        "basis_ops": if by_gpu { "gpu: the replay's CUDA-event time per op vs the original's kernel time under each op" } else if found > 0 { "profiled: linked ops under the capture's instrumentation in both" } else { "mixed: plain replay ops vs profiled original ops" },
         "emulate_gaps": a.emulate_gaps,
         "device": r.device,
         "compared_by": if by_gpu { "gpu time per op" } else { "op time" },
