@@ -107,8 +107,11 @@ pub struct GapModel {
     /// Profiled events the original recorded inside its gaps (annotations, autograd's
     /// `evaluate_function` wrappers), each charged `per_gap_event_us`.
     pub events_in_gaps: usize,
-    /// The cost charged per event in a gap (µs): the probed cost of an event without
-    /// arguments where measured (those events record no arguments), else `per_event_us`.
+    /// Of `events_in_gaps`, those whose ET node records arguments (autograd's `XBackward0`
+    /// nodes record their tensors): each charged `per_event_us`, like an op's events.
+    pub events_with_args: usize,
+    /// The cost charged per argument-less event in a gap (µs): the probed cost of an event
+    /// without arguments where measured, else `per_event_us`.
     pub per_gap_event_us: f64,
     /// Gaps capped at ten times the original's op time (a shifted event).
     pub capped: usize,
@@ -117,7 +120,7 @@ pub struct GapModel {
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
 ///
-/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
+/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i - per_event * m_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
 ///
 /// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
 /// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
@@ -127,36 +130,67 @@ pub struct GapModel {
 /// slower host counts for what it is), and the two
 /// subtractions remove what that instrumentation costs here: the instrumented replay's own
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
-/// for each of the `n_i` events the original recorded inside the gap (`per_gap_event`: the
-/// probed cost of an event without arguments, which is what gap events are: annotations,
-/// autograd's wrappers; else the replay's mean cost per event). Where the
+/// for each event the original recorded inside the gap: `per_gap_event` (the probed cost of an
+/// event without arguments) for the `n_i` that record none (annotations, autograd's
+/// `evaluate_function` wrappers), `per_event` (the replay's mean cost per event) for the `m_i`
+/// whose ET node records arguments (autograd's `XBackward0` nodes). Where the
 /// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
 /// capture's gaps are taken as they are, and the model says so by `speed_ops`.
-pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTimes) -> GapModel {
-    // Event starts per thread: a gap is this thread's time, other threads' events are not in it.
-    let mut starts: HashMap<Lane, Vec<f64>> = HashMap::new();
+pub fn gap_model(
+    t: &et_schema::Trace,
+    l: &Link,
+    k: &KinetoTrace,
+    orig: &OriginalTiming,
+    r: &ReplayTimes,
+) -> GapModel {
+    // Which events record arguments: the ET node of the same record-function id has inputs (an
+    // autograd `XBackward0` node records its tensors; its `evaluate_function` wrapper, an
+    // annotation, nothing). Events the ET cannot name count as argument-less.
+    let with_args: std::collections::HashSet<u64> = t
+        .nodes
+        .iter()
+        .filter(|n| !t.inputs(n).is_empty())
+        .filter_map(|n| n.rf_id)
+        .collect();
+    // Event starts per thread (a gap is this thread's time), each with a running count of the
+    // events that record arguments.
+    let mut starts: HashMap<Lane, Vec<(f64, bool)>> = HashMap::new();
     for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
-        starts
-            .entry(k.events[i].tid)
-            .or_default()
-            .push(k.events[i].ts);
+        let e = &k.events[i];
+        let args = e
+            .record_function_id
+            .is_some_and(|id| with_args.contains(&id));
+        starts.entry(e.tid).or_default().push((e.ts, args));
     }
-    for v in starts.values_mut() {
-        v.sort_by(|a, b| a.total_cmp(b));
-    }
-    // Starts in [a, b) (b inclusive with `upto`); none when the interval is empty (two linked
-    // ops that overlap, from different threads).
-    let count_in = |lane: &Lane, a: f64, b: f64, upto: bool| -> usize {
-        let Some(v) = starts.get(lane) else { return 0 };
+    let starts: HashMap<Lane, (Vec<f64>, Vec<usize>)> = starts
+        .into_iter()
+        .map(|(lane, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut heavy = Vec::with_capacity(v.len() + 1);
+            heavy.push(0);
+            for (_, a) in &v {
+                heavy.push(heavy.last().copied().unwrap_or(0) + *a as usize);
+            }
+            (lane, (v.into_iter().map(|x| x.0).collect(), heavy))
+        })
+        .collect();
+    // Events starting in [a, b) (b inclusive with `upto`) as (without, with arguments); none
+    // when the interval is empty (two linked ops that overlap, from different threads).
+    let count_in = |lane: &Lane, a: f64, b: f64, upto: bool| -> (usize, usize) {
+        let Some((v, heavy)) = starts.get(lane) else {
+            return (0, 0);
+        };
         if a.is_nan() || b.is_nan() || b <= a {
-            return 0;
+            return (0, 0);
         }
         let hi = if upto {
             v.partition_point(|&x| x <= b)
         } else {
             v.partition_point(|&x| x < b)
         };
-        hi.saturating_sub(v.partition_point(|&x| x < a))
+        let lo = v.partition_point(|&x| x < a).min(hi);
+        let with = heavy[hi] - heavy[lo];
+        (hi - lo - with, with)
     };
     // Speed and per-event cost over the ops found in both profiles, as ratios of sums: the
     // instrumentation's cost is heavy-tailed (an op recording large tensor lists costs a
@@ -227,6 +261,7 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         .fold(f64::NEG_INFINITY, f64::max);
     let mut prev_end: Option<f64> = None;
     let mut events_in_gaps = 0;
+    let mut events_with_args = 0;
     // Each gap's own estimate (clipped at 0) gives the shape; the total is the sum of the
     // unclipped estimates, so clipping the gaps that come out negative does not bias it up.
     let mut total = 0.0;
@@ -238,17 +273,23 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
             let Some(e) = e else { return 0.0 };
             let ev = &k.events[*e as usize];
             // Events of this op's thread that start inside the gap (before the op's start).
-            let n = match (prev_end, l.span) {
+            let (light, heavy) = match (prev_end, l.span) {
                 (Some(p), _) => count_in(&ev.tid, p, ev.ts, false),
                 // The first op's gap: the iteration's time before it and after the last op.
                 (None, Some((a, b))) => {
-                    count_in(&ev.tid, a, ev.ts, false) + count_in(&ev.tid, last_end, b, true)
+                    let (l1, h1) = count_in(&ev.tid, a, ev.ts, false);
+                    let (l2, h2) = count_in(&ev.tid, last_end, b, true);
+                    (l1 + l2, h1 + h2)
                 }
-                (None, None) => 0,
+                (None, None) => (0, 0),
             };
-            events_in_gaps += n;
+            events_in_gaps += light + heavy;
+            events_with_args += heavy;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
-            let estimate = speed * g - per_boundary_us - per_gap_event_us * n as f64;
+            let estimate = speed * g
+                - per_boundary_us
+                - per_gap_event_us * light as f64
+                - per_event_us * heavy as f64;
             total += estimate;
             estimate.max(0.0)
         })
@@ -272,6 +313,7 @@ pub fn gap_model(l: &Link, k: &KinetoTrace, orig: &OriginalTiming, r: &ReplayTim
         per_event_us,
         per_boundary_us,
         events_in_gaps,
+        events_with_args,
         per_gap_event_us,
         capped,
     }

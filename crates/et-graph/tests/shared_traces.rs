@@ -634,6 +634,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     // No profile of the replay: the capture's gaps as they are.
     let none = vec![None; orig.len()];
     let m = gap_model(
+        &t,
         &l,
         &kt,
         &o,
@@ -651,6 +652,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     let fast: Vec<f64> = orig.iter().map(|d| d / 3.0).collect();
     let prof = replay_times(&fast, &fast, 0.3);
     let m = gap_model(
+        &t,
         &l,
         &kt,
         &o,
@@ -674,6 +676,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     let plain: Vec<f64> = fast.iter().map(|d| (d - 2.0).max(0.1)).collect();
     let prof = replay_times(&fast, &plain, 5.3);
     let m = gap_model(
+        &t,
         &l,
         &kt,
         &o,

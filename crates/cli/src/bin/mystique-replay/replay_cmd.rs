@@ -118,6 +118,7 @@ fn calibrated_gaps(
         })
         .collect();
     let model = et_graph::gap_model(
+        g.trace,
         &kineto.link,
         &kineto.kineto,
         &kineto.original,
@@ -308,14 +309,15 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
     writeln!(
         out,
         "gap model  {:.3} ms emulated of the capture's {:.3} ms: this host at {:.3}x the capture's \
-         op time ({} ops), instrumentation {:.2} us per event in ops, {:.2} us per event in gaps ({}) and {:.2} us per op boundary",
+         op time ({} ops), instrumentation {:.2} us per event with arguments ({} in gaps), {:.2} us per event without ({} in gaps) and {:.2} us per op boundary",
         m.emulated_ms,
         m.capture_gaps_ms,
         m.speed,
         m.speed_ops,
         m.per_event_us,
+        m.events_with_args,
         m.per_gap_event_us,
-        m.events_in_gaps,
+        m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
     Ok(())
