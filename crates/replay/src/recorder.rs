@@ -589,6 +589,19 @@ impl<'a> Recorder<'a> {
 /// to end; `None` for steps no iteration found.
 fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> {
     let n = runs.iter().map(Vec::len).max().unwrap_or(0);
+    // Each step's lead times: from the previous step's end where both were found in a run.
+    let leads_of = |pos: usize| -> Vec<f64> {
+        runs.iter()
+            .filter_map(|r| {
+                let prev = r.get(pos.checked_sub(1)?)?.as_ref()?;
+                Some(r.get(pos)?.as_ref()?.start_us - prev.end_us)
+            })
+            .collect()
+    };
+    // A step whose neighbour was found only in other runs gets the typical lead, not 0 (a
+    // zero boundary would read as "no time between ops").
+    let all: Vec<f64> = (1..n).flat_map(leads_of).collect();
+    let typical = Stats::of(&all).median;
     let mut out = Vec::with_capacity(n);
     let mut cursor = 0.0;
     for pos in 0..n {
@@ -598,21 +611,17 @@ fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> 
             continue;
         }
         let durs: Vec<f64> = found.iter().map(|p| p.end_us - p.start_us).collect();
-        let leads: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| {
-                let prev = r.get(pos.checked_sub(1)?)?.as_ref()?;
-                Some(r.get(pos)?.as_ref()?.start_us - prev.end_us)
-            })
-            .collect();
+        let leads = leads_of(pos);
+        let lead = if !leads.is_empty() {
+            Stats::of(&leads).median
+        } else if pos > 0 && out.last().is_some_and(Option::is_some) {
+            typical
+        } else {
+            0.0
+        };
         let mut nested: Vec<u32> = found.iter().map(|p| p.nested).collect();
         nested.sort_unstable();
-        let start = cursor
-            + if leads.is_empty() {
-                0.0
-            } else {
-                Stats::of(&leads).median
-            };
+        let start = cursor + lead;
         let end = start + Stats::of(&durs).median;
         out.push(Some(ProfiledStep {
             start_us: start,
@@ -668,5 +677,12 @@ mod tests {
         // lead: median of 2 and 3 (the third run has no step 0) = 2.5; duration median 5.
         assert_eq!((b.start_us, b.end_us), (13.5, 18.5));
         assert_eq!(consolidate(&[vec![None, None]]), vec![None, None]);
+        // Neighbours found only in different runs: the typical lead (here 2), not 0.
+        let runs = vec![
+            vec![w(0.0, 10.0, 0), w(12.0, 14.0, 0), None],
+            vec![None, None, w(50.0, 51.0, 0)],
+        ];
+        let c = consolidate(&runs);
+        assert_eq!(c[2].unwrap().start_us, c[1].unwrap().end_us + 2.0);
     }
 }
