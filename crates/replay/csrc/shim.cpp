@@ -697,6 +697,33 @@ void mq_push_reduce_op(MqStack* st, int op) {
   st->s.emplace_back(c10::make_intrusive<c10d::ReduceOp>(static_cast<c10d::ReduceOp::RedOpType>(op)));
 }
 
+// The Work handles among the results on the stack, kept to wait for later (where the trace
+// waits). Null when there are none.
+struct MqWorks {
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+};
+
+MqWorks* mq_stack_take_works(MqStack* st) {
+  auto w = std::make_unique<MqWorks>();
+  for (auto& v : st->s) {
+    if (!v.isObject()) continue;
+    auto obj = v.toObject();
+    if (obj->type()->name() &&
+        obj->type()->name()->qualifiedName() == "__torch__.torch.classes.c10d.Work") {
+      w->works.push_back(v.toCustomClass<c10d::Work>());
+    }
+  }
+  return w->works.empty() ? nullptr : w.release();
+}
+
+int mq_works_wait(MqWorks* w, int64_t timeout_ms) {
+  return guarded([&] {
+    for (auto& work : w->works) work->wait(std::chrono::milliseconds(timeout_ms));
+  });
+}
+
+void mq_works_free(MqWorks* w) { delete w; }
+
 // Waits for every Work handle among the results on the stack (a collective's async work).
 int mq_stack_wait_works(MqStack* st, int64_t timeout_ms) {
   return guarded([&] {

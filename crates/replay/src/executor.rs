@@ -107,6 +107,8 @@ pub struct Executor<'a> {
     /// Per step, small outputs of `empty*` ops to fill with ones after the call (see
     /// [`small_empties`]).
     fill_ones: Vec<Vec<crate::plan::Slot>>,
+    /// Collectives' outstanding work, by the step that waits for it.
+    pending: HashMap<usize, Vec<ffi::Works>>,
 }
 
 /// Outputs of `empty*` ops small enough to be Python scalars made tensors
@@ -181,6 +183,7 @@ impl<'a> Executor<'a> {
             externals,
             arena_bytes,
             fill_ones: small_empties(plan),
+            pending: HashMap::new(),
         })
     }
 
@@ -203,6 +206,19 @@ impl<'a> Executor<'a> {
     /// The plan this executor runs.
     pub fn plan(&self) -> &'a Plan {
         self.plan
+    }
+
+    /// Waits for the collectives whose work step `pos` waits for (a `wait` record), or with
+    /// `pos == None` for every outstanding one (an iteration's end).
+    pub fn wait_pending(&mut self, pos: Option<usize>) -> Result<(), CallError> {
+        let due: Vec<ffi::Works> = match pos {
+            Some(p) => self.pending.remove(&p).unwrap_or_default(),
+            None => self.pending.drain().flat_map(|(_, w)| w).collect(),
+        };
+        for w in due {
+            w.wait(self.timeout)?;
+        }
+        Ok(())
     }
 
     /// Slots holding step `pos`'s inputs: fresh slots after steps `0..pos` ran once as in an
@@ -357,10 +373,26 @@ impl<'a> Executor<'a> {
             // A collective's work completes before anything reads its tensors (the trace's
             // own waits then find it done).
             .and_then(|()| {
-                if collective {
-                    self.stack.wait_works(self.timeout)
-                } else {
-                    Ok(())
+                if !collective {
+                    return Ok(());
+                }
+                // Where the trace waits for this collective later (a PARAM `wait` record), its
+                // work stays outstanding until then, overlapping what runs in between as in
+                // the original; else it completes before anything reads its tensors.
+                let later = match &self.plan.steps[pos].kind {
+                    crate::plan::StepKind::Collective(c) => {
+                        c.waits.iter().copied().filter(|&w| w > pos).min()
+                    }
+                    _ => None,
+                };
+                match later {
+                    Some(w) => {
+                        if let Some(works) = self.stack.take_works() {
+                            self.pending.entry(w).or_default().push(works);
+                        }
+                        Ok(())
+                    }
+                    None => self.stack.wait_works(self.timeout),
                 }
             });
         match first {
@@ -895,6 +927,19 @@ fn iteration(
             last_op_end += spent;
             continue;
         }
+        if !ex.pending.is_empty() {
+            if let Err(e) = ex.wait_pending(Some(pos)) {
+                let rank = ex.rank().map_or(0, |r| r.0);
+                return Err(ReplayError::Dist {
+                    rank,
+                    what: format!(
+                        "waiting for a collective at {} (node {})",
+                        step.name, step.id
+                    ),
+                    source: e,
+                });
+            }
+        }
         if let Some(g) = gaps {
             // Busy, like the Python and autograd work it stands for.
             let until = last_op_end + g[pos];
@@ -987,6 +1032,13 @@ fn iteration(
             }
         }
     }
+    if let Err(e) = ex.wait_pending(None) {
+        return Err(ReplayError::Dist {
+            rank: ex.rank().map_or(0, |r| r.0),
+            what: "waiting for the iteration's outstanding collectives".into(),
+            source: e,
+        });
+    }
     let end = timer.mark();
     timer.resolve();
     // The host's view of the iteration, up to the device finishing it (for NVML's samples).
@@ -1032,11 +1084,17 @@ pub fn run_once_keep_as(
     let mut slots = std::mem::take(&mut ex.externals);
     let mut failures = Vec::new();
     for (pos, step) in plan.steps.iter().enumerate() {
+        if let Err(e) = ex.wait_pending(Some(pos)) {
+            failures.push((step.name.clone(), e.message));
+        }
         let outcome = ex.step(pos, &mut slots, true);
         ex.settle(pos, &mut slots, &outcome);
         if let Outcome::Failed(e) = outcome {
             failures.push((step.name.clone(), e.message));
         }
+    }
+    if let Err(e) = ex.wait_pending(None) {
+        failures.push(("(outstanding collectives)".into(), e.message));
     }
     Ok((slots, failures))
 }

@@ -115,6 +115,37 @@ extern "C" {
     fn mq_push_group(st: *mut MqStack, c: *mut MqComm, g: i64) -> i32;
     fn mq_push_reduce_op(st: *mut MqStack, op: i32);
     fn mq_stack_wait_works(st: *mut MqStack, timeout_ms: i64) -> i32;
+    fn mq_stack_take_works(st: *mut MqStack) -> *mut MqWorks;
+    fn mq_works_wait(w: *mut MqWorks, timeout_ms: i64) -> i32;
+    fn mq_works_free(w: *mut MqWorks);
+}
+
+#[repr(C)]
+pub struct MqWorks {
+    _private: [u8; 0],
+}
+
+/// A collective's outstanding work, waited for where the trace waits.
+pub struct Works(NonNull<MqWorks>);
+
+// SAFETY: c10d Work handles are thread-safe; one owner at a time.
+unsafe impl Send for Works {}
+
+impl Works {
+    pub fn wait(self, timeout: std::time::Duration) -> Result<(), CallError> {
+        // SAFETY: a live handle list from mq_stack_take_works; freed once, in Drop.
+        match unsafe { mq_works_wait(self.0.as_ptr(), timeout.as_millis() as i64) } {
+            0 => Ok(()),
+            code => Err(call_error(code)),
+        }
+    }
+}
+
+impl Drop for Works {
+    fn drop(&mut self) {
+        // SAFETY: allocated by mq_stack_take_works, freed once.
+        unsafe { mq_works_free(self.0.as_ptr()) }
+    }
 }
 
 #[repr(C)]
@@ -408,6 +439,12 @@ impl Stack {
 
     pub fn reduce_op(&mut self, op: u8) {
         unsafe { mq_push_reduce_op(self.p(), op as i32) }
+    }
+
+    /// Takes the Work handles among the results, to wait for later (`None` when there are none).
+    pub fn take_works(&mut self) -> Option<Works> {
+        // SAFETY: live stack; the shim returns null or a list the Works owns.
+        NonNull::new(unsafe { mq_stack_take_works(self.p()) }).map(Works)
     }
 
     /// Waits for the Work handles among the results (a collective's async work).

@@ -283,6 +283,10 @@ pub struct Collective {
     pub group: u32,
     /// Bytes of its input tensors as recorded.
     pub bytes: u64,
+    /// The sequence number its `record_param_comms` record carries (the collective's, or for a
+    /// `wait` record the one it waits for): how PARAM-style traces pair waits with collectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<i64>,
 }
 
 /// A process group the trace created (`## process_group:init ##`).
@@ -1143,7 +1147,11 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         let mut problem: Option<String> = None;
         let mut input_keys: Vec<(TensorKey, Slot)> = Vec::new();
         let mut op = None;
-        let mut coll = collective.then(|| collective_of(t, node, &name, &groups));
+        let mut coll = collective.then(|| {
+            let mut c = collective_of(t, node, &name, &groups);
+            c.seq = comms_seq(g, i);
+            c
+        });
         b.group = coll.as_ref().map_or(0, |c| c.group);
         match &schema {
             None => {
@@ -1553,6 +1561,27 @@ pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
 }
 
 /// A collective's recorded attributes (names as `record_param_comms` writes them).
+/// The sequence number of the `record_param_comms` record at node `i` or among its children:
+/// a collective's record holds its tensors then the number; a `wait` record the number first.
+fn comms_seq(g: &Graph, i: u32) -> Option<i64> {
+    let t = g.trace;
+    let record = std::iter::once(i)
+        .chain(g.children(i).iter().copied())
+        .find(|&k| t.name(&t.nodes[k as usize]) == "record_param_comms")?;
+    let inputs = t.inputs(&t.nodes[record as usize]);
+    let int = |k: usize| match inputs.get(k)?.value {
+        Value::Int(v) => Some(v),
+        _ => None,
+    };
+    let is_wait = et_graph::summary::collective_name(t, &t.nodes[record as usize])
+        .is_some_and(|n| n == "wait");
+    if is_wait {
+        int(0)
+    } else {
+        int(1)
+    }
+}
+
 fn collective_of(
     t: &Trace,
     node: &et_schema::Node,
@@ -1600,7 +1629,20 @@ fn collective_of(
 fn link_waits(steps: &mut [Step]) {
     let mut produced_by: HashMap<Slot, usize> = HashMap::new();
     let mut waits: Vec<(usize, usize)> = Vec::new();
+    // PARAM-style `record_param_comms` waits name the collective by sequence number.
+    let mut by_seq: HashMap<i64, usize> = HashMap::new();
     for (k, s) in steps.iter().enumerate() {
+        if let StepKind::Collective(c) = &s.kind {
+            if let Some(seq) = c.seq {
+                if c.name == "wait" {
+                    if let Some(&from) = by_seq.get(&seq) {
+                        waits.push((from, k));
+                    }
+                } else {
+                    by_seq.insert(seq, k);
+                }
+            }
+        }
         if s.name.contains("wait") {
             let from = s
                 .args

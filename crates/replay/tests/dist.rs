@@ -2,7 +2,7 @@
 //! with its own c10d rendezvous client and process group, as separate processes would have.
 
 use et_schema::testkit::{tensor, TraceBuilder};
-use replay::plan::{compile, Out};
+use replay::plan::{compile, Out, StepKind};
 use serde_json::json;
 use std::time::Duration;
 
@@ -176,4 +176,52 @@ fn functional_collectives_run_with_their_named_group_and_wait() {
     for (rank, h) in ranks.into_iter().enumerate() {
         assert_eq!(h.join().unwrap(), vec![3.0; 4], "rank {rank}");
     }
+}
+
+/// PARAM-style traces record `wait` as a `record_param_comms` naming the collective's sequence
+/// number: the plan pairs them, so the work stays outstanding until the trace waits (the DLRM's
+/// all_to_allv 152 overlaps allreduce 153 and is waited for after it).
+#[test]
+fn param_wait_records_are_paired_with_their_collectives_by_sequence_number() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces/public/param_dlrm_8rank_1.0.1/rank0.et.json.gz");
+    let t = et_schema::read_trace(&p).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let plan = compile(&g, &g.replay_set(None));
+    let colls: Vec<(usize, &replay::plan::Collective)> = plan
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| match &s.kind {
+            replay::plan::StepKind::Collective(c) => Some((k, &**c)),
+            _ => None,
+        })
+        .collect();
+    let waited: Vec<(usize, usize)> = colls
+        .iter()
+        .filter(|(_, c)| c.name != "wait")
+        .flat_map(|(k, c)| c.waits.iter().map(move |w| (*k, *w)))
+        .collect();
+    assert!(waited.len() >= 3, "{waited:?}");
+    for &(k, w) in &waited {
+        let StepKind::Collective(wc) = &plan.steps[w].kind else {
+            panic!()
+        };
+        let StepKind::Collective(kc) = &plan.steps[k].kind else {
+            panic!()
+        };
+        assert!(w > k);
+        assert_eq!(
+            (wc.name.as_str(), wc.seq),
+            ("wait", kc.seq),
+            "step {k} -> {w}"
+        );
+    }
+    // One collective is issued between another and its wait: they overlap.
+    assert!(
+        waited.iter().any(|&(k, w)| colls
+            .iter()
+            .any(|(m, c)| *m > k && *m < w && c.name != "wait")),
+        "{waited:?}"
+    );
 }
