@@ -123,17 +123,13 @@ fn replay(
     })
 }
 
+/// The median of the finite values (NaN when there are none: a round that failed).
 fn median(mut v: Vec<f64>) -> f64 {
     v.retain(|x| x.is_finite());
     if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
+        f64::NAN
     } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
+        metrics::Stats::of(&v).median
     }
 }
 
@@ -242,10 +238,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
         )
         .unwrap_or_default();
-        let busy_meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(b.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
-        )
-        .unwrap_or_default();
         let plain = first_plain.unwrap_or_default();
         let busy = first_busy.unwrap_or_default();
         let orig_ms = median(orig);
@@ -268,7 +260,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 / meta["peak_allocated_bytes"].as_f64().unwrap_or(f64::NAN),
             rounds: per_round,
         };
-        let _ = busy_meta;
         eprintln!(
             "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy)",
             row.model, row.orig_ms, row.plain, row.quiet, row.busy

@@ -212,25 +212,18 @@ fn run_limited(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, Strin
         .stderr(Stdio::piped())
         .spawn()
         .context("starting a check")?;
-    let out = child.stdout.take();
-    let err = child.stderr.take();
-    let read = |r: Option<std::process::ChildStdout>| {
+    // Both pipes drained on threads of their own, so neither can fill and stall the child.
+    fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<String> {
         std::thread::spawn(move || {
             let mut s = String::new();
             if let Some(mut r) = r {
-                let _ = std::io::Read::read_to_string(&mut r, &mut s);
+                let _ = r.read_to_string(&mut s);
             }
             s
         })
-    };
-    let o = read(out);
-    let e = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut r) = err {
-            let _ = std::io::Read::read_to_string(&mut r, &mut s);
-        }
-        s
-    });
+    }
+    let o = drain(child.stdout.take());
+    let e = drain(child.stderr.take());
     let t = Instant::now();
     let code = loop {
         if let Some(st) = child.try_wait()? {

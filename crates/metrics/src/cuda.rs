@@ -50,32 +50,24 @@ impl EventTimer {
         let Some(first) = self.events[..self.used].first() else {
             return Ok(Vec::new());
         };
+        // The last mark done, every earlier one on the stream is: one wait, then plain reads
+        // (cudarc's `elapsed_ms` would bind the context and wait on both events per mark).
         self.events[self.used - 1]
             .synchronize()
             .map_err(|e| format!("waiting for a CUDA event: {e}"))?;
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("binding the CUDA context: {e}"))?;
         self.events[..self.used]
             .iter()
             .map(|e| {
-                first
-                    .elapsed_ms(e)
+                // SAFETY: both events belong to this timer's context and have completed.
+                unsafe { cudarc::driver::result::event::elapsed(first.cu_event(), e.cu_event()) }
                     .map(|ms| ms as f64 * 1e3)
                     .map_err(|e| format!("reading a CUDA event: {e}"))
             })
             .collect()
-    }
-
-    /// Starts a new round (events are reused).
-    pub fn clear(&mut self) {
-        self.used = 0;
-    }
-
-    /// Marks recorded this round.
-    pub fn len(&self) -> usize {
-        self.used
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.used == 0
     }
 }
 
@@ -88,11 +80,16 @@ impl EventTimer {
     pub fn resolve(&self) -> Result<Vec<f64>, String> {
         Err(NO_CUDA.into())
     }
+}
 
+/// With or without CUDA.
+impl EventTimer {
+    /// Starts a new round (events are reused).
     pub fn clear(&mut self) {
         self.used = 0;
     }
 
+    /// Marks recorded this round.
     pub fn len(&self) -> usize {
         self.used
     }

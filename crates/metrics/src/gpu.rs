@@ -386,11 +386,7 @@ pub fn svg_timelines(title: &str, series: &[Series]) -> String {
         .flat_map(|s| s.2.iter().map(|p| p.0))
         .fold(0.0f64, f64::max)
         .max(1e-9);
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
+    let esc = crate::xml_escape;
     let mut s = String::new();
     let _ = writeln!(
         s,

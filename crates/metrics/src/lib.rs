@@ -263,6 +263,13 @@ mod tests {
     }
 }
 
+/// Text for an SVG/XML text node.
+pub(crate) fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
 /// A horizontal grouped bar chart as SVG: for each label, bar `a` (e.g. original) above bar
 /// `b` (e.g. replay), in the same unit.
 pub fn svg_bars(
@@ -279,11 +286,7 @@ pub fn svg_bars(
         .max(1e-9);
     let (label_w, bar_w, row_h) = (340.0, 520.0, 26.0);
     let height = 70.0 + row_h * rows.len() as f64;
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
+    let esc = xml_escape;
     let mut s = String::new();
     let _ = write!(
         s,

@@ -32,21 +32,22 @@ pub struct Runtime {
 /// The runtime of device `ordinal`, created once.
 pub fn runtime(ordinal: usize) -> Result<Arc<Runtime>, String> {
     static RUNTIMES: OnceLock<Mutex<Vec<Option<Arc<Runtime>>>>> = OnceLock::new();
+    let mut all = RUNTIMES
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(Some(r)) = all.get(ordinal) {
+        return Ok(r.clone());
+    }
+    // Loads libcuda (by name) and asks the driver: only when a runtime is first made.
     let n = metrics::cuda::driver_devices()?;
     if ordinal >= n {
         return Err(format!(
             "cuda:{ordinal} does not exist (the driver sees {n} CUDA devices)"
         ));
     }
-    let mut all = RUNTIMES
-        .get_or_init(|| Mutex::new(Vec::new()))
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
     if all.len() <= ordinal {
         all.resize(ordinal + 1, None);
-    }
-    if let Some(r) = &all[ordinal] {
-        return Ok(r.clone());
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e}"))?;
     // One stream does all the work; cudarc's cross-stream event tracking would only add events.

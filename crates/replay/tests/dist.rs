@@ -55,17 +55,21 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Rank r contributes r + 1: after the allreduce both hold 1 + 2 = 3.
-#[test]
-fn an_allreduce_of_known_inputs_gives_their_sum_on_every_rank() {
+/// Runs two ranks as threads over Gloo on loopback: rank r replays `trace(r + 1)`, `check`
+/// sees its plan first; returns each rank's four values of the tensor `out` names.
+fn two_ranks(
+    trace: fn(f64) -> et_schema::Trace,
+    check: fn(&replay::plan::Plan),
+    out: fn(&replay::plan::Plan) -> usize,
+) -> Vec<Vec<f64>> {
     let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             std::thread::spawn(move || {
-                let tr = rank_trace(rank as f64 + 1.0);
+                let tr = trace(rank as f64 + 1.0);
                 let g = et_graph::Graph::new(&tr);
                 let plan = compile(&g, &g.replay_set(None));
-                assert_eq!(plan.groups[0].size, 2);
+                check(&plan);
                 let bound = replay::bind(&plan, &replay::Device::Cpu);
                 let d = replay::DistOptions {
                     rank,
@@ -77,16 +81,29 @@ fn an_allreduce_of_known_inputs_gives_their_sum_on_every_rank() {
                 let (slots, failures) =
                     replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();
                 assert!(failures.is_empty(), "rank {rank}: {failures:?}");
-                let Out::List(out) = &plan.steps[1].outs[0] else {
-                    panic!("{:?}", plan.steps[1].outs)
-                };
-                let t = slots[out[0].unwrap() as usize].as_ref().unwrap();
+                let t = slots[out(&plan)].as_ref().unwrap();
                 (0..4).map(|i| t.double_value(&[i])).collect::<Vec<f64>>()
             })
         })
         .collect();
-    for (rank, h) in ranks.into_iter().enumerate() {
-        assert_eq!(h.join().unwrap(), vec![3.0; 4], "rank {rank}");
+    ranks.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Rank r contributes r + 1: after the allreduce both hold 1 + 2 = 3.
+#[test]
+fn an_allreduce_of_known_inputs_gives_their_sum_on_every_rank() {
+    let values = two_ranks(
+        rank_trace,
+        |plan| assert_eq!(plan.groups[0].size, 2),
+        |plan| {
+            let Out::List(out) = &plan.steps[1].outs[0] else {
+                panic!("{:?}", plan.steps[1].outs)
+            };
+            out[0].unwrap() as usize
+        },
+    );
+    for (rank, v) in values.into_iter().enumerate() {
+        assert_eq!(v, vec![3.0; 4], "rank {rank}");
     }
 }
 
@@ -138,43 +155,28 @@ fn functional_trace(value: f64) -> et_schema::Trace {
 /// (each rank thread its own) and the wait completes them; rank r contributes r + 1.
 #[test]
 fn functional_collectives_run_with_their_named_group_and_wait() {
-    let port = free_port();
-    let ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            std::thread::spawn(move || {
-                let tr = functional_trace(rank as f64 + 1.0);
-                let g = et_graph::Graph::new(&tr);
-                let plan = compile(&g, &g.replay_set(None));
-                assert!(
-                    plan.steps[1].kind.is_collective(),
-                    "{:?}",
-                    plan.steps[1].kind
-                );
-                assert!(
-                    plan.steps[2].kind.is_collective(),
-                    "the wait counts as communication"
-                );
-                let bound = replay::bind(&plan, &replay::Device::Cpu);
-                let d = replay::DistOptions {
-                    rank,
-                    world_size: 2,
-                    master_addr: "127.0.0.1".into(),
-                    master_port: port,
-                    timeout: Duration::from_secs(30),
-                };
-                let (slots, failures) =
-                    replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();
-                assert!(failures.is_empty(), "rank {rank}: {failures:?}");
-                let Out::Tensor(out) = plan.steps[2].outs[0] else {
-                    panic!("{:?}", plan.steps[2].outs)
-                };
-                let t = slots[out as usize].as_ref().unwrap();
-                (0..4).map(|i| t.double_value(&[i])).collect::<Vec<f64>>()
-            })
-        })
-        .collect();
-    for (rank, h) in ranks.into_iter().enumerate() {
-        assert_eq!(h.join().unwrap(), vec![3.0; 4], "rank {rank}");
+    let values = two_ranks(
+        functional_trace,
+        |plan| {
+            assert!(
+                plan.steps[1].kind.is_collective(),
+                "{:?}",
+                plan.steps[1].kind
+            );
+            assert!(
+                plan.steps[2].kind.is_collective(),
+                "the wait counts as communication"
+            );
+        },
+        |plan| {
+            let Out::Tensor(out) = plan.steps[2].outs[0] else {
+                panic!("{:?}", plan.steps[2].outs)
+            };
+            out as usize
+        },
+    );
+    for (rank, v) in values.into_iter().enumerate() {
+        assert_eq!(v, vec![3.0; 4], "rank {rank}");
     }
 }
 
