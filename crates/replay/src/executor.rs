@@ -548,8 +548,13 @@ pub fn materialise(
             let mut at = 0;
             while at < n {
                 let len = CHUNK.min(n - at);
-                let drawn = Tensor::f_randn([len], (Kind::Float, base.device()))
-                    .and_then(|r| base.f_narrow(0, at, len)?.f_copy_(&r));
+                // At least 1e-3 away from 0: a float32 draw closer than 2^-25 rounds to an
+                // exact half-precision 0, and scaling per view (1/sqrt(fan-in)) by more again.
+                let drawn = Tensor::f_randn([len], (Kind::Float, base.device())).and_then(|r| {
+                    let mag = r.f_abs()?.f_clamp_min(1e-3)?;
+                    let r = mag.f_where_self(&r.f_ge(0.0)?, &mag.f_neg()?)?;
+                    base.f_narrow(0, at, len)?.f_copy_(&r)
+                });
                 if let Err(e) = drawn {
                     log::warn!("random half-precision input: {e}; zeros instead");
                     let _ = base.f_narrow(0, at, n - at).and_then(|mut t| t.f_zero_());
