@@ -23,7 +23,11 @@ fn main() {
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
     let t0 = Instant::now();
-    let bytes = match et_schema::read_input(std::path::Path::new(&path)) {
+    // As `mystique` reads: a plain file is mapped, and its pages handed back as parsed.
+    let bytes = match et_schema::open_input(
+        std::path::Path::new(&path),
+        &et_schema::ReadOptions::default(),
+    ) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
@@ -35,8 +39,9 @@ fn main() {
     let opts = et_schema::ParseOptions {
         threads,
         validate: true,
+        ..Default::default()
     };
-    let trace = match et_schema::parse_trace(&bytes, &path, &opts) {
+    let trace = match et_schema::parse_input(&bytes, &path, &opts) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");

@@ -6,6 +6,9 @@ use std::path::Path;
 pub fn run(path: &Path, json: bool, top: usize) -> Result<()> {
     let trace = crate::read_trace(path)?;
     let s = Summary::of(&trace);
+    // The process ends after this: handing the model's pages back one by one (tens of ms on a
+    // 200 MB trace, ~5% of the command) buys nothing the exit does not do at once.
+    std::mem::forget(trace);
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer(&mut out, &s)?;

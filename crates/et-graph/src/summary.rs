@@ -107,18 +107,23 @@ fn is_backend_annotation(name: &str) -> bool {
 
 impl Summary {
     pub fn of(t: &Trace) -> Summary {
-        let mut counts: HashMap<&str, usize> = HashMap::new();
-        let mut devices: HashSet<&str> = HashSet::new();
+        // Counted by interned id, not by string: one array slot per distinct string, and each
+        // distinct type string parsed once (a 200 MB trace has ~2M arguments, ~100 types).
+        let mut counts = vec![0usize; t.strings.len()];
+        let mut types: HashMap<et_schema::Sym, et_schema::ValueType> = HashMap::new();
+        let mut devices: HashSet<et_schema::Sym> = HashSet::new();
         let mut seen_tensors: HashSet<(u64, u64)> = HashSet::new();
-        let mut storages: HashMap<(u64, &str), u64> = HashMap::new();
-        let mut by_dtype: BTreeMap<String, u64> = BTreeMap::new();
+        let mut storages: HashMap<(u64, et_schema::Sym), u64> = HashMap::new();
+        let mut by_dtype: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut iterations = Vec::new();
         let mut process_groups = Vec::new();
         let mut collectives = BTreeMap::new();
         let mut tids = Vec::new();
         for n in &t.nodes {
+            if let Some(c) = counts.get_mut(n.name.0 as usize) {
+                *c += 1;
+            }
             let name = t.name(n);
-            *counts.entry(name).or_default() += 1;
             if name.starts_with("ProfilerStep#") {
                 iterations.push(name.to_string());
             }
@@ -133,12 +138,18 @@ impl Summary {
             }
 
             for a in t.inputs(n).iter().chain(t.outputs(n)) {
+                if !matches!(a.value, Value::Tensor(_) | Value::List { .. }) {
+                    continue;
+                }
+                let ty = types.entry(a.ty).or_insert_with(|| t.arg_type(a));
                 tids.clear();
-                t.tensors_typed(a.value, &t.arg_type(a), &mut tids);
+                t.tensors_typed(a.value, ty, &mut tids);
                 for &(ti, dtype) in &tids {
                     let x = t.tensor(ti);
-                    let dev = x.device.map_or("", |d| t.str(d));
-                    if x.storage == 0 || dev.is_empty() {
+                    let Some(dev) = x.device.filter(|&d| !t.str(d).is_empty()) else {
+                        continue;
+                    };
+                    if x.storage == 0 {
                         continue;
                     }
                     devices.insert(dev);
@@ -146,12 +157,17 @@ impl Summary {
                     let e = storages.entry((x.storage, dev)).or_default();
                     *e = (*e).max(extent);
                     if seen_tensors.insert((x.id, x.storage)) {
-                        let dt = dtype.map_or("unknown", |d| d.name()).to_string();
+                        let dt = dtype.map_or("unknown", |d| d.name());
                         *by_dtype.entry(dt).or_default() += x.numel * x.itemsize;
                     }
                 }
             }
         }
+        let by_dtype: BTreeMap<String, u64> = by_dtype
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let devices: HashSet<&str> = devices.into_iter().map(|d| t.str(d)).collect();
         // Count each collective once: at its outermost collective node (record_param_comms sits
         // inside c10d::allgather_), and backend annotations only when nothing else records it.
         let index = t.node_by_id();
@@ -181,11 +197,18 @@ impl Summary {
                 *collectives.entry(c).or_default() += 1;
             }
         }
-        let mut ops: Vec<(&str, usize)> = counts.into_iter().collect();
+        // By string after all: a hand-built trace may intern a name twice.
+        let mut by_name: HashMap<&str, usize> = HashMap::new();
+        for (sym, &c) in counts.iter().enumerate().filter(|&(_, &c)| c > 0) {
+            *by_name
+                .entry(t.strings.get(et_schema::Sym(sym as u32)))
+                .or_default() += c;
+        }
+        let mut ops: Vec<(&str, usize)> = by_name.into_iter().collect();
         ops.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
         let mut bytes_by_device = BTreeMap::new();
         for (&(_, dev), &b) in &storages {
-            *bytes_by_device.entry(dev.to_string()).or_default() += b;
+            *bytes_by_device.entry(t.str(dev).to_string()).or_default() += b;
         }
         let mut devices: Vec<String> = devices.into_iter().map(String::from).collect();
         devices.sort();

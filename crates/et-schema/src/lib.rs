@@ -50,10 +50,15 @@ pub use error::{clip, Error, Result};
 pub use intern::{Interner, Sym};
 pub use model::*;
 pub use opschema::{AliasInfo, OpSchema, SchemaArg, SchemaParseError, SchemaType};
+#[cfg(feature = "simd")]
+#[doc(hidden)]
+pub use parse::record_bench;
+#[doc(hidden)]
+pub use parse::records_read_by_visitors;
 pub use parse::{
-    decompress, decompress_with, parse_trace, read_input, read_input_with, read_trace,
-    read_trace_with, validate, ParseOptions, ReadOptions, DEFAULT_MAX_DECOMPRESSED,
-    MAX_DECOMPRESSED_ENV,
+    decompress, decompress_with, open_input, parse_input, parse_trace, read_input, read_input_with,
+    read_trace, read_trace_with, validate, Input, ParseOptions, ReadOptions,
+    DEFAULT_MAX_DECOMPRESSED, MAX_DECOMPRESSED_ENV,
 };
 pub use types::{TypeParseError, ValueType};
 pub use write::{write_trace, write_trace_to_vec};

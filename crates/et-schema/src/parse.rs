@@ -17,6 +17,8 @@ use std::io::Read;
 use std::path::Path;
 use std::sync::Arc as Rc;
 
+mod fast;
+
 /// How to parse.
 #[derive(Clone, Debug)]
 pub struct ParseOptions {
@@ -24,6 +26,9 @@ pub struct ParseOptions {
     pub threads: usize,
     /// Check duplicate ids, missing parents and cycles.
     pub validate: bool,
+    /// Read every node record with the serde_json visitors alone, not the specialised reader
+    /// first. Slower; the result is the same (tests and fuzz targets compare the two).
+    pub visitors_only: bool,
 }
 
 impl Default for ParseOptions {
@@ -31,6 +36,7 @@ impl Default for ParseOptions {
         ParseOptions {
             threads: 0,
             validate: true,
+            visitors_only: false,
         }
     }
 }
@@ -140,6 +146,149 @@ pub fn read_input_with(path: &Path, ropts: &ReadOptions) -> Result<Vec<u8>> {
     decompress_with(raw, &name, ropts)
 }
 
+/// Plain files below this size are read, not mapped: mapping costs more than it saves there.
+const MAP_MIN: u64 = 1 << 20;
+
+/// An input file's bytes: a plain file is mapped read-only, anything else (stdin, gzip, small
+/// files, a failed map) is read into memory. Derefs to the bytes.
+///
+/// Why map: `read` copies the file into fresh anonymous pages (a page fault and a copy per 4
+/// KiB), and those pages stay resident until the parse ends, so peak memory was the file plus
+/// the model. A mapping is filled from the page cache on demand, and the parser hands back
+/// ([`Input::release`]) what it has read, so peak memory stays near the model's size.
+///
+/// A file truncated by another process while it is mapped makes reads past the new end fault
+/// (SIGBUS), as with any mapped file (ripgrep and git map their inputs alike); traces are
+/// written once by the observer and read afterwards.
+pub struct Input {
+    inner: InputInner,
+}
+
+enum InputInner {
+    Owned(Vec<u8>),
+    #[cfg(unix)]
+    Mapped {
+        ptr: *mut libc::c_void,
+        len: usize,
+    },
+}
+
+// SAFETY: the mapping is private and read-only: no one writes through it, so sharing the
+// pointer across threads is sharing an immutable slice.
+unsafe impl Send for Input {}
+// SAFETY: as above.
+unsafe impl Sync for Input {}
+
+impl std::ops::Deref for Input {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.inner {
+            InputInner::Owned(v) => v,
+            // SAFETY: `ptr` maps `len` readable bytes until `self` drops the mapping.
+            #[cfg(unix)]
+            InputInner::Mapped { ptr, len } => unsafe {
+                std::slice::from_raw_parts(*ptr as *const u8, *len)
+            },
+        }
+    }
+}
+
+impl Drop for Input {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let InputInner::Mapped { ptr, len } = self.inner {
+            // SAFETY: the mapping made in `open_input`, unmapped once, here.
+            unsafe { libc::munmap(ptr, len) };
+        }
+    }
+}
+
+impl Input {
+    /// Whether the bytes are a mapping of the file (else they were read into memory).
+    pub fn is_mapped(&self) -> bool {
+        !matches!(self.inner, InputInner::Owned(_))
+    }
+
+    /// The parser will not read `range` again soon: a mapped input's resident pages wholly
+    /// inside it leave this process (they stay in the page cache, and a later read maps them
+    /// again, with the same bytes: the mapping is private and read-only). No-op for read input.
+    pub(crate) fn release(&self, range: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        if let InputInner::Mapped { ptr, len } = self.inner {
+            let page = 4096usize;
+            let start = range.start.div_ceil(page) * page;
+            let end = range.end.min(len) / page * page;
+            if end > start {
+                // SAFETY: a page-aligned range inside the mapping. MADV_DONTNEED on a private
+                // file mapping that was never written drops the pages; reads refault them
+                // from the file. Failure only means the pages stay resident.
+                unsafe {
+                    libc::madvise(
+                        (ptr as *mut u8).add(start) as *mut libc::c_void,
+                        end - start,
+                        libc::MADV_DONTNEED,
+                    )
+                };
+            }
+        }
+        let _ = range;
+    }
+}
+
+/// Opens an input file (or `-` for stdin): maps a plain file of at least 1 MiB, reads and
+/// decompresses gzip (by its magic bytes, whatever the name) within `ropts`' limits.
+pub fn open_input(path: &Path, ropts: &ReadOptions) -> Result<Input> {
+    #[cfg(unix)]
+    if path.as_os_str() != "-" {
+        if let Some(m) = map_file(path)? {
+            return Ok(m);
+        }
+    }
+    Ok(Input {
+        inner: InputInner::Owned(read_input_with(path, ropts)?),
+    })
+}
+
+/// Maps `path` if it is a plain, uncompressed file worth mapping; `None` to read it instead.
+#[cfg(unix)]
+fn map_file(path: &Path) -> Result<Option<Input>> {
+    use std::os::unix::io::AsRawFd;
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    if !meta.is_file() || meta.len() < MAP_MIN || usize::try_from(meta.len()).is_err() {
+        return Ok(None);
+    }
+    let mut magic = [0u8; 2];
+    if f.read_exact(&mut magic).is_err() || magic == [0x1f, 0x8b] {
+        return Ok(None);
+    }
+    let len = meta.len() as usize;
+    // SAFETY: a new private read-only mapping of an open file; checked for MAP_FAILED.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Ok(None);
+    }
+    // Each parser thread reads its part front to back: ask for read-ahead. Advice only.
+    // SAFETY: the whole mapping just made.
+    unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
+    Ok(Some(Input {
+        inner: InputInner::Mapped { ptr, len },
+    }))
+}
+
 /// Decompresses gzip input (possibly multi-member) within the default [`ReadOptions`]; other
 /// input is returned as is.
 pub fn decompress(raw: Vec<u8>, name: &str) -> Result<Vec<u8>> {
@@ -191,13 +340,29 @@ pub fn read_trace(path: &Path) -> Result<Trace> {
 /// Reads and parses an execution trace file with `opts`, within the default [`ReadOptions`]
 /// (read with [`read_input_with`] and parse with [`parse_trace`] for others).
 pub fn read_trace_with(path: &Path, opts: &ParseOptions) -> Result<Trace> {
-    let bytes = read_input(path)?;
-    parse_trace(&bytes, &path.display().to_string(), opts)
+    let input = open_input(path, &ReadOptions::default())?;
+    parse_input(&input, &path.display().to_string(), opts)
+}
+
+/// Parses an [`Input`] from [`open_input`]: as [`parse_trace`], and a mapped input's pages
+/// are handed back as the parser passes them, so that peak memory stays near the model's size.
+pub fn parse_input(input: &Input, source: &str, opts: &ParseOptions) -> Result<Trace> {
+    parse_bytes(input, Some(input), source, opts)
 }
 
 /// Parses an execution trace from JSON text. `source` names it in errors.
 pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Trace> {
+    parse_bytes(bytes, None, source, opts)
+}
+
+fn parse_bytes(
+    bytes: &[u8],
+    input: Option<&Input>,
+    source: &str,
+    opts: &ParseOptions,
+) -> Result<Trace> {
     let profile = std::env::var_os("ET_PARSE_PROFILE").is_some();
+    let fast = !opts.visitors_only;
     let t0 = std::time::Instant::now();
     let threads = if opts.threads == 0 {
         // Small traces are not worth a thread.
@@ -213,8 +378,8 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
     let mut parts: Vec<Builder> = Vec::new();
     let fused = if threads > 1 {
         scan::scan_with(bytes, |open| {
-            let (p, end) =
-                parse_parallel(bytes, open, threads, source).ok_or(ScanError::Fallback)?;
+            let (p, end) = parse_parallel(bytes, input, open, threads, source, fast)
+                .ok_or(ScanError::Fallback)?;
             parts = p;
             Ok(end)
         })
@@ -236,12 +401,13 @@ pub fn parse_trace(bytes: &[u8], source: &str, opts: &ParseOptions) -> Result<Tr
                     bytes,
                     ranges.first().copied().unwrap_or(&[]),
                     source,
+                    fast,
                 )?]
             } else {
                 std::thread::scope(|s| {
                     let handles: Vec<_> = ranges
                         .iter()
-                        .map(|r| spawn(s, move || parse_chunk(bytes, r, source)))
+                        .map(|r| spawn(s, move || parse_chunk(bytes, r, source, fast)))
                         .collect();
                     handles
                         .into_iter()
@@ -480,12 +646,26 @@ struct Builder {
     types: FxHashMap<Sym, Option<Rc<ValueType>>>,
 }
 
-fn parse_chunk(bytes: &[u8], ranges: &[std::ops::Range<usize>], source: &str) -> Result<Builder> {
+fn parse_chunk(
+    bytes: &[u8],
+    ranges: &[std::ops::Range<usize>],
+    source: &str,
+    fast: bool,
+) -> Result<Builder> {
     let mut b = Builder::default();
     b.nodes.reserve(ranges.len());
     let mut acc = NodeAcc::default();
+    let mut scratch = Vec::new();
     for r in ranges {
-        parse_one(&mut b, &mut acc, bytes, r.clone(), source)?;
+        parse_one(
+            &mut b,
+            &mut acc,
+            &mut scratch,
+            bytes,
+            r.clone(),
+            source,
+            fast,
+        )?;
     }
     Ok(b)
 }
@@ -493,13 +673,29 @@ fn parse_chunk(bytes: &[u8], ranges: &[std::ops::Range<usize>], source: &str) ->
 fn parse_one(
     b: &mut Builder,
     acc: &mut NodeAcc,
+    scratch: &mut Vec<u8>,
     bytes: &[u8],
     r: std::ops::Range<usize>,
     source: &str,
+    fast: bool,
 ) -> Result<()> {
     let text = &bytes[r.clone()];
     acc.clear();
     b.raw.clear();
+    if fast && fast::node(text, 0, b, acc, scratch).is_ok_and(|end| end == text.len()) {
+        return b
+            .finish_node(acc, r.start as u64)
+            .map_err(|msg| Error::Node {
+                path: source.to_string(),
+                node_id: acc.id,
+                offset: r.start as u64,
+                msg,
+            });
+    }
+    // The visitors read it again, and say what is wrong if anything is.
+    acc.clear();
+    b.raw.clear();
+    b.stack.clear();
     let mut de = serde_json::Deserializer::from_slice(text);
     let res = NodeSeed {
         b: &mut *b,
@@ -523,9 +719,11 @@ fn parse_one(
 /// per-thread builders in order and the index after `]`, or `None` to fall back.
 fn parse_parallel(
     bytes: &[u8],
+    input: Option<&Input>,
     open: usize,
     threads: usize,
     source: &str,
+    fast: bool,
 ) -> Option<(Vec<Builder>, usize)> {
     let first = scan::ws(bytes, open + 1);
     if bytes.get(first) == Some(&b']') {
@@ -563,7 +761,9 @@ fn parse_parallel(
         let handles: Vec<_> = (0..starts.len())
             .map(|k| {
                 let (start, stop) = (starts[k], starts.get(k + 1).copied());
-                spawn(s, move || parse_span(bytes, start, stop, source))
+                spawn(s, move || {
+                    parse_span(bytes, input, start, stop, source, fast)
+                })
             })
             .collect();
         handles
@@ -659,19 +859,44 @@ impl<'de> serde::Deserialize<'de> for NodeMarker {
 /// closing `]` when `stop` is `None`.
 fn parse_span(
     bytes: &[u8],
+    input: Option<&Input>,
     start: usize,
     stop: Option<usize>,
     source: &str,
+    fast: bool,
 ) -> Option<(Builder, usize)> {
     let mut b = Builder::default();
     let mut acc = NodeAcc::default();
+    let mut scratch = Vec::new();
     let mut i = start;
+    let mut released = start;
     loop {
         if bytes.get(i) != Some(&b'{') {
             return None;
         }
+        if let Some(input) = input.filter(|_| i - released >= RELEASE_STEP) {
+            input.release(released..i);
+            released = i;
+        }
         acc.clear();
         b.raw.clear();
+        if let Some(end) = fast
+            .then(|| fast::node(bytes, i, &mut b, &mut acc, &mut scratch).ok())
+            .flatten()
+        {
+            b.finish_node(&mut acc, i as u64).ok()?;
+            match next_element(bytes, end, stop) {
+                Step::Next(j) => {
+                    i = j;
+                    continue;
+                }
+                Step::Done(j) => return Some((b, j)),
+                Step::Bad => return None,
+            }
+        }
+        acc.clear();
+        b.raw.clear();
+        b.stack.clear();
         let mut stream =
             serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<NodeMarker>();
         SINK.with(|s| s.set(Some((&mut b as *mut Builder, &mut acc as *mut NodeAcc))));
@@ -684,23 +909,142 @@ fn parse_span(
         let end = i + stream.byte_offset();
         b.finish_node(&mut acc, i as u64).ok()?;
         let _ = source;
-        let j = scan::ws(bytes, end);
-        match bytes.get(j) {
-            Some(b',') => {
-                i = scan::ws(bytes, j + 1);
-                if let Some(s) = stop {
-                    if i == s {
-                        return Some((b, i));
-                    }
-                    if i > s {
-                        return None;
-                    }
-                }
-            }
-            Some(b']') if stop.is_none() => return Some((b, j + 1)),
-            _ => return None,
+        match next_element(bytes, end, stop) {
+            Step::Next(j) => i = j,
+            Step::Done(j) => return Some((b, j)),
+            Step::Bad => return None,
         }
     }
+}
+
+/// How far a parser thread reads before it hands the pages behind it back ([`Input::release`]).
+const RELEASE_STEP: usize = 4 << 20;
+
+/// Where a span goes after the element that ends at `end`.
+enum Step {
+    /// The next element starts here.
+    Next(usize),
+    /// The span is done: the next span's start (`stop`), or after the array's `]`.
+    Done(usize),
+    /// Anything else: fall back.
+    Bad,
+}
+
+fn next_element(bytes: &[u8], end: usize, stop: Option<usize>) -> Step {
+    let j = scan::ws(bytes, end);
+    match bytes.get(j) {
+        Some(b',') => {
+            let i = scan::ws(bytes, j + 1);
+            match stop {
+                Some(s) if i == s => Step::Done(i),
+                Some(s) if i > s => Step::Bad,
+                _ => Step::Next(i),
+            }
+        }
+        Some(b']') if stop.is_none() => Step::Done(j + 1),
+        _ => Step::Bad,
+    }
+}
+
+/// Per-record parser timings for `cargo xtask bench parse` (feature `simd`): the nodes array's
+/// records, found by the serial scan, parsed one by one on this thread by the serde_json
+/// visitors, by the specialised record reader, by the same visitors over simd-json's tape deserializer, and into simd-json's
+/// borrowed value (a lower bound for any walk over it). Returns `(mode, nodes, seconds)`.
+#[cfg(feature = "simd")]
+#[doc(hidden)]
+pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
+    let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, "bench"))?;
+    let mut out = Vec::new();
+    let t = std::time::Instant::now();
+    let b = parse_chunk(bytes, &scan.nodes, "bench", false)?;
+    out.push((
+        "serde_json visitors",
+        b.nodes.len(),
+        t.elapsed().as_secs_f64(),
+    ));
+    drop(b);
+    let t = std::time::Instant::now();
+    let b = parse_chunk(bytes, &scan.nodes, "bench", true)?;
+    out.push(("record reader", b.nodes.len(), t.elapsed().as_secs_f64()));
+    drop(b);
+    let mut buf = Vec::new();
+    let mut buffers = simd_json::Buffers::new(64 << 10);
+    let t = std::time::Instant::now();
+    let mut b = Builder::default();
+    let mut acc = NodeAcc::default();
+    for r in &scan.nodes {
+        buf.clear();
+        buf.extend_from_slice(&bytes[r.clone()]);
+        acc.clear();
+        b.raw.clear();
+        let mut de = simd_json::Deserializer::from_slice_with_buffers(&mut buf, &mut buffers)
+            .map_err(|e| Error::Syntax {
+                path: "bench".into(),
+                offset: r.start as u64,
+                msg: e.to_string(),
+            })?;
+        NodeSeed {
+            b: &mut b,
+            acc: &mut acc,
+        }
+        .deserialize(&mut de)
+        .map_err(|e| Error::Syntax {
+            path: "bench".into(),
+            offset: r.start as u64,
+            msg: e.to_string(),
+        })?;
+        b.finish_node(&mut acc, r.start as u64)
+            .map_err(|msg| Error::Syntax {
+                path: "bench".into(),
+                offset: r.start as u64,
+                msg,
+            })?;
+    }
+    out.push((
+        "simd-json tape + visitors",
+        b.nodes.len(),
+        t.elapsed().as_secs_f64(),
+    ));
+    drop(b);
+    let t = std::time::Instant::now();
+    let mut n = 0;
+    for r in &scan.nodes {
+        buf.clear();
+        buf.extend_from_slice(&bytes[r.clone()]);
+        let v = simd_json::value::borrowed::to_value_with_buffers(&mut buf, &mut buffers).map_err(
+            |e| Error::Syntax {
+                path: "bench".into(),
+                offset: r.start as u64,
+                msg: e.to_string(),
+            },
+        )?;
+        n += usize::from(matches!(v, simd_json::BorrowedValue::Object(_)));
+    }
+    out.push((
+        "simd-json borrowed value only",
+        n,
+        t.elapsed().as_secs_f64(),
+    ));
+    Ok(out)
+}
+
+/// How many of the node records in `bytes` the specialised reader hands to the serde_json
+/// visitors (gives up on); for tests: on real traces this is 0.
+#[doc(hidden)]
+pub fn records_read_by_visitors(bytes: &[u8]) -> Result<usize> {
+    let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, "input"))?;
+    let (mut b, mut acc, mut scratch) = (Builder::default(), NodeAcc::default(), Vec::new());
+    let mut n = 0;
+    for r in &scan.nodes {
+        acc.clear();
+        b.raw.clear();
+        b.stack.clear();
+        let text = &bytes[r.clone()];
+        if !fast::node(text, 0, &mut b, &mut acc, &mut scratch).is_ok_and(|e| e == text.len()) {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// A parser's message fit for an error: serde_json quotes whole input strings (a 2 GiB one
@@ -1315,14 +1659,46 @@ impl<'de> DeserializeSeed<'de> for NodeSeed<'_> {
     }
 }
 
-fn want_u64<E: de::Error>(v: Value, what: &str) -> std::result::Result<u64, E> {
-    match v {
-        Value::Int(i) if i >= 0 => Ok(i as u64),
-        Value::UInt(u) => Ok(u),
-        _ => Err(E::custom(format!(
-            "\"{what}\" must be a non-negative integer"
-        ))),
+/// Stores a node record's integer field `f` (one of the ids, `seq_id`, `scope`, `tid`...);
+/// the error says what the value must be.
+fn store_scalar(acc: &mut NodeAcc, f: Field, v: Value) -> std::result::Result<(), String> {
+    if let Field::SeqId = f {
+        return match v {
+            Value::Int(i) => {
+                acc.seq_id = Some(i);
+                Ok(())
+            }
+            _ => Err("\"seq_id\" must be an integer".into()),
+        };
     }
+    let slot = match f {
+        Field::Id => &mut acc.id,
+        Field::Parent => {
+            acc.layout.get_or_insert(Layout::Flat);
+            &mut acc.parent
+        }
+        Field::CtrlDeps => {
+            acc.layout.get_or_insert(Layout::Nested);
+            &mut acc.parent
+        }
+        Field::RfId => &mut acc.rf_id,
+        Field::FwParent => &mut acc.fw_parent,
+        Field::Scope => &mut acc.scope,
+        Field::Tid => &mut acc.tid,
+        Field::FwTid => &mut acc.fw_tid,
+        _ => return Err(format!("\"{}\" is not an integer field", field_name(f))),
+    };
+    *slot = Some(match v {
+        Value::Int(i) if i >= 0 => i as u64,
+        Value::UInt(u) => u,
+        _ => {
+            return Err(format!(
+                "\"{}\" must be a non-negative integer",
+                field_name(f)
+            ))
+        }
+    });
+    Ok(())
 }
 
 impl<'de> Visitor<'de> for NodeSeed<'_> {
@@ -1355,27 +1731,16 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 };
             }
             match f {
-                Field::Id => acc.id = Some(want_u64(raw_value!(), "id")?),
+                Field::Id
+                | Field::Parent
+                | Field::CtrlDeps
+                | Field::RfId
+                | Field::FwParent
+                | Field::SeqId
+                | Field::Scope
+                | Field::Tid
+                | Field::FwTid => store_scalar(acc, f, raw_value!()).map_err(de::Error::custom)?,
                 Field::Name => acc.name = Some(map.next_value_seed(SymSeed { strings })?),
-                Field::Parent => {
-                    acc.parent = Some(want_u64(raw_value!(), "parent")?);
-                    acc.layout.get_or_insert(Layout::Flat);
-                }
-                Field::CtrlDeps => {
-                    acc.parent = Some(want_u64(raw_value!(), "ctrl_deps")?);
-                    acc.layout.get_or_insert(Layout::Nested);
-                }
-                Field::RfId => acc.rf_id = Some(want_u64(raw_value!(), "rf_id")?),
-                Field::FwParent => acc.fw_parent = Some(want_u64(raw_value!(), "fw_parent")?),
-                Field::SeqId => {
-                    acc.seq_id = Some(match raw_value!() {
-                        Value::Int(i) => i,
-                        _ => return Err(de::Error::custom("\"seq_id\" must be an integer")),
-                    })
-                }
-                Field::Scope => acc.scope = Some(want_u64(raw_value!(), "scope")?),
-                Field::Tid => acc.tid = Some(want_u64(raw_value!(), "tid")?),
-                Field::FwTid => acc.fw_tid = Some(want_u64(raw_value!(), "fw_tid")?),
                 Field::OpSchema => acc.op_schema = Some(map.next_value_seed(SymSeed { strings })?),
                 Field::KernelBackend => {
                     acc.kernel_backend = Some(map.next_value_seed(SymSeed { strings })?)
@@ -1558,60 +1923,63 @@ impl<'de> Visitor<'de> for AttrsSeed<'_> {
             raw,
             stack,
         })? {
-            let name = a.name.as_str(strings);
-            let as_u64 = match a.value {
+            store_attr(acc, strings, a);
+        }
+        Ok(())
+    }
+}
+
+/// Puts one `{name, type, value}` attribute where it belongs: known attributes go to fields
+/// when their value has the expected kind; anything else is kept verbatim so that nothing is
+/// lost.
+fn store_attr(acc: &mut NodeAcc, strings: &mut Interner, a: RawAttr) {
+    // Indices into ATTR_WORDS: the names and types the observer writes on every node.
+    const UINT64: u8 = 9;
+    const INT64: u8 = 10;
+    const STRING: u8 = 11;
+    let stored = match (a.name, a.ty, a.value) {
+        (Word::Known(n @ (0 | 1 | 3 | 4 | 5)), Word::Known(UINT64), v) => {
+            let slot = match n {
+                0 => &mut acc.rf_id,
+                1 => &mut acc.fw_parent,
+                3 => &mut acc.scope,
+                4 => &mut acc.tid,
+                _ => &mut acc.fw_tid,
+            };
+            let v = match v {
                 Value::Int(i) if i >= 0 => Some(i as u64),
                 Value::UInt(u) => Some(u),
                 _ => None,
             };
-            let as_sym = match a.value {
-                Value::Str(s) => Some(s),
-                _ => None,
-            };
-            // Known attributes go to fields when their value has the expected kind; anything
-            // else is kept verbatim so that nothing is lost.
-            let slot_u64 = match name {
-                "rf_id" => Some(&mut acc.rf_id),
-                "fw_parent" => Some(&mut acc.fw_parent),
-                "scope" => Some(&mut acc.scope),
-                "tid" => Some(&mut acc.tid),
-                "fw_tid" => Some(&mut acc.fw_tid),
-                _ => None,
-            };
-            let slot_sym = match name {
-                "op_schema" => Some(&mut acc.op_schema),
-                "kernel_backend" => Some(&mut acc.kernel_backend),
-                "kernel_file" => Some(&mut acc.kernel_file),
-                _ => None,
-            };
-            let ty = a.ty.as_str(strings);
-            let stored = match (slot_u64, slot_sym, a.value) {
-                (Some(slot), _, _) if as_u64.is_some() && ty == "uint64" && slot.is_none() => {
-                    *slot = as_u64;
-                    true
-                }
-                (_, Some(slot), _) if as_sym.is_some() && ty == "string" && slot.is_none() => {
-                    *slot = as_sym;
-                    true
-                }
-                (None, None, Value::Int(i))
-                    if name == "seq_id" && ty == "int64" && acc.seq_id.is_none() =>
-                {
-                    acc.seq_id = Some(i);
-                    true
-                }
-                _ => false,
-            };
-            if !stored {
-                let (name, ty) = (a.name.sym(strings), a.ty.sym(strings));
-                acc.extra.push(ExtraAttr {
-                    name,
-                    ty: Some(ty),
-                    value: a.value,
-                });
+            v.is_some() && slot.is_none() && {
+                *slot = v;
+                true
             }
         }
-        Ok(())
+        (Word::Known(n @ 6..=8), Word::Known(STRING), Value::Str(v)) => {
+            let slot = match n {
+                6 => &mut acc.op_schema,
+                7 => &mut acc.kernel_backend,
+                _ => &mut acc.kernel_file,
+            };
+            slot.is_none() && {
+                *slot = Some(v);
+                true
+            }
+        }
+        (Word::Known(2), Word::Known(INT64), Value::Int(i)) if acc.seq_id.is_none() => {
+            acc.seq_id = Some(i);
+            true
+        }
+        _ => false,
+    };
+    if !stored {
+        let (name, ty) = (a.name.sym(strings), a.ty.sym(strings));
+        acc.extra.push(ExtraAttr {
+            name,
+            ty: Some(ty),
+            value: a.value,
+        });
     }
 }
 
@@ -1652,11 +2020,27 @@ enum Word {
 }
 
 impl Word {
-    fn as_str<'s>(&self, strings: &'s Interner) -> &'s str {
-        match *self {
-            Word::Known(i) => ATTR_WORDS[i as usize],
-            Word::Other(s) => strings.get(s),
-        }
+    /// `s` as one of [`ATTR_WORDS`], or interned.
+    #[inline]
+    fn of(s: &str, strings: &mut Interner) -> Word {
+        let known = match s {
+            "rf_id" => 0,
+            "fw_parent" => 1,
+            "seq_id" => 2,
+            "scope" => 3,
+            "tid" => 4,
+            "fw_tid" => 5,
+            "op_schema" => 6,
+            "kernel_backend" => 7,
+            "kernel_file" => 8,
+            "uint64" => 9,
+            "int64" => 10,
+            "string" => 11,
+            "tensor_range" => 12,
+            _ => return Word::Other(strings.intern(s)),
+        };
+        debug_assert_eq!(ATTR_WORDS[known as usize], s);
+        Word::Known(known)
     }
     fn sym(&self, strings: &mut Interner) -> Sym {
         match *self {
@@ -1683,10 +2067,7 @@ impl<'de> Visitor<'de> for WordSeed<'_> {
         f.write_str("a string")
     }
     fn visit_str<E>(self, v: &str) -> std::result::Result<Word, E> {
-        Ok(match ATTR_WORDS.iter().position(|w| *w == v) {
-            Some(i) => Word::Known(i as u8),
-            None => Word::Other(self.strings.intern(v)),
-        })
+        Ok(Word::of(v, self.strings))
     }
 }
 
@@ -1784,6 +2165,18 @@ mod tests {
             serde_message("expected value at line 3 column 4"),
             "expected value"
         );
+    }
+
+    #[test]
+    fn attribute_words_are_their_own_index() {
+        let mut strings = Interner::default();
+        for (i, w) in ATTR_WORDS.iter().enumerate() {
+            assert!(
+                matches!(Word::of(w, &mut strings), Word::Known(k) if k as usize == i),
+                "{w}"
+            );
+        }
+        assert!(matches!(Word::of("rf_i", &mut strings), Word::Other(_)));
     }
 
     #[test]

@@ -12,6 +12,7 @@ fn opts(threads: usize) -> ParseOptions {
     ParseOptions {
         threads,
         validate: true,
+        ..Default::default()
     }
 }
 
@@ -479,11 +480,28 @@ fn seeds(dir: &str) -> Vec<(String, Vec<u8>)> {
 fn committed_fuzz_seeds_hold_the_fuzz_properties() {
     for (name, data) in seeds("trace") {
         let a = parse_trace(&data, "seed", &opts(1));
-        let b = parse_trace(&data, "seed", &opts(2));
-        match (&a, &b) {
-            (Ok(x), Ok(y)) => assert_eq!(write_trace_to_vec(x), write_trace_to_vec(y), "{name}"),
-            (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{name}"),
-            _ => panic!("{name}: one thread and two disagree"),
+        let visitors = ParseOptions {
+            visitors_only: true,
+            ..opts(1)
+        };
+        for (b, what) in [
+            (parse_trace(&data, "seed", &opts(2)), "one thread and two"),
+            (
+                parse_trace(&data, "seed", &visitors),
+                "the reader and the visitors",
+            ),
+        ] {
+            match (&a, &b) {
+                (Ok(x), Ok(y)) => {
+                    assert_eq!(
+                        write_trace_to_vec(x),
+                        write_trace_to_vec(y),
+                        "{name}: {what}"
+                    )
+                }
+                (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{name}: {what}"),
+                _ => panic!("{name}: {what} disagree"),
+            }
         }
         if let Ok(t) = a {
             let text = write_trace_to_vec(&t);
@@ -500,6 +518,38 @@ fn committed_fuzz_seeds_hold_the_fuzz_properties() {
             assert!(t.warnings.iter().all(|w| w.len() < 2048), "{name}");
         } else if let Err(e) = a {
             assert!(e.to_string().len() < 2048, "{name}");
+        }
+    }
+    // As the fuzz target `parse_node`: one record inside a well-formed trace.
+    for (name, data) in seeds("node") {
+        let mut text =
+            br#"{"schema": "1.1.1-chakra.0.0.4", "nodes": [{"id": 1, "name": "root", "ctrl_deps": 1}, "#
+                .to_vec();
+        text.extend_from_slice(&data);
+        text.extend_from_slice(b"]}");
+        let visitors = ParseOptions {
+            visitors_only: true,
+            ..opts(1)
+        };
+        let (a, b) = (
+            parse_trace(&text, "seed", &opts(1)),
+            parse_trace(&text, "seed", &visitors),
+        );
+        match (&a, &b) {
+            (Ok(x), Ok(y)) => {
+                assert_eq!(x.nodes, y.nodes, "{name}");
+                assert_eq!(write_trace_to_vec(x), write_trace_to_vec(y), "{name}");
+            }
+            (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{name}"),
+            _ => panic!("{name}: the reader and the visitors disagree: {a:?} / {b:?}"),
+        }
+        // The valid records the observer could write are the reader's own, not handed over.
+        let own = [
+            "nested", "flat", "escapes", "numbers", "dup_keys", "literals",
+        ];
+        if own.iter().any(|o| name.ends_with(&format!("/{o}.json"))) {
+            assert!(a.is_ok(), "{name}: {a:?}");
+            assert_eq!(records_read_by_visitors(&text).unwrap(), 0, "{name}");
         }
     }
     for (name, data) in seeds("kineto") {

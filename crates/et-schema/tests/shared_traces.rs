@@ -102,6 +102,7 @@ fn thread_count_does_not_change_the_model() {
         &ParseOptions {
             threads: 1,
             validate: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -112,6 +113,7 @@ fn thread_count_does_not_change_the_model() {
         &ParseOptions {
             threads: 7,
             validate: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -192,5 +194,48 @@ fn every_kineto_trace_parses() {
             cpu_ops
         );
         assert!(k.main_pid().is_some(), "{}", p.display());
+    }
+}
+
+/// The specialised record reader and the serde_json visitors build the same model from every
+/// shared trace (both layouts, every schema version), on one thread and on several; and the
+/// reader reads every record itself (a reader that always gave up would pass the rest).
+#[test]
+fn the_record_reader_and_the_visitors_agree_on_every_shared_trace() {
+    for path in all_et_files() {
+        let bytes = read_input(&path).unwrap();
+        let name = path.display().to_string();
+        let mut written = Vec::new();
+        for (threads, visitors_only) in [(1, true), (1, false), (3, true), (3, false)] {
+            let opts = ParseOptions {
+                threads,
+                visitors_only,
+                ..Default::default()
+            };
+            let t = parse_trace(&bytes, &name, &opts).unwrap_or_else(|e| panic!("{e}"));
+            written.push((
+                threads,
+                visitors_only,
+                t.nodes.clone(),
+                write_trace_to_vec(&t),
+            ));
+        }
+        assert_eq!(
+            et_schema::records_read_by_visitors(&bytes).unwrap(),
+            0,
+            "{name}: records the reader gave up on"
+        );
+        for w in &written[1..] {
+            assert_eq!(
+                w.2, written[0].2,
+                "{name}: nodes differ ({} threads, visitors only {})",
+                w.0, w.1
+            );
+            assert_eq!(
+                w.3, written[0].3,
+                "{name}: written text differs ({} threads, visitors only {})",
+                w.0, w.1
+            );
+        }
     }
 }
