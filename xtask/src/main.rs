@@ -272,18 +272,14 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// `cargo xtask bench parse [ROUNDS]`: each scaled trace (one from the transformer, one from
+/// DLRM: their op mixes differ) parsed by `parse-bench` (parser only, and its peak RSS), by
+/// `mystique inspect` end to end (process start to summary printed, as a user runs it), and by
+/// Python's `json.load`, alternating in each round; medians of the rounds. Also the parsers
+/// per record on one thread (`record-bench`: the record reader, the serde_json visitors,
+/// simd-json), and the goals of issue 10 checked on the end-to-end figures.
 fn bench_parse(args: &[&str]) -> Result<()> {
     let rounds: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let big = root().join("target/bench/scaled-210mb.et.json");
-    if !big.exists() {
-        std::fs::create_dir_all(big.parent().unwrap())?;
-        eprintln!("[bench] making a 210 MB trace with shared/tools/scale_trace.py ...");
-        run(Command::new(python())
-            .arg(shared().join("tools/scale_trace.py"))
-            .arg(shared().join("traces/cpu/transformer.et.json.gz"))
-            .arg(&big)
-            .arg("210"))?;
-    }
     run(cargo().args([
         "build",
         "--release",
@@ -292,84 +288,147 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         "mystique-benches",
         "--bin",
         "parse-bench",
+        "--bin",
+        "record-bench",
     ]))?;
-    let size = std::fs::metadata(&big)?.len() as f64;
-    let bench_bin = root().join("target/release/parse-bench");
-    let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
-    let (mut ours, mut ours_total, mut rss, mut py_s, mut py_rss, mut graph) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
     // End to end: the release CLI (built by `cargo xtask setup`, not here: it links libtorch).
     let cli = root().join("target/release/mystique");
     let cli = cli.exists().then_some(cli);
+    let mut failed = Vec::new();
+    for (model, src) in [
+        ("transformer", "traces/cpu/transformer.et.json.gz"),
+        ("dlrm", "traces/cpu/dlrm.et.json"),
+    ] {
+        let big = root().join(format!("target/bench/scaled-210mb-{model}.et.json"));
+        if !big.exists() {
+            std::fs::create_dir_all(big.parent().unwrap())?;
+            eprintln!(
+                "[bench] making a 210 MB trace from {model} with shared/tools/scale_trace.py ..."
+            );
+            run(Command::new(python())
+                .arg(shared().join("tools/scale_trace.py"))
+                .arg(shared().join(src))
+                .arg(&big)
+                .arg("210"))?;
+        }
+        failed.extend(bench_parse_one(&big, rounds, cli.as_deref())?);
+    }
+    if failed.is_empty() {
+        println!("\nall goals met (end to end: >= 300 MB/s, >= 25x json.load, peak RSS <= 1.5x the file)");
+    } else {
+        println!("\ngoals not met: {}", failed.join("; "));
+    }
+    Ok(())
+}
+
+/// One trace of [`bench_parse`]; returns the goals it missed.
+fn bench_parse_one(
+    big: &std::path::Path,
+    rounds: usize,
+    cli: Option<&std::path::Path>,
+) -> Result<Vec<String>> {
+    let size = std::fs::metadata(big)?.len() as f64;
+    let bench_bin = root().join("target/release/parse-bench");
+    let record_bin = root().join("target/release/record-bench");
+    let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
+    let (mut ours, mut rss, mut py_s, mut py_rss, mut graph) =
+        (vec![], vec![], vec![], vec![], vec![]);
     let gnu_time = std::path::Path::new("/usr/bin/time");
     let gnu_time = gnu_time.exists().then_some(gnu_time);
     let time_out = root().join("target/bench/inspect.time");
     let (mut e2e, mut e2e_rss) = (vec![], vec![]);
+    let mut records: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for round in 0..rounds {
-        // Alternate the two so that machine noise hits both alike.
-        let o = Command::new(&bench_bin).arg(&big).output()?;
-        if !o.status.success() {
-            bail!("parse-bench failed: {}", String::from_utf8_lossy(&o.stderr));
+        // Alternate the order so that machine drift hits all alike.
+        let mut steps: Vec<&str> = vec!["parser", "python", "cli", "records"];
+        if round % 2 == 1 {
+            steps.reverse();
         }
-        let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
-        ours.push(j["parse_s"].as_f64().unwrap_or(f64::NAN));
-        ours_total.push(j["read_s"].as_f64().unwrap_or(0.0) + j["parse_s"].as_f64().unwrap_or(0.0));
-        rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
-        graph.push(j["graph_s"].as_f64().unwrap_or(f64::NAN));
-        let p = Command::new(python())
-            .arg("-c")
-            .arg(py)
-            .arg(&big)
-            .output()?;
-        if !p.status.success() {
-            bail!(
-                "python json.load failed: {}",
-                String::from_utf8_lossy(&p.stderr)
-            );
-        }
-        let pj: serde_json::Value = serde_json::from_slice(&p.stdout)?;
-        py_s.push(pj["s"].as_f64().unwrap_or(f64::NAN));
-        py_rss.push(pj["rss"].as_f64().unwrap_or(0.0));
-        if pj["nodes"] != j["nodes"] {
-            bail!(
-                "node counts differ: python {} vs ours {}",
-                pj["nodes"],
-                j["nodes"]
-            );
-        }
-        if let Some(cli) = &cli {
-            // Peak RSS from GNU time's %M (KiB), written to a file apart from the CLI's stderr.
-            let mut cmd = match gnu_time {
-                Some(time) => {
-                    let _ = std::fs::remove_file(&time_out);
-                    let mut c = Command::new(time);
-                    c.args(["-f", "%e %M", "-o"]).arg(&time_out).arg(cli);
-                    c
+        let mut nodes = None;
+        for step in steps {
+            match step {
+                "parser" => {
+                    let o = Command::new(&bench_bin).arg(big).output()?;
+                    if !o.status.success() {
+                        bail!("parse-bench failed: {}", String::from_utf8_lossy(&o.stderr));
+                    }
+                    let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+                    ours.push(
+                        j["read_s"].as_f64().unwrap_or(0.0)
+                            + j["parse_s"].as_f64().unwrap_or(f64::NAN),
+                    );
+                    rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
+                    graph.push(j["graph_s"].as_f64().unwrap_or(f64::NAN));
+                    check_nodes(&mut nodes, &j["nodes"], "parse-bench")?;
                 }
-                None => Command::new(cli),
-            };
-            cmd.args(["inspect", "--json"]).arg(&big);
-            let t = Instant::now();
-            let out = cmd.output()?;
-            e2e.push(t.elapsed().as_secs_f64());
-            if !out.status.success() {
-                bail!(
-                    "{} inspect --json failed: {}",
-                    cli.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            if gnu_time.is_some() {
-                let kib = std::fs::read_to_string(&time_out)
-                    .ok()
-                    .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok());
-                if let Some(kib) = kib {
-                    e2e_rss.push(kib * 1024.0);
+                "python" => {
+                    let p = Command::new(python()).arg("-c").arg(py).arg(big).output()?;
+                    if !p.status.success() {
+                        bail!(
+                            "python json.load failed: {}",
+                            String::from_utf8_lossy(&p.stderr)
+                        );
+                    }
+                    let pj: serde_json::Value = serde_json::from_slice(&p.stdout)?;
+                    py_s.push(pj["s"].as_f64().unwrap_or(f64::NAN));
+                    py_rss.push(pj["rss"].as_f64().unwrap_or(0.0));
+                    check_nodes(&mut nodes, &pj["nodes"], "json.load")?;
+                }
+                "records" => {
+                    let o = Command::new(&record_bin).arg(big).output()?;
+                    if !o.status.success() {
+                        bail!(
+                            "record-bench failed: {}",
+                            String::from_utf8_lossy(&o.stderr)
+                        );
+                    }
+                    let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+                    for r in j["rows"].as_array().into_iter().flatten() {
+                        records
+                            .entry(r["mode"].as_str().unwrap_or("?").to_string())
+                            .or_default()
+                            .push(r["s"].as_f64().unwrap_or(f64::NAN));
+                    }
+                }
+                _ => {
+                    let Some(cli) = cli else { continue };
+                    // Peak RSS from GNU time's %M (KiB), written to a file apart from stderr.
+                    let mut cmd = match gnu_time {
+                        Some(time) => {
+                            let _ = std::fs::remove_file(&time_out);
+                            let mut c = Command::new(time);
+                            c.args(["-f", "%e %M", "-o"]).arg(&time_out).arg(cli);
+                            c
+                        }
+                        None => Command::new(cli),
+                    };
+                    cmd.args(["inspect", "--json"]).arg(big);
+                    let t = Instant::now();
+                    let out = cmd.output()?;
+                    e2e.push(t.elapsed().as_secs_f64());
+                    if !out.status.success() {
+                        bail!(
+                            "{} inspect --json failed: {}",
+                            cli.display(),
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                    }
+                    let j: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+                    check_nodes(&mut nodes, &j["nodes"], "mystique inspect")?;
+                    if gnu_time.is_some() {
+                        let kib = std::fs::read_to_string(&time_out)
+                            .ok()
+                            .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok());
+                        if let Some(kib) = kib {
+                            e2e_rss.push(kib * 1024.0);
+                        }
+                    }
                 }
             }
         }
         eprintln!(
-            "[bench] round {}: ours {:.3} s, json.load {:.3} s{}",
+            "[bench] {} round {}: parser {:.3} s, json.load {:.3} s{}",
+            big.display(),
             round + 1,
             ours[round],
             py_s[round],
@@ -378,47 +437,66 @@ fn bench_parse(args: &[&str]) -> Result<()> {
                 .unwrap_or_default()
         );
     }
-    let (o, ot, r, p, pr) = (
+    let (o, r, p, pr) = (
         median(&mut ours),
-        median(&mut ours_total),
         median(&mut rss),
         median(&mut py_s),
         median(&mut py_rss),
     );
     let mb = size / 1e6;
     println!(
-        "parse benchmark: {} ({mb:.0} MB), median of {rounds} alternating rounds",
+        "\nparse benchmark: {} ({mb:.0} MB), median of {rounds} rounds, order alternating",
         big.display()
     );
-    println!("  et-schema parse        {o:>7.3} s  {:>7.0} MB/s   (with file read: {ot:.3} s, {:.0} MB/s)", mb / o, mb / ot);
-    match &cli {
+    let mut failed = vec![];
+    let name = big
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    match cli {
         Some(_) => {
             let e = median(&mut e2e);
-            let rss = if e2e_rss.len() == e2e.len() {
+            println!(
+                "  mystique inspect, end to end   {e:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load",
+                mb / e,
+                p / e
+            );
+            if mb / e < 300.0 {
+                failed.push(format!("{name}: {:.0} MB/s end to end", mb / e));
+            }
+            if p / e < 25.0 {
+                failed.push(format!("{name}: {:.1}x json.load end to end", p / e));
+            }
+            if e2e_rss.len() == e2e.len() {
                 let r = median(&mut e2e_rss);
-                format!("peak RSS {:.0} MB = {:.2}x the file", r / 1e6, r / size)
-            } else if gnu_time.is_none() {
-                "peak RSS not measured (no /usr/bin/time)".to_string()
+                println!(
+                    "    peak RSS                     {:>7.0} MB = {:.2}x the file",
+                    r / 1e6,
+                    r / size
+                );
+                if r / size > 1.5 {
+                    failed.push(format!("{name}: peak RSS {:.2}x the file", r / size));
+                }
             } else {
-                format!("peak RSS not measured (unreadable {})", time_out.display())
-            };
-            println!("  mystique inspect (end to end) {e:.3} s, {rss}");
+                println!("    peak RSS not measured (no /usr/bin/time)");
+            }
         }
         None => println!(
             "  mystique inspect (end to end): skipped, {} is missing: run `cargo xtask setup`",
             root().join("target/release/mystique").display()
         ),
     }
-    println!("  python json.load       {p:>7.3} s  {:>7.0} MB/s", mb / p);
     println!(
-        "  speed-up vs json.load  {:>7.1}x   (read included: {:.1}x)",
+        "  et-schema read + parse         {o:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load   peak RSS {:.0} MB = {:.2}x the file",
+        mb / o,
         p / o,
-        p / ot
+        r / 1e6,
+        r / size
     );
     println!(
-        "  peak RSS               {:>7.0} MB = {:.2}x the file   (json.load: {:.0} MB = {:.2}x)",
-        r / 1e6,
-        r / size,
+        "  python json.load               {p:>7.3} s  {:>5.0} MB/s                   peak RSS {:.0} MB = {:.2}x the file",
+        mb / p,
         pr / 1e6,
         pr / size
     );
@@ -427,7 +505,28 @@ fn bench_parse(args: &[&str]) -> Result<()> {
         "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
         gs / o
     );
-    Ok(())
+    println!("  per node record, one thread, the same records (scan not included):");
+    for (mode, mut v) in records {
+        let s = median(&mut v);
+        println!("    {mode:<32} {s:>7.3} s  {:>5.0} MB/s", mb / s);
+    }
+    Ok(failed)
+}
+
+/// The node count every reader of one file must agree on.
+fn check_nodes(
+    seen: &mut Option<serde_json::Value>,
+    n: &serde_json::Value,
+    who: &str,
+) -> Result<()> {
+    match seen {
+        Some(s) if s != n => bail!("node counts differ: {who} read {n}, another {s}"),
+        Some(_) => Ok(()),
+        None => {
+            *seen = Some(n.clone());
+            Ok(())
+        }
+    }
 }
 
 fn fidelity(args: &[&str]) -> Result<()> {

@@ -232,7 +232,11 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
         nodes.push(n);
     }
     b.nodes = nodes;
-    out.absorb(b);
+    // Checked above; absorb checks again and changes nothing when it refuses.
+    out.absorb(b).map_err(|e| ComposeError::Overflow {
+        node: 0,
+        field: e.what,
+    })?;
     Ok(out)
 }
 

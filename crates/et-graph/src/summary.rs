@@ -1,6 +1,6 @@
 //! A one-pass summary of a trace, as `mystique inspect` prints it.
 
-use et_schema::{Trace, Value};
+use et_schema::{KeyedState, Trace, Value};
 use indexmap::IndexMap;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -110,10 +110,12 @@ impl Summary {
         // Counted by interned id, not by string: one array slot per distinct string, and each
         // distinct type string parsed once (a 200 MB trace has ~2M arguments, ~100 types).
         let mut counts = vec![0usize; t.strings.len()];
-        let mut types: HashMap<et_schema::Sym, et_schema::ValueType> = HashMap::new();
-        let mut devices: HashSet<et_schema::Sym> = HashSet::new();
-        let mut seen_tensors: HashSet<(u64, u64)> = HashSet::new();
-        let mut storages: HashMap<(u64, et_schema::Sym), u64> = HashMap::new();
+        // Keyed like the parser's maps: tensor and storage ids are the file's to choose.
+        let mut types: HashMap<et_schema::Sym, et_schema::ValueType, KeyedState> =
+            HashMap::default();
+        let mut devices: HashSet<et_schema::Sym, KeyedState> = HashSet::default();
+        let mut seen_tensors: HashSet<(u64, u64), KeyedState> = HashSet::default();
+        let mut storages: HashMap<(u64, et_schema::Sym), u64, KeyedState> = HashMap::default();
         let mut by_dtype: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut iterations = Vec::new();
         let mut process_groups = Vec::new();

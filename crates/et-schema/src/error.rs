@@ -65,6 +65,11 @@ pub enum Error {
         why: String,
     },
     /// A limit given in the environment that is not a size.
+    #[error("{path}: {source}")]
+    TooLarge {
+        path: String,
+        source: crate::model::ArenaFull,
+    },
     #[error("{var}={value:?} is not a size in bytes (examples: 17179869184, 16G, 512M)")]
     BadLimit { var: &'static str, value: String },
 }

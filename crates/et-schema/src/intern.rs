@@ -100,15 +100,22 @@ impl Interner {
 /// The interner's hash: a folded multiply per 16 bytes, as fast as FxHash on the short strings
 /// traces are made of, but starting from a random key (taken from std's `RandomState`), so
 /// that colliding strings cannot be computed in advance: the minimal resistance to hash
-/// flooding that a parser of untrusted files needs.
+/// flooding that a parser of untrusted files needs. Other crates key their maps of
+/// file-chosen values (ids, storages) with it too.
 #[derive(Clone, Debug)]
-pub(crate) struct KeyedState {
+pub struct KeyedState {
     k0: u64,
     k1: u64,
 }
 
+impl Default for KeyedState {
+    fn default() -> Self {
+        KeyedState::new()
+    }
+}
+
 impl KeyedState {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         let r = std::collections::hash_map::RandomState::new();
         KeyedState {
             k0: r.hash_one(0x243f_6a88_85a3_08d3u64),
@@ -127,7 +134,7 @@ impl BuildHasher for KeyedState {
     }
 }
 
-pub(crate) struct KeyedHasher {
+pub struct KeyedHasher {
     s0: u64,
     s1: u64,
 }
@@ -164,6 +171,24 @@ impl Hasher for KeyedHasher {
         );
         self.s0 = self.s1;
         self.s1 = t;
+    }
+
+    /// Integers (ids, interned symbols) in one multiply, not through the byte path.
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        let t = folded_multiply(self.s0 ^ x, self.s1 ^ MIX);
+        self.s0 = self.s1;
+        self.s1 = t;
+    }
+
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64)
+    }
+
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64)
     }
 
     #[inline]

@@ -47,7 +47,7 @@ pub const PARSER_STACK: usize = 8 << 20;
 
 pub use dtype::DType;
 pub use error::{clip, Error, Result};
-pub use intern::{Interner, Sym};
+pub use intern::{Interner, KeyedState, Sym};
 pub use model::*;
 pub use opschema::{AliasInfo, OpSchema, SchemaArg, SchemaParseError, SchemaType};
 #[cfg(feature = "simd")]

@@ -366,7 +366,26 @@ impl Trace {
     /// Appends another trace's nodes and arenas to this one, re-interning its strings. Node ids,
     /// parents and tensor ids are copied as they are: callers shift them to avoid collisions.
     /// Returns the index range of the appended nodes.
-    pub fn absorb(&mut self, o: Trace) -> Range<usize> {
+    ///
+    /// Fails, changing nothing, when an arena would pass [`ARENA_MAX`] entries.
+    pub fn absorb(&mut self, o: Trace) -> Result<Range<usize>, ArenaFull> {
+        self.absorb_within(o, ARENA_MAX)
+    }
+
+    /// [`Trace::absorb`] with arenas of at most `max` entries (tests use small ones).
+    fn absorb_within(&mut self, o: Trace, max: usize) -> Result<Range<usize>, ArenaFull> {
+        for (what, a, b) in [
+            ("arguments", self.args.len(), o.args.len()),
+            ("list items", self.items.len(), o.items.len()),
+            ("tensors", self.tensors.len(), o.tensors.len()),
+            ("attributes", self.extra_attrs.len(), o.extra_attrs.len()),
+            ("strings", self.strings.len(), o.strings.len()),
+        ] {
+            if a.checked_add(b).is_none_or(|n| n > max) {
+                return Err(ArenaFull { what, max });
+            }
+        }
+        let o_nodes = o.nodes.len();
         let map: Vec<Sym> = o
             .strings
             .iter()
@@ -389,38 +408,81 @@ impl Trace {
             Value::Tensor(i) => Value::Tensor(i + tensors0),
             other => other,
         };
-        self.items.extend(o.items.into_iter().map(mv));
-        self.tensors
-            .extend(o.tensors.into_iter().map(|t| TensorRef {
+        let Trace {
+            items,
+            tensors,
+            args,
+            extra_attrs,
+            nodes,
+            ..
+        } = self;
+        let start = nodes.len();
+        let shift = |r: &Range<u32>, by: u32| r.start + by..r.end + by;
+        // On a big trace (the parser's merge of its threads' parts) the arenas are moved in two
+        // halves of about equal bytes, the second on a thread of its own: the copy and the page
+        // faults of the grown arenas were ~15% of parsing a 200 MB trace.
+        let half_a = move || {
+            items.extend(o.items.into_iter().map(mv));
+            nodes.extend(o.nodes.into_iter().map(|n| Node {
+                name: m(n.name),
+                op_schema: n.op_schema.map(m),
+                kernel_backend: n.kernel_backend.map(m),
+                kernel_file: n.kernel_file.map(m),
+                inputs: shift(&n.inputs, args0),
+                outputs: shift(&n.outputs, args0),
+                extra: shift(&n.extra, extra0),
+                ..n
+            }));
+        };
+        let half_b = move || {
+            tensors.extend(o.tensors.into_iter().map(|t| TensorRef {
                 device: t.device.map(m),
                 ..t
             }));
-        self.args.extend(o.args.into_iter().map(|a| Arg {
-            value: mv(a.value),
-            shape: mv(a.shape),
-            ty: m(a.ty),
-            strides: a.strides.map(mv),
-        }));
-        self.extra_attrs
-            .extend(o.extra_attrs.into_iter().map(|e| ExtraAttr {
+            args.extend(o.args.into_iter().map(|a| Arg {
+                value: mv(a.value),
+                shape: mv(a.shape),
+                ty: m(a.ty),
+                strides: a.strides.map(mv),
+            }));
+            extra_attrs.extend(o.extra_attrs.into_iter().map(|e| ExtraAttr {
                 name: m(e.name),
                 ty: e.ty.map(m),
                 value: mv(e.value),
             }));
-        let shift = |r: &Range<u32>, by: u32| r.start + by..r.end + by;
-        let start = self.nodes.len();
-        self.nodes.extend(o.nodes.into_iter().map(|n| Node {
-            name: m(n.name),
-            op_schema: n.op_schema.map(m),
-            kernel_backend: n.kernel_backend.map(m),
-            kernel_file: n.kernel_file.map(m),
-            inputs: shift(&n.inputs, args0),
-            outputs: shift(&n.outputs, args0),
-            extra: shift(&n.extra, extra0),
-            ..n
-        }));
-        start..self.nodes.len()
+        };
+        if o_nodes < 1 << 14 {
+            half_a();
+            half_b();
+        } else {
+            // Where no thread can be made, the job is still here to run on this one.
+            let job = std::sync::Mutex::new(Some(half_b));
+            let run = || {
+                if let Some(f) = job.lock().ok().and_then(|mut j| j.take()) {
+                    f();
+                }
+            };
+            std::thread::scope(|s| {
+                let _ = std::thread::Builder::new().spawn_scoped(s, run);
+                half_a();
+            });
+            run();
+        }
+        let nodes = &self.nodes;
+        Ok(start..nodes.len())
     }
+}
+
+/// The most entries an arena of the model (arguments, list items, tensors, attributes,
+/// strings) holds: they are indexed with 32 bits.
+pub const ARENA_MAX: usize = u32::MAX as usize;
+
+/// An arena of the model would pass [`ARENA_MAX`] entries.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("more than {max} {what} in one trace: the model indexes its arenas with 32 bits")]
+pub struct ArenaFull {
+    pub what: &'static str,
+    pub max: usize,
 }
 
 /// A map from node id to node position. Observer ids are dense, so a vector indexed by
@@ -469,5 +531,33 @@ impl IdIndex {
 
     pub fn contains(&self, id: u64) -> bool {
         self.position(id).is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Trace {
+        let text = br#"{"schema": "1.1.1-chakra.0.0.4", "nodes": [
+            {"id": 1, "name": "root", "ctrl_deps": 1, "inputs": {"values": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], "shapes": [[]], "types": ["GenericList[Int]"]}, "outputs": {"values": [], "shapes": [], "types": []}}]}"#;
+        crate::parse_trace(text, "small", &crate::ParseOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn absorbing_refuses_arenas_past_their_limit_and_changes_nothing() {
+        let mut a = small();
+        let before = (a.nodes.len(), a.args.len(), a.items.len(), a.strings.len());
+        // Ten list items each (and fewer strings): 15 do not hold both, 20 do.
+        let e = a.absorb_within(small(), 15).unwrap_err();
+        assert_eq!(e.what, "list items");
+        assert!(e.to_string().contains("32 bits"), "{e}");
+        assert_eq!(
+            (a.nodes.len(), a.args.len(), a.items.len(), a.strings.len()),
+            before
+        );
+        let r = a.absorb_within(small(), 20).unwrap();
+        assert_eq!(r, 1..2);
+        assert_eq!(a.items.len(), 20);
     }
 }

@@ -472,7 +472,22 @@ fn parse_bytes(
     let mut parts = parts.into_iter();
     let mut trace = parts.next().map(Builder::into_trace).unwrap_or_default();
     for part in parts {
-        trace.absorb(part.into_trace());
+        if profile {
+            eprintln!(
+                "et-schema: merging {} strings, {} items, {} args, {} nodes at {:?}",
+                part.strings.len(),
+                part.items.len(),
+                part.args.len(),
+                part.nodes.len(),
+                t0.elapsed()
+            );
+        }
+        trace
+            .absorb(part.into_trace())
+            .map_err(|e| Error::TooLarge {
+                path: source.to_string(),
+                source: e,
+            })?;
     }
     trace.meta = meta;
     trace.layout = layout;
@@ -527,6 +542,15 @@ pub fn validate(t: &Trace) -> Result<()> {
                 });
             }
         }
+    }
+    // Where every parent id is below its child's (the observer numbers nodes as they start, so
+    // a parent before its children), ids fall along every chain and no cycle can exist: one
+    // sequential pass instead of walking chains through the index.
+    if t.nodes
+        .iter()
+        .all(|n| parent_of(n).is_none_or(|p| p < n.id))
+    {
+        return Ok(());
     }
     // Each node has at most one parent: follow chains, colouring nodes (0 new, 1 on path, 2 done).
     let mut state = vec![0u8; t.nodes.len()];
@@ -1308,6 +1332,22 @@ impl Builder {
                 ));
             }
         }
+        // The arenas are indexed with 32 bits: each node's values must fit in what is left
+        // (every raw value lands in at most one of them).
+        let fits = |len: usize, add: usize| len.checked_add(add).is_some_and(|n| n <= ARENA_MAX);
+        let values = acc.inputs.values.len() + acc.outputs.values.len();
+        for (what, len, add) in [
+            ("arguments", self.args.len(), values),
+            ("list items", self.items.len(), self.raw.len()),
+            ("tensors", self.tensors.len(), self.raw.len()),
+            ("attributes", self.extra.len(), acc.extra.len()),
+        ] {
+            if !fits(len, add) {
+                return Err(format!(
+                    "more than {ARENA_MAX} {what} in one trace: the model indexes its arenas with 32 bits"
+                ));
+            }
+        }
         if let Some(l) = acc.layout {
             self.layout.get_or_insert(l);
         }
@@ -1414,6 +1454,11 @@ impl<'de> Visitor<'de> for RawSeed<'_> {
             stack: self.stack,
         })? {
             self.stack.push(v);
+        }
+        if self.raw.len() + (self.stack.len() - base) > ARENA_MAX {
+            return Err(de::Error::custom(format!(
+                "more than {ARENA_MAX} values in one node record"
+            )));
         }
         let start = self.raw.len() as u32;
         let len = (self.stack.len() - base) as u32;

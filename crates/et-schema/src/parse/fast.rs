@@ -404,6 +404,9 @@ impl<'a> Lex<'a, '_> {
                     }
                 }
                 self.depth -= 1;
+                if raw.len() + (stack.len() - base) > crate::model::ARENA_MAX {
+                    return Err(Fail);
+                }
                 let start = raw.len() as u32;
                 let len = (stack.len() - base) as u32;
                 raw.extend(stack.drain(base..));
