@@ -92,9 +92,12 @@ pub struct GapModel {
     /// What is emulated per iteration (ms).
     pub emulated_ms: f64,
     /// This host's speed relative to the capture's, both under the same instrumentation: the
-    /// replay's profiled op windows over the original's Kineto durations, summed over the ops
-    /// found in both. Below 1: this host (now) runs the ops faster than the capture did (a busy
-    /// or slower capture host), so the capture's gaps shrink by the same factor.
+    /// median over the ops found in both of the replay's profiled op window over the original's
+    /// Kineto duration, weighted by the window. Below 1: this host (now) runs the ops faster
+    /// than the capture did (a slower or busier capture host), so the capture's gaps shrink by
+    /// the same factor. A median, not a ratio of sums: a busy host's capture loses whole time
+    /// slices (milliseconds) in a few ops, and a ratio of sums took those for a uniformly slower
+    /// host (the zoo's busy captures: 1.9-3.6x slower by sums, 1.0-1.4x by the median).
     pub speed: f64,
     /// Ops the speed was measured on (found in both profiles).
     pub speed_ops: usize,
@@ -115,7 +118,19 @@ pub struct GapModel {
     pub per_gap_event_us: f64,
     /// Gaps capped at ten times the original's op time (a shifted event).
     pub capped: usize,
+    /// Time slices the capturing process lost while inside an op (it was descheduled: a busy
+    /// host): ops whose capture time exceeds `speed`'s prediction by [`SLICE_MIN_US`] or more.
+    pub slices_in_ops: usize,
+    /// The shortest of those losses (µs); gaps at least this long are taken to hold one too.
+    pub shortest_slice_us: Option<f64>,
+    /// Gaps taken to hold a lost time slice, emulated as the capture's median gap instead.
+    pub slices_in_gaps: usize,
 }
+
+/// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
+/// 0.75 ms and up, so an op that ran longer than predicted by this much or more lost a time
+/// slice to another process, rather than running slower. A property of the OS, not of a model.
+pub const SLICE_MIN_US: f64 = 500.0;
 
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
@@ -198,6 +213,8 @@ pub fn gap_model(
     // ops, so per-op medians would miss exactly the time that matters.
     let (mut window_sum, mut original_sum, mut excess_sum, mut events_sum) = (0.0, 0.0, 0.0, 0.0);
     let mut speed_ops = 0;
+    // (replay window, capture duration) of each op found in both.
+    let mut pairs: Vec<(f64, f64)> = Vec::new();
     for (pos, e) in l.event_of.iter().enumerate() {
         let (Some(e), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
             continue;
@@ -219,6 +236,7 @@ pub fn gap_model(
             continue;
         }
         speed_ops += 1;
+        pairs.push((window, original.max(0.0)));
         window_sum += window;
         original_sum += original.max(0.0);
         excess_sum += window - plain;
@@ -236,9 +254,10 @@ pub fn gap_model(
             }
         }
     }
+    let _ = window_sum;
     let (speed, per_event_us, per_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
         (
-            window_sum / original_sum,
+            weighted_median_speed(&pairs).unwrap_or(window_sum / original_sum),
             (excess_sum / events_sum).max(0.0),
             if boundaries > 0 {
                 boundary_sum / boundaries as f64
@@ -253,6 +272,30 @@ pub fn gap_model(
         Some(e) if speed_ops >= 3 => e,
         _ => per_event_us,
     };
+    // Time slices the capture lost inside ops: what `speed` cannot explain, when at least a
+    // slice long. The shortest of them says how long a lost slice is on the capture host.
+    let slices: Vec<f64> = if speed_ops >= 3 && speed > 0.0 {
+        pairs
+            .iter()
+            .map(|&(w, o)| o - w / speed)
+            .filter(|&x| x >= SLICE_MIN_US)
+            .collect()
+    } else {
+        vec![]
+    };
+    let shortest_slice_us = slices.iter().copied().reduce(f64::min);
+    let median_gap = {
+        let mut v: Vec<f64> = l
+            .event_of
+            .iter()
+            .zip(&orig.gap_us)
+            .filter(|(e, g)| e.is_some() && g.is_finite())
+            .map(|(_, &g)| g)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mut slices_in_gaps = 0;
     let last_end = l
         .event_of
         .iter()
@@ -286,6 +329,15 @@ pub fn gap_model(
             events_in_gaps += light + heavy;
             events_with_args += heavy;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
+            // A gap as long as a slice the capture demonstrably lost in an op is taken to hold
+            // one: only the capture's median gap of it is the model's.
+            let g = match shortest_slice_us {
+                Some(sl) if g >= sl => {
+                    slices_in_gaps += 1;
+                    median_gap.min(g)
+                }
+                _ => g,
+            };
             let estimate = speed * g
                 - per_boundary_us
                 - per_gap_event_us * light as f64
@@ -316,7 +368,31 @@ pub fn gap_model(
         events_with_args,
         per_gap_event_us,
         capped,
+        slices_in_ops: slices.len(),
+        shortest_slice_us,
+        slices_in_gaps,
     }
+}
+
+/// The median of `window / original` over `(window, original)` pairs, weighted by the window
+/// (the replay's time is the reference: a long op counts for more than a short one); `None`
+/// without pairs of positive weight.
+fn weighted_median_speed(pairs: &[(f64, f64)]) -> Option<f64> {
+    let mut v: Vec<(f64, f64)> = pairs
+        .iter()
+        .filter(|(w, o)| *w > 0.0 && *o > 0.0 && w.is_finite() && o.is_finite())
+        .map(|&(w, o)| (w / o, w))
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = v.iter().map(|x| x.1).sum();
+    let mut acc = 0.0;
+    for (ratio, weight) in &v {
+        acc += weight;
+        if acc >= total / 2.0 {
+            return Some(*ratio);
+        }
+    }
+    None
 }
 
 /// Caps gaps no iteration of this model can have: each at ten times the original's total op

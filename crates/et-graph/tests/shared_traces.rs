@@ -766,3 +766,79 @@ fn composition_refuses_what_would_overflow() {
     // What fits still composes.
     assert_eq!(compose::repeat(&t, 3).unwrap().nodes.len(), 4);
 }
+
+/// A capture on a busy host loses whole time slices to other processes: one op and one gap
+/// each hold a few milliseconds the model never spent. The gap model's speed is not fooled by
+/// the op's (a weighted median, not a ratio of sums), and the gap as long as the lost slice is
+/// emulated as the capture's median gap, not as the slice.
+#[test]
+fn time_slices_a_busy_capture_lost_are_not_emulated() {
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
+    let quiet =
+        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &quiet).unwrap();
+    let o = original_timing(&l, &quiet);
+    let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    // This host runs the ops as the quiet capture did, with no instrumentation cost.
+    let prof = replay_times(&orig, &orig, 0.0);
+    let times = ReplayTimes {
+        plain_us: &orig,
+        between_us: 0.0,
+        profiled: &prof,
+        event_us: None,
+    };
+    let before = gap_model(&t, &l, &quiet, &o, &times);
+    assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
+    assert_eq!((before.slices_in_ops, before.slices_in_gaps), (0, 0));
+    // Steal 3 ms inside op `a` and 4 ms inside the gap before op `b`: what contains the
+    // moment grows, what starts after it moves.
+    let mut busy = quiet.clone();
+    let steal = |k: &mut et_schema::kineto::KinetoTrace, at: f64, d: f64| {
+        for e in &mut k.events {
+            if e.ts > at {
+                e.ts += d;
+            } else if e.ts + e.dur > at {
+                e.dur += d;
+            }
+        }
+    };
+    let found: Vec<usize> = (0..l.event_of.len())
+        .filter(|&i| l.event_of[i].is_some())
+        .collect();
+    let a = found[found.len() / 3];
+    let ea = quiet.events[l.event_of[a].unwrap() as usize].clone();
+    steal(&mut busy, ea.ts + ea.dur / 2.0, 3000.0);
+    let b = found
+        .iter()
+        .copied()
+        .filter(|&i| i > a + 1 && o.gap_us[i] > 1.0)
+        .nth(5)
+        .unwrap();
+    let eb = busy.events[l.event_of[b].unwrap() as usize].clone();
+    steal(&mut busy, eb.ts - 0.5, 4000.0);
+    let ob = original_timing(&l, &busy);
+    assert!((ob.gap_us[b] - o.gap_us[b] - 4000.0).abs() < 1e-6);
+    let m = gap_model(&t, &l, &busy, &ob, &times);
+    assert!((m.speed - 1.0).abs() < 1e-9, "speed {}", m.speed);
+    assert_eq!(m.slices_in_ops, 1);
+    assert!((m.shortest_slice_us.unwrap() - 3000.0).abs() < 1e-6);
+    assert_eq!(m.slices_in_gaps, 1);
+    let mut med: Vec<f64> = found.iter().map(|&i| ob.gap_us[i]).collect();
+    med.sort_by(f64::total_cmp);
+    assert!((m.gaps_us[b] - med[med.len() / 2].min(ob.gap_us[b])).abs() < 1e-6);
+    // Every other gap the steals left alone is emulated as from the quiet capture.
+    let untouched = |i: usize| i != b && (ob.gap_us[i] - o.gap_us[i]).abs() < 1e-9;
+    assert!(found.iter().filter(|&&i| untouched(i)).count() > found.len() / 2);
+    for i in found.iter().copied().filter(|&i| untouched(i)) {
+        assert!(
+            (m.gaps_us[i] - before.gaps_us[i]).abs() < 1e-6,
+            "gap {i}: {} vs {} (capture {} / {})",
+            m.gaps_us[i],
+            before.gaps_us[i],
+            ob.gap_us[i],
+            o.gap_us[i]
+        );
+    }
+}
