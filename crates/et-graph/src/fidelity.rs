@@ -92,12 +92,12 @@ pub struct GapModel {
     /// What is emulated per iteration (ms).
     pub emulated_ms: f64,
     /// This host's speed relative to the capture's, both under the same instrumentation: the
-    /// median over the ops found in both of the replay's profiled op window over the original's
-    /// Kineto duration, weighted by the window. Below 1: this host (now) runs the ops faster
-    /// than the capture did (a slower or busier capture host), so the capture's gaps shrink by
-    /// the same factor. A median, not a ratio of sums: a busy host's capture loses whole time
-    /// slices (milliseconds) in a few ops, and a ratio of sums took those for a uniformly slower
-    /// host (the zoo's busy captures: 1.9-3.6x slower by sums, 1.0-1.4x by the median).
+    /// replay's profiled op windows over the original's Kineto durations, summed over the ops
+    /// found in both, less those in which the capture lost a time slice (`slices_in_ops`).
+    /// Below 1: this host (now) runs the ops faster than the capture did (a slower or busier
+    /// capture host), so the capture's gaps shrink by the same factor. A busy host's capture
+    /// loses whole time slices (milliseconds) in a few ops; with them, the sums took the zoo's
+    /// busy captures for 1.9-3.6x slower hosts where their other ops say 1.0-1.4x.
     pub speed: f64,
     /// Ops the speed was measured on (found in both profiles).
     pub speed_ops: usize,
@@ -119,7 +119,8 @@ pub struct GapModel {
     /// Gaps capped at ten times the original's op time (a shifted event).
     pub capped: usize,
     /// Time slices the capturing process lost while inside an op (it was descheduled: a busy
-    /// host): ops whose capture time exceeds `speed`'s prediction by [`SLICE_MIN_US`] or more.
+    /// host): ops whose capture time exceeds the prediction of the ops' typical speed (the
+    /// window-weighted median ratio) by [`SLICE_MIN_US`] or more.
     pub slices_in_ops: usize,
     /// The shortest of those losses (µs); gaps at least this long are taken to hold one too.
     pub shortest_slice_us: Option<f64>,
@@ -254,10 +255,30 @@ pub fn gap_model(
             }
         }
     }
-    let _ = window_sum;
+    // Time slices the capture lost inside ops: what the ops' typical speed (the window-weighted
+    // median ratio, which a few slices do not move) cannot explain, when at least a slice long.
+    let typical = weighted_median_speed(&pairs).filter(|_| speed_ops >= 3);
+    let slices: Vec<f64> = match typical {
+        Some(c) if c > 0.0 => pairs
+            .iter()
+            .map(|&(w, o)| o - w / c)
+            .filter(|&x| x >= SLICE_MIN_US)
+            .collect(),
+        _ => vec![],
+    };
+    // The speed itself is a ratio of sums over the other ops: a capture's slow tail that is not
+    // a lost slice (a colder first iteration, page faults) is the capture's, and its gaps share it.
+    if let Some(c) = typical.filter(|_| !slices.is_empty()) {
+        for &(w, o) in &pairs {
+            if o - w / c >= SLICE_MIN_US {
+                window_sum -= w;
+                original_sum -= o;
+            }
+        }
+    }
     let (speed, per_event_us, per_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
         (
-            weighted_median_speed(&pairs).unwrap_or(window_sum / original_sum),
+            window_sum / original_sum,
             (excess_sum / events_sum).max(0.0),
             if boundaries > 0 {
                 boundary_sum / boundaries as f64
@@ -272,17 +293,7 @@ pub fn gap_model(
         Some(e) if speed_ops >= 3 => e,
         _ => per_event_us,
     };
-    // Time slices the capture lost inside ops: what `speed` cannot explain, when at least a
-    // slice long. The shortest of them says how long a lost slice is on the capture host.
-    let slices: Vec<f64> = if speed_ops >= 3 && speed > 0.0 {
-        pairs
-            .iter()
-            .map(|&(w, o)| o - w / speed)
-            .filter(|&x| x >= SLICE_MIN_US)
-            .collect()
-    } else {
-        vec![]
-    };
+    // The shortest slice lost says how long a lost slice is on the capture host.
     let shortest_slice_us = slices.iter().copied().reduce(f64::min);
     let median_gap = {
         let mut v: Vec<f64> = l
