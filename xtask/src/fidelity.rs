@@ -152,6 +152,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut rounds = 3usize;
     let mut only: Option<Vec<String>> = None;
     let mut svg: Option<PathBuf> = None;
+    let mut busy_host = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
@@ -165,6 +166,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 )
             }
             "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
+            "--busy-host" => busy_host = true,
             n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
         }
     }
@@ -184,6 +186,19 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
          and from the busy capture (the host made busy while capturing only).",
         dir.display()
     );
+    // The reverse of a busy capture: the replay host is the busy one. The original is timed
+    // beside the replays under the same load, so the ratio compares like with like.
+    let _burners = if busy_host {
+        let b = Burners::start()?;
+        println!(
+            "busy host: {} CPU burners run beside every replay and every timing of the original
+             (the captures were made without them: replayed on a slower host than they were captured on).",
+            b.0.len()
+        );
+        Some(b)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for m in &models {
         let q = dir.join("quiet");
@@ -330,8 +345,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         .collect::<Vec<_>>());
     let out = root.join("target/fidelity");
     std::fs::create_dir_all(&out)?;
-    std::fs::write(out.join("zoo.json"), serde_json::to_vec_pretty(&json)?)?;
-    let svg = svg.unwrap_or_else(|| out.join("zoo.svg"));
+    let stem = if busy_host { "zoo-busy-host" } else { "zoo" };
+    std::fs::write(
+        out.join(format!("{stem}.json")),
+        serde_json::to_vec_pretty(&json)?,
+    )?;
+    let svg = svg.unwrap_or_else(|| out.join(format!("{stem}.svg")));
     let bars: Vec<(String, f64, f64)> = rows
         .iter()
         .map(|(r, _)| {
@@ -361,8 +380,38 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     )?;
     println!(
         "\nwrote {} and {}",
-        out.join("zoo.json").display(),
+        out.join(format!("{stem}.json")).display(),
         svg.display()
     );
     Ok(())
+}
+
+/// One CPU-bound process per core (a Python spin loop), killed when dropped: a busy host.
+struct Burners(Vec<std::process::Child>);
+
+impl Burners {
+    fn start() -> Result<Burners> {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let mut b = Burners(Vec::new());
+        for _ in 0..n {
+            b.0.push(
+                Command::new(crate::python())
+                    .args(["-c", "while True: pass"])
+                    .spawn()
+                    .context("starting a CPU burner")?,
+            );
+        }
+        // Let them reach the scheduler's steady state before anything is timed.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        Ok(b)
+    }
+}
+
+impl Drop for Burners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
