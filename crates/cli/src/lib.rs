@@ -186,6 +186,31 @@ impl OpsFailed {
 /// ops (report printed); 2 bad input or usage, or a run that could not complete.
 pub const EXIT_OPS_FAILED: u8 = 3;
 
+/// Makes a bus error (SIGBUS) a clean exit 2 with a message instead of a crash. Input trace
+/// files are mapped (`et_schema::open_input`): if another process truncates one while it is
+/// read, the next read of the lost pages raises SIGBUS. Call first thing in `main`.
+pub fn exit_2_on_bus_error() {
+    #[cfg(unix)]
+    {
+        extern "C" fn on_sigbus(_: libc::c_int) {
+            const MSG: &[u8] = b"error: bus error (SIGBUS) reading a mapped input file: was it truncated or replaced while mystique read it? Run again once the file is complete.\n";
+            // SAFETY: write(2) and _exit(2) are async-signal-safe; MSG is a static buffer.
+            unsafe {
+                libc::write(2, MSG.as_ptr() as *const libc::c_void, MSG.len());
+                libc::_exit(2);
+            }
+        }
+        // SAFETY: a zeroed sigaction with a handler and an empty mask is a valid argument; the
+        // handler only calls async-signal-safe functions.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_sigbus as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
 /// The process's exit for a command's result: errors print their chain and exit with 2.
 pub fn exit(result: Result<()>) -> ExitCode {
     match result {

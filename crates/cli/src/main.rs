@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    mystique_cli::exit_2_on_bus_error();
     let cli = Cli::parse();
     match mystique_cli::run(cli) {
         Some(result) => mystique_cli::exit(result),

@@ -112,3 +112,28 @@ fn env_and_export_speak_json() {
         .unwrap()
         .starts_with("digraph"));
 }
+
+/// A mapped input truncated by another process while it is read raises SIGBUS on the next
+/// read of a lost page: that is an exit 2 with a message, not a crash. (The signal is sent
+/// here to a `mystique inspect -` waiting on its stdin: a truncation race would be flaky.)
+#[test]
+fn a_bus_error_is_an_exit_2_with_a_message() {
+    let child = bin()
+        .args(["inspect", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it get past start-up to the read of stdin.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // SAFETY: signalling a child process we own and have not reaped.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGBUS) },
+        0
+    );
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("SIGBUS") && err.contains("truncated"), "{err}");
+}

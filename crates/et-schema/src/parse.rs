@@ -159,7 +159,8 @@ const MAP_MIN: u64 = 1 << 20;
 ///
 /// A file truncated by another process while it is mapped makes reads past the new end fault
 /// (SIGBUS), as with any mapped file (ripgrep and git map their inputs alike); traces are
-/// written once by the observer and read afterwards.
+/// written once by the observer and read afterwards. The CLI turns SIGBUS into exit 2 with a
+/// message; other programs that map may want the same.
 pub struct Input {
     inner: InputInner,
 }

@@ -11,6 +11,7 @@ mod ranks;
 mod replay_cmd;
 
 fn main() -> ExitCode {
+    mystique_cli::exit_2_on_bus_error();
     if let Ok(id) = std::env::var(mystique_cli::BUILD_ENV) {
         if id != mystique_cli::BUILD_ID {
             eprintln!(
