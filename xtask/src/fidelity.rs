@@ -183,7 +183,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     println!(
         "fidelity over the zoo ({}): {rounds} rounds, order alternating; 1 thread, 30 iterations each.\n\
          ratio = replay / original median iteration per round, median over rounds; gaps from the quiet\n\
-         and from the busy capture (the host made busy while capturing only).",
+         and from the busy capture (the host made busy while capturing only). peak ratio: the replay's\n\
+         peak live bytes less its inputs over the original's peak over its start (profile_memory).",
         dir.display()
     );
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
@@ -271,8 +272,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 / orig_ms,
             failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
             nonfinite,
-            peak_ratio: plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
-                / meta["peak_allocated_bytes"].as_f64().unwrap_or(f64::NAN),
+            // Like for like: the original's profile counts what was allocated while it ran
+            // (its peak over its start: intermediates, grads, new optimizer state), not the
+            // parameters and inputs that lived before; the replay's inputs (externals) are its
+            // counterpart of those, so they come off its peak.
+            peak_ratio: (plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
+                - plain["external_bytes"].as_f64().unwrap_or(f64::NAN))
+                / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
             rounds: per_round,
         };
         eprintln!(
