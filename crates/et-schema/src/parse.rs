@@ -1777,15 +1777,6 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                 };
             }
             match f {
-                Field::Id
-                | Field::Parent
-                | Field::CtrlDeps
-                | Field::RfId
-                | Field::FwParent
-                | Field::SeqId
-                | Field::Scope
-                | Field::Tid
-                | Field::FwTid => store_scalar(acc, f, raw_value!()).map_err(de::Error::custom)?,
                 Field::Name => acc.name = Some(map.next_value_seed(SymSeed { strings })?),
                 Field::OpSchema => acc.op_schema = Some(map.next_value_seed(SymSeed { strings })?),
                 Field::KernelBackend => {
@@ -1858,6 +1849,8 @@ impl<'de> Visitor<'de> for NodeSeed<'_> {
                         value,
                     });
                 }
+                // The integer fields (id, parent, rf_id, seq_id...); store_scalar refuses any other.
+                f => store_scalar(acc, f, raw_value!()).map_err(de::Error::custom)?,
             }
             acc.field = FieldName::None;
         }

@@ -75,18 +75,6 @@ pub(super) fn node(
             ..
         } = &mut *b;
         match f.0 {
-            Field::Id
-            | Field::Parent
-            | Field::CtrlDeps
-            | Field::RfId
-            | Field::FwParent
-            | Field::SeqId
-            | Field::Scope
-            | Field::Tid
-            | Field::FwTid => {
-                let v = lx.value(strings, raw, stack)?;
-                store_scalar(acc, f.0, v).map_err(|_| Fail)?;
-            }
             Field::Name => acc.name = Some(lx.sym(strings)?),
             Field::OpSchema => acc.op_schema = Some(lx.sym(strings)?),
             Field::KernelBackend => acc.kernel_backend = Some(lx.sym(strings)?),
@@ -128,6 +116,11 @@ pub(super) fn node(
                     ty: None,
                     value,
                 });
+            }
+            // The integer fields (id, parent, rf_id, seq_id...); store_scalar refuses any other.
+            f0 => {
+                let v = lx.value(strings, raw, stack)?;
+                store_scalar(acc, f0, v).map_err(|_| Fail)?;
             }
         }
         lx.ws();
@@ -384,26 +377,12 @@ impl<'a> Lex<'a, '_> {
         match self.peek().ok_or(Fail)? {
             b'"' => Ok(Value::Str(self.sym(strings)?)),
             b'[' => {
-                self.enter()?;
-                self.i += 1;
                 let base = stack.len();
-                self.ws();
-                if self.peek() == Some(b']') {
-                    self.i += 1;
-                } else {
-                    loop {
-                        self.ws();
-                        let v = self.value(strings, raw, stack)?;
-                        stack.push(v);
-                        self.ws();
-                        match self.next()? {
-                            b',' => {}
-                            b']' => break,
-                            _ => return Err(Fail),
-                        }
-                    }
-                }
-                self.depth -= 1;
+                self.seq(|lx| {
+                    let v = lx.value(strings, raw, stack)?;
+                    stack.push(v);
+                    Ok(())
+                })?;
                 if raw.len() + (stack.len() - base) > crate::model::ARENA_MAX {
                     return Err(Fail);
                 }
@@ -420,12 +399,19 @@ impl<'a> Lex<'a, '_> {
         }
     }
 
-    /// `[` elements `]`, each element parsed by `each`.
-    fn seq(&mut self, mut each: impl FnMut(&mut Self) -> R<()>) -> R<()> {
-        self.eat(b'[')?;
+    /// `open` elements separated by commas `close`, each element read by `each`; nesting
+    /// counted. Lists and objects alike.
+    #[inline]
+    fn delimited(
+        &mut self,
+        open: u8,
+        close: u8,
+        mut each: impl FnMut(&mut Self) -> R<()>,
+    ) -> R<()> {
+        self.eat(open)?;
         self.enter()?;
         self.ws();
-        if self.peek() == Some(b']') {
+        if self.peek() == Some(close) {
             self.i += 1;
         } else {
             loop {
@@ -434,13 +420,18 @@ impl<'a> Lex<'a, '_> {
                 self.ws();
                 match self.next()? {
                     b',' => {}
-                    b']' => break,
+                    c if c == close => break,
                     _ => return Err(Fail),
                 }
             }
         }
         self.depth -= 1;
         Ok(())
+    }
+
+    /// `[` elements `]`, each element parsed by `each`.
+    fn seq(&mut self, each: impl FnMut(&mut Self) -> R<()>) -> R<()> {
+        self.delimited(b'[', b']', each)
     }
 
     /// A list of raw values appended to `out` (`RawListSeed`).
@@ -474,29 +465,13 @@ impl<'a> Lex<'a, '_> {
         keys: &[&str],
         mut member: impl FnMut(&mut Self, usize) -> R<()>,
     ) -> R<()> {
-        self.eat(b'{')?;
-        self.enter()?;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
-        } else {
-            loop {
-                self.ws();
-                let k = self.key(keys)?;
-                self.ws();
-                self.eat(b':')?;
-                self.ws();
-                member(self, k)?;
-                self.ws();
-                match self.next()? {
-                    b',' => {}
-                    b'}' => break,
-                    _ => return Err(Fail),
-                }
-            }
-        }
-        self.depth -= 1;
-        Ok(())
+        self.delimited(b'{', b'}', |lx| {
+            let k = lx.key(keys)?;
+            lx.ws();
+            lx.eat(b':')?;
+            lx.ws();
+            member(lx, k)
+        })
     }
 
     /// A key that is one of `keys`: compared in place when written plainly (the observer's
