@@ -173,17 +173,12 @@ fn renumber_iterations(out: &mut Trace, original: usize, per_copy: usize) {
 /// are shifted past `a`'s (they are different tensors), its thread roots hang under `a`'s
 /// process root. The result has `a`'s schema and layout.
 pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
-    // The model's arenas are indexed by u32: the joined arenas must stay within it.
-    for (field, x, y) in [
-        ("arguments", a.args.len(), b.args.len()),
-        ("list items", a.items.len(), b.items.len()),
-        ("tensors", a.tensors.len(), b.tensors.len()),
-        ("attributes", a.extra_attrs.len(), b.extra_attrs.len()),
-    ] {
-        if (x as u64 + y as u64) > u32::MAX as u64 {
-            return Err(ComposeError::Overflow { node: 0, field });
-        }
-    }
+    // The model's arenas are indexed by u32: the joined arenas must stay within it (checked
+    // before the copies below, which such traces could not afford).
+    a.fits_with(b).map_err(|e| ComposeError::Overflow {
+        node: 0,
+        field: e.what,
+    })?;
     if (a.nodes.len() + b.nodes.len()) as u64 > MAX_NODES {
         return Err(ComposeError::TooBig {
             nodes: (a.nodes.len() + b.nodes.len()) as u128,
@@ -232,7 +227,7 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
         nodes.push(n);
     }
     b.nodes = nodes;
-    // Checked above; absorb checks again and changes nothing when it refuses.
+    // Checked above (fits_with); absorb would refuse the same, changing nothing.
     out.absorb(b).map_err(|e| ComposeError::Overflow {
         node: 0,
         field: e.what,

@@ -372,8 +372,14 @@ impl Trace {
         self.absorb_within(o, ARENA_MAX)
     }
 
-    /// [`Trace::absorb`] with arenas of at most `max` entries (tests use small ones).
-    fn absorb_within(&mut self, o: Trace, max: usize) -> Result<Range<usize>, ArenaFull> {
+    /// Whether [`Trace::absorb`] would take `o`: every arena of the two together within
+    /// [`ARENA_MAX`] entries (strings counted as if none were shared). Callers that would copy
+    /// before absorbing check first.
+    pub fn fits_with(&self, o: &Trace) -> Result<(), ArenaFull> {
+        self.fits_with_within(o, ARENA_MAX)
+    }
+
+    fn fits_with_within(&self, o: &Trace, max: usize) -> Result<(), ArenaFull> {
         for (what, a, b) in [
             ("arguments", self.args.len(), o.args.len()),
             ("list items", self.items.len(), o.items.len()),
@@ -385,6 +391,12 @@ impl Trace {
                 return Err(ArenaFull { what, max });
             }
         }
+        Ok(())
+    }
+
+    /// [`Trace::absorb`] with arenas of at most `max` entries (tests use small ones).
+    fn absorb_within(&mut self, o: Trace, max: usize) -> Result<Range<usize>, ArenaFull> {
+        self.fits_with_within(&o, max)?;
         let o_nodes = o.nodes.len();
         let map: Vec<Sym> = o
             .strings

@@ -973,12 +973,18 @@ fn next_element(bytes: &[u8], end: usize, stop: Option<usize>) -> Step {
 
 /// Per-record parser timings for `cargo xtask bench parse` (feature `simd`): the nodes array's
 /// records, found by the serial scan, parsed one by one on this thread by the serde_json
-/// visitors, by the specialised record reader, by the same visitors over simd-json's tape deserializer, and into simd-json's
-/// borrowed value (a lower bound for any walk over it). Returns `(mode, nodes, seconds)`.
+/// visitors, by the specialised record reader, by the same visitors over simd-json's tape
+/// deserializer, and into simd-json's borrowed value (a lower bound for any walk over it).
+/// Returns `(mode, nodes, seconds)`.
 #[cfg(feature = "simd")]
 #[doc(hidden)]
 pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
     let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, "bench"))?;
+    let syntax = |offset: usize, msg: String| Error::Syntax {
+        path: "bench".into(),
+        offset: offset as u64,
+        msg,
+    };
     let mut out = Vec::new();
     let t = std::time::Instant::now();
     let b = parse_chunk(bytes, &scan.nodes, "bench", false)?;
@@ -1003,27 +1009,15 @@ pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
         acc.clear();
         b.raw.clear();
         let mut de = simd_json::Deserializer::from_slice_with_buffers(&mut buf, &mut buffers)
-            .map_err(|e| Error::Syntax {
-                path: "bench".into(),
-                offset: r.start as u64,
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| syntax(r.start, e.to_string()))?;
         NodeSeed {
             b: &mut b,
             acc: &mut acc,
         }
         .deserialize(&mut de)
-        .map_err(|e| Error::Syntax {
-            path: "bench".into(),
-            offset: r.start as u64,
-            msg: e.to_string(),
-        })?;
+        .map_err(|e| syntax(r.start, e.to_string()))?;
         b.finish_node(&mut acc, r.start as u64)
-            .map_err(|msg| Error::Syntax {
-                path: "bench".into(),
-                offset: r.start as u64,
-                msg,
-            })?;
+            .map_err(|msg| syntax(r.start, msg))?;
     }
     out.push((
         "simd-json tape + visitors",
@@ -1036,13 +1030,8 @@ pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
     for r in &scan.nodes {
         buf.clear();
         buf.extend_from_slice(&bytes[r.clone()]);
-        let v = simd_json::value::borrowed::to_value_with_buffers(&mut buf, &mut buffers).map_err(
-            |e| Error::Syntax {
-                path: "bench".into(),
-                offset: r.start as u64,
-                msg: e.to_string(),
-            },
-        )?;
+        let v = simd_json::value::borrowed::to_value_with_buffers(&mut buf, &mut buffers)
+            .map_err(|e| syntax(r.start, e.to_string()))?;
         n += usize::from(matches!(v, simd_json::BorrowedValue::Object(_)));
     }
     out.push((

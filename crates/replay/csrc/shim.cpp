@@ -496,6 +496,20 @@ using CreateDefault = c10::intrusive_ptr<GlooOptionsMirror> (*)(std::chrono::mil
 using DeviceForHost = std::shared_ptr<::gloo::transport::Device> (*)(const std::string&, bool);
 using GlooCtor = void (*)(void*, const c10::intrusive_ptr<c10d::Store>&, int, int,
                           c10::intrusive_ptr<GlooOptionsMirror>);
+// Runs a constructor `ctor(mem)` on `bytes` of zeroed memory reserved here (the classes built
+// by symbol have no header to size them); the memory is released if the constructor throws.
+template <typename F>
+void* construct_zeroed(size_t bytes, F&& ctor) {
+  void* mem = ::operator new(bytes);
+  std::memset(mem, 0, bytes);
+  try {
+    ctor(mem);
+  } catch (...) {
+    ::operator delete(mem);
+    throw;
+  }
+  return mem;
+}
 // Bytes reserved for a ProcessGroupGloo (its real size is a few hundred; it is destroyed through
 // its virtual destructor, which frees this block).
 constexpr size_t kGlooBytes = 1 << 16;
@@ -522,14 +536,8 @@ c10::intrusive_ptr<c10d::Backend> new_gloo(const c10::intrusive_ptr<c10d::Store>
   // Loopback or the given address only: never whatever the host name resolves to.
   opts->devices.clear();
   opts->devices.push_back(device_for_host(host, false));
-  void* mem = ::operator new(kGlooBytes);
-  std::memset(mem, 0, kGlooBytes);
-  try {
-    ctor(mem, store, rank, size, std::move(opts));
-  } catch (...) {
-    ::operator delete(mem);
-    throw;
-  }
+  void* mem = construct_zeroed(kGlooBytes,
+                               [&](void* m) { ctor(m, store, rank, size, std::move(opts)); });
   return c10::intrusive_ptr<c10d::Backend>::unsafe_steal_from_new(
       static_cast<c10d::Backend*>(mem));
 }
@@ -553,24 +561,11 @@ c10::intrusive_ptr<c10d::Backend> new_nccl(const c10::intrusive_ptr<c10d::Store>
   auto ctor = reinterpret_cast<NcclCtor>(nccl_symbol(
       "_ZN4c10d16ProcessGroupNCCLC1EN3c1013intrusive_ptrINS_5StoreENS1_6detail34intrusive_"
       "target_default_null_typeIS3_EEEEiiNS2_INS0_7OptionsENS5_IS8_EEEE"));
-  void* omem = ::operator new(kNcclOptionsBytes);
-  std::memset(omem, 0, kNcclOptionsBytes);
-  try {
-    opts_ctor(omem, false);
-  } catch (...) {
-    ::operator delete(omem);
-    throw;
-  }
+  void* omem = construct_zeroed(kNcclOptionsBytes, [&](void* m) { opts_ctor(m, false); });
   auto opts = c10::intrusive_ptr<c10d::Backend::Options>::unsafe_steal_from_new(
       static_cast<c10d::Backend::Options*>(omem));
-  void* mem = ::operator new(kNcclBytes);
-  std::memset(mem, 0, kNcclBytes);
-  try {
-    ctor(mem, store, rank, size, std::move(opts));
-  } catch (...) {
-    ::operator delete(mem);
-    throw;
-  }
+  void* mem = construct_zeroed(kNcclBytes,
+                               [&](void* m) { ctor(m, store, rank, size, std::move(opts)); });
   return c10::intrusive_ptr<c10d::Backend>::unsafe_steal_from_new(static_cast<c10d::Backend*>(mem));
 }
 }  // namespace

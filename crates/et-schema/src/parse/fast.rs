@@ -319,17 +319,23 @@ impl<'a> Lex<'a, '_> {
             }
             _ => return Err(Fail),
         }
+        // One or more digits from `j`, as JSON wants after `.` and in an exponent.
+        let digits = |j: &mut usize| {
+            let from = *j;
+            while let Some(b'0'..=b'9') = b.get(*j) {
+                *j += 1;
+            }
+            if *j > from {
+                Ok(())
+            } else {
+                Err(Fail)
+            }
+        };
         let mut float = n.is_none();
         if b.get(j) == Some(&b'.') {
             float = true;
             j += 1;
-            let f = j;
-            while let Some(b'0'..=b'9') = b.get(j) {
-                j += 1;
-            }
-            if j == f {
-                return Err(Fail);
-            }
+            digits(&mut j)?;
         }
         if let Some(b'e' | b'E') = b.get(j) {
             float = true;
@@ -337,13 +343,7 @@ impl<'a> Lex<'a, '_> {
             if let Some(b'+' | b'-') = b.get(j) {
                 j += 1;
             }
-            let e = j;
-            while let Some(b'0'..=b'9') = b.get(j) {
-                j += 1;
-            }
-            if j == e {
-                return Err(Fail);
-            }
+            digits(&mut j)?;
         }
         self.i = j;
         match (n, float) {
