@@ -210,8 +210,9 @@ pub fn gap_model(
     };
     // Speed and per-event cost over the ops found in both profiles, as ratios of sums: the
     // instrumentation's cost is heavy-tailed (an op recording large tensor lists costs a
-    // hundred times a small one) and a busy capture host loses whole time slices in a few
-    // ops, so per-op medians would miss exactly the time that matters.
+    // hundred times a small one), and a capture's slow tail (a colder first iteration, page
+    // faults) is the capture's, which its gaps share; per-op medians would miss it. Time
+    // slices a busy capture host lost are taken out below.
     let (mut window_sum, mut original_sum, mut excess_sum, mut events_sum) = (0.0, 0.0, 0.0, 0.0);
     let mut speed_ops = 0;
     // (replay window, capture duration) of each op found in both.
@@ -257,20 +258,13 @@ pub fn gap_model(
     }
     // Time slices the capture lost inside ops: what the ops' typical speed (the window-weighted
     // median ratio, which a few slices do not move) cannot explain, when at least a slice long.
-    let typical = weighted_median_speed(&pairs).filter(|_| speed_ops >= 3);
-    let slices: Vec<f64> = match typical {
-        Some(c) if c > 0.0 => pairs
-            .iter()
-            .map(|&(w, o)| o - w / c)
-            .filter(|&x| x >= SLICE_MIN_US)
-            .collect(),
-        _ => vec![],
-    };
-    // The speed itself is a ratio of sums over the other ops: a capture's slow tail that is not
-    // a lost slice (a colder first iteration, page faults) is the capture's, and its gaps share it.
-    if let Some(c) = typical.filter(|_| !slices.is_empty()) {
+    // Those ops leave the speed's sums: it is a ratio of sums over the other ops.
+    let mut slices: Vec<f64> = Vec::new();
+    if let Some(c) = weighted_median_speed(&pairs).filter(|&c| speed_ops >= 3 && c > 0.0) {
         for &(w, o) in &pairs {
-            if o - w / c >= SLICE_MIN_US {
+            let lost = o - w / c;
+            if lost >= SLICE_MIN_US {
+                slices.push(lost);
                 window_sum -= w;
                 original_sum -= o;
             }

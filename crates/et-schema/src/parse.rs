@@ -707,29 +707,21 @@ fn parse_one(
     let text = &bytes[r.clone()];
     acc.clear();
     b.raw.clear();
-    if fast && fast::node(text, 0, b, acc, scratch).is_ok_and(|end| end == text.len()) {
-        return b
-            .finish_node(acc, r.start as u64)
-            .map_err(|msg| Error::Node {
-                path: source.to_string(),
-                node_id: acc.id,
-                offset: r.start as u64,
-                msg,
-            });
-    }
-    // The visitors read it again, and say what is wrong if anything is.
-    acc.clear();
-    b.raw.clear();
-    b.stack.clear();
-    let mut de = serde_json::Deserializer::from_slice(text);
-    let res = NodeSeed {
-        b: &mut *b,
-        acc: &mut *acc,
-    }
-    .deserialize(&mut de)
-    .and_then(|()| de.end());
-    if let Err(e) = res {
-        return Err(node_error(e, text, r.start, acc, &b.strings, source));
+    if !(fast && fast::node(text, 0, b, acc, scratch).is_ok_and(|end| end == text.len())) {
+        // The visitors read it again, and say what is wrong if anything is.
+        acc.clear();
+        b.raw.clear();
+        b.stack.clear();
+        let mut de = serde_json::Deserializer::from_slice(text);
+        let res = NodeSeed {
+            b: &mut *b,
+            acc: &mut *acc,
+        }
+        .deserialize(&mut de)
+        .and_then(|()| de.end());
+        if let Err(e) = res {
+            return Err(node_error(e, text, r.start, acc, &b.strings, source));
+        }
     }
     b.finish_node(acc, r.start as u64)
         .map_err(|msg| Error::Node {
@@ -905,33 +897,28 @@ fn parse_span(
         }
         acc.clear();
         b.raw.clear();
-        if let Some(end) = fast
+        let read = fast
             .then(|| fast::node(bytes, i, &mut b, &mut acc, &mut scratch).ok())
-            .flatten()
-        {
-            b.finish_node(&mut acc, i as u64).ok()?;
-            match next_element(bytes, end, stop) {
-                Step::Next(j) => {
-                    i = j;
-                    continue;
+            .flatten();
+        let end = match read {
+            Some(end) => end,
+            None => {
+                // The visitors, driven by a stream that says where the record ends.
+                acc.clear();
+                b.raw.clear();
+                b.stack.clear();
+                let mut stream =
+                    serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<NodeMarker>();
+                SINK.with(|s| s.set(Some((&mut b as *mut Builder, &mut acc as *mut NodeAcc))));
+                let parsed = stream.next();
+                SINK.with(|s| s.set(None));
+                match parsed {
+                    Some(Ok(NodeMarker)) => {}
+                    _ => return None,
                 }
-                Step::Done(j) => return Some((b, j)),
-                Step::Bad => return None,
+                i + stream.byte_offset()
             }
-        }
-        acc.clear();
-        b.raw.clear();
-        b.stack.clear();
-        let mut stream =
-            serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<NodeMarker>();
-        SINK.with(|s| s.set(Some((&mut b as *mut Builder, &mut acc as *mut NodeAcc))));
-        let parsed = stream.next();
-        SINK.with(|s| s.set(None));
-        match parsed {
-            Some(Ok(NodeMarker)) => {}
-            _ => return None,
-        }
-        let end = i + stream.byte_offset();
+        };
         b.finish_node(&mut acc, i as u64).ok()?;
         let _ = source;
         match next_element(bytes, end, stop) {
