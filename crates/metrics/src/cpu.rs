@@ -274,6 +274,14 @@ impl CpuSampler {
 
     /// Ends the interval [`CpuSampler::begin`] started (nothing when none is open).
     pub fn end(&mut self) {
+        self.end_spanning(1);
+    }
+
+    /// Ends the interval [`CpuSampler::begin`] started, which spanned `iterations` iterations:
+    /// the report's means are per iteration. One interval over many iterations keeps the
+    /// sampler's system calls out of them (a system call is where the scheduler gets to act on
+    /// an expired slice: between the iterations it would take the preemptions they should have).
+    pub fn end_spanning(&mut self, iterations: usize) {
         let Some((u0, h0)) = self.open.take() else {
             return;
         };
@@ -288,7 +296,7 @@ impl CpuSampler {
                 cache_misses: h1.cache_misses.saturating_sub(h0.cache_misses),
             });
         }
-        self.intervals += 1;
+        self.intervals += iterations;
     }
 
     /// The mean per interval.

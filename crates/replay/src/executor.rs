@@ -820,10 +820,18 @@ pub fn run(
     }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
     rec.cuda_comm = ex.comm.as_ref().map(|c| c.cuda);
+    // Gaps are spun as work at the speed the calibration measured with them (crate::work).
     let gaps = opts
         .gaps_us
         .as_deref()
-        .filter(|g| g.len() == plan.steps.len());
+        .filter(|g| g.len() == plan.steps.len())
+        .map(|g| {
+            (
+                g,
+                opts.gap_work_per_us
+                    .unwrap_or_else(|| crate::work::per_us(2000.0)),
+            )
+        });
     let mut timer = bound.device.timer();
     let sampler = gpu_sampler(&bound.device, opts, &timer);
     let total = total_iterations(opts);
@@ -850,6 +858,9 @@ pub fn run(
                 Ok(profile) => rec.profiled(&profile, &dispatched),
                 Err(e) => rec.instrument_error = Some(e),
             }
+            // At the time the iteration's costs were measured, which the gap model's
+            // microseconds carry: converted at this speed, a slow spell cancels out.
+            rec.work_per_us.push(crate::work::per_us(300.0));
         }
         if opts.progress {
             rec.progress(it, total, phase);
@@ -901,7 +912,7 @@ fn iteration(
     timer: &mut Timer,
     it: usize,
     phase: Phase,
-    gaps: Option<&[f64]>,
+    gaps: Option<(&[f64], f64)>,
     opts: &ReplayOptions,
 ) -> Result<Vec<usize>, ReplayError> {
     let plan = ex.plan;
@@ -910,7 +921,6 @@ fn iteration(
     let mut dispatched = Vec::new();
     // (step, start, end) of every call, resolved after the iteration.
     let mut timed: Vec<(usize, Mark, Mark)> = Vec::with_capacity(plan.steps.len());
-    let faults_before = metrics::minor_page_faults().filter(|_| measured);
     let mut excluded_us = 0.0;
     timer.clear();
     let start = timer.mark();
@@ -945,12 +955,10 @@ fn iteration(
                 });
             }
         }
-        if let Some(g) = gaps {
-            // Busy, like the Python and autograd work it stands for.
-            let until = last_op_end + g[pos];
-            while timer.host_us() < until {
-                std::hint::spin_loop();
-            }
+        if let Some((g, work_per_us)) = gaps {
+            // What is left of the gap after the bookkeeping since the last op, as work.
+            let left = last_op_end + g[pos] - timer.host_us();
+            crate::work::spin(crate::work::units(left, work_per_us));
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
@@ -1050,16 +1058,11 @@ fn iteration(
     let window = (timer.host_at(start), timer.host_us());
     let wall_us = timer.us(end) - timer.us(start) - excluded_us;
     if measured {
-        let faults = match (faults_before, metrics::minor_page_faults()) {
-            (Some(a), Some(b)) => Some(b.saturating_sub(a)),
-            _ => None,
-        };
         rec.measured(
             timer,
             &timed,
             wall_us,
             window,
-            faults,
             it + 1 == total_iterations(opts) - instrumented(opts),
         );
     }

@@ -39,6 +39,10 @@ pub(crate) struct Recorder<'a> {
     iter_ms: Vec<f64>,
     op_ms: Vec<f64>,
     faults: Option<u64>,
+    /// The measured phase's CPU and page-fault sampling is open (from its first iteration's
+    /// start to its last one's end, [`Recorder::close_measured`]), with the faults at its start
+    /// and the iterations in it.
+    measuring: Option<(Option<u64>, usize)>,
     failures: BTreeMap<(String, ErrorKind, String), usize>,
     dtype_fallbacks: BTreeMap<String, usize>,
     /// Ops autograd refused to record (they ran plain from then on): calls and why.
@@ -60,6 +64,7 @@ pub(crate) struct Recorder<'a> {
     /// The instrumentation's cost of an event without arguments, probed after each
     /// instrumented iteration (µs).
     pub(crate) probed_event_us: Vec<f64>,
+    pub(crate) work_per_us: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
 }
@@ -97,7 +102,8 @@ impl<'a> Recorder<'a> {
             },
             iter_ms: Vec::new(),
             op_ms: Vec::new(),
-            faults: Some(0),
+            faults: None,
+            measuring: None,
             failures: BTreeMap::new(),
             dtype_fallbacks: BTreeMap::new(),
             grad_refused: BTreeMap::new(),
@@ -112,14 +118,33 @@ impl<'a> Recorder<'a> {
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
+            work_per_us: Vec::new(),
             cuda_comm: None,
         }
     }
 
     pub fn begin_iteration(&mut self, phase: Phase) {
         self.current = (0, 0, 0);
+        // Sampled once over the measured phase, not per iteration: system calls between the
+        // iterations would be where the scheduler preempts a replay on a busy host, so its
+        // iterations would not be slowed as the original's are (its loop makes none).
         if phase == Phase::Measured {
-            self.cpu.begin();
+            if self.measuring.is_none() {
+                self.cpu.begin();
+                self.measuring = Some((metrics::minor_page_faults(), 0));
+            }
+        } else {
+            self.close_measured();
+        }
+    }
+
+    /// Ends the measured phase's sampling (nothing when it is not open).
+    fn close_measured(&mut self) {
+        if let Some((start, n)) = self.measuring.take() {
+            self.cpu.end_spanning(n);
+            self.faults = start
+                .zip(metrics::minor_page_faults())
+                .map(|(a, b)| b.saturating_sub(a));
         }
     }
 
@@ -174,14 +199,13 @@ impl<'a> Recorder<'a> {
         self.peak = self.peak.max(bytes);
     }
 
-    /// A measured iteration's resolved step times, wall time and page faults.
+    /// A measured iteration's resolved step times and wall time.
     pub fn measured(
         &mut self,
         timer: &Timer,
         timed: &[(usize, Mark, Mark)],
         wall_us: f64,
         window: (f64, f64),
-        faults: Option<u64>,
         last: bool,
     ) {
         let mut sum = 0.0;
@@ -224,10 +248,6 @@ impl<'a> Recorder<'a> {
                 }
             }
         }
-        self.faults = match (self.faults, faults) {
-            (Some(sum), Some(f)) => Some(sum + f),
-            _ => None,
-        };
         self.iter_ms.push(wall_us / 1000.0);
         self.op_ms.push(sum / 1000.0);
     }
@@ -236,8 +256,8 @@ impl<'a> Recorder<'a> {
         if phase == Phase::Instrumented {
             self.instrumented_ms.push(wall_us / 1000.0);
         }
-        if phase == Phase::Measured {
-            self.cpu.end();
+        if let (Phase::Measured, Some((_, n))) = (phase, self.measuring.as_mut()) {
+            *n += 1;
         }
         if phase != Phase::Instrumented {
             self.counts = self.current;
@@ -341,13 +361,14 @@ impl<'a> Recorder<'a> {
     }
 
     pub fn finish(
-        self,
+        mut self,
         externals: &[Option<tch::Tensor>],
         device: &Device,
         rank: Option<(usize, usize)>,
         bound: &Bound,
         gpu: GpuSamples,
     ) -> (Report, Timeline) {
+        self.close_measured();
         let plan = self.plan;
         let opts = self.opts;
         // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
@@ -576,6 +597,8 @@ impl<'a> Recorder<'a> {
             gpu_activity: self.gpu_activity,
             instrumented_event_us: (!self.probed_event_us.is_empty())
                 .then(|| Stats::of(&self.probed_event_us).median),
+            work_per_us: (!self.work_per_us.is_empty())
+                .then(|| Stats::of(&self.work_per_us).median),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,
