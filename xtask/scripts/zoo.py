@@ -346,8 +346,8 @@ def main():
     elif a[:1] == ["time"] and len(a) >= 2:
         times = timed(make(a[1]), int(a[2]) if len(a) > 2 else 30)
         print(json.dumps(dict(model=a[1], threads=torch.get_num_threads(), iters=len(times),
-                              iter_ms_median=statistics.median(times), iter_ms_min=min(times),
-                              iter_ms_max=max(times))))
+                              iter_ms_median=statistics.median(times), iter_ms_mean=statistics.mean(times),
+                              iter_ms_min=min(times), iter_ms_max=max(times))))
     elif a[:1] == ["capture"] and len(a) >= 3:
         capture(a[1], a[2], "--busy" in a[3:])
     else:

@@ -84,30 +84,33 @@ fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Res
     Ok(())
 }
 
-fn time_original(root: &Path, torch_py: &Path, m: &str) -> Result<(f64, f64)> {
+/// The original's iteration time (ms), uninstrumented: `stat` is `median` or `mean`.
+fn time_original(root: &Path, torch_py: &Path, m: &str, stat: &str, iters: usize) -> Result<f64> {
     let mut c = Command::new(crate::python());
-    c.arg(zoo_script(root)).args(["time", m, "30"]);
+    c.arg(zoo_script(root))
+        .args(["time", m])
+        .arg(iters.to_string());
     python_env(&mut c, torch_py);
     let o = c.output()?;
     let line = String::from_utf8_lossy(&o.stdout);
     let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
         .with_context(|| format!("zoo.py time {m}: {line}"))?;
-    Ok((
-        j["iter_ms_median"].as_f64().unwrap_or(f64::NAN),
-        j["iter_ms_min"].as_f64().unwrap_or(f64::NAN),
-    ))
+    Ok(j[format!("iter_ms_{stat}")].as_f64().unwrap_or(f64::NAN))
 }
 
 fn replay(
     bin: &Path,
     et: &Path,
     kineto: Option<&Path>,
+    iters: usize,
     extra: &[&str],
 ) -> Result<serde_json::Value> {
     let mut c = Command::new(bin);
     c.arg("replay")
         .arg(et)
-        .args(["--threads", "1", "--iters", "30", "--warmup", "3", "--json"])
+        .args(["--threads", "1", "--iters"])
+        .arg(iters.to_string())
+        .args(["--warmup", "3", "--json"])
         .args(extra);
     if let Some(k) = kineto {
         c.arg("--kineto").arg(k).arg("--emulate-gaps");
@@ -180,9 +183,14 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     }
     let dir = zoo_dir(root, cache)?;
     ensure_zoo(root, &dir, torch_py, &models)?;
+    // On a busy host a process runs in slices of milliseconds: an iteration is either
+    // preempted (a slice longer) or not, and the median picks one of the two modes by how
+    // often each comes up; the mean is the work over the share of the CPU, the same for the
+    // original and the replay when their work is the same.
+    let stat = if busy_host { "mean" } else { "median" };
     println!(
-        "fidelity over the zoo ({}): {rounds} rounds, order alternating; 1 thread, 30 iterations each.\n\
-         ratio = replay / original median iteration per round, median over rounds; gaps from the quiet\n\
+        "fidelity over the zoo ({}): {rounds} rounds, order alternating; 1 thread, 30 iterations each (more on a busy host).\n\
+         ratio = replay / original {stat} iteration per round, median over rounds; gaps from the quiet\n\
          and from the busy capture (the host made busy while capturing only). peak ratio: the replay's\n\
          peak live bytes less its inputs over the original's peak over its start (profile_memory).",
         dir.display()
@@ -192,8 +200,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let _burners = if busy_host {
         let b = Burners::start()?;
         println!(
-            "busy host: {} CPU burners run beside every replay and every timing of the original
-             (the captures were made without them: replayed on a slower host than they were captured on).",
+            "busy host: {} CPU burners, one pinned to each core, run beside every replay and every timing of\n\
+             the original (the captures were made without them: replayed on a slower host than they were\n\
+             captured on); each process gets a share of a core, so ratios are of mean iterations, over\n\
+             about 1 s of the original's quiet iterations (30 to 2000) instead of 30.",
             b.0.len()
         );
         Some(b)
@@ -206,6 +216,20 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let b = dir.join("busy");
         let et = |d: &Path| d.join(format!("{}.linked.et.json", m.name));
         let kin = |d: &Path| d.join(format!("{}.kineto.json", m.name));
+        // On a busy host the measured stretch must span many slices for the mean to be the
+        // work over the CPU share rather than where a few slices fell: about 1 s of the
+        // original's quiet iterations (its capture's timing).
+        let iters = if busy_host {
+            let ms = std::fs::read(q.join(format!("{}.meta.json", m.name)))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["iter_ms_median"].as_f64())
+                .filter(|ms| ms.is_finite() && *ms > 0.0)
+                .unwrap_or(10.0);
+            ((1000.0 / ms).ceil() as usize).clamp(30, 2000)
+        } else {
+            30
+        };
         let mut per_round = Vec::new();
         let mut orig = Vec::new();
         let mut first_busy: Option<serde_json::Value> = None;
@@ -219,19 +243,19 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             };
             for which in order {
                 r[which] = match which {
-                    0 => time_original(root, torch_py, &m.name)?.0,
+                    0 => time_original(root, torch_py, &m.name, stat, iters)?,
                     1 => {
-                        let j = replay(bin, &et(&q), None, &[])?;
-                        let v = j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                        let j = replay(bin, &et(&q), None, iters, &[])?;
+                        let v = j["iter_ms"][stat].as_f64().unwrap_or(f64::NAN);
                         first_plain.get_or_insert(j);
                         v
                     }
-                    2 => replay(bin, &et(&q), Some(&kin(&q)), &[])?["iter_ms"]["median"]
+                    2 => replay(bin, &et(&q), Some(&kin(&q)), iters, &[])?["iter_ms"][stat]
                         .as_f64()
                         .unwrap_or(f64::NAN),
                     _ => {
-                        let j = replay(bin, &et(&b), Some(&kin(&b)), &[])?;
-                        let v = j["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                        let j = replay(bin, &et(&b), Some(&kin(&b)), iters, &[])?;
+                        let v = j["iter_ms"][stat].as_f64().unwrap_or(f64::NAN);
                         first_busy.get_or_insert(j);
                         v
                     }
@@ -241,7 +265,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             per_round.push([r[1] / r[0], r[2] / r[0], r[3] / r[0]]);
         }
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
-        let checked = replay(bin, &et(&q), None, &["--check-values"])?;
+        let checked = replay(bin, &et(&q), None, 30, &["--check-values"])?;
         let nonfinite = match &checked["first_nonfinite"] {
             serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
             v => format!(
@@ -399,10 +423,18 @@ impl Burners {
     fn start() -> Result<Burners> {
         let n = std::thread::available_parallelism().map_or(2, |n| n.get());
         let mut b = Burners(Vec::new());
-        for _ in 0..n {
+        // Pinned, one to each core: left to the scheduler, two could share a core and leave
+        // another free, and whichever process landed there would run unslowed (a lottery
+        // between the original and the replay, not a busy host).
+        for core in 0..n {
             b.0.push(
                 Command::new(crate::python())
-                    .args(["-c", "while True: pass"])
+                    .args([
+                        "-c",
+                        &format!(
+                            "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+                        ),
+                    ])
                     .spawn()
                     .context("starting a CPU burner")?,
             );
