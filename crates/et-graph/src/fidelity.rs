@@ -78,10 +78,6 @@ pub struct ReplayTimes<'a> {
     /// The instrumentation's cost of one event without arguments (µs), probed on this host
     /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
     pub event_us: Option<f64>,
-    /// How fast the replay spins emulated gaps (its work loop's turns per µs), measured with
-    /// these times. Carried into the model as it is: the gaps' microseconds carry this run's
-    /// speed, and convert to work at the speed measured with them.
-    pub work_per_us: Option<f64>,
 }
 
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
@@ -130,8 +126,6 @@ pub struct GapModel {
     pub shortest_slice_us: Option<f64>,
     /// Gaps taken to hold a lost time slice, emulated as the capture's median gap instead.
     pub slices_in_gaps: usize,
-    /// The speed the gaps convert to work at ([`ReplayTimes::work_per_us`]).
-    pub work_per_us: Option<f64>,
 }
 
 /// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
@@ -382,7 +376,6 @@ pub fn gap_model(
         slices_in_ops: slices.len(),
         shortest_slice_us,
         slices_in_gaps,
-        work_per_us: r.work_per_us,
     }
 }
 

@@ -820,18 +820,10 @@ pub fn run(
     }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
     rec.cuda_comm = ex.comm.as_ref().map(|c| c.cuda);
-    // Gaps are spun as work at the speed the calibration measured with them (crate::work).
     let gaps = opts
         .gaps_us
         .as_deref()
-        .filter(|g| g.len() == plan.steps.len())
-        .map(|g| {
-            (
-                g,
-                opts.gap_work_per_us
-                    .unwrap_or_else(|| crate::work::per_us(2000.0)),
-            )
-        });
+        .filter(|g| g.len() == plan.steps.len());
     let mut timer = bound.device.timer();
     let sampler = gpu_sampler(&bound.device, opts, &timer);
     let total = total_iterations(opts);
@@ -858,9 +850,6 @@ pub fn run(
                 Ok(profile) => rec.profiled(&profile, &dispatched),
                 Err(e) => rec.instrument_error = Some(e),
             }
-            // At the time the iteration's costs were measured, which the gap model's
-            // microseconds carry: converted at this speed, a slow spell cancels out.
-            rec.work_per_us.push(crate::work::per_us(300.0));
         }
         if opts.progress {
             rec.progress(it, total, phase);
@@ -912,7 +901,7 @@ fn iteration(
     timer: &mut Timer,
     it: usize,
     phase: Phase,
-    gaps: Option<(&[f64], f64)>,
+    gaps: Option<&[f64]>,
     opts: &ReplayOptions,
 ) -> Result<Vec<usize>, ReplayError> {
     let plan = ex.plan;
@@ -955,10 +944,12 @@ fn iteration(
                 });
             }
         }
-        if let Some((g, work_per_us)) = gaps {
-            // What is left of the gap after the bookkeeping since the last op, as work.
-            let left = last_op_end + g[pos] - timer.host_us();
-            crate::work::spin(crate::work::units(left, work_per_us));
+        if let Some(g) = gaps {
+            // Busy, like the Python and autograd work it stands for.
+            let until = last_op_end + g[pos];
+            while timer.host_us() < until {
+                std::hint::spin_loop();
+            }
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);

@@ -15,10 +15,6 @@ pub struct ReplayOptions {
     /// Time to spend before each step (µs), reproducing the original run's time outside
     /// operators (from a linked Kineto trace).
     pub gaps_us: Option<Vec<f64>>,
-    /// The speed of the work loop the gaps are spun as ([`crate::work`], turns per µs),
-    /// measured with the calibration that computed `gaps_us` ([`crate::Report::work_per_us`]);
-    /// `None`: measured when the replay starts.
-    pub gap_work_per_us: Option<f64>,
     /// Record the median time of every step in the report.
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
@@ -106,7 +102,6 @@ impl Default for ReplayOptions {
             strict: false,
             trace_out: None,
             gaps_us: None,
-            gap_work_per_us: None,
             per_step: false,
             progress: false,
             instrument: false,

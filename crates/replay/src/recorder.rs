@@ -64,7 +64,6 @@ pub(crate) struct Recorder<'a> {
     /// The instrumentation's cost of an event without arguments, probed after each
     /// instrumented iteration (µs).
     pub(crate) probed_event_us: Vec<f64>,
-    pub(crate) work_per_us: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
 }
@@ -118,7 +117,6 @@ impl<'a> Recorder<'a> {
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
-            work_per_us: Vec::new(),
             cuda_comm: None,
         }
     }
@@ -597,8 +595,6 @@ impl<'a> Recorder<'a> {
             gpu_activity: self.gpu_activity,
             instrumented_event_us: (!self.probed_event_us.is_empty())
                 .then(|| Stats::of(&self.probed_event_us).median),
-            work_per_us: (!self.work_per_us.is_empty())
-                .then(|| Stats::of(&self.work_per_us).median),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,

@@ -126,11 +126,6 @@ pub struct Report {
     /// this host (µs), probed with empty record_function scopes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_event_us: Option<f64>,
-    /// With `instrument`: the speed of the work loop emulated gaps are spun as (turns per µs,
-    /// [`crate::work`]), measured after each instrumented iteration (median): gaps computed
-    /// from this calibration convert to work at this speed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub work_per_us: Option<f64>,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

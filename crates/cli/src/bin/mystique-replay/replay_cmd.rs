@@ -127,7 +127,6 @@ fn calibrated_gaps(
             between_us: if host { r.overhead_us_per_op } else { 0.0 },
             profiled: &profiled,
             event_us: r.instrumented_event_us,
-            work_per_us: r.work_per_us,
         },
     );
     if model.capped > 0 {
@@ -223,14 +222,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         _ => None,
     };
     let gaps_us = gap_model.as_ref().map(|m| m.gaps_us.clone());
-    let gap_work_per_us = gap_model.as_ref().and_then(|m| m.work_per_us);
     let opts = replay::ReplayOptions {
         device,
         strict: a.strict,
         // The NVML timelines come from the timeline's counters.
         trace_out: a.trace_out.clone().or_else(|| a.gpu_svg.clone()),
         gaps_us,
-        gap_work_per_us,
         // On stderr, so with --json too.
         progress: true,
         dist,
@@ -323,12 +320,6 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
-    if let Some(w) = m.work_per_us {
-        writeln!(
-            out,
-            "           spun as work: {w:.0} loop turns per us, measured with the calibration"
-        )?;
-    }
     Ok(())
 }
 
@@ -578,7 +569,6 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let opts = replay::ReplayOptions {
         device,
         gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
-        gap_work_per_us: gap_model.as_ref().and_then(|m| m.work_per_us),
         per_step: true,
         instrument: true,
         ..a.run.options()
