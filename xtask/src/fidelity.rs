@@ -216,14 +216,17 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let b = dir.join("busy");
         let et = |d: &Path| d.join(format!("{}.linked.et.json", m.name));
         let kin = |d: &Path| d.join(format!("{}.kineto.json", m.name));
+        // The quiet capture's record: its timing and its peak memory.
+        let meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
+        )
+        .unwrap_or_default();
         // On a busy host the measured stretch must span many slices for the mean to be the
         // work over the CPU share rather than where a few slices fell: about 1 s of the
         // original's quiet iterations (its capture's timing).
         let iters = if busy_host {
-            let ms = std::fs::read(q.join(format!("{}.meta.json", m.name)))
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v["iter_ms_median"].as_f64())
+            let ms = meta["iter_ms_median"]
+                .as_f64()
                 .filter(|ms| ms.is_finite() && *ms > 0.0)
                 .unwrap_or(10.0);
             ((1000.0 / ms).ceil() as usize).clamp(30, 2000)
@@ -274,10 +277,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 checked["nonfinite_externals"]
             ),
         };
-        let meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
-        )
-        .unwrap_or_default();
         let plain = first_plain.unwrap_or_default();
         let busy = first_busy.unwrap_or_default();
         let orig_ms = median(orig);
@@ -423,7 +422,7 @@ impl Burners {
     fn start() -> Result<Burners> {
         let n = std::thread::available_parallelism().map_or(2, |n| n.get());
         let mut b = Burners(Vec::new());
-        // Pinned, one to each core: left to the scheduler, two could share a core and leave
+        // Pinned, one to each core this process may run on: left to the scheduler, two could share a core and leave
         // another free, and whichever process landed there would run unslowed (a lottery
         // between the original and the replay, not a busy host).
         for core in 0..n {
@@ -432,7 +431,7 @@ impl Burners {
                     .args([
                         "-c",
                         &format!(
-                            "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+                            "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[{core}]}})\nwhile True: pass"
                         ),
                     ])
                     .spawn()

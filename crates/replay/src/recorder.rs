@@ -40,9 +40,8 @@ pub(crate) struct Recorder<'a> {
     op_ms: Vec<f64>,
     faults: Option<u64>,
     /// The measured phase's CPU and page-fault sampling is open (from its first iteration's
-    /// start to its last one's end, [`Recorder::close_measured`]), with the faults at its start
-    /// and the iterations in it.
-    measuring: Option<(Option<u64>, usize)>,
+    /// start to its last one's end, [`Recorder::close_measured`]), with the faults at its start.
+    measuring: Option<Option<u64>>,
     failures: BTreeMap<(String, ErrorKind, String), usize>,
     dtype_fallbacks: BTreeMap<String, usize>,
     /// Ops autograd refused to record (they ran plain from then on): calls and why.
@@ -129,7 +128,7 @@ impl<'a> Recorder<'a> {
         if phase == Phase::Measured {
             if self.measuring.is_none() {
                 self.cpu.begin();
-                self.measuring = Some((metrics::minor_page_faults(), 0));
+                self.measuring = Some(metrics::minor_page_faults());
             }
         } else {
             self.close_measured();
@@ -138,8 +137,9 @@ impl<'a> Recorder<'a> {
 
     /// Ends the measured phase's sampling (nothing when it is not open).
     fn close_measured(&mut self) {
-        if let Some((start, n)) = self.measuring.take() {
-            self.cpu.end_spanning(n);
+        if let Some(start) = self.measuring.take() {
+            // Every measured iteration pushed its time.
+            self.cpu.end_spanning(self.iter_ms.len());
             self.faults = start
                 .zip(metrics::minor_page_faults())
                 .map(|(a, b)| b.saturating_sub(a));
@@ -253,9 +253,6 @@ impl<'a> Recorder<'a> {
     pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
         if phase == Phase::Instrumented {
             self.instrumented_ms.push(wall_us / 1000.0);
-        }
-        if let (Phase::Measured, Some((_, n))) = (phase, self.measuring.as_mut()) {
-            *n += 1;
         }
         if phase != Phase::Instrumented {
             self.counts = self.current;
