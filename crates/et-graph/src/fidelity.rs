@@ -94,6 +94,9 @@ pub struct GapModel {
     /// This host's speed relative to the capture's, both under the same instrumentation: the
     /// replay's profiled op windows over the original's Kineto durations, summed over the ops
     /// found in both, less those in which the capture lost a time slice (`slices_in_ops`).
+    /// The replay's windows are in running time (the calibration takes out the time its thread
+    /// waited for a CPU), and so are the gaps the executor spins: a busy replay host slows
+    /// them as it slows the ops, not through this factor.
     /// Below 1: this host (now) runs the ops faster than the capture did (a slower or busier
     /// capture host), so the capture's gaps shrink by the same factor. A busy host's capture
     /// loses whole time slices (milliseconds) in a few ops; with them, the sums took the zoo's

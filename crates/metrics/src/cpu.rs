@@ -226,6 +226,49 @@ impl HwCounters {
     }
 }
 
+/// How long one thread has waited for a CPU: the kernel's run delay (time runnable but not
+/// running: another process had the core), from `/proc/thread-self/schedstat`. On a busy host
+/// this is the time a thread loses to the others; unlike wall time minus CPU time, it does not
+/// count time the thread chose to sleep (waiting for intra-op workers, a collective, I/O).
+///
+/// Reads cost about a microsecond (one `pread` of a kept file), so they belong around work, not
+/// inside tight loops.
+pub struct RunDelay {
+    #[cfg(target_os = "linux")]
+    file: std::fs::File,
+}
+
+impl RunDelay {
+    /// The calling thread's counter; `None` where the kernel does not account it (not Linux, or
+    /// built without scheduler statistics).
+    pub fn of_this_thread() -> Option<RunDelay> {
+        #[cfg(target_os = "linux")]
+        {
+            let file = std::fs::File::open("/proc/thread-self/schedstat").ok()?;
+            let r = RunDelay { file };
+            r.read_us().map(|_| r)
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// The thread's run delay so far (µs).
+    pub fn read_us(&self) -> Option<f64> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::fs::FileExt;
+            let mut buf = [0u8; 96];
+            let n = self.file.read_at(&mut buf, 0).ok()?;
+            // "<ns running> <ns waiting> <time slices>"
+            let text = std::str::from_utf8(&buf[..n]).ok()?;
+            let ns: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+            Some(ns as f64 / 1e3)
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+}
+
 /// CPU figures of a replay, per measured iteration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CpuReport {
@@ -237,6 +280,10 @@ pub struct CpuReport {
     /// Why hardware counters are missing, when they are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hw_unavailable: Option<String>,
+    /// Time the replaying thread waited for a CPU, per measured iteration (ms): what a busy
+    /// host took from it ([`RunDelay`]); absent where the kernel does not account it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_for_cpu_ms: Option<f64>,
 }
 
 /// Accumulates [`Usage`] and [`HwCounts`] over intervals (the measured iterations) and reports
@@ -246,7 +293,11 @@ pub struct CpuSampler {
     usage: Usage,
     hw_sum: HwCounts,
     intervals: usize,
-    open: Option<(Option<Usage>, Option<HwCounts>)>,
+    /// The thread that created the sampler (the replaying one), and its run delay summed over
+    /// the intervals (µs).
+    delay: Option<RunDelay>,
+    waited_us: f64,
+    open: Option<(Option<Usage>, Option<HwCounts>, Option<f64>)>,
 }
 
 impl Default for CpuSampler {
@@ -262,6 +313,8 @@ impl CpuSampler {
             usage: Usage::default(),
             hw_sum: HwCounts::default(),
             intervals: 0,
+            delay: RunDelay::of_this_thread(),
+            waited_us: 0.0,
             open: None,
         }
     }
@@ -269,7 +322,8 @@ impl CpuSampler {
     /// Starts an interval.
     pub fn begin(&mut self) {
         let hw = self.hw.as_ref().ok().and_then(|h| h.read().ok());
-        self.open = Some((Usage::now(), hw));
+        let waited = self.delay.as_ref().and_then(RunDelay::read_us);
+        self.open = Some((Usage::now(), hw, waited));
     }
 
     /// Ends the interval [`CpuSampler::begin`] started (nothing when none is open).
@@ -282,9 +336,12 @@ impl CpuSampler {
     /// sampler's system calls out of them (a system call is where the scheduler gets to act on
     /// an expired slice: between the iterations it would take the preemptions they should have).
     pub fn end_spanning(&mut self, iterations: usize) {
-        let Some((u0, h0)) = self.open.take() else {
+        let Some((u0, h0, w0)) = self.open.take() else {
             return;
         };
+        if let (Some(w0), Some(w1)) = (w0, self.delay.as_ref().and_then(RunDelay::read_us)) {
+            self.waited_us += (w1 - w0).max(0.0);
+        }
         if let (Some(u0), Some(u1)) = (u0, Usage::now()) {
             self.usage.add(&u1.since(&u0));
         }
@@ -321,6 +378,7 @@ impl CpuSampler {
                 cache_misses: self.hw_sum.cache_misses / n,
             }),
             hw_unavailable: self.hw.as_ref().err().cloned(),
+            waited_for_cpu_ms: self.delay.as_ref().map(|_| self.waited_us / 1e3 / nf),
         }
     }
 }
@@ -362,6 +420,49 @@ mod tests {
             }
             Err(why) => assert!(why.starts_with("hardware counter"), "{why}"),
         }
+    }
+
+    #[test]
+    fn run_delay_counts_the_time_another_thread_had_the_core() {
+        let Some(mine) = RunDelay::of_this_thread() else {
+            return;
+        };
+        // Pin this thread and a rival to one core: while both spin, each waits for the other.
+        let cpu = unsafe { libc::sched_getcpu() };
+        if cpu < 0 {
+            return;
+        }
+        let pin = |cpu: i32| unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        let before = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+            set
+        };
+        if !pin(cpu) {
+            return;
+        }
+        let rival = std::thread::spawn(move || {
+            pin(cpu);
+            spin(300)
+        });
+        let a = mine.read_us().unwrap();
+        std::hint::black_box(spin(300));
+        let b = mine.read_us().unwrap();
+        rival.join().unwrap();
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &before);
+        }
+        // Sharing one core for 300 ms of wall time, this thread waited for a good part of it.
+        assert!(b - a > 30_000.0, "waited {} us", b - a);
+        // Alone, it waits (almost) not at all.
+        let c = mine.read_us().unwrap();
+        std::hint::black_box(spin(100));
+        let d = mine.read_us().unwrap();
+        assert!(d - c < b - a, "{} us alone, {} us shared", d - c, b - a);
     }
 
     #[test]

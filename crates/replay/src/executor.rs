@@ -4,12 +4,12 @@
 //! What happened is handed to a [`Recorder`], which builds the [`Report`].
 
 use crate::bind::{Bound, Exec};
-use crate::device::{Device, Mark, Timer};
+use crate::device::{Device, Timer};
 use crate::error::{CallError, ErrorKind, ReplayError};
 use crate::ffi::{self, Comm, Stack};
 use crate::options::ReplayOptions;
 use crate::plan::{Arg, Fill, Out, Plan, TensorSpec};
-use crate::recorder::{GpuSamples, Recorder};
+use crate::recorder::{GpuSamples, Recorder, Timed};
 use crate::report::{NonFinite, Report};
 use metrics::Timeline;
 use std::collections::{BTreeMap, HashMap};
@@ -893,8 +893,27 @@ fn gpu_sampler(
     )
 }
 
-/// One iteration over every step. Returns the steps dispatched (for the instrumented
-/// iteration's profile).
+/// Spins until `until` (µs on the timer's host clock) in running time: busy, like the Python and
+/// autograd work an emulated gap stands for, and, like that work, not done while the thread is
+/// descheduled. A poll that took a time slice or more ([`et_graph::SLICE_MIN_US`]: far longer
+/// than an interrupt) means another process had the core, and the deadline moves by that
+/// long; the original's Python, descheduled, would still have had its work to do after. So a
+/// busy host slows the emulated gaps as it slows the ops, and the gaps are given in running
+/// time (the gap model measures the host's speed without the time it waited for a CPU).
+fn spin_running(timer: &Timer, mut until: f64) {
+    let mut prev = timer.host_us();
+    while prev < until {
+        std::hint::spin_loop();
+        let now = timer.host_us();
+        if now - prev >= et_graph::SLICE_MIN_US {
+            until += now - prev;
+        }
+        prev = now;
+    }
+}
+
+/// One iteration over every step. Returns the steps dispatched, with the time the thread
+/// waited for a CPU inside each (for the instrumented iteration's profile).
 fn iteration(
     ex: &mut Executor,
     rec: &mut Recorder,
@@ -903,15 +922,16 @@ fn iteration(
     phase: Phase,
     gaps: Option<&[f64]>,
     opts: &ReplayOptions,
-) -> Result<Vec<usize>, ReplayError> {
+) -> Result<Vec<(usize, f64)>, ReplayError> {
     let plan = ex.plan;
     let measured = phase == Phase::Measured;
     let mut slots = ex.fresh_slots();
     let mut dispatched = Vec::new();
-    // (step, start, end) of every call, resolved after the iteration.
-    let mut timed: Vec<(usize, Mark, Mark)> = Vec::with_capacity(plan.steps.len());
+    // Every call's marks, resolved after the iteration.
+    let mut timed: Vec<Timed> = Vec::with_capacity(plan.steps.len());
     let mut excluded_us = 0.0;
     timer.clear();
+    let waited_at_start = rec.waited_us();
     let start = timer.mark();
     // A gap is the time from the previous op's end to this op's start: the replay's own
     // bookkeeping in between (frees, stack handling) counts toward it, as the original's
@@ -945,11 +965,7 @@ fn iteration(
             }
         }
         if let Some(g) = gaps {
-            // Busy, like the Python and autograd work it stands for.
-            let until = last_op_end + g[pos];
-            while timer.host_us() < until {
-                std::hint::spin_loop();
-            }
+            spin_running(timer, last_op_end + g[pos]);
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
@@ -957,19 +973,30 @@ fn iteration(
             ex.free(pos, &mut slots);
             continue;
         }
-        if phase == Phase::Instrumented {
-            dispatched.push(pos);
-        }
+        // Read outside the marks: the reads' own cost is the replay's, between steps.
+        let waited0 = rec.waited_us();
         let t0 = timer.mark();
         let outcome = ex.step(pos, &mut slots, opts.autograd);
         let t1 = timer.mark();
+        let waited_us = match (waited0, rec.waited_us()) {
+            (Some(a), Some(b)) => (b - a).max(0.0),
+            _ => 0.0,
+        };
         last_op_end = timer.host_at(t1);
+        if phase == Phase::Instrumented {
+            dispatched.push((pos, waited_us));
+        }
         // A failed op's time is not an op's time: it stays out of the per-op figures and the
         // iteration's.
         if matches!(outcome, Outcome::Failed(_)) {
             excluded_us += timer.host_at(t1) - timer.host_at(t0);
         } else {
-            timed.push((pos, t0, t1));
+            timed.push(Timed {
+                pos,
+                start: t0,
+                end: t1,
+                waited_us,
+            });
         }
         ex.settle(pos, &mut slots, &outcome);
         match outcome {
@@ -1047,7 +1074,12 @@ fn iteration(
     timer.resolve();
     // The host's view of the iteration, up to the device finishing it (for NVML's samples).
     let window = (timer.host_at(start), timer.host_us());
-    let wall_us = timer.us(end) - timer.us(start) - excluded_us;
+    // In running time (`running_time`), without the time the thread waited for a CPU.
+    let waited_us = match (waited_at_start, rec.waited_us()) {
+        (Some(a), Some(b)) => (b - a).max(0.0),
+        _ => 0.0,
+    };
+    let wall_us = timer.us(end) - timer.us(start) - excluded_us - waited_us;
     if measured {
         rec.measured(
             timer,
@@ -1096,4 +1128,47 @@ pub fn run_once_keep_as(
         failures.push(("(outstanding collectives)".into(), e.message));
     }
     Ok((slots, failures))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn an_emulated_gap_is_spun_in_running_time() {
+        let Some(delay) = metrics::cpu::RunDelay::of_this_thread() else {
+            return;
+        };
+        // More spinning threads than cores: this one waits for a CPU now and then.
+        let stop = Arc::new(AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let rivals: Vec<_> = (0..cores + 1)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let timer = Device::Cpu.timer();
+        let target_us = 100_000.0;
+        let (w0, t0) = (delay.read_us().unwrap(), timer.host_us());
+        spin_running(&timer, t0 + target_us);
+        let (w1, t1) = (delay.read_us().unwrap(), timer.host_us());
+        stop.store(true, Ordering::Relaxed);
+        for r in rivals {
+            r.join().unwrap();
+        }
+        let (wall, waited) = (t1 - t0, w1 - w0);
+        // The time it waited in slices came on top of the gap, not out of it (the short waits
+        // of a wake-up preemption, under a slice, are not seen: half of it at least).
+        assert!(
+            wall >= target_us + waited / 2.0,
+            "spun {wall} us for a {target_us} us gap, waiting {waited} us"
+        );
+    }
 }

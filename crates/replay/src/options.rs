@@ -26,6 +26,13 @@ pub struct ReplayOptions {
     /// How many instrumented iterations (with `instrument`): each step's window is the median
     /// over them, as is the time before it (one profiled iteration is noisy).
     pub instrument_iters: usize,
+    /// Time in running time: the time the replaying thread waited for a CPU (the kernel's run
+    /// delay: another process had the core) is taken out of every step's time, every profiled
+    /// window and every iteration. For a calibration, whose times stand for the ops' speed on
+    /// this host: on a busy host, an op about a time slice long loses whole slices in most
+    /// iterations, and its median would take them for a slower CPU. Costs two reads of the run
+    /// delay (about 1 µs each) around every step, outside its time.
+    pub running_time: bool,
     /// Replay the ops the original recorded for autograd (its forward) with autograd on, the
     /// parameters requiring grad: graph nodes are built and tensors saved as in the original,
     /// and composite ops take their differentiable paths.
@@ -106,6 +113,7 @@ impl Default for ReplayOptions {
             progress: false,
             instrument: false,
             instrument_iters: 3,
+            running_time: false,
             autograd: true,
             check_values: false,
             dist: None,

@@ -65,6 +65,9 @@ pub(crate) struct Recorder<'a> {
     pub(crate) probed_event_us: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
+    /// The replaying thread's run delay, read around each step with
+    /// [`ReplayOptions::running_time`].
+    run_delay: Option<metrics::cpu::RunDelay>,
 }
 
 impl<'a> Recorder<'a> {
@@ -117,7 +120,20 @@ impl<'a> Recorder<'a> {
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
             cuda_comm: None,
+            // Opened here, on the thread that replays.
+            run_delay: if opts.running_time {
+                metrics::cpu::RunDelay::of_this_thread()
+            } else {
+                None
+            },
         }
+    }
+
+    /// With [`ReplayOptions::running_time`], how long the replaying thread has waited for a CPU
+    /// so far (µs); `None` without it, or where the kernel does not say.
+    #[inline]
+    pub fn waited_us(&self) -> Option<f64> {
+        self.run_delay.as_ref().and_then(|d| d.read_us())
     }
 
     pub fn begin_iteration(&mut self, phase: Phase) {
@@ -201,7 +217,7 @@ impl<'a> Recorder<'a> {
     pub fn measured(
         &mut self,
         timer: &Timer,
-        timed: &[(usize, Mark, Mark)],
+        timed: &[Timed],
         wall_us: f64,
         window: (f64, f64),
         last: bool,
@@ -212,9 +228,21 @@ impl<'a> Recorder<'a> {
             self.event_error.get_or_insert_with(|| e.clone());
         }
         self.windows.push(window);
-        for &(pos, t0, t1) in timed {
-            let d = timer.us(t1) - timer.us(t0);
-            let launch = timer.host_at(t1) - timer.host_at(t0);
+        for &Timed {
+            pos,
+            start: t0,
+            end: t1,
+            waited_us,
+        } in timed
+        {
+            // The time the thread waited for a CPU is the host's, not the op's (with
+            // `running_time`; 0 otherwise). A device's time is the device's.
+            let launch = timer.host_at(t1) - timer.host_at(t0) - waited_us;
+            let d = if timer.on_device() {
+                timer.us(t1) - timer.us(t0)
+            } else {
+                launch
+            };
             sum += d;
             self.step_total_us[pos] += d;
             self.step_launch_us[pos] += launch;
@@ -300,7 +328,7 @@ impl<'a> Recorder<'a> {
     /// thread, in order, matched by name. Extra outermost events (the casts of a float32
     /// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
     /// within a few events is left unmatched rather than shifting every later match.
-    pub fn profiled(&mut self, profile: &Profile, dispatched: &[usize]) {
+    pub fn profiled(&mut self, profile: &Profile, dispatched: &[(usize, f64)]) {
         if !profile.gpu.is_empty() {
             // Relative to the first event: epoch nanoseconds in an f64 lose sub-µs precision.
             let t0 = profile.gpu.iter().map(|e| e.start_ns).min().unwrap_or(0);
@@ -336,7 +364,7 @@ impl<'a> Recorder<'a> {
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
         let mut out = vec![None; self.plan.steps.len()];
         let mut j = 0;
-        for &pos in dispatched {
+        for &(pos, waited_us) in dispatched {
             let name = self.plan.steps[pos].name.as_str();
             let found = top[j.min(top.len())..]
                 .iter()
@@ -348,6 +376,7 @@ impl<'a> Recorder<'a> {
                     start_us: us(events[i].start_ns),
                     end_us: us(events[i].end_ns),
                     nested,
+                    waited_us,
                 });
                 j += k + 1;
             }
@@ -626,7 +655,11 @@ fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> 
             out.push(None);
             continue;
         }
-        let durs: Vec<f64> = found.iter().map(|p| p.end_us - p.start_us).collect();
+        // In running time: the time the thread waited for a CPU inside a window is not the op's.
+        let durs: Vec<f64> = found
+            .iter()
+            .map(|p| p.end_us - p.start_us - p.waited_us)
+            .collect();
         let leads = leads_of(pos);
         let lead = if !leads.is_empty() {
             Stats::of(&leads).median
@@ -643,6 +676,8 @@ fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> 
             start_us: start,
             end_us: end,
             nested: nested[nested.len() / 2],
+            // Already out of the window.
+            waited_us: 0.0,
         }));
         cursor = end;
     }
@@ -654,6 +689,16 @@ fn consolidate(runs: &[Vec<Option<ProfiledStep>>]) -> Vec<Option<ProfiledStep>> 
 pub(crate) struct GpuSamples {
     pub sampled: Result<(String, f64, bool, Vec<metrics::gpu::GpuSample>), Option<String>>,
     pub arena_bytes: u64,
+}
+
+/// One step's call in a measured iteration: its marks, and the time the thread waited for a
+/// CPU between them (with [`ReplayOptions::running_time`]; 0 otherwise).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timed {
+    pub pos: usize,
+    pub start: Mark,
+    pub end: Mark,
+    pub waited_us: f64,
 }
 
 /// Seconds as `42 s`, `3 min 20 s`, `1 h 05 min`.
@@ -675,7 +720,30 @@ mod tests {
             start_us,
             end_us,
             nested,
+            waited_us: 0.0,
         })
+    }
+
+    #[test]
+    fn time_waited_for_a_cpu_leaves_the_windows_but_not_the_leads() {
+        // The first step lost a 1500 µs slice in two runs of three: its running time is 10 µs
+        // in each, and the next step's lead is still 2.
+        let lost = |mut p: Option<ProfiledStep>, waited_us: f64| {
+            if let Some(p) = &mut p {
+                p.end_us += waited_us;
+                p.waited_us = waited_us;
+            }
+            p
+        };
+        let runs = vec![
+            vec![lost(w(0.0, 10.0, 0), 1500.0), w(1512.0, 1517.0, 0)],
+            vec![lost(w(0.0, 10.0, 0), 1500.0), w(1512.0, 1517.0, 0)],
+            vec![w(0.0, 10.0, 0), w(12.0, 17.0, 0)],
+        ];
+        let c = consolidate(&runs);
+        let (a, b) = (c[0].unwrap(), c[1].unwrap());
+        assert_eq!((a.start_us, a.end_us, a.waited_us), (0.0, 10.0, 0.0));
+        assert_eq!((b.start_us, b.end_us), (12.0, 17.0));
     }
 
     #[test]

@@ -156,6 +156,10 @@ pub struct ProfiledStep {
     pub start_us: f64,
     pub end_us: f64,
     pub nested: u32,
+    /// Time the replaying thread waited for a CPU inside the window (µs; with
+    /// [`crate::ReplayOptions::running_time`]). [`crate::Report::profiled`]'s windows have it
+    /// taken out already (0 there).
+    pub waited_us: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]

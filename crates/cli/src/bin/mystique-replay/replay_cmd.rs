@@ -94,6 +94,10 @@ fn calibrated_gaps(
         per_step: true,
         instrument: true,
         instrument_iters,
+        // The host's speed, not its other processes': an op about a time slice long loses
+        // whole slices on a busy host in most iterations, and its median would read as a slower
+        // CPU. The emulated gaps are spun in running time too.
+        running_time: true,
         ..Default::default()
     };
     let (r, _) = replay::replay(g, set, &calib)?;
@@ -137,13 +141,14 @@ fn calibrated_gaps(
         );
     }
     log::info!(
-        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary)",
+        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
         model.capture_gaps_ms,
         model.emulated_ms,
         model.speed,
         model.speed_ops,
         model.per_event_us,
-        model.per_boundary_us
+        model.per_boundary_us,
+        r.cpu.as_ref().and_then(|c| c.waited_for_cpu_ms).unwrap_or(0.0)
     );
     Ok(model)
 }
@@ -397,6 +402,17 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
             "cpu        {:.2} ms user + {:.2} ms sys per iteration, {} + {} context switches, {} major faults",
             u.user_ms, u.sys_ms, u.voluntary_switches, u.involuntary_switches, u.major_faults
         )?;
+        if let Some(w) = c.waited_for_cpu_ms {
+            let iter = &r.iter_ms;
+            // Worth a line when the host was busy: time the replay lost to other processes.
+            if w > 0.01 * iter.mean {
+                writeln!(
+                    out,
+                    "           waited {w:.2} ms per iteration for a CPU ({:.0}% of it): a busy host",
+                    100.0 * w / iter.mean
+                )?;
+            }
+        }
         match (&c.hw_per_iter, &c.hw_unavailable) {
             (Some(h), _) => writeln!(
                 out,
