@@ -621,7 +621,14 @@ fn fill_view(view: &mut Tensor, spec: &TensorSpec, fill: &Fill, device: &Device)
         let _ = view.f_mul_(&device.scalar(1.0 / (fan_in as f64).sqrt()));
     }
     let src = match fill {
-        Fill::Random | Fill::Zeros => return,
+        Fill::Random => return,
+        // Integer storages start at zero; float ones are random.
+        Fill::Zeros => {
+            if spec.dtype.is_floating_point() {
+                let _ = view.f_zero_();
+            }
+            return;
+        }
         Fill::Value(v) => {
             let _ = view.f_fill_tensor_(&device.scalar(*v));
             return;

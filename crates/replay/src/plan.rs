@@ -1019,6 +1019,28 @@ fn build_arg(
     }
 }
 
+/// External inputs first read inside an optimizer's step (`Optimizer.step#...` annotations) are
+/// its state: Adam's moments, Adagrad's sums, momentum buffers. The trace records no values, and
+/// torch creates that state as zeros (`zeros_like`, `full_like(p, initial_accumulator_value=0)`)
+/// that the steps then fill: the replay does the same, and its own warm-up steps fill them as the
+/// original's did. It matters for time, not only for health: rows that no step has touched stay
+/// zero in the original (an embedding's rows outside the batch's indices, since their gradient is
+/// zero), and kernels are not equally fast on every value (`sqrt` over zeros ran 6x slower than
+/// over random values on the VM this was measured on; random state gave recsys_adagrad a third of
+/// the original's time in that op). One-element inputs (hyper-parameters and step counts held as
+/// tensors) keep their own fills, as do inputs whose consumer fixed their value.
+fn optimizer_state(externals: &mut [(Slot, TensorSpec, Fill)]) {
+    for (_, spec, fill) in externals {
+        let elements: i64 = spec.shape.iter().product();
+        if spec.dtype.is_floating_point()
+            && elements > 1
+            && matches!(fill, Fill::Random | Fill::NonNegative)
+        {
+            *fill = Fill::Zeros;
+        }
+    }
+}
+
 /// Float arguments only valid when non-negative. Random signs there turn an optimizer's first
 /// step into NaN (Adam's `exp_avg_sq.sqrt()`), and NaN flows into every parameter and later
 /// iteration, where kernels take paths the original never ran.
@@ -1165,10 +1187,14 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             }
             Some(s) => {
                 op = Some(b.op_ref(s, t.op_schema_str(node).unwrap_or_default()));
+                // Externals made so far: those an argument adds are first read by this op.
+                let mut external_count = b.externals.len();
                 for (k, sa) in s.args.iter().enumerate() {
                     match inputs.get(k) {
                         Some(a) => match build_arg(&mut b, step, &sa.ty, a) {
                             Ok(arg) => {
+                                let first_read_here = external_count..b.externals.len();
+                                external_count = b.externals.len();
                                 if needs_nonnegative(&name, sa.name.as_deref()) {
                                     for s in arg.slots() {
                                         b.mark_nonnegative(s);
@@ -1191,6 +1217,9 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                                         t.name(&t.nodes[a as usize]).starts_with("Optimizer.step")
                                     })
                                 };
+                                if !first_read_here.is_empty() && in_step() {
+                                    optimizer_state(&mut b.externals[first_read_here]);
+                                }
                                 let arg = match restore_rounded(&name, sa, arg, in_step) {
                                     (arg, Some((value, why))) => {
                                         restored.push(Restored {
@@ -1808,6 +1837,57 @@ mod tests {
             panic!()
         };
         assert_eq!(*fill(other), Fill::Random);
+    }
+
+    /// Tensors an optimizer's step reads first are its state, made as zeros like torch makes
+    /// it; the parameters it updates (read first by the forward) stay random, and so do the
+    /// tensors read first outside a step.
+    #[test]
+    fn optimizer_state_starts_at_zero() {
+        let sqrt = "aten::sqrt(Tensor self) -> Tensor";
+        let mut b = TraceBuilder::new();
+        // Forward: the parameter (1) and another input (2).
+        b.op("aten::add", ADD)
+            .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 8), json!([8]), "Tensor(float)")
+            .done();
+        b.node("Optimizer.step#Adagrad.step").done();
+        let step = b.last_id();
+        // The state (4) is first read in the step; the parameter is read again there.
+        b.op("aten::sqrt", sqrt)
+            .parent(step)
+            .input(f32(4, 4, 8), json!([8]), "Tensor(float)")
+            .output(f32(5, 5, 8), json!([8]), "Tensor(float)")
+            .done();
+        b.op("aten::add_", ADD_)
+            .parent(step)
+            .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .input(f32(5, 5, 8), json!([8]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(1, 1, 8), json!([8]), "Tensor(float)")
+            .done();
+        // Outside a step, a sqrt's first read stays non-negative random.
+        b.op("aten::sqrt", sqrt)
+            .input(f32(6, 6, 8), json!([8]), "Tensor(float)")
+            .output(f32(7, 7, 8), json!([8]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let fill_of = |step: usize| {
+            let Arg::Tensor(s) = p.steps[step].args[0] else {
+                panic!("{:?}", p.steps[step].args)
+            };
+            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
+        };
+        let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["aten::add", "aten::sqrt", "aten::add_", "aten::sqrt"]
+        );
+        assert_eq!(fill_of(0), Fill::Random, "the parameter");
+        assert_eq!(fill_of(1), Fill::Zeros, "the optimizer's state");
+        assert_eq!(fill_of(3), Fill::NonNegative, "outside a step");
     }
 
     /// Integer inputs are filled for their consumer: embedding indices below the table size.
