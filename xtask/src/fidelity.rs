@@ -6,8 +6,10 @@
 //! round, in alternating order: the original timed uninstrumented (30 iterations), the plain
 //! replay, the replay with gaps from the quiet capture, and with gaps from the busy capture
 //! (each 30 iterations after 3 warm-up, 1 thread). Ratios are per round (replay / original
-//! median iteration), then the median over rounds. The tuning set and the held-out set are
-//! reported apart; held-out models are never used to choose anything.
+//! median iteration), then the median over rounds. The tuning set and the two held-out sets
+//! (`heldout`, and `fresh`: added once the first had been reported for several sessions) are
+//! reported apart, with a summary over both held-out sets; held-out models are never used to
+//! choose anything.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -310,42 +312,53 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         );
         rows.push((row, m.covers.clone()));
     }
-    for set in ["tune", "heldout"] {
-        let in_set: Vec<&(Row, String)> = rows.iter().filter(|(r, _)| r.set == set).collect();
+    // The last entry is a summary only: both held-out sets together.
+    for set in ["tune", "heldout", "fresh", "heldout+fresh"] {
+        let in_set: Vec<&(Row, String)> = rows
+            .iter()
+            .filter(|(r, _)| set.split('+').any(|s| r.set == s))
+            .collect();
         if in_set.is_empty() {
             continue;
         }
-        println!(
-            "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  NaN/Inf",
-            if set == "tune" { "tuning" } else { "HELD-OUT" },
-            "model",
-            "orig ms",
-            "plain",
-            "+gaps",
-            "+gaps",
-            "busy gaps",
-            "busy",
-            "failed",
-            "peak",
-        );
-        println!(
-            "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}",
-            "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio"
-        );
-        for (r, _) in &in_set {
+        let summary_only = set.contains('+');
+        if !summary_only {
             println!(
-                "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2}  {}",
-                r.model,
-                r.orig_ms,
-                r.plain,
-                r.quiet,
-                r.busy,
-                r.busy_capture_over_orig,
-                r.busy_speed,
-                r.failed,
-                r.peak_ratio,
-                r.nonfinite
+                "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  NaN/Inf",
+                match set {
+                    "tune" => "tuning",
+                    "heldout" => "HELD-OUT",
+                    _ => "FRESH HELD-OUT (added 2026-12-01)",
+                },
+                "model",
+                "orig ms",
+                "plain",
+                "+gaps",
+                "+gaps",
+                "busy gaps",
+                "busy",
+                "failed",
+                "peak",
             );
+            println!(
+                "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}",
+                "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio"
+            );
+            for (r, _) in &in_set {
+                println!(
+                    "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2}  {}",
+                    r.model,
+                    r.orig_ms,
+                    r.plain,
+                    r.quiet,
+                    r.busy,
+                    r.busy_capture_over_orig,
+                    r.busy_speed,
+                    r.failed,
+                    r.peak_ratio,
+                    r.nonfinite
+                );
+            }
         }
         let within = |f: &dyn Fn(&Row) -> f64, lo: f64, hi: f64| {
             in_set
@@ -387,10 +400,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 format!(
                     "{}{}",
                     r.model,
-                    if r.set == "heldout" {
-                        " (held-out)"
-                    } else {
-                        ""
+                    match r.set.as_str() {
+                        "heldout" => " (held-out)",
+                        "fresh" => " (fresh held-out)",
+                        _ => "",
                     }
                 ),
                 r.quiet,
