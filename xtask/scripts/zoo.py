@@ -10,7 +10,7 @@ more under torch.profiler(profile_memory=True) for the original's peak memory.
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
-  zoo.py time MODEL [ITERS]        time the uninstrumented model; one JSON line
+  zoo.py time MODEL [ITERS]        time the uninstrumented model (and count its page faults); one JSON line
 
 Sets: `tune` models may be looked at while developing the replay; `heldout` models are only
 ever reported (never used to choose a constant or a formula); `fresh` models are held out too,
@@ -18,7 +18,7 @@ added once the `heldout` set had been reported (and its failures investigated) o
 sessions, so that a claim rests on models no one had seen results of.
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
-import json, multiprocessing, os, statistics, sys, tempfile, time
+import json, multiprocessing, os, resource, statistics, sys, tempfile, time
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity
 
@@ -381,14 +381,16 @@ def make(name):
 
 
 def timed(step, iters):
+    """Times `iters` iterations after 5 warm-up ones: (ms of each, minor page faults per iteration)."""
     for _ in range(5):
         step()
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(iters):
         t = time.perf_counter()
         step()
         times.append((time.perf_counter() - t) * 1e3)
-    return times
+    return times, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(iters, 1)
 
 
 def burn(stop):
@@ -400,7 +402,7 @@ def burn(stop):
 def capture(out, name, busy):
     os.makedirs(out, exist_ok=True)
     step = make(name)
-    times = timed(step, 30)
+    times, faults = timed(step, 30)
     burners, stop = [], None
     if busy:
         stop = multiprocessing.Event()
@@ -439,7 +441,7 @@ def capture(out, name, busy):
     meta = dict(model=name, set=MODELS[name][1], covers=MODELS[name][2], torch=torch.__version__,
                 threads=torch.get_num_threads(), busy=busy, iters=len(times),
                 iter_ms_median=statistics.median(times), iter_ms_min=min(times), iter_ms_max=max(times),
-                profiled_capture_ms=profiled_ms, peak_allocated_bytes=peak,
+                minor_faults_per_iter=faults, profiled_capture_ms=profiled_ms, peak_allocated_bytes=peak,
                 peak_over_start_bytes=peak - first)
     with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
@@ -451,10 +453,10 @@ def main():
     if a[:1] == ["list"]:
         print(json.dumps([dict(name=n, set=s, covers=c) for n, (_, s, c) in MODELS.items()]))
     elif a[:1] == ["time"] and len(a) >= 2:
-        times = timed(make(a[1]), int(a[2]) if len(a) > 2 else 30)
+        times, faults = timed(make(a[1]), int(a[2]) if len(a) > 2 else 30)
         print(json.dumps(dict(model=a[1], threads=torch.get_num_threads(), iters=len(times),
                               iter_ms_median=statistics.median(times), iter_ms_mean=statistics.mean(times),
-                              iter_ms_min=min(times), iter_ms_max=max(times))))
+                              iter_ms_min=min(times), iter_ms_max=max(times), minor_faults_per_iter=faults)))
     elif a[:1] == ["capture"] and len(a) >= 3:
         capture(a[1], a[2], "--busy" in a[3:])
     else:

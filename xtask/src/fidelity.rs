@@ -86,8 +86,15 @@ fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Res
     Ok(())
 }
 
-/// The original's iteration time (ms), uninstrumented: `stat` is `median` or `mean`.
-fn time_original(root: &Path, torch_py: &Path, m: &str, stat: &str, iters: usize) -> Result<f64> {
+/// The original's iteration time (ms), uninstrumented (`stat` is `median` or `mean`), and its
+/// minor page faults per iteration.
+fn time_original(
+    root: &Path,
+    torch_py: &Path,
+    m: &str,
+    stat: &str,
+    iters: usize,
+) -> Result<(f64, f64)> {
     let mut c = Command::new(crate::python());
     c.arg(zoo_script(root))
         .args(["time", m])
@@ -97,7 +104,10 @@ fn time_original(root: &Path, torch_py: &Path, m: &str, stat: &str, iters: usize
     let line = String::from_utf8_lossy(&o.stdout);
     let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
         .with_context(|| format!("zoo.py time {m}: {line}"))?;
-    Ok(j[format!("iter_ms_{stat}")].as_f64().unwrap_or(f64::NAN))
+    Ok((
+        j[format!("iter_ms_{stat}")].as_f64().unwrap_or(f64::NAN),
+        j["minor_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
+    ))
 }
 
 fn replay(
@@ -148,6 +158,8 @@ struct Row {
     rounds: Vec<[f64; 3]>,
     busy_speed: f64,
     busy_capture_over_orig: f64,
+    /// Minor page faults per iteration: the original's, the plain replay's.
+    faults: (f64, f64),
     failed: u64,
     nonfinite: String,
     peak_ratio: f64,
@@ -237,6 +249,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         };
         let mut per_round = Vec::new();
         let mut orig = Vec::new();
+        let mut orig_faults = Vec::new();
         let mut first_busy: Option<serde_json::Value> = None;
         let mut first_plain: Option<serde_json::Value> = None;
         for round in 0..rounds {
@@ -248,7 +261,11 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             };
             for which in order {
                 r[which] = match which {
-                    0 => time_original(root, torch_py, &m.name, stat, iters)?,
+                    0 => {
+                        let (ms, faults) = time_original(root, torch_py, &m.name, stat, iters)?;
+                        orig_faults.push(faults);
+                        ms
+                    }
                     1 => {
                         let j = replay(bin, &et(&q), None, iters, &[])?;
                         let v = j["iter_ms"][stat].as_f64().unwrap_or(f64::NAN);
@@ -295,6 +312,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 .as_f64()
                 .unwrap_or(f64::NAN)
                 / orig_ms,
+            faults: (
+                median(orig_faults),
+                plain["page_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
+            ),
             failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
             nonfinite,
             // Like for like: the original's profile counts what was allocated while it ran
@@ -324,7 +345,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let summary_only = set.contains('+');
         if !summary_only {
             println!(
-                "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}  NaN/Inf",
+                "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}  NaN/Inf",
                 match set {
                     "tune" => "tuning",
                     "heldout" => "HELD-OUT",
@@ -339,14 +360,15 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "busy",
                 "failed",
                 "peak",
+                "page faults",
             );
             println!(
-                "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7}",
-                "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio"
+                "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}",
+                "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio", "orig/replay"
             );
             for (r, _) in &in_set {
                 println!(
-                    "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2}  {}",
+                    "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2} {:>11}  {}",
                     r.model,
                     r.orig_ms,
                     r.plain,
@@ -356,6 +378,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                     r.busy_speed,
                     r.failed,
                     r.peak_ratio,
+                    format!("{:.0}/{:.0}", r.faults.0, r.faults.1),
                     r.nonfinite
                 );
             }
@@ -383,6 +406,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "ratio_plain": r.plain, "ratio_gaps_quiet": r.quiet, "ratio_gaps_busy": r.busy,
             "rounds": r.rounds, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
+            "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
         }))
         .collect::<Vec<_>>());
     let out = root.join("target/fidelity");

@@ -640,6 +640,14 @@ fn fill_view(view: &mut Tensor, spec: &TensorSpec, fill: &Fill, device: &Device)
         Fill::Indices(bound) => {
             Tensor::f_randint_low(0, (*bound).max(1), spec.shape.as_slice(), (kind, dev))
         }
+        Fill::Probability => {
+            let _ = view.f_uniform_(0.0, 1.0);
+            return;
+        }
+        Fill::Ints(values) => Tensor::f_from_slice(values)
+            .and_then(|t| t.f_reshape(spec.shape.as_slice()))
+            .and_then(|t| t.f_to_device(dev))
+            .and_then(|t| t.f_to_kind(kind)),
         Fill::Offsets(total) => {
             let n = spec.shape.iter().product::<i64>().max(1);
             let step = (*total / n).max(0);

@@ -171,6 +171,10 @@ pub enum Fill {
     /// EmbeddingBag offsets over `total` indices: sorted, starting at 0.
     Offsets(i64),
     Zeros,
+    /// Uniform in [0, 1): a probability (binary cross-entropy's input and target).
+    Probability,
+    /// These values, in order (sequence lengths for `pack_padded_sequence`).
+    Ints(Vec<i64>),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -772,8 +776,9 @@ struct Builder<'g, 't> {
     slot_meta: Vec<Option<(Vec<i64>, DType)>>,
     /// Distinct operators and their index in [`Plan::ops`].
     ops: indexmap::IndexSet<OpRef>,
-    /// The slot an in-place op's output was written over (same tensor key), to find the
-    /// external input an in-place chain started from.
+    /// The slot a value came from with its values unchanged: an in-place op's output was
+    /// written over it (same tensor key), or a copy (`to`, `clone`, `contiguous`) was made of
+    /// it. To find the external input whose values a consumer constrains.
     written_over: HashMap<Slot, Slot>,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
@@ -827,12 +832,18 @@ impl Builder<'_, '_> {
         Some(s)
     }
 
-    /// Makes the external input a value flows from (through in-place updates) non-negative.
-    fn mark_nonnegative(&mut self, mut slot: Slot) {
+    /// The external input a slot's values flow from (through in-place updates and copies), if
+    /// they flow from one.
+    fn external_of(&self, mut slot: Slot) -> Option<usize> {
         while let Some(&prev) = self.written_over.get(&slot) {
             slot = prev;
         }
-        if let Some(&e) = self.external_index.get(&slot) {
+        self.external_index.get(&slot).copied()
+    }
+
+    /// Makes the external input a value flows from (through in-place updates) non-negative.
+    fn mark_nonnegative(&mut self, slot: Slot) {
+        if let Some(e) = self.external_of(slot) {
             let ext = &mut self.externals[e];
             if ext.1.dtype.is_floating_point() && matches!(ext.2, Fill::Random) {
                 ext.2 = Fill::NonNegative;
@@ -1078,6 +1089,7 @@ fn consumer_fill(
     op: &str,
     arg_name: &str,
     args: &[et_schema::Arg],
+    outs: &[et_schema::Arg],
     t: &Trace,
     schema: &OpSchema,
 ) -> Option<Fill> {
@@ -1126,6 +1138,12 @@ fn consumer_fill(
             | "index_add" | "index_add_" | "index_copy" | "index_copy_",
             "index",
         ) => Some(Fill::Indices(dim_size("self")?)),
+        // Binary cross-entropy takes probabilities, not class indices.
+        (b, "self" | "target")
+            if b.starts_with("binary_cross_entropy") && !b.contains("logits") =>
+        {
+            Some(Fill::Probability)
+        }
         (b, "target") if b.contains("nll_loss") || b.contains("cross_entropy") => {
             let s = shape_of("self")?;
             Some(Fill::Indices(if s.len() > 1 {
@@ -1134,8 +1152,34 @@ fn consumer_fill(
                 s.first().copied()?
             }))
         }
+        // Lengths of padded sequences, longest first: the packed data the trace records holds
+        // their sum (rows), and its batch sizes their maximum (one per time step).
+        ("_pack_padded_sequence", "lengths") => {
+            let n = shape_of("lengths")?.iter().product::<i64>();
+            let total = t.int_list(outs.first()?.shape)?.first().copied()?;
+            let longest = t.int_list(outs.get(1)?.shape)?.first().copied()?;
+            Some(Fill::Ints(sequence_lengths(n, total, longest)))
+        }
         _ => None,
     }
+}
+
+/// `n` sequence lengths, non-increasing, in [1, longest], the first `longest`, adding up to
+/// `total` where they can (spread as evenly as possible over the others).
+fn sequence_lengths(n: i64, total: i64, longest: i64) -> Vec<i64> {
+    let n = n.max(0) as usize;
+    let longest = longest.max(1);
+    if n == 0 {
+        return Vec::new();
+    }
+    let rest = (total - longest).max(0);
+    let others = (n - 1) as i64;
+    let mut v = vec![longest];
+    for i in 0..others {
+        let share = rest / others + i64::from(i < rest % others);
+        v.push(share.clamp(1, longest));
+    }
+    v
 }
 
 /// Compiles a replay set, without libtorch and for no device in particular. Ops that cannot
@@ -1201,11 +1245,16 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                                     }
                                 }
                                 if let (Some(n), Arg::Tensor(slot)) = (&sa.name, &arg) {
-                                    if let Some(fill) = consumer_fill(&name, n, inputs, t, s) {
-                                        if let Some(&e) = b.external_index.get(slot) {
+                                    if let Some(fill) =
+                                        consumer_fill(&name, n, inputs, t.outputs(node), t, s)
+                                    {
+                                        if let Some(e) = b.external_of(*slot) {
                                             let ext = &b.externals[e].1;
                                             if ext.dtype.is_integral()
-                                                || matches!(fill, Fill::Value(_))
+                                                || matches!(
+                                                    fill,
+                                                    Fill::Value(_) | Fill::Probability
+                                                )
                                             {
                                                 b.externals[e].2 = fill;
                                             }
@@ -1290,6 +1339,16 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                 (false, _) => Out::Ignore,
                 (true, _) => Out::List(slots),
             });
+        }
+        // A copy has its source's values: a consumer's constraint on them reaches the external
+        // input they were copied from (lengths made int64 by `to` before `pack_padded_sequence`).
+        if matches!(
+            name.as_str(),
+            "aten::to" | "aten::_to_copy" | "aten::clone" | "aten::contiguous" | "aten::detach"
+        ) {
+            if let (Some(Arg::Tensor(src)), Some(Out::Tensor(out))) = (args.first(), outs.first()) {
+                b.written_over.entry(*out).or_insert(*src);
+            }
         }
         let autograd = node.seq_id.is_some_and(|s| s >= 0) && !collective;
         if let (true, Some(s)) = (autograd, &schema) {
@@ -1913,6 +1972,85 @@ mod tests {
             .unwrap();
         assert_eq!(idx.2, Fill::Indices(10));
         assert_eq!(idx.1.shape, vec![5]);
+    }
+
+    /// Sequence lengths reach `pack_padded_sequence` through a copy (`lengths.to(int64)`): the
+    /// external they were copied from gets lengths that add up to the rows the trace's packed
+    /// data holds, the longest as long as its batch sizes say.
+    #[test]
+    fn packed_sequence_lengths_fit_the_packed_data() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::to",
+            "aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
+        )
+        .input(tensor(1, 1, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+        .input(json!(4), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .output(tensor(2, 2, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+        .done();
+        b.op(
+            "aten::_pack_padded_sequence",
+            "aten::_pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first) -> (Tensor, Tensor)",
+        )
+        .input(f32(3, 3, 4 * 10 * 2), json!([4, 10, 2]), "Tensor(float)")
+        .input(tensor(2, 2, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+        .input(json!(true), json!([]), "Bool")
+        .output(f32(4, 4, 23 * 2), json!([23, 2]), "Tensor(float)")
+        .output(tensor(5, 5, 0, 10, 8, "cpu"), json!([10]), "Tensor(long int)")
+        .done();
+        let p = plan_of(&b);
+        let lengths = p
+            .externals
+            .iter()
+            .find(|e| e.1.dtype == DType::Int64)
+            .unwrap();
+        assert_eq!(lengths.2, Fill::Ints(vec![10, 5, 4, 4]));
+    }
+
+    #[test]
+    fn sequence_lengths_are_sorted_bounded_and_add_up() {
+        for (n, total, longest) in [
+            (8, 194, 40),
+            (4, 23, 10),
+            (3, 3, 1),
+            (5, 200, 40),
+            (1, 7, 7),
+        ] {
+            let v = sequence_lengths(n, total, longest);
+            assert_eq!(v.len(), n as usize);
+            assert_eq!(v[0], longest);
+            assert!(v.windows(2).all(|w| w[0] >= w[1]), "{v:?}");
+            assert!(v.iter().all(|&l| (1..=longest).contains(&l)), "{v:?}");
+            assert_eq!(v.iter().sum::<i64>(), total, "{v:?}");
+        }
+        // More rows than the sequences can hold, or fewer than one each: clamped, never 0.
+        assert_eq!(sequence_lengths(3, 100, 10), vec![10, 10, 10]);
+        assert_eq!(sequence_lengths(3, 1, 10), vec![10, 1, 1]);
+        assert!(sequence_lengths(0, 5, 5).is_empty());
+    }
+
+    /// Binary cross-entropy's target is a probability, not a class index.
+    #[test]
+    fn binary_cross_entropy_targets_are_probabilities() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::binary_cross_entropy",
+            "aten::binary_cross_entropy(Tensor self, Tensor target, Tensor? weight=None, int reduction=Mean) -> Tensor",
+        )
+        .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+        .input(json!(null), json!([]), "None")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(3, 3, 1), json!([]), "Tensor(float)")
+        .done();
+        let p = plan_of(&b);
+        assert!(
+            p.externals.iter().all(|e| e.2 == Fill::Probability),
+            "{:?}",
+            p.externals
+        );
     }
 
     /// Views of one storage are separate externals sharing the storage id, each with its own
