@@ -993,10 +993,7 @@ fn iteration(
         let t0 = timer.mark();
         let outcome = ex.step(pos, &mut slots, opts.autograd);
         let t1 = timer.mark();
-        let waited_us = match (waited0, rec.waited_us()) {
-            (Some(a), Some(b)) => (b - a).max(0.0),
-            _ => 0.0,
-        };
+        let waited_us = rec.waited_since(waited0);
         last_op_end = timer.host_at(t1);
         if phase == Phase::Instrumented {
             dispatched.push((pos, waited_us));
@@ -1090,10 +1087,7 @@ fn iteration(
     // The host's view of the iteration, up to the device finishing it (for NVML's samples).
     let window = (timer.host_at(start), timer.host_us());
     // In running time (`running_time`), without the time the thread waited for a CPU.
-    let waited_us = match (waited_at_start, rec.waited_us()) {
-        (Some(a), Some(b)) => (b - a).max(0.0),
-        _ => 0.0,
-    };
+    let waited_us = rec.waited_since(waited_at_start);
     let wall_us = timer.us(end) - timer.us(start) - excluded_us - waited_us;
     if measured {
         rec.measured(

@@ -841,7 +841,8 @@ impl Builder<'_, '_> {
         self.external_index.get(&slot).copied()
     }
 
-    /// Makes the external input a value flows from (through in-place updates) non-negative.
+    /// Makes the external input a value flows from (through in-place updates and copies)
+    /// non-negative.
     fn mark_nonnegative(&mut self, slot: Slot) {
         if let Some(e) = self.external_of(slot) {
             let ext = &mut self.externals[e];

@@ -136,6 +136,16 @@ impl<'a> Recorder<'a> {
         self.run_delay.as_ref().and_then(|d| d.read_us())
     }
 
+    /// How long the replaying thread has waited for a CPU since `since` (a [`Recorder::waited_us`]
+    /// reading), in µs; 0 without [`ReplayOptions::running_time`].
+    #[inline]
+    pub fn waited_since(&self, since: Option<f64>) -> f64 {
+        match (since, self.waited_us()) {
+            (Some(a), Some(b)) => (b - a).max(0.0),
+            _ => 0.0,
+        }
+    }
+
     pub fn begin_iteration(&mut self, phase: Phase) {
         self.current = (0, 0, 0);
         // Sampled once over the measured phase, not per iteration: system calls between the
