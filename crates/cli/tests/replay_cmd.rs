@@ -162,6 +162,9 @@ fn compare_reports_ratios_and_an_svg() {
     assert!((j["ratio_iter"].as_f64().unwrap() - expect).abs() < 1e-9);
     assert!(j["basis_ops"].as_str().unwrap().starts_with("profiled"));
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
+    // The gaps are spun as work, at the rate the calibration probed between its iterations.
+    let rate = j["gap_model"]["work_units_per_us"].as_f64().unwrap();
+    assert!(rate.is_finite() && rate > 0.0, "{rate}");
     assert!(!j["top_differences"].as_array().unwrap().is_empty());
     // The extra iteration under the capture's instrumentation profiled every linked op, and
     // compares like for like with the original's profiled durations.

@@ -78,6 +78,10 @@ pub struct ReplayTimes<'a> {
     /// The instrumentation's cost of one event without arguments (µs), probed on this host
     /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
     pub event_us: Option<f64>,
+    /// The host's rate of the replay's emulated work (units per µs of running time), measured
+    /// between the same iterations: the gaps, computed in µs at this run's speed, are spun as
+    /// that much work, which follows the host's speed as the original's Python does.
+    pub work_units_per_us: Option<f64>,
 }
 
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
@@ -129,6 +133,9 @@ pub struct GapModel {
     pub shortest_slice_us: Option<f64>,
     /// Gaps taken to hold a lost time slice, emulated as the capture's median gap instead.
     pub slices_in_gaps: usize,
+    /// The gaps are spun as this many units of work per µs (`ReplayTimes::work_units_per_us`);
+    /// `None`: for their time.
+    pub work_units_per_us: Option<f64>,
 }
 
 /// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
@@ -379,6 +386,7 @@ pub fn gap_model(
         slices_in_ops: slices.len(),
         shortest_slice_us,
         slices_in_gaps,
+        work_units_per_us: r.work_units_per_us.filter(|r| r.is_finite() && *r > 0.0),
     }
 }
 

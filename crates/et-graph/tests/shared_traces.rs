@@ -643,6 +643,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &none,
             event_us: None,
+            work_units_per_us: None,
         },
     );
     assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
@@ -661,6 +662,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
+            work_units_per_us: None,
         },
     );
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
@@ -685,6 +687,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
+            work_units_per_us: None,
         },
     );
     assert!(
@@ -788,6 +791,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         between_us: 0.0,
         profiled: &prof,
         event_us: None,
+        work_units_per_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);

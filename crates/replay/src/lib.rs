@@ -33,6 +33,7 @@ pub mod plan;
 mod recorder;
 pub mod report;
 pub mod single;
+pub mod work;
 
 pub use bind::{bind, Bound};
 pub use device::Device;

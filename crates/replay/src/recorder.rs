@@ -63,6 +63,8 @@ pub(crate) struct Recorder<'a> {
     /// The instrumentation's cost of an event without arguments, probed after each
     /// instrumented iteration (µs).
     pub(crate) probed_event_us: Vec<f64>,
+    /// With [`ReplayOptions::probe_work`]: the work probes so far.
+    pub(crate) work_rate: crate::work::Rate,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -119,6 +121,7 @@ impl<'a> Recorder<'a> {
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
+            work_rate: Default::default(),
             cuda_comm: None,
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
@@ -631,6 +634,7 @@ impl<'a> Recorder<'a> {
             gpu_activity: self.gpu_activity,
             instrumented_event_us: (!self.probed_event_us.is_empty())
                 .then(|| Stats::of(&self.probed_event_us).median),
+            work_units_per_us: self.work_rate.per_us(),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,
