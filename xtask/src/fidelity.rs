@@ -139,15 +139,6 @@ fn replay(
 }
 
 /// The median of the finite values (NaN when there are none: a round that failed).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        metrics::Stats::of(&v).median
-    }
-}
-
 struct Row {
     model: String,
     set: String,
@@ -298,8 +289,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         };
         let plain = first_plain.unwrap_or_default();
         let busy = first_busy.unwrap_or_default();
-        let orig_ms = median(orig);
-        let col = |k: usize| median(per_round.iter().map(|r| r[k]).collect());
+        let orig_ms = crate::median(&orig);
+        let col = |k: usize| crate::median(&per_round.iter().map(|r| r[k]).collect::<Vec<_>>());
         let row = Row {
             model: m.name.clone(),
             set: m.set.clone(),
@@ -313,7 +304,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 .unwrap_or(f64::NAN)
                 / orig_ms,
             faults: (
-                median(orig_faults),
+                crate::median(&orig_faults),
                 plain["page_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
             ),
             failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),

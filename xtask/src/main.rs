@@ -267,9 +267,15 @@ fn shared() -> PathBuf {
     root().join("../shared")
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// The median of the finite values (the two middle ones averaged), NaN without any: one
+/// definition for every bench and the fidelity report.
+fn median(v: &[f64]) -> f64 {
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        metrics::Stats::of(&v).median
+    }
 }
 
 /// `cargo xtask bench parse [ROUNDS]`: each scaled trace (one from the transformer, one from
@@ -437,12 +443,7 @@ fn bench_parse_one(
                 .unwrap_or_default()
         );
     }
-    let (o, r, p, pr) = (
-        median(&mut ours),
-        median(&mut rss),
-        median(&mut py_s),
-        median(&mut py_rss),
-    );
+    let (o, r, p, pr) = (median(&ours), median(&rss), median(&py_s), median(&py_rss));
     let mb = size / 1e6;
     println!(
         "\nparse benchmark: {} ({mb:.0} MB), median of {rounds} rounds, order alternating",
@@ -456,7 +457,7 @@ fn bench_parse_one(
         .to_string();
     match cli {
         Some(_) => {
-            let e = median(&mut e2e);
+            let e = median(&e2e);
             println!(
                 "  mystique inspect, end to end   {e:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load",
                 mb / e,
@@ -469,7 +470,7 @@ fn bench_parse_one(
                 failed.push(format!("{name}: {:.1}x json.load end to end", p / e));
             }
             if e2e_rss.len() == e2e.len() {
-                let r = median(&mut e2e_rss);
+                let r = median(&e2e_rss);
                 println!(
                     "    peak RSS                     {:>7.0} MB = {:.2}x the file",
                     r / 1e6,
@@ -500,14 +501,14 @@ fn bench_parse_one(
         pr / 1e6,
         pr / size
     );
-    let gs = median(&mut graph);
+    let gs = median(&graph);
     println!(
         "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
         gs / o
     );
     println!("  per node record, one thread, the same records (scan not included):");
-    for (mode, mut v) in records {
-        let s = median(&mut v);
+    for (mode, v) in records {
+        let s = median(&v);
         println!("    {mode:<32} {s:>7.3} s  {:>5.0} MB/s", mb / s);
     }
     Ok(failed)
@@ -623,8 +624,8 @@ fn bench_comms(args: &[&str]) -> Result<()> {
             }
         }
         for (k, (name, _)) in ops.iter().enumerate() {
-            let mut ratios: Vec<f64> = pt[k].iter().zip(&ours[k]).map(|(p, o)| p / o).collect();
-            let (p, o) = (median(&mut pt[k].clone()), median(&mut ours[k].clone()));
+            let ratios: Vec<f64> = pt[k].iter().zip(&ours[k]).map(|(p, o)| p / o).collect();
+            let (p, o) = (median(&pt[k]), median(&ours[k]));
             let mb = |us: f64| size as f64 / us;
             println!(
                 "{:>9} {:<11} {:>11.1} {:>11.1} {:>10.0} {:>10.0} {:>7.2}",
@@ -634,7 +635,7 @@ fn bench_comms(args: &[&str]) -> Result<()> {
                 o,
                 mb(p),
                 mb(o),
-                median(&mut ratios)
+                median(&ratios)
             );
         }
     }
