@@ -180,3 +180,20 @@ fn compare_reports_ratios_and_an_svg() {
     assert!(s.starts_with("<svg") && s.contains("aten::"));
     std::fs::remove_file(&svg).unwrap();
 }
+
+#[test]
+fn a_malformed_local_rank_is_refused_before_any_work() {
+    // torchrun's variables are read once (replay::DistOptions::from_env); a LOCAL_RANK that is
+    // not a number is an error there, whatever the device, not a silent fallback.
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .env("WORLD_SIZE", "2")
+        .env("RANK", "0")
+        .env("LOCAL_RANK", "first")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("LOCAL_RANK"), "{err}");
+}

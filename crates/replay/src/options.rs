@@ -68,6 +68,9 @@ pub struct DistOptions {
     pub master_port: u16,
     /// How long a rank waits for the others (rendezvous, each collective) before failing.
     pub timeout: std::time::Duration,
+    /// This rank's place among the ranks on its machine (torchrun's `LOCAL_RANK`), when given:
+    /// which GPU `cuda` means for it, and whether it has one of its own for NCCL.
+    pub local_rank: Option<usize>,
 }
 
 impl DistOptions {
@@ -98,7 +101,12 @@ impl DistOptions {
                 .map_err(|_| format!("MASTER_PORT={p:?} is not a port"))?,
             None => 29500,
         };
+        let local_rank = match var("LOCAL_RANK") {
+            Some(v) => Some(num("LOCAL_RANK", &v)?),
+            None => None,
+        };
         Ok(Some(DistOptions {
+            local_rank,
             rank,
             world_size,
             master_addr: var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into()),

@@ -77,6 +77,7 @@ fn two_ranks(
                     master_addr: "127.0.0.1".into(),
                     master_port: port,
                     timeout: Duration::from_secs(30),
+                    local_rank: Some(rank),
                 };
                 let (slots, failures) =
                     replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();

@@ -198,12 +198,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     a.run.apply_threads()?;
     let mut device = replay::Device::parse(&a.device)?;
     // Under torchrun (or --ranks), `cuda` is this rank's GPU, as PyTorch jobs pick it.
-    if let (true, Some(_), Ok(lr)) = (
-        a.device == "cuda",
-        &dist,
-        std::env::var("LOCAL_RANK").map(|v| v.parse::<usize>()),
-    ) {
-        let lr = lr.map_err(|_| anyhow::anyhow!("LOCAL_RANK is not a non-negative integer"))?;
+    if let (true, Some(lr)) = (a.device == "cuda", dist.as_ref().and_then(|d| d.local_rank)) {
         let n = tch::Cuda::device_count().max(1) as usize;
         // More local ranks than GPUs: they share them (and their collectives go through Gloo).
         device = replay::Device::parse(&format!("cuda:{}", lr % n))?;
