@@ -23,9 +23,8 @@ pub fn cuda_comm(device: &Device, d: &DistOptions) -> CudaComm {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(d.world_size);
-    let local_rank = d.local_rank;
     // NCCL only where each local rank has its own GPU and this rank is on its own one.
-    let own_gpu = matches!((device, local_rank), (Device::Cuda(i), Some(lr)) if *i == lr);
+    let own_gpu = matches!((device, d.local_rank), (Device::Cuda(i), Some(lr)) if *i == lr);
     if own_gpu && (tch::Cuda::device_count().max(0) as usize) >= local {
         CudaComm::Nccl
     } else {

@@ -3,9 +3,9 @@
 //! A gap stands for the original's Python and autograd bookkeeping between ops: CPU work, which
 //! takes longer when the host runs slower. A VM's speed moves by up to 2x in spells of 100-200 ms
 //! (seen on this project's VMs: one replay's iterations at 1.3, 1.8, 3.5 and 2.3 ms in turn, with
-//! libtorch ops and a Python loop slowing together in one side-by-side measurement), so a gap spun for a fixed time is right only
-//! at the speed it was computed at: in a slow spell the original's Python slows with its ops but
-//! a timed gap does not. The gap model computes each gap on this host's speed during the
+//! libtorch ops and a Python loop slowing together in one side-by-side measurement), so a gap
+//! spun for a fixed time is right only at the speed it was computed at: in a slow spell the
+//! original's Python slows with its ops but a timed gap does not. The gap model computes each gap on this host's speed during the
 //! calibration; the calibration also measures how many units of this work the host does per µs
 //! ([`probe`]), and the replay spins `gap × rate` units, which slow or speed up with the host as
 //! the original's work would. Work also stands still while the thread is descheduled (a busy
@@ -13,9 +13,9 @@
 
 /// The work's table: 1 MiB, as much as the core's own cache holds on current server CPUs (this
 /// project's VMs: 1.25 MiB of L2 per core). Sized so the work slows as libtorch's ops slow: on
-/// these VMs the host's slow spells slowed small-model ops about 1.6x, a random walk over 1 MiB 1.6x,
-/// over 128 KiB 1.4x, and an L1-resident multiply chain 1.15x, measured side by side over 2000
-/// rounds. A fixed property of the loop, not fitted to any model.
+/// these VMs the host's slow spells slowed small-model ops about 1.6x, a random walk over 1 MiB
+/// 1.6x, over 128 KiB 1.4x, and an L1-resident multiply chain 1.15x, measured side by side over
+/// 2000 rounds. A fixed property of the loop, not fitted to any model.
 const TABLE_WORDS: usize = 1 << 17;
 
 /// The table and where the walk is: each call goes on from where the last one stopped, so
@@ -37,7 +37,8 @@ thread_local! {
 /// Runs `units` units of work: each a multiply-add and a read and a write at a pseudo-random
 /// place of a 1 MiB table, in one dependent chain (the next place depends on what was read), so
 /// the compiler can neither vectorise nor drop it and the CPU cannot overlap units: the time of
-/// a cache access and then some, tens of ns each. Returns a value that depends on every unit.
+/// a cache access and then some (about 100 ns each on this project's VMs: 10-11 units per µs).
+/// Returns a value that depends on every unit.
 #[inline(never)]
 pub fn spin(units: u64) -> u64 {
     WALK.with(|w| {
@@ -57,16 +58,16 @@ pub fn spin(units: u64) -> u64 {
     })
 }
 
-/// The units one probe runs: about 100-200 µs (5000 cache accesses), short beside a speed spell, long beside the
-/// clock's resolution.
+/// The units one probe runs: about 0.5 ms on this project's VMs, short beside a speed spell,
+/// long beside the clock's resolution.
 pub const PROBE_UNITS: u64 = 5_000;
 
 /// Units of work per µs over probes, as a ratio of sums (a probe that lost the CPU counts for
 /// its running time only: the caller takes the wait out).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Rate {
-    pub units: f64,
-    pub us: f64,
+    units: f64,
+    us: f64,
 }
 
 impl Rate {
