@@ -11,6 +11,9 @@ more under torch.profiler(profile_memory=True) for the original's peak memory.
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
   zoo.py time MODEL [ITERS]        time the uninstrumented model (and count its page faults); one JSON line
+  zoo.py serve MODEL ITERS         the uninstrumented model, paced: after 5 warm-up iterations, for each
+        line read on stdin, ITERS iterations, answered by one JSON line (the block's ms, page faults);
+        `cargo xtask fidelity` runs it beside paced replays (`mystique replay --paced ITERS`), in turn
 
 Sets: `tune` models may be looked at while developing the replay; `heldout` models are only
 ever reported (never used to choose a constant or a formula); `fresh` models are held out too,
@@ -393,6 +396,23 @@ def timed(step, iters):
     return times, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(iters, 1)
 
 
+def serve(step, iters):
+    """Blocks of `iters` iterations on request: a harness interleaves them with a replay's blocks,
+    so that both run in the same spells of the host's speed."""
+    for _ in range(5):
+        step()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t = time.perf_counter()
+        for _ in range(iters):
+            step()
+        ms = (time.perf_counter() - t) * 1e3
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        print(json.dumps(dict(block_ms=ms, iters=iters, minor_faults=faults)), flush=True)
+
+
 def burn(stop):
     x = 1
     while not stop.is_set():
@@ -457,6 +477,8 @@ def main():
         print(json.dumps(dict(model=a[1], threads=torch.get_num_threads(), iters=len(times),
                               iter_ms_median=statistics.median(times), iter_ms_mean=statistics.mean(times),
                               iter_ms_min=min(times), iter_ms_max=max(times), minor_faults_per_iter=faults)))
+    elif a[:1] == ["serve"] and len(a) == 3:
+        serve(make(a[1]), max(int(a[2]), 1))
     elif a[:1] == ["capture"] and len(a) >= 3:
         capture(a[1], a[2], "--busy" in a[3:])
     else:

@@ -1,12 +1,13 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--svg PATH]`: replay vs original over the
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--svg PATH]`: replay vs original over the
 //! model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
-//! hash): on a quiet host, and with the host made busy during the capture only. Per model and
-//! round, in alternating order: the original timed uninstrumented, the plain replay, the
-//! replay with gaps from the quiet capture, and with gaps from the busy capture (each about 1 s
-//! of iterations, 30 to 2000, after warm-up; 1 thread). Ratios are per round (replay / original
-//! mean iteration), then the median over rounds. The tuning set and the two held-out sets
+//! hash): on a quiet host, and with the host made busy during the capture only. Per model, four
+//! processes stand side by side and take turns, one block of iterations each per round (about
+//! 40 ms of the original's, the order rotating; 1 thread): the original timed uninstrumented
+//! (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
+//! gaps from the busy capture (`mystique replay --paced`). Ratios are per round (replay block /
+//! original block), then the median over rounds. The tuning set and the two held-out sets
 //! (`heldout`, and `fresh`: added once the first had been reported for several sessions) are
 //! reported apart, with a summary over both held-out sets; held-out models are never used to
 //! choose anything.
@@ -86,28 +87,119 @@ fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Res
     Ok(())
 }
 
-/// The original's iteration time (ms), uninstrumented (`stat` is `median` or `mean`), and its
-/// minor page faults per iteration.
-fn time_original(
-    root: &Path,
-    torch_py: &Path,
-    m: &str,
-    stat: &str,
-    iters: usize,
-) -> Result<(f64, f64)> {
+/// A process that runs blocks of iterations on request and answers each with one JSON line
+/// (`block_ms`, `minor_faults`): the original (`zoo.py serve`) or a paced replay (`mystique
+/// replay --paced`). Several stand side by side and take turns, each waiting on its stdin while
+/// another runs, so a round's original and replays run within a few hundred ms of each other, in
+/// the same spells of the host's speed, where timings taken a second or more apart each sat in
+/// spells of their own (one round's ratio moved by +-20% that way on the development VM).
+struct Paced {
+    what: String,
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+/// One block's answer.
+#[derive(Clone, Copy)]
+struct Block {
+    ms: f64,
+    faults: f64,
+}
+
+impl Paced {
+    fn spawn(what: String, mut c: Command) -> Result<Paced> {
+        c.stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        let mut child = c.spawn().with_context(|| format!("starting {what}"))?;
+        let stdin = child.stdin.take();
+        let stdout = std::io::BufReader::new(child.stdout.take().context("no stdout")?);
+        Ok(Paced {
+            what,
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// Runs one block and waits for its answer (the first one also waits for the process's
+    /// start-up: loading, calibrating, warming up).
+    fn block(&mut self) -> Result<Block> {
+        use std::io::{BufRead, Write};
+        let stdin = self.stdin.as_mut().context("stdin closed")?;
+        writeln!(stdin, "go")
+            .and_then(|_| stdin.flush())
+            .with_context(|| format!("{} exited early", self.what))?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line)? == 0 {
+                bail!("{} exited before answering a block", self.what);
+            }
+            if let Ok(j) = serde_json::from_str::<serde_json::Value>(&line) {
+                if let Some(ms) = j["block_ms"].as_f64() {
+                    return Ok(Block {
+                        ms,
+                        faults: j["minor_faults"].as_f64().unwrap_or(f64::NAN)
+                            / j["iters"].as_f64().unwrap_or(f64::NAN),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Closes its stdin and returns the last JSON line it printed (a replay's report).
+    fn finish(mut self) -> Result<serde_json::Value> {
+        use std::io::Read;
+        drop(self.stdin.take());
+        let mut rest = String::new();
+        self.stdout.read_to_string(&mut rest)?;
+        let _ = self.child.wait();
+        Ok(rest
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l).ok())
+            .unwrap_or_default())
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The original, uninstrumented, in paced blocks of `iters` iterations.
+fn serve_original(root: &Path, torch_py: &Path, m: &str, iters: usize) -> Result<Paced> {
     let mut c = Command::new(crate::python());
     c.arg(zoo_script(root))
-        .args(["time", m])
+        .args(["serve", m])
         .arg(iters.to_string());
     python_env(&mut c, torch_py);
-    let o = c.output()?;
-    let line = String::from_utf8_lossy(&o.stdout);
-    let j: serde_json::Value = serde_json::from_str(line.lines().last().unwrap_or("{}"))
-        .with_context(|| format!("zoo.py time {m}: {line}"))?;
-    Ok((
-        j[format!("iter_ms_{stat}")].as_f64().unwrap_or(f64::NAN),
-        j["minor_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
-    ))
+    Paced::spawn(format!("the original {m}"), c)
+}
+
+/// A replay in paced blocks of `iters` iterations, `blocks` of them (with gaps from `kineto`).
+fn serve_replay(
+    bin: &Path,
+    et: &Path,
+    kineto: Option<&Path>,
+    iters: usize,
+    blocks: usize,
+) -> Result<Paced> {
+    let mut c = Command::new(bin);
+    c.arg("replay")
+        .arg(et)
+        .args(["--threads", "1", "--warmup", "3", "--json", "--iters"])
+        .arg((iters * blocks).to_string())
+        .arg("--paced")
+        .arg(iters.to_string())
+        .stderr(std::process::Stdio::null());
+    if let Some(k) = kineto {
+        c.arg("--kineto").arg(k).arg("--emulate-gaps");
+    }
+    Paced::spawn(format!("the replay of {}", et.display()), c)
 }
 
 fn replay(
@@ -157,10 +249,11 @@ struct Row {
 }
 
 pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
-    let mut rounds = 3usize;
+    let mut rounds = 25usize;
     let mut only: Option<Vec<String>> = None;
     let mut svg: Option<PathBuf> = None;
     let mut busy_host = false;
+    let mut block_ms = 40.0f64;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
@@ -175,6 +268,17 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             }
             "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
             "--busy-host" => busy_host = true,
+            "--block-ms" => {
+                block_ms = it
+                    .next()
+                    .context("--block-ms MS")?
+                    .parse()
+                    .context("--block-ms MS")?;
+                anyhow::ensure!(
+                    block_ms.is_finite() && block_ms > 0.0,
+                    "--block-ms must be positive"
+                );
+            }
             n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
         }
     }
@@ -188,17 +292,19 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     }
     let dir = zoo_dir(root, cache)?;
     ensure_zoo(root, &dir, torch_py, &models)?;
-    // The mean over about a second of iterations, on any host. A busy host runs a process in
-    // slices of milliseconds: an iteration is either preempted or not, and the median picks one
-    // of the two modes by how often each comes up. A quiet VM's speed moves too, by up to 2x in
-    // spells of 100-200 ms (measured here: the same replay's iterations at 1.3, 1.8, 3.5 and
-    // 2.3 ms in turn within one run of 400), which 30 iterations of a small model sit inside.
-    // The mean over many spells is the work over the host's average speed, for the original
-    // and the replay alike.
-    let stat = "mean";
+    // Paired blocks: the original and the three replays run side by side as four processes
+    // that take turns, a block of iterations each (about `block_ms` of the original's), and a
+    // round's ratio sets blocks run within a few hundred ms of each other against each other.
+    // A quiet VM's speed moves by up to 2x in spells of 100-200 ms and drifts over minutes
+    // (the same model's original took 3.2 ms and 2.6 ms half an hour apart here); timings
+    // taken one after the other, a second each, sat in different spells, which left one
+    // round's ratio +-20% off. A block is a sum over its iterations (a busy host preempts
+    // some of them and not others: a sum counts both), and the median over many rounds drops
+    // the rounds whose blocks straddled a change of speed.
     println!(
-        "fidelity over the zoo ({}): {rounds} rounds, order alternating; 1 thread, about 1 s of iterations each (30 to 2000).\n\
-         ratio = replay / original {stat} iteration per round, median over rounds; gaps from the quiet\n\
+        "fidelity over the zoo ({}): {rounds} rounds of paired blocks; 1 thread. The original and three replays\n\
+         run side by side and take turns, a block of about {block_ms} ms of iterations each, the order rotating.\n\
+         ratio = replay block / original block in the same round, median over rounds; gaps from the quiet\n\
          and from the busy capture (the host made busy while capturing only). peak ratio: the replay's\n\
          peak live bytes less its inputs over the original's peak over its start (profile_memory).",
         dir.display()
@@ -228,55 +334,57 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
         )
         .unwrap_or_default();
-        // The measured stretch must span many slices (a busy host) and speed spells (a quiet
-        // VM) for the mean to be the work over the host's average speed rather than where a
-        // few fell: about 1 s of the original's quiet iterations (its capture's timing).
+        // Iterations per block: about `block_ms` of the original's quiet iterations (its
+        // capture's timing), the same count for all four so that a block's times compare as
+        // they are.
         let iters = {
             let ms = meta["iter_ms_median"]
                 .as_f64()
                 .filter(|ms| ms.is_finite() && *ms > 0.0)
                 .unwrap_or(10.0);
-            ((1000.0 / ms).ceil() as usize).clamp(30, 2000)
+            ((block_ms / ms).round() as usize).clamp(1, 1000)
         };
-        let mut per_round = Vec::new();
-        let mut orig = Vec::new();
-        let mut orig_faults = Vec::new();
-        let mut first_busy: Option<serde_json::Value> = None;
-        let mut first_plain: Option<serde_json::Value> = None;
-        for round in 0..rounds {
-            let mut r = [f64::NAN; 4];
-            let order: [usize; 4] = if round % 2 == 0 {
-                [0, 1, 2, 3]
-            } else {
-                [3, 2, 1, 0]
+        // Started one at a time, each running its first block (start-up, calibration, warm-up;
+        // not counted) before the next starts, so no calibration shares the host with another
+        // process's start. Then `rounds` rounds, one block each in turn.
+        let mut procs = Vec::with_capacity(4);
+        for which in 0..4 {
+            let mut p = match which {
+                0 => serve_original(root, torch_py, &m.name, iters)?,
+                1 => serve_replay(bin, &et(&q), None, iters, rounds + 1)?,
+                2 => serve_replay(bin, &et(&q), Some(&kin(&q)), iters, rounds + 1)?,
+                _ => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1)?,
             };
-            for which in order {
-                r[which] = match which {
-                    0 => {
-                        let (ms, faults) = time_original(root, torch_py, &m.name, stat, iters)?;
-                        orig_faults.push(faults);
-                        ms
-                    }
-                    1 => {
-                        let j = replay(bin, &et(&q), None, iters, &[])?;
-                        let v = j["iter_ms"][stat].as_f64().unwrap_or(f64::NAN);
-                        first_plain.get_or_insert(j);
-                        v
-                    }
-                    2 => replay(bin, &et(&q), Some(&kin(&q)), iters, &[])?["iter_ms"][stat]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    _ => {
-                        let j = replay(bin, &et(&b), Some(&kin(&b)), iters, &[])?;
-                        let v = j["iter_ms"][stat].as_f64().unwrap_or(f64::NAN);
-                        first_busy.get_or_insert(j);
-                        v
-                    }
-                };
-            }
-            orig.push(r[0]);
-            per_round.push([r[1] / r[0], r[2] / r[0], r[3] / r[0]]);
+            p.block()?;
+            procs.push(p);
         }
+        let mut per_round = Vec::with_capacity(rounds);
+        let mut orig = Vec::with_capacity(rounds);
+        let mut orig_faults = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            // Each process starts a round in each place in turn, forwards and backwards, so
+            // none always follows the same one (caches, the host's spells).
+            let mut order = [0usize, 1, 2, 3];
+            order.rotate_left(round % 4);
+            if (round / 4) % 2 == 1 {
+                order.reverse();
+            }
+            let mut r = [Block {
+                ms: f64::NAN,
+                faults: f64::NAN,
+            }; 4];
+            for which in order {
+                r[which] = procs[which].block()?;
+            }
+            orig.push(r[0].ms / iters as f64);
+            orig_faults.push(r[0].faults);
+            per_round.push([r[1].ms / r[0].ms, r[2].ms / r[0].ms, r[3].ms / r[0].ms]);
+        }
+        let mut procs = procs.into_iter();
+        drop(procs.next());
+        let first_plain = procs.next().map(Paced::finish).transpose()?;
+        drop(procs.next());
+        let first_busy = procs.next().map(Paced::finish).transpose()?;
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
         let checked = replay(bin, &et(&q), None, 30, &["--check-values"])?;
         let nonfinite = match &checked["first_nonfinite"] {
@@ -318,9 +426,24 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
             rounds: per_round,
         };
+        let quartiles = |k: usize| {
+            let mut v: Vec<f64> = row
+                .rounds
+                .iter()
+                .map(|r| r[k])
+                .filter(|x| x.is_finite())
+                .collect();
+            v.sort_by(f64::total_cmp);
+            let at = |q: f64| {
+                v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                    .copied()
+                    .unwrap_or(f64::NAN)
+            };
+            format!("{:.2}-{:.2}", at(0.25), at(0.75))
+        };
         eprintln!(
-            "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy)",
-            row.model, row.orig_ms, row.plain, row.quiet, row.busy
+            "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy); rounds' quartiles {}, {}, {}",
+            row.model, row.orig_ms, row.plain, row.quiet, row.busy, quartiles(0), quartiles(1), quartiles(2)
         );
         rows.push((row, m.covers.clone()));
     }

@@ -190,6 +190,12 @@ pub struct ReplayArgs {
     /// Reproduce the original run's time outside operators (Python, autograd) between ops.
     #[arg(long, requires = "kineto")]
     pub emulate_gaps: bool,
+    /// For a harness that compares programs side by side: run the measured iterations in
+    /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
+    /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,
+    /// `minor_faults`) before the report.
+    #[arg(long, value_name = "N", conflicts_with = "ranks")]
+    pub paced: Option<usize>,
 }
 
 /// How a replay runs, shared by `replay` and `compare`.

@@ -842,8 +842,18 @@ pub fn run(
     let mut timer = bound.device.timer();
     let sampler = gpu_sampler(&bound.device, opts, &timer);
     let total = total_iterations(opts);
+    // Pacing: the pace and the measured iterations of the running block (`None` between
+    // blocks), while the pacer lets it go on.
+    let mut pacing = opts
+        .pace
+        .as_ref()
+        .filter(|p| p.every > 0)
+        .map(|p| (p, None::<usize>));
     for it in 0..total {
         let phase = Phase::of(it, opts);
+        if let (Some((pace, None)), Phase::Measured) = (pacing, phase) {
+            pacing = pace.pacer.start().then_some((pace, Some(0)));
+        }
         let instr = if phase == Phase::Instrumented {
             match ffi::Instrumentation::start(bound.device.cuda().is_some()) {
                 Ok(i) => Some(i),
@@ -857,6 +867,15 @@ pub fn run(
             None
         };
         let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
+        if let Some((pace, Some(n))) = pacing {
+            // A block ends at its size or with the measured phase.
+            let n = n + 1;
+            let ends = n == pace.every || Phase::of(it + 1, opts) != Phase::Measured;
+            if ends {
+                pace.pacer.end(n);
+            }
+            pacing = Some((pace, (!ends).then_some(n)));
+        }
         if opts.probe_work && phase != Phase::WarmUp {
             // In running time, as the calibration's windows are.
             let waited0 = rec.waited_us();

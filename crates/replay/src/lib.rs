@@ -38,7 +38,7 @@ pub mod work;
 pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
-pub use options::{DistOptions, ReplayOptions};
+pub use options::{DistOptions, Pace, Pacer, ReplayOptions};
 pub use report::{
     CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
     Report, StepTiming,

@@ -56,6 +56,38 @@ pub struct ReplayOptions {
     pub dist: Option<DistOptions>,
     /// CUDA: sample the GPU through NVML every this many ms (0: off).
     pub nvml_period_ms: u64,
+    /// Run the measured iterations in blocks, each started and ended through a caller's
+    /// [`Pacer`] (`None`: back to back).
+    pub pace: Option<Pace>,
+}
+
+/// Measured iterations in blocks of `every`, each waiting for the caller's go: a harness stands
+/// several replays (and the original model) side by side and runs them in turn, so that the
+/// blocks it compares run within milliseconds of each other, in the same spells of the host's
+/// speed (a VM's speed moves by up to 2x in spells of 100-200 ms and drifts over minutes, so
+/// timings taken one after the other compare the spells as much as the programs).
+#[derive(Clone)]
+pub struct Pace {
+    /// Measured iterations per block (the last one may be shorter).
+    pub every: usize,
+    pub pacer: std::sync::Arc<dyn Pacer>,
+}
+
+impl std::fmt::Debug for Pace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pace").field("every", &self.every).finish()
+    }
+}
+
+/// The caller's side of [`Pace`]. Both calls happen outside every timing.
+pub trait Pacer: Send + Sync {
+    /// Returns when the next block may start; `false`: stop pacing (the remaining measured
+    /// iterations run back to back).
+    fn start(&self) -> bool;
+    /// The block just ran `iters` measured iterations (the pacer times the block itself, from
+    /// its `start` returning to this call: what a harness compares is the same span for every
+    /// process it runs).
+    fn end(&self, iters: usize);
 }
 
 /// This process's place among the ranks, and where they meet: what torchrun's `RANK`,
@@ -138,6 +170,7 @@ impl Default for ReplayOptions {
             dist: None,
             force: false,
             nvml_period_ms: 20,
+            pace: None,
         }
     }
 }

@@ -239,6 +239,14 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         progress: true,
         dist,
         nvml_period_ms: a.nvml_period,
+        pace: match a.paced {
+            Some(0) => anyhow::bail!("--paced needs at least 1 iteration per block"),
+            Some(every) => Some(replay::Pace {
+                every,
+                pacer: std::sync::Arc::new(StdioPacer::default()),
+            }),
+            None => None,
+        },
         ..a.run.options()
     };
     if !json {
@@ -289,6 +297,49 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         }
     }
     completed(&report)
+}
+
+/// `--paced`: a block starts when a line arrives on stdin and is answered by a JSON line on
+/// stdout with its wall time and the page faults taken in it.
+#[derive(Default)]
+struct StdioPacer {
+    started: std::sync::Mutex<Option<(std::time::Instant, Option<u64>)>>,
+}
+
+impl replay::Pacer for StdioPacer {
+    fn start(&self) -> bool {
+        let mut line = String::new();
+        match std::io::stdin().read_line(&mut line) {
+            Ok(n) if n > 0 => {
+                let faults = metrics::minor_page_faults();
+                *self.started.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((std::time::Instant::now(), faults));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn end(&self, iters: usize) {
+        let Some((t, faults)) = self
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let faults = faults.zip(metrics::minor_page_faults()).map(|(a, b)| b - a);
+        let mut out = std::io::stdout().lock();
+        // A harness that went away leaves nothing to tell; the replay still ends normally.
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::json!({"block_ms": ms, "iters": iters, "minor_faults": faults})
+        )
+        .and_then(|_| out.flush());
+    }
 }
 
 /// The original's uninstrumented iteration (ms) from a capture script's `NAME.meta.json`
