@@ -162,9 +162,16 @@ fn compare_reports_ratios_and_an_svg() {
     assert!((j["ratio_iter"].as_f64().unwrap() - expect).abs() < 1e-9);
     assert!(j["basis_ops"].as_str().unwrap().starts_with("profiled"));
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
-    // The gaps are spun as work, at the rate the calibration probed between its iterations.
-    let rate = j["gap_model"]["work_units_per_us"].as_f64().unwrap();
-    assert!(rate.is_finite() && rate > 0.0, "{rate}");
+    // The replay spins what the model says: each gap counts from the previous op's end, so the
+    // time between ops is at least the emulated gaps (a spin that ran short of them, as work
+    // whose rate depends on what the ops left in the caches did, fails this).
+    let emulated = j["gap_model"]["emulated_ms"].as_f64().unwrap();
+    let between = j["replay"]["between_ops_ms"].as_f64().unwrap();
+    assert!(emulated > 0.0, "{emulated}");
+    assert!(
+        between >= emulated * 0.999,
+        "{between} ms between ops < {emulated} ms emulated"
+    );
     assert!(!j["top_differences"].as_array().unwrap().is_empty());
     // The extra iteration under the capture's instrumentation profiled every linked op, and
     // compares like for like with the original's profiled durations.
@@ -196,4 +203,68 @@ fn a_malformed_local_rank_is_refused_before_any_work() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("LOCAL_RANK"), "{err}");
+}
+
+/// `--paced N`: each block of N measured iterations waits for a line on stdin and is answered
+/// by one JSON line before the report; when the input ends, the rest run back to back.
+#[test]
+fn a_paced_replay_runs_a_block_per_line_and_answers_each() {
+    use std::io::{BufRead, Write};
+    let run = |lines: usize| -> (Vec<serde_json::Value>, serde_json::Value) {
+        let mut child = bin()
+            .arg("replay")
+            .arg(shared("cpu/mlp.linked.et.json"))
+            .args(["--json", "--threads", "1", "--warmup", "1", "--iters", "5"])
+            .args(["--paced", "2"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut blocks = Vec::new();
+        for _ in 0..lines {
+            writeln!(stdin, "go").unwrap();
+            stdin.flush().unwrap();
+            // The answer comes before the next line is sent: a block runs on its own line.
+            let mut l = String::new();
+            out.read_line(&mut l).unwrap();
+            blocks.push(serde_json::from_str::<serde_json::Value>(&l).unwrap());
+        }
+        drop(stdin);
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+        assert!(child.wait().unwrap().success());
+        (blocks, serde_json::from_str(rest.trim()).unwrap())
+    };
+    // Blocks of 2, 2 and the last 1 of the 5 measured iterations.
+    let (blocks, report) = run(3);
+    let iters: Vec<u64> = blocks
+        .iter()
+        .map(|b| b["iters"].as_u64().unwrap())
+        .collect();
+    assert_eq!(iters, [2, 2, 1]);
+    for b in &blocks {
+        assert!(b["block_ms"].as_f64().unwrap() > 0.0, "{b}");
+        assert!(b["minor_faults"].as_u64().is_some(), "{b}");
+    }
+    assert_eq!(report["iter_ms"]["n"], 5);
+    // One line, then the end of input: the other three run unpaced, and the report is whole.
+    let (blocks, report) = run(1);
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(report["iter_ms"]["n"], 5);
+    assert_eq!(report["ops_failed"], 0);
+}
+
+#[test]
+fn paced_blocks_need_an_iteration() {
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .args(["--paced", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--paced"));
 }

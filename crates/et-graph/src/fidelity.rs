@@ -78,10 +78,6 @@ pub struct ReplayTimes<'a> {
     /// The instrumentation's cost of one event without arguments (µs), probed on this host
     /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
     pub event_us: Option<f64>,
-    /// The host's rate of the replay's emulated work (units per µs of running time), measured
-    /// between the same iterations: the gaps, computed in µs at this run's speed, are spun as
-    /// that much work, which follows the host's speed as the original's Python does.
-    pub work_units_per_us: Option<f64>,
 }
 
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
@@ -133,9 +129,9 @@ pub struct GapModel {
     pub shortest_slice_us: Option<f64>,
     /// Gaps taken to hold a lost time slice, emulated as the capture's median gap instead.
     pub slices_in_gaps: usize,
-    /// The gaps are spun as this many units of work per µs (`ReplayTimes::work_units_per_us`);
-    /// `None`: for their time.
-    pub work_units_per_us: Option<f64>,
+    /// Each gap was put on this host by the speed of the ops around it ([`local_speed`]), not
+    /// by `speed`: the capture lost time slices, so its share of a CPU moved while it ran.
+    pub local_speed: bool,
 }
 
 /// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
@@ -153,8 +149,9 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// where `g_i` is the capture's (instrumented) gap before op `i`, `speed` puts it on this host
 /// under the same instrumentation (the replay's profiled op windows over the original's, summed
 /// over the ops found in both that ran and launched no GPU work, so a capture on a busy or
-/// slower host counts for what it is), and the two
-/// subtractions remove what that instrumentation costs here: the instrumented replay's own
+/// slower host counts for what it is; for a capture that lost time slices, the same ratio over
+/// the ops around the gap, [`local_speed`], as such a host's share of the CPU moved while it
+/// ran), and the two subtractions remove what that instrumentation costs here: the instrumented replay's own
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
 /// for each event the original recorded inside the gap: `per_gap_event` (the probed cost of an
 /// event without arguments) for the `n_i` that record none (annotations, autograd's
@@ -225,8 +222,9 @@ pub fn gap_model(
     // slices a busy capture host lost are taken out below.
     let (mut window_sum, mut original_sum, mut excess_sum, mut events_sum) = (0.0, 0.0, 0.0, 0.0);
     let mut speed_ops = 0;
-    // (replay window, capture duration) of each op found in both.
+    // (replay window, capture duration) of each op found in both, and its position.
     let mut pairs: Vec<(f64, f64)> = Vec::new();
+    let mut pair_pos: Vec<usize> = Vec::new();
     for (pos, e) in l.event_of.iter().enumerate() {
         let (Some(e), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
             continue;
@@ -249,6 +247,7 @@ pub fn gap_model(
         }
         speed_ops += 1;
         pairs.push((window, original.max(0.0)));
+        pair_pos.push(pos);
         window_sum += window;
         original_sum += original.max(0.0);
         excess_sum += window - plain;
@@ -270,11 +269,13 @@ pub fn gap_model(
     // median ratio, which a few slices do not move) cannot explain, when at least a slice long.
     // Those ops leave the speed's sums: it is a ratio of sums over the other ops.
     let mut slices: Vec<f64> = Vec::new();
+    let mut sliced = vec![false; pairs.len()];
     if let Some(c) = weighted_median_speed(&pairs).filter(|&c| speed_ops >= 3 && c > 0.0) {
-        for &(w, o) in &pairs {
+        for (k, &(w, o)) in pairs.iter().enumerate() {
             let lost = o - w / c;
             if lost >= SLICE_MIN_US {
                 slices.push(lost);
+                sliced[k] = true;
                 window_sum -= w;
                 original_sum -= o;
             }
@@ -323,12 +324,21 @@ pub fn gap_model(
     // Each gap's own estimate (clipped at 0) gives the shape; the total is the sum of the
     // unclipped estimates, so clipping the gaps that come out negative does not bias it up.
     let mut total = 0.0;
+    // A capture that lost time slices ran on a shared CPU, whose share moved over the capture:
+    // each gap is put on this host by the speed of the ops around it (`local_speed`).
+    let shared_cpu = !slices.is_empty() && speed_ops >= 3;
     let mut gaps: Vec<f64> = l
         .event_of
         .iter()
         .zip(&orig.gap_us)
-        .map(|(e, &g)| {
+        .enumerate()
+        .map(|(pos, (e, &g))| {
             let Some(e) = e else { return 0.0 };
+            let speed = if shared_cpu {
+                local_speed(&pairs, &pair_pos, &sliced, pos).unwrap_or(speed)
+            } else {
+                speed
+            };
             let ev = &k.events[*e as usize];
             // Events of this op's thread that start inside the gap (before the op's start).
             let (light, heavy) = match (prev_end, l.span) {
@@ -386,8 +396,38 @@ pub fn gap_model(
         slices_in_ops: slices.len(),
         shortest_slice_us,
         slices_in_gaps,
-        work_units_per_us: r.work_units_per_us.filter(|r| r.is_finite() && *r > 0.0),
+        local_speed: shared_cpu,
     }
+}
+
+/// The capture's speed around the gap before position `pos`: the replay's windows over the
+/// capture's durations, summed over the ops found in both nearest to it on either side (taken
+/// in turn, nearest first) until they hold a time slice ([`SLICE_MIN_US`]) of the capture's
+/// time, ops that lost a slice left out. A busy capture host shares its CPU with other work,
+/// and the share moves over the capture (the zoo's busy DLRM capture: its backward's ops and the
+/// gaps between them up to 10x their quiet times, its forward's about 1.3x), so a gap slowed in
+/// such a stretch is put on this host's speed by the ops around it rather than by the whole
+/// iteration's. `None` without such ops.
+fn local_speed(pairs: &[(f64, f64)], pos_of: &[usize], sliced: &[bool], pos: usize) -> Option<f64> {
+    let k = pos_of.partition_point(|&p| p < pos);
+    let (mut left, mut right) = (k, k);
+    let (mut w, mut o) = (0.0, 0.0);
+    let mut take_left = true;
+    while o < SLICE_MIN_US && (left > 0 || right < pairs.len()) {
+        let next = if (take_left && left > 0) || right >= pairs.len() {
+            left -= 1;
+            left
+        } else {
+            right += 1;
+            right - 1
+        };
+        take_left = !take_left;
+        if !sliced[next] {
+            w += pairs[next].0;
+            o += pairs[next].1;
+        }
+    }
+    (o > 0.0 && w > 0.0).then(|| w / o)
 }
 
 /// The median of `window / original` over `(window, original)` pairs, weighted by the window

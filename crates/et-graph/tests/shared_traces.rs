@@ -643,7 +643,6 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &none,
             event_us: None,
-            work_units_per_us: None,
         },
     );
     assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
@@ -662,7 +661,6 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
-            work_units_per_us: None,
         },
     );
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
@@ -687,7 +685,6 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
-            work_units_per_us: None,
         },
     );
     assert!(
@@ -791,7 +788,6 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         between_us: 0.0,
         profiled: &prof,
         event_us: None,
-        work_units_per_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
@@ -845,4 +841,120 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
             o.gap_us[i]
         );
     }
+}
+
+/// A busy capture host shares its CPU, and the share moves while the capture runs: here a
+/// stretch of the iteration ran 5x slow (its ops and the gaps between them), and one op lost a
+/// whole slice, which marks the capture as made on a shared CPU. Each gap is put on this host
+/// by the ops around it: the stretch's gaps come out as the quiet capture's, and so do the gaps
+/// elsewhere, where one speed for the whole iteration would shrink every gap outside the
+/// stretch and leave the stretch's too long.
+#[test]
+fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap() {
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
+    let quiet =
+        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &quiet).unwrap();
+    let o = original_timing(&l, &quiet);
+    let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let prof = replay_times(&orig, &orig, 0.0);
+    let times = ReplayTimes {
+        plain_us: &orig,
+        between_us: 0.0,
+        profiled: &prof,
+        event_us: None,
+    };
+    let before = gap_model(&t, &l, &quiet, &o, &times);
+    assert!(!before.local_speed);
+    let found: Vec<usize> = (0..l.event_of.len())
+        .filter(|&i| l.event_of[i].is_some())
+        .collect();
+    let ev = |k: &et_schema::kineto::KinetoTrace, i: usize| {
+        k.events[l.event_of[i].unwrap() as usize].clone()
+    };
+    // Time from t0 to t1 runs 5x slow; what follows moves by the difference.
+    let (s, e) = (found[found.len() / 2], found[found.len() * 3 / 4]);
+    let (t0, t1) = (ev(&quiet, s).ts - 0.5, ev(&quiet, e).ts - 0.5);
+    let dilate = |x: f64| {
+        if x <= t0 {
+            x
+        } else if x <= t1 {
+            t0 + 5.0 * (x - t0)
+        } else {
+            x + 4.0 * (t1 - t0)
+        }
+    };
+    let mut busy = quiet.clone();
+    for e in &mut busy.events {
+        let end = dilate(e.ts + e.dur);
+        e.ts = dilate(e.ts);
+        e.dur = end - e.ts;
+    }
+    // And one op early on lost a 3 ms slice.
+    let a = found[found.len() / 8];
+    let at = ev(&busy, a);
+    for e in &mut busy.events {
+        if e.ts > at.ts + at.dur / 2.0 {
+            e.ts += 3000.0;
+        } else if e.ts + e.dur > at.ts + at.dur / 2.0 {
+            e.dur += 3000.0;
+        }
+    }
+    // Linked afresh: the iteration's span (the first gap's edges) is the busy capture's.
+    let l = link(&g, &set, &busy).unwrap();
+    let ob = original_timing(&l, &busy);
+    let m = gap_model(&t, &l, &busy, &ob, &times);
+    // The slice, and the stretch's longer ops, which overran a slice's length too.
+    assert!(m.slices_in_ops >= 1);
+    assert!(m.local_speed);
+    let shortest = m.shortest_slice_us.unwrap();
+    // The iteration's speed mixes the stretch with the rest: neither's.
+    assert!(m.speed < 0.9 && m.speed > 0.2, "{}", m.speed);
+    // Gaps whose nearest ops on both sides (half a slice of their time each way) lie on one
+    // side of the stretch's edges, and away from the sliced op, come out as the quiet ones.
+    let quiet_time = |from: usize, to: usize| -> f64 {
+        found
+            .iter()
+            .filter(|&&i| i >= from && i < to)
+            .map(|&i| orig[i])
+            .sum()
+    };
+    let clear = |i: usize| {
+        let near = |edge: usize| {
+            let (lo, hi) = if i < edge { (i, edge) } else { (edge, i) };
+            quiet_time(lo, hi) < 2.0 * et_graph::SLICE_MIN_US
+        };
+        !near(s) && !near(e) && !near(a) && !near(a + 1)
+    };
+    let (mut inside, mut outside) = (0, 0);
+    // (A gap as long as a lost slice is the capture's median gap instead, tested above.)
+    for &i in found
+        .iter()
+        .filter(|&&i| clear(i) && o.gap_us[i] > 0.0 && ob.gap_us[i] < shortest)
+    {
+        if i > s && i < e {
+            inside += 1;
+        } else {
+            outside += 1;
+        }
+        assert!(
+            (m.gaps_us[i] - before.gaps_us[i]).abs() < 1e-4 * before.gaps_us[i].max(1.0),
+            "gap {i} ({}): {} vs {} quiet (capture {} / {})",
+            if i > s && i < e {
+                "in the stretch"
+            } else {
+                "outside"
+            },
+            m.gaps_us[i],
+            before.gaps_us[i],
+            ob.gap_us[i],
+            o.gap_us[i]
+        );
+    }
+    assert!(
+        inside > 5 && outside > 5,
+        "{inside} inside, {outside} outside"
+    );
 }

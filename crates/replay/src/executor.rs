@@ -876,13 +876,6 @@ pub fn run(
             }
             pacing = Some((pace, (!ends).then_some(n)));
         }
-        if opts.probe_work && phase != Phase::WarmUp {
-            // In running time, as the calibration's windows are.
-            let waited0 = rec.waited_us();
-            let (units, us) = crate::work::probe(|| timer.host_us());
-            let us = us - rec.waited_since(waited0);
-            rec.work_rate.add(units, us);
-        }
         if let Some(instr) = instr {
             if let Some(us) = instr.probe_event_us(200) {
                 rec.probed_event_us.push(us);
@@ -1006,22 +999,16 @@ fn iteration(
             }
         }
         if let Some(g) = gaps {
-            match opts.gap_units_per_us.filter(|r| r.is_finite() && *r > 0.0) {
-                // What is left of the gap after the replay's own bookkeeping since the last op,
-                // as work at the rate the gap was computed at.
-                Some(rate) => {
-                    let left_us = last_op_end + g[pos] - timer.host_us();
-                    if left_us > 0.0 {
-                        crate::work::spin((left_us * rate) as u64);
-                    }
-                }
-                None => spin_running(timer, last_op_end + g[pos]),
-            }
+            // Counted from the previous op's end: the bookkeeping since is part of the gap.
+            spin_running(timer, last_op_end + g[pos]);
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
             rec.ran(it, pos, false, None);
             ex.free(pos, &mut slots);
+            // The original ran this op between its two gaps: the next gap counts from here, or
+            // the time spun for this one would count toward it too.
+            last_op_end = timer.host_us();
             continue;
         }
         // Read outside the marks: the reads' own cost is the replay's, between steps.

@@ -33,7 +33,6 @@ pub mod plan;
 mod recorder;
 pub mod report;
 pub mod single;
-pub mod work;
 
 pub use bind::{bind, Bound};
 pub use device::Device;

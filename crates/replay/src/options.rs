@@ -15,15 +15,6 @@ pub struct ReplayOptions {
     /// Time to spend before each step (µs), reproducing the original run's time outside
     /// operators (from a linked Kineto trace).
     pub gaps_us: Option<Vec<f64>>,
-    /// Spin the gaps as work ([`crate::work::spin`]): this many units per µs of gap, the rate
-    /// the host had when the gaps were computed (a calibration's [`crate::Report::work_units_per_us`]),
-    /// so that they slow down and speed up with the host as the original's Python would. `None`:
-    /// the gaps are spun for their time (in running time).
-    pub gap_units_per_us: Option<f64>,
-    /// Measure the host's rate of [`crate::work::spin`] units per µs (running time) with a short
-    /// probe after each measured and instrumented iteration ([`crate::Report::work_units_per_us`]):
-    /// for a calibration, so the rate is taken in the same speed spells as its times.
-    pub probe_work: bool,
     /// Record the median time of every step in the report.
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
@@ -158,8 +149,6 @@ impl Default for ReplayOptions {
             strict: false,
             trace_out: None,
             gaps_us: None,
-            gap_units_per_us: None,
-            probe_work: false,
             per_step: false,
             progress: false,
             instrument: false,

@@ -126,10 +126,6 @@ pub struct Report {
     /// this host (µs), probed with empty record_function scopes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_event_us: Option<f64>,
-    /// With `probe_work`: the host's rate of emulated work ([`crate::work::spin`] units per µs of
-    /// running time) over probes between the iterations.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub work_units_per_us: Option<f64>,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -69,8 +69,7 @@ impl RunOptions for RunArgs {
 /// Gaps to emulate (`et_graph::gap_model`): a short calibration replay of the same ops on this
 /// host, plain and then one iteration under the capture's instrumentation, measures this host's
 /// speed relative to the capture and what the instrumentation costs here; the capture's gaps
-/// are scaled and corrected by those, and the host's rate of the work the gaps are spun as is
-/// probed between the same iterations. Returns the model (gaps and every quantity behind them).
+/// are scaled and corrected by those. Returns the model (gaps and every quantity behind them).
 fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
@@ -99,8 +98,6 @@ fn calibrated_gaps(
         // whole slices on a busy host in most iterations, and its median would read as a slower
         // CPU. The emulated gaps are spun in running time too.
         running_time: true,
-        // The rate of the work the gaps are spun as, in the same speed spells as these times.
-        probe_work: true,
         ..Default::default()
     };
     let (r, _) = replay::replay(g, set, &calib)?;
@@ -134,7 +131,6 @@ fn calibrated_gaps(
             between_us: if host { r.overhead_us_per_op } else { 0.0 },
             profiled: &profiled,
             event_us: r.instrumented_event_us,
-            work_units_per_us: r.work_units_per_us,
         },
     );
     if model.capped > 0 {
@@ -145,14 +141,13 @@ fn calibrated_gaps(
         );
     }
     log::info!(
-        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; spun as {:.2} units of work per us; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
+        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
         model.capture_gaps_ms,
         model.emulated_ms,
         model.speed,
         model.speed_ops,
         model.per_event_us,
         model.per_boundary_us,
-        model.work_units_per_us.unwrap_or(f64::NAN),
         r.cpu.as_ref().and_then(|c| c.waited_for_cpu_ms).unwrap_or(0.0)
     );
     Ok(model)
@@ -227,14 +222,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         _ => None,
     };
     let gaps_us = gap_model.as_ref().map(|m| m.gaps_us.clone());
-    let gap_units_per_us = gap_model.as_ref().and_then(|m| m.work_units_per_us);
     let opts = replay::ReplayOptions {
         device,
         strict: a.strict,
         // The NVML timelines come from the timeline's counters.
         trace_out: a.trace_out.clone().or_else(|| a.gpu_svg.clone()),
         gaps_us,
-        gap_units_per_us,
         // On stderr, so with --json too.
         progress: true,
         dist,
@@ -378,11 +371,17 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
-    if let Some(r) = m.work_units_per_us {
+    if m.slices_in_ops > 0 {
         writeln!(
             out,
-            "           spun as work ({r:.2} units per us at the calibration's speed), so the gaps \
-             slow and speed up with this host as the original's Python would"
+            "           the capture lost {} time slices in ops (a shared CPU; {} gaps held one): {}",
+            m.slices_in_ops,
+            m.slices_in_gaps,
+            if m.local_speed {
+                "each gap put on this host by the speed of the ops around it"
+            } else {
+                "gaps put on this host by the iteration's speed"
+            }
         )?;
     }
     Ok(())
@@ -645,7 +644,6 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let opts = replay::ReplayOptions {
         device,
         gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
-        gap_units_per_us: gap_model.as_ref().and_then(|m| m.work_units_per_us),
         per_step: true,
         instrument: true,
         ..a.run.options()
@@ -727,6 +725,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "original": {"iter_ms": orig_iter_ms, "ops_ms": orig_ops_ms, "gaps_ms": gaps_ms,
                      "uninstrumented_ms": uninstrumented.as_ref().map(|u| u.0)},
         "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms,
+                   // Measured: the mean iteration less its mean time in ops.
+                   "between_ops_ms": r.iter_ms.mean - r.op_ms.mean,
                    "instrumented_iter_ms": r.instrumented_iter_ms},
         "ratio_iter": ratio_iter,
         "basis_iter": basis,
