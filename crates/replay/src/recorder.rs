@@ -370,27 +370,6 @@ impl<'a> Recorder<'a> {
                 t.1 += 1;
             }
         }
-        if std::env::var_os("MYSTIQUE_EXP_DUMP").is_some() {
-            let g: Vec<String> = top
-                .windows(2)
-                .map(|w| {
-                    format!(
-                        "{:.1}",
-                        (events[w[1].0].start_ns as f64 - events[w[0].0].end_ns as f64) / 1e3
-                    )
-                })
-                .collect();
-            let d: Vec<String> = top
-                .iter()
-                .map(|&(i, _)| {
-                    format!(
-                        "{:.1}",
-                        (events[i].end_ns - events[i].start_ns) as f64 / 1e3
-                    )
-                })
-                .collect();
-            eprintln!("DUMP gaps {}\nDUMP windows {}", g.join(","), d.join(","));
-        }
         let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
         let mut out = vec![None; self.plan.steps.len()];
