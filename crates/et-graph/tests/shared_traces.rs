@@ -623,9 +623,7 @@ fn replay_times(windows: &[f64], plain: &[f64], between: f64) -> Vec<Option<(f64
 
 #[test]
 fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
-    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
-    let kt =
-        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let (t, kt) = transformer_pair();
     let g = Graph::new(&t);
     let set = g.replay_set(None);
     let l = link(&g, &set, &kt).unwrap();
@@ -767,15 +765,40 @@ fn composition_refuses_what_would_overflow() {
     assert_eq!(compose::repeat(&t, 3).unwrap().nodes.len(), 4);
 }
 
+/// The shared CPU transformer's linked ET and its Kineto trace.
+fn transformer_pair() -> (et_schema::Trace, et_schema::kineto::KinetoTrace) {
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
+    let k =
+        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    (t, k)
+}
+
+/// Replay-set positions linked to a Kineto event.
+fn linked_positions(l: &Link) -> Vec<usize> {
+    (0..l.event_of.len())
+        .filter(|&i| l.event_of[i].is_some())
+        .collect()
+}
+
+/// `d` µs lost at moment `at` of a capture: what contains the moment grows, what starts after
+/// it moves.
+fn steal(k: &mut et_schema::kineto::KinetoTrace, at: f64, d: f64) {
+    for e in &mut k.events {
+        if e.ts > at {
+            e.ts += d;
+        } else if e.ts + e.dur > at {
+            e.dur += d;
+        }
+    }
+}
+
 /// A capture on a busy host loses whole time slices to other processes: one op and one gap
 /// each hold a few milliseconds the model never spent. The gap model's speed is not fooled by
 /// the op's (a weighted median, not a ratio of sums), and the gap as long as the lost slice is
 /// emulated as the capture's median gap, not as the slice.
 #[test]
 fn time_slices_a_busy_capture_lost_are_not_emulated() {
-    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
-    let quiet =
-        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let (t, quiet) = transformer_pair();
     let g = Graph::new(&t);
     let set = g.replay_set(None);
     let l = link(&g, &set, &quiet).unwrap();
@@ -792,21 +815,9 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
     assert_eq!((before.slices_in_ops, before.slices_in_gaps), (0, 0));
-    // Steal 3 ms inside op `a` and 4 ms inside the gap before op `b`: what contains the
-    // moment grows, what starts after it moves.
+    // Steal 3 ms inside op `a` and 4 ms inside the gap before op `b`.
     let mut busy = quiet.clone();
-    let steal = |k: &mut et_schema::kineto::KinetoTrace, at: f64, d: f64| {
-        for e in &mut k.events {
-            if e.ts > at {
-                e.ts += d;
-            } else if e.ts + e.dur > at {
-                e.dur += d;
-            }
-        }
-    };
-    let found: Vec<usize> = (0..l.event_of.len())
-        .filter(|&i| l.event_of[i].is_some())
-        .collect();
+    let found = linked_positions(&l);
     let a = found[found.len() / 3];
     let ea = quiet.events[l.event_of[a].unwrap() as usize].clone();
     steal(&mut busy, ea.ts + ea.dur / 2.0, 3000.0);
@@ -851,9 +862,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
 /// stretch and leave the stretch's too long.
 #[test]
 fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap() {
-    let t = et_schema::read_trace(&shared().join("cpu/transformer.linked.et.json.gz")).unwrap();
-    let quiet =
-        et_schema::kineto::read_kineto(&shared().join("cpu/transformer.kineto.json.gz")).unwrap();
+    let (t, quiet) = transformer_pair();
     let g = Graph::new(&t);
     let set = g.replay_set(None);
     let l = link(&g, &set, &quiet).unwrap();
@@ -868,9 +877,7 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!(!before.local_speed);
-    let found: Vec<usize> = (0..l.event_of.len())
-        .filter(|&i| l.event_of[i].is_some())
-        .collect();
+    let found = linked_positions(&l);
     let ev = |k: &et_schema::kineto::KinetoTrace, i: usize| {
         k.events[l.event_of[i].unwrap() as usize].clone()
     };
@@ -895,13 +902,7 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
     // And one op early on lost a 3 ms slice.
     let a = found[found.len() / 8];
     let at = ev(&busy, a);
-    for e in &mut busy.events {
-        if e.ts > at.ts + at.dur / 2.0 {
-            e.ts += 3000.0;
-        } else if e.ts + e.dur > at.ts + at.dur / 2.0 {
-            e.dur += 3000.0;
-        }
-    }
+    steal(&mut busy, at.ts + at.dur / 2.0, 3000.0);
     // Linked afresh: the iteration's span (the first gap's edges) is the busy capture's.
     let l = link(&g, &set, &busy).unwrap();
     let ob = original_timing(&l, &busy);
