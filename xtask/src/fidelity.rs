@@ -180,6 +180,20 @@ fn serve_original(root: &Path, torch_py: &Path, m: &str, iters: usize) -> Result
     Paced::spawn(format!("the original {m}"), c)
 }
 
+/// `mystique replay ET` as the zoo runs it: one thread, 3 warm-up and `iters` measured
+/// iterations, a JSON report (with gaps from `kineto`).
+fn replay_command(bin: &Path, et: &Path, kineto: Option<&Path>, iters: usize) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("replay")
+        .arg(et)
+        .args(["--threads", "1", "--warmup", "3", "--json", "--iters"])
+        .arg(iters.to_string());
+    if let Some(k) = kineto {
+        c.arg("--kineto").arg(k).arg("--emulate-gaps");
+    }
+    c
+}
+
 /// A replay in paced blocks of `iters` iterations, `blocks` of them (with gaps from `kineto`).
 fn serve_replay(
     bin: &Path,
@@ -188,38 +202,16 @@ fn serve_replay(
     iters: usize,
     blocks: usize,
 ) -> Result<Paced> {
-    let mut c = Command::new(bin);
-    c.arg("replay")
-        .arg(et)
-        .args(["--threads", "1", "--warmup", "3", "--json", "--iters"])
-        .arg((iters * blocks).to_string())
-        .arg("--paced")
+    let mut c = replay_command(bin, et, kineto, iters * blocks);
+    c.arg("--paced")
         .arg(iters.to_string())
         .stderr(std::process::Stdio::null());
-    if let Some(k) = kineto {
-        c.arg("--kineto").arg(k).arg("--emulate-gaps");
-    }
     Paced::spawn(format!("the replay of {}", et.display()), c)
 }
 
-fn replay(
-    bin: &Path,
-    et: &Path,
-    kineto: Option<&Path>,
-    iters: usize,
-    extra: &[&str],
-) -> Result<serde_json::Value> {
-    let mut c = Command::new(bin);
-    c.arg("replay")
-        .arg(et)
-        .args(["--threads", "1", "--iters"])
-        .arg(iters.to_string())
-        .args(["--warmup", "3", "--json"])
-        .args(extra);
-    if let Some(k) = kineto {
-        c.arg("--kineto").arg(k).arg("--emulate-gaps");
-    }
-    let r = c.output()?;
+/// A plain replay run to its end, with `extra` arguments; its report.
+fn replay(bin: &Path, et: &Path, iters: usize, extra: &[&str]) -> Result<serde_json::Value> {
+    let r = replay_command(bin, et, None, iters).args(extra).output()?;
     // Exit 3 (some ops failed) still has a report.
     serde_json::from_slice(&r.stdout).with_context(|| {
         format!(
@@ -230,7 +222,7 @@ fn replay(
     })
 }
 
-/// The median of the finite values (NaN when there are none: a round that failed).
+/// One model's line of the table.
 struct Row {
     model: String,
     set: String,
@@ -382,11 +374,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         }
         let mut procs = procs.into_iter();
         drop(procs.next());
-        let first_plain = procs.next().map(Paced::finish).transpose()?;
+        // The plain replay's and the busy-capture replay's reports, at their end.
+        let plain = procs.next().map(Paced::finish).transpose()?;
         drop(procs.next());
-        let first_busy = procs.next().map(Paced::finish).transpose()?;
+        let busy = procs.next().map(Paced::finish).transpose()?;
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
-        let checked = replay(bin, &et(&q), None, 30, &["--check-values"])?;
+        let checked = replay(bin, &et(&q), 30, &["--check-values"])?;
         let nonfinite = match &checked["first_nonfinite"] {
             serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
             v => format!(
@@ -395,8 +388,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 checked["nonfinite_externals"]
             ),
         };
-        let plain = first_plain.unwrap_or_default();
-        let busy = first_busy.unwrap_or_default();
+        let (plain, busy) = (plain.unwrap_or_default(), busy.unwrap_or_default());
         let orig_ms = crate::median(&orig);
         let col = |k: usize| crate::median(&per_round.iter().map(|r| r[k]).collect::<Vec<_>>());
         let row = Row {
