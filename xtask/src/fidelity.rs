@@ -1,4 +1,4 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--svg PATH]`: replay vs original over the
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--against BIN] [--svg PATH]`: replay vs original over the
 //! model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
@@ -270,6 +270,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut svg: Option<PathBuf> = None;
     let mut busy_host = false;
     let mut glibc_heap_defaults = false;
+    let mut against: Option<PathBuf> = None;
     let mut block_ms = 40.0f64;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -286,6 +287,14 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
             "--busy-host" => busy_host = true,
             "--glibc-heap-defaults" => glibc_heap_defaults = true,
+            "--against" => {
+                let p = PathBuf::from(
+                    it.next()
+                        .context("--against PATH (another build's mystique)")?,
+                );
+                anyhow::ensure!(p.is_file(), "--against {}: no such file", p.display());
+                against = Some(p);
+            }
             "--block-ms" => {
                 block_ms = it
                     .next()
@@ -335,6 +344,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
              zoo's Python, mallopt in the replay)"
         }
     );
+    if let Some(a) = &against {
+        println!(
+            "A/B: the \"busy\" column is {} with gaps from the quiet capture, in the same rounds as this build",
+            a.display()
+        );
+    }
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
     // beside the replays under the same load, so the ratio compares like with like.
     let _burners = if busy_host {
@@ -379,7 +394,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
                 1 => serve_replay(bin, &et(&q), None, iters, rounds + 1)?,
                 2 => serve_replay(bin, &et(&q), Some(&kin(&q)), iters, rounds + 1)?,
-                _ => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1)?,
+                // A/B: another build on the quiet capture, paired with this one in the same
+                // rounds (two runs apart sit in different phases of the VM's speed).
+                _ => match &against {
+                    Some(a) => serve_replay(a, &et(&q), Some(&kin(&q)), iters, rounds + 1)?,
+                    None => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1)?,
+                },
             };
             p.block()?;
             procs.push(p);

@@ -36,7 +36,7 @@ fn main() -> Result<()> {
                  test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
-                 fidelity [N] [--models a,b] [--block-ms MS] [--svg P] [--busy-host] [--glibc-heap-defaults]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (default 25 of 40); --busy-host: replay and time the original beside one CPU burner per core; the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults)\n\
+                 fidelity [N] [--models a,b] [--block-ms MS] [--svg P] [--busy-host] [--glibc-heap-defaults] [--against BIN]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (default 25 of 40); --busy-host: replay and time the original beside one CPU burner per core; the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique on the quiet captures in place of the busy ones, paired in the same rounds\n\
                  bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
                  gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML"
             );
