@@ -203,6 +203,9 @@ pub struct ReplayArgs {
 pub struct RunArgs {
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    /// Seed of the synthetic input values (the same seed, the same values).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
     /// Intra-op threads (default: libtorch's own default).

@@ -230,6 +230,8 @@ fn child_args(a: &ReplayArgs, rank: usize) -> Vec<String> {
         format!("{:?}", a.run.only).to_lowercase(),
         "--timeout".into(),
         a.timeout.to_string(),
+        "--seed".into(),
+        a.run.seed.to_string(),
     ];
     if let Some(t) = a.run.threads {
         v.extend(["--threads".into(), t.to_string()]);

@@ -9,14 +9,18 @@ use std::path::Path;
 
 /// What `RunArgs` mean to a replay.
 trait RunOptions {
-    fn apply_threads(&self) -> Result<()>;
+    fn apply(&self) -> Result<()>;
     fn options(&self) -> replay::ReplayOptions;
     fn warn_values(&self, r: &replay::Report);
 }
 
 impl RunOptions for RunArgs {
-    /// Sets libtorch's intra-op thread count when `--threads` is given.
-    fn apply_threads(&self) -> Result<()> {
+    /// Seeds libtorch's generator (the synthetic inputs' values) and sets its intra-op
+    /// thread count when `--threads` is given.
+    fn apply(&self) -> Result<()> {
+        // Unseeded, the values differed from one replay to the next, and so could their
+        // health: wide_deep_sgd's went NaN in one `--check-values` run of a dozen.
+        tch::manual_seed(self.seed as i64);
         if let Some(n) = self.threads {
             anyhow::ensure!(n > 0, "--threads must be positive");
             // More threads than cores only adds contention; thousands take minutes to create.
@@ -190,7 +194,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
-    a.run.apply_threads()?;
+    a.run.apply()?;
     let mut device = replay::Device::parse(&a.device)?;
     // Under torchrun (or --ranks), `cuda` is this rank's GPU, as PyTorch jobs pick it.
     if let (true, Some(lr)) = (a.device == "cuda", dist.as_ref().and_then(|d| d.local_rank)) {
@@ -591,7 +595,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     if let Some(svg) = &a.svg {
         mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
-    a.run.apply_threads()?;
+    a.run.apply()?;
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
