@@ -346,7 +346,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     );
     if let Some(a) = &against {
         println!(
-            "A/B: the \"busy\" column is {} with gaps from the quiet capture, in the same rounds as this build",
+            "A/B: the busy-capture columns (+gaps busy, busy gaps/orig, busy speed) are {} with gaps from the\n\
+             quiet capture, in the same rounds as this build",
             a.display()
         );
     }
@@ -426,12 +427,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             orig_faults.push(r[0].faults);
             per_round.push([r[1].ms / r[0].ms, r[2].ms / r[0].ms, r[3].ms / r[0].ms]);
         }
-        let mut procs = procs.into_iter();
-        drop(procs.next());
         // The plain replay's and the busy-capture replay's reports, at their end.
-        let plain = procs.next().map(Paced::finish).transpose()?;
-        drop(procs.next());
-        let busy = procs.next().map(Paced::finish).transpose()?;
+        let [original, plain, quiet, busy]: [Paced; 4] = procs
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("four paced processes"))?;
+        drop((original, quiet));
+        let (plain, busy) = (plain.finish()?, busy.finish()?);
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
         let checked = replay(bin, &et(&q), 30, &["--check-values"])?;
         let nonfinite = match &checked["first_nonfinite"] {
@@ -442,7 +443,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 checked["nonfinite_externals"]
             ),
         };
-        let (plain, busy) = (plain.unwrap_or_default(), busy.unwrap_or_default());
         let orig_ms = crate::median(&orig);
         let col = |k: usize| crate::median(&per_round.iter().map(|r| r[k]).collect::<Vec<_>>());
         let row = Row {

@@ -855,7 +855,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
 }
 
 /// A busy capture host shares its CPU, and the share moves while the capture runs: here a
-/// stretch of the iteration ran 5x slow (its ops and the gaps between them), and one op lost a
+/// stretch of the iteration ran 12x slow (its ops and the gaps between them), and one op lost a
 /// whole slice, which marks the capture as made on a shared CPU. Each gap is put on this host
 /// by the ops around it: the stretch's gaps come out as the quiet capture's, and so do the gaps
 /// elsewhere, where one speed for the whole iteration would shrink every gap outside the
