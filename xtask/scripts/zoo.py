@@ -3,8 +3,9 @@
 
 Each model is captured the way a user captures one (the approach of ../shared/tools/gen_traces.py):
 warm up, time the uninstrumented iteration, then one iteration under ExecutionTraceObserver alone
-(clean ET) and one under torch.profiler + the observer (ET linked to Kineto by rf_id), and one
-more under torch.profiler(profile_memory=True) for the original's peak memory.
+(clean ET) and five under torch.profiler + the observer, after a warm-up step (ET linked to
+Kineto by rf_id, ProfilerStep#1..5; the fidelity replays #3, its gaps typical of all five), and
+one more under torch.profiler(profile_memory=True) for the original's peak memory.
 
   zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
@@ -24,9 +25,12 @@ Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import json, multiprocessing, os, resource, statistics, sys, tempfile, time
 import torch, torch.nn as nn, torch.nn.functional as F
-from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity
+from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity, schedule
 
 torch.set_num_threads(1)
+# Profiled iterations per linked capture; the replay replays the middle one (REPLAY_ITERATION).
+ACTIVE = 5
+REPLAY_ITERATION = 3
 
 
 def train(m, opt, loss_fn):
@@ -574,11 +578,18 @@ def capture(out, name, busy):
         obs.start(); step(); obs.stop(); obs.unregister_callback()
         linked, kineto = os.path.join(out, f"{name}.linked.et.json"), os.path.join(out, f"{name}.kineto.json")
         obs2 = ExecutionTraceObserver().register_callback(linked)
+        # ACTIVE profiled iterations after one warm-up step (the schedule PyTorch's docs
+        # recommend): each is one sample of every gap, and the replay takes each gap typical of
+        # them (et_graph::typical_timing), so the first one's one-time costs and a busy host's
+        # stalls in one of them do not count. The ET holds ProfilerStep#1..ACTIVE.
         t = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU], execution_trace_observer=obs2, record_shapes=True,
-                     on_trace_ready=lambda p: p.export_chrome_trace(kineto)):
-            step()
-        profiled_ms = (time.perf_counter() - t) * 1e3
+                     schedule=schedule(wait=0, warmup=1, active=ACTIVE),
+                     on_trace_ready=lambda p: p.export_chrome_trace(kineto)) as prof:
+            for _ in range(1 + ACTIVE):
+                step()
+                prof.step()
+        profiled_ms = (time.perf_counter() - t) * 1e3 / (1 + ACTIVE)
     finally:
         if stop is not None:
             stop.set()
@@ -599,7 +610,8 @@ def capture(out, name, busy):
     meta = dict(model=name, set=MODELS[name][1], covers=MODELS[name][2], torch=torch.__version__,
                 threads=torch.get_num_threads(), busy=busy, iters=len(times),
                 iter_ms_median=statistics.median(times), iter_ms_min=min(times), iter_ms_max=max(times),
-                minor_faults_per_iter=faults, profiled_capture_ms=profiled_ms, peak_allocated_bytes=peak,
+                minor_faults_per_iter=faults, profiled_capture_ms=profiled_ms,
+                profiled_iterations=list(range(1, ACTIVE + 1)), replay_iteration=REPLAY_ITERATION, peak_allocated_bytes=peak,
                 peak_over_start_bytes=peak - first)
     with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
         json.dump(meta, f, indent=1)

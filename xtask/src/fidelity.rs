@@ -1,4 +1,4 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--against BIN] [--svg PATH]`: replay vs original over the
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--against BIN [--against-args 'ARGS']] [--svg PATH]`: replay vs original over the
 //! model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
@@ -206,12 +206,19 @@ fn serve_original(
 
 /// `mystique replay ET` as the zoo runs it: one thread, 3 warm-up and `iters` measured
 /// iterations, a JSON report (with gaps from `kineto`).
-fn replay_command(bin: &Path, et: &Path, kineto: Option<&Path>, iters: usize) -> Command {
+fn replay_command(
+    bin: &Path,
+    et: &Path,
+    kineto: Option<&Path>,
+    iters: usize,
+    extra: &[String],
+) -> Command {
     let mut c = Command::new(bin);
     c.arg("replay")
         .arg(et)
         .args(["--threads", "1", "--warmup", "3", "--json", "--iters"])
-        .arg(iters.to_string());
+        .arg(iters.to_string())
+        .args(extra);
     if let Some(k) = kineto {
         c.arg("--kineto").arg(k).arg("--emulate-gaps");
     }
@@ -225,8 +232,9 @@ fn serve_replay(
     kineto: Option<&Path>,
     iters: usize,
     blocks: usize,
+    extra: &[String],
 ) -> Result<Paced> {
-    let mut c = replay_command(bin, et, kineto, iters * blocks);
+    let mut c = replay_command(bin, et, kineto, iters * blocks, extra);
     c.arg("--paced")
         .arg(iters.to_string())
         .stderr(std::process::Stdio::null());
@@ -234,8 +242,8 @@ fn serve_replay(
 }
 
 /// A plain replay run to its end, with `extra` arguments; its report.
-fn replay(bin: &Path, et: &Path, iters: usize, extra: &[&str]) -> Result<serde_json::Value> {
-    let r = replay_command(bin, et, None, iters).args(extra).output()?;
+fn replay(bin: &Path, et: &Path, iters: usize, extra: &[String]) -> Result<serde_json::Value> {
+    let r = replay_command(bin, et, None, iters, extra).output()?;
     // Exit 3 (some ops failed) still has a report.
     serde_json::from_slice(&r.stdout).with_context(|| {
         format!(
@@ -271,6 +279,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut busy_host = false;
     let mut glibc_heap_defaults = false;
     let mut against: Option<PathBuf> = None;
+    let mut against_args: Vec<String> = Vec::new();
     let mut block_ms = 40.0f64;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -294,6 +303,14 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 );
                 anyhow::ensure!(p.is_file(), "--against {}: no such file", p.display());
                 against = Some(p);
+            }
+            "--against-args" => {
+                against_args = it
+                    .next()
+                    .context("--against-args 'ARGS' (for the --against build's replays)")?
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect()
             }
             "--block-ms" => {
                 block_ms = it
@@ -344,11 +361,20 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
              zoo's Python, mallopt in the replay)"
         }
     );
+    anyhow::ensure!(
+        against.is_some() || against_args.is_empty(),
+        "--against-args needs --against BIN (which may be this build's mystique)"
+    );
     if let Some(a) = &against {
         println!(
-            "A/B: the busy-capture columns (+gaps busy, busy gaps/orig, busy speed) are {} with gaps from the\n\
+            "A/B: the busy-capture columns (+gaps busy, busy gaps/orig, busy speed) are {}{} with gaps from the\n\
              quiet capture, in the same rounds as this build",
-            a.display()
+            a.display(),
+            if against_args.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", against_args.join(" "))
+            }
         );
     }
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
@@ -376,6 +402,18 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
         )
         .unwrap_or_default();
+        // A capture of several profiled iterations: the replay replays the one the capture
+        // names (its gaps typical of all of them).
+        let one: Vec<String> = meta["replay_iteration"]
+            .as_u64()
+            .map(|n| vec!["--iteration".into(), n.to_string()])
+            .unwrap_or_default();
+        // The --against build's arguments may choose another iteration.
+        let b_args: Vec<String> = if against_args.iter().any(|a| a.starts_with("--iteration")) {
+            against_args.clone()
+        } else {
+            one.iter().chain(&against_args).cloned().collect()
+        };
         // Iterations per block: about `block_ms` of the original's quiet iterations (its
         // capture's timing), the same count for all four so that a block's times compare as
         // they are.
@@ -393,13 +431,15 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         for which in 0..4 {
             let mut p = match which {
                 0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
-                1 => serve_replay(bin, &et(&q), None, iters, rounds + 1)?,
-                2 => serve_replay(bin, &et(&q), Some(&kin(&q)), iters, rounds + 1)?,
-                // A/B: another build on the quiet capture, paired with this one in the same
-                // rounds (two runs apart sit in different phases of the VM's speed).
+                1 => serve_replay(bin, &et(&q), None, iters, rounds + 1, &one)?,
+                2 => serve_replay(bin, &et(&q), Some(&kin(&q)), iters, rounds + 1, &one)?,
+                // A/B: another build (or arguments) on the quiet capture, paired with this one
+                // in the same rounds (two runs apart sit in different phases of the VM's speed).
                 _ => match &against {
-                    Some(a) => serve_replay(a, &et(&q), Some(&kin(&q)), iters, rounds + 1)?,
-                    None => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1)?,
+                    Some(a) => {
+                        serve_replay(a, &et(&q), Some(&kin(&q)), iters, rounds + 1, &b_args)?
+                    }
+                    None => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1, &one)?,
                 },
             };
             p.block()?;
@@ -434,7 +474,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         drop((original, quiet));
         let (plain, busy) = (plain.finish()?, busy.finish()?);
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
-        let checked = replay(bin, &et(&q), 30, &["--check-values"])?;
+        let check: Vec<String> = one
+            .iter()
+            .cloned()
+            .chain(["--check-values".into()])
+            .collect();
+        let checked = replay(bin, &et(&q), 30, &check)?;
         let nonfinite = match &checked["first_nonfinite"] {
             serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
             v => format!(

@@ -188,8 +188,14 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub kineto: Option<PathBuf>,
     /// Reproduce the original run's time outside operators (Python, autograd) between ops.
+    /// With one of a trace's several ProfilerStep#N iterations chosen (--iteration N), the
+    /// gaps and op times are typical of all its iterations that ran the same ops (each the
+    /// interquartile mean over them), so one iteration's cold start or stalls do not count.
     #[arg(long, requires = "kineto")]
     pub emulate_gaps: bool,
+    /// With --emulate-gaps on one of several iterations: that iteration's gaps alone.
+    #[arg(long, requires = "emulate_gaps")]
+    pub gaps_of_one_iteration: bool,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,

@@ -268,3 +268,36 @@ fn paced_blocks_need_an_iteration() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--paced"));
 }
+
+/// One of a trace's four profiled iterations replays with gaps typical of all four (the report
+/// says how many), or of its own with --gaps-of-one-iteration.
+#[test]
+fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let run = |extra: &[&str]| {
+        json(
+            bin()
+                .arg("replay")
+                .arg(data.join("steps.linked.et.json.gz"))
+                .arg("--kineto")
+                .arg(data.join("steps.kineto.json.gz"))
+                .args([
+                    "--emulate-gaps",
+                    "--iteration",
+                    "2",
+                    "--json",
+                    "--threads",
+                    "1",
+                    "--iters",
+                    "2",
+                ])
+                .args(extra),
+        )
+    };
+    let typical = run(&[]);
+    assert_eq!(typical["ops_failed"], 0, "{}", typical["failures"]);
+    assert_eq!(typical["gap_model"]["capture_iterations"], 4);
+    let own = run(&["--gaps-of-one-iteration"]);
+    assert_eq!(own["gap_model"]["capture_iterations"], 1);
+    assert_eq!(typical["ops_selected"], own["ops_selected"]);
+}

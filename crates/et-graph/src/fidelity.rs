@@ -4,7 +4,8 @@
 //! what they compute (it spins the gaps, it profiles an instrumented iteration) and the CLI
 //! only prints.
 
-use crate::link::{is_cpu_event, Link};
+use crate::graph::{Graph, ReplaySet};
+use crate::link::{is_cpu_event, link, Link};
 use et_schema::kineto::{KinetoTrace, Lane};
 use std::collections::{BTreeMap, HashMap};
 
@@ -21,6 +22,9 @@ pub struct OriginalTiming {
     /// The iteration (µs): [`Link::span`] when known, else from the first op's start to the
     /// last op's end.
     pub span_us: f64,
+    /// The `ProfilerStep#N` iterations these figures are typical of ([`typical_timing`]):
+    /// empty for one iteration's own timing.
+    pub iterations: Vec<u64>,
 }
 
 /// Durations and gaps of the original run along the replay set's execution order.
@@ -29,6 +33,7 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
         op_us: Vec::with_capacity(l.event_of.len()),
         gap_us: Vec::with_capacity(l.event_of.len()),
         span_us: 0.0,
+        iterations: Vec::new(),
     };
     let mut prev_end: Option<f64> = None;
     let (mut first, mut last) = (f64::INFINITY, f64::NEG_INFINITY);
@@ -61,6 +66,83 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
     out
 }
 
+/// The original's timing typical of the trace's iterations like the one `set` holds.
+///
+/// A capture is one sample of each gap and op: the first profiled iteration carries the
+/// instrumentation's one-time costs (its first op and the gap after it), and a busy host's
+/// stalls fall where they fell. A trace of several `ProfilerStep#N` iterations (a profiler
+/// schedule with `active` > 1) holds more samples: where `set` is one of them, every other
+/// iteration that ran the same ops (names in the same order) and links as fully is linked too,
+/// and each op's duration and each gap is the interquartile mean over them ([`robust_mean`]:
+/// with 3 iterations their median, with 5 the mean of the middle 3), so that a cost or stall
+/// of one iteration does not count and the typical ones are not biased down as a median of
+/// right-skewed gaps is. With one iteration (or several chosen), `original_timing` of `l`.
+pub fn typical_timing(g: &Graph, set: &ReplaySet, k: &KinetoTrace, l: &Link) -> OriginalTiming {
+    let own = original_timing(l, k);
+    let steps = g.iterations();
+    let chosen: std::collections::BTreeSet<u64> = set
+        .ops
+        .iter()
+        .flat_map(|&i| {
+            g.ancestors(i)
+                .find_map(|a| steps.iter().find(|s| s.0 == a).map(|s| s.1))
+        })
+        .collect();
+    let [chosen] = chosen.into_iter().collect::<Vec<_>>()[..] else {
+        return own;
+    };
+    let names: Vec<&str> = set.ops.iter().map(|&i| g.name(i)).collect();
+    let mut like = vec![(chosen, own)];
+    for &(_, n) in &steps {
+        if n == chosen {
+            continue;
+        }
+        let s = g.replay_set(Some(&[n]));
+        if s.ops.len() != names.len() || s.ops.iter().zip(&names).any(|(&i, m)| g.name(i) != *m) {
+            continue;
+        }
+        let Ok(ls) = link(g, &s, k) else { continue };
+        if ls.linked() < l.linked() || ls.span.is_some() != l.span.is_some() {
+            continue;
+        }
+        like.push((n, original_timing(&ls, k)));
+    }
+    if like.len() < 2 {
+        return like.pop().map(|x| x.1).unwrap_or_default();
+    }
+    like.sort_by_key(|x| x.0);
+    let n = names.len();
+    let timings: Vec<&OriginalTiming> = like.iter().map(|x| &x.1).collect();
+    OriginalTiming {
+        op_us: (0..n)
+            .map(|p| robust_mean(timings.iter().filter_map(|t| t.op_us[p]).collect()))
+            .collect(),
+        gap_us: (0..n)
+            .map(|p| robust_mean(timings.iter().map(|t| t.gap_us[p]).collect()).unwrap_or(0.0))
+            .collect(),
+        span_us: robust_mean(timings.iter().map(|t| t.span_us).collect()).unwrap_or(0.0),
+        iterations: like.iter().map(|x| x.0).collect(),
+    }
+}
+
+/// The interquartile mean: the mean of what is left after dropping the lowest and the
+/// highest quarter (at least one of each from 3 values on; 3 give their median, 5 the mean of
+/// the middle 3). `None` for no values.
+pub fn robust_mean(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let cut = if v.len() >= 3 {
+        (v.len() / 4).max(1)
+    } else {
+        0
+    };
+    let kept = &v[cut..v.len() - cut];
+    Some(kept.iter().sum::<f64>() / kept.len() as f64)
+}
+
 /// The replay's own timing, measured in the same run as the gap model is built: each step's
 /// plain time, the replay's bookkeeping between steps, and each step's window in one iteration
 /// run under the capture's instrumentation (execution trace observer + Kineto), in replay-set
@@ -91,6 +173,9 @@ pub struct GapModel {
     pub capture_gaps_ms: f64,
     /// What is emulated per iteration (ms).
     pub emulated_ms: f64,
+    /// The capture's iterations the gaps and op times are typical of ([`typical_timing`]):
+    /// 1 for a one-iteration capture, or where the trace's other iterations ran other ops.
+    pub capture_iterations: usize,
     /// This host's speed relative to the capture's, both under the same instrumentation: the
     /// replay's profiled op windows over the original's Kineto durations, summed over the ops
     /// found in both, less those in which the capture lost a time slice (`slices_in_ops`).
@@ -226,11 +311,13 @@ pub fn gap_model(
     let mut pairs: Vec<(f64, f64)> = Vec::new();
     let mut pair_pos: Vec<usize> = Vec::new();
     for (pos, e) in l.event_of.iter().enumerate() {
-        let (Some(e), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
+        let (Some(_), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
             continue;
         };
         let window = b - a;
-        let original = k.events[*e as usize].dur;
+        let Some(original) = orig.op_us.get(pos).copied().flatten() else {
+            continue;
+        };
         let Some(&plain) = r.plain_us.get(pos) else {
             continue;
         };
@@ -389,6 +476,7 @@ pub fn gap_model(
     GapModel {
         capture_gaps_ms: orig.gap_us.iter().sum::<f64>() / 1e3,
         emulated_ms: gaps.iter().sum::<f64>() / 1e3,
+        capture_iterations: orig.iterations.len().max(1),
         gaps_us: gaps,
         speed,
         speed_ops,
@@ -555,11 +643,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn robust_mean_drops_the_quarters() {
+        assert_eq!(robust_mean(vec![]), None);
+        assert_eq!(robust_mean(vec![f64::NAN]), None);
+        assert_eq!(robust_mean(vec![4.0]), Some(4.0));
+        assert_eq!(robust_mean(vec![1.0, 3.0]), Some(2.0));
+        // 3: the median; 5: the middle 3's mean (a cold first iteration's 90 does not count).
+        assert_eq!(robust_mean(vec![90.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(robust_mean(vec![90.0, 1.0, 2.0, 3.0, 0.0]), Some(2.0));
+        // 8: two of each quarter.
+        assert_eq!(robust_mean((1..=8).map(f64::from).collect()), Some(4.5));
+    }
+
+    #[test]
     fn implausible_gaps_are_capped() {
         let orig = OriginalTiming {
             op_us: vec![Some(1000.0), Some(2000.0), None],
             gap_us: vec![0.0; 3],
             span_us: 0.0,
+            iterations: vec![],
         };
         // 10 x 3 ms of ops = 30 ms cap.
         let mut gaps = vec![5.0, 1e9, f64::NAN];
@@ -573,6 +675,7 @@ mod tests {
             op_us: vec![Some(10.0), Some(100.0), None, Some(12.0)],
             gap_us: vec![0.0; 4],
             span_us: 200.0,
+            iterations: vec![],
         };
         let c = compare_ops(
             &orig,

@@ -57,8 +57,9 @@ pub struct Link {
     /// GPU events (kernels, memcpy, memset) launched under each linked op, via correlation.
     pub gpu_events: Vec<Vec<u32>>,
     /// The captured iteration's extent on the Kineto clock (µs): from the first to the end of
-    /// the last event of any ET node (annotations such as `Optimizer.zero_grad` included).
-    /// Known when linked by record function ids.
+    /// the last event of any ET node (annotations such as `Optimizer.zero_grad` included), or,
+    /// where the set holds some of the trace's several `ProfilerStep#N` iterations, of those
+    /// steps. Known when linked by record function ids.
     pub span: Option<(f64, f64)>,
     pub warnings: Vec<String>,
 }
@@ -215,10 +216,29 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
     // The iteration is what the ET recorded: every node with a record function id, not only
     // the replayed ops, bounds it (the optimizer's zero_grad before the first op, its step
     // after the last).
+    // With some of several `ProfilerStep#N` iterations chosen, it is theirs: the steps holding
+    // the set's ops (their events span everything the steps ran, loop and optimizer included).
+    let steps = g.iterations();
+    let chosen: std::collections::HashSet<u32> = set
+        .ops
+        .iter()
+        .flat_map(|&i| {
+            g.ancestors(i)
+                .filter(|a| steps.iter().any(|s| s.0 == *a))
+                .take(1)
+        })
+        .collect();
     let span = (method == Method::RecordFunctionId)
         .then(|| {
             let ids: std::collections::HashSet<u64> =
-                t.nodes.iter().filter_map(|n| n.rf_id).collect();
+                if !chosen.is_empty() && chosen.len() < steps.len() {
+                    chosen
+                        .iter()
+                        .filter_map(|&i| t.nodes[i as usize].rf_id)
+                        .collect()
+                } else {
+                    t.nodes.iter().filter_map(|n| n.rf_id).collect()
+                };
             let (mut a, mut b) = (f64::INFINITY, f64::NEG_INFINITY);
             for &i in &cpu {
                 let e = &k.events[i];

@@ -961,3 +961,90 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
         "{inside} inside ({slice_long} of them a slice long), {outside} outside"
     );
 }
+
+/// The bundled capture of 4 profiled iterations (`tests/data/gen_steps.py`).
+fn steps_pair() -> (et_schema::Trace, et_schema::kineto::KinetoTrace) {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let t = et_schema::read_trace(&d.join("steps.linked.et.json.gz")).unwrap();
+    let kt = et_schema::kineto::read_kineto(&d.join("steps.kineto.json.gz")).unwrap();
+    (t, kt)
+}
+
+fn own_timing(g: &Graph, n: u64, kt: &et_schema::kineto::KinetoTrace) -> OriginalTiming {
+    let s = g.replay_set(Some(&[n]));
+    original_timing(&link(g, &s, kt).unwrap(), kt)
+}
+
+/// One of several profiled iterations: its span is its `ProfilerStep#N`, and its ops' times and
+/// gaps are typical of all the iterations that ran the same ops (the interquartile mean over
+/// them), so a stall in one iteration does not move them, and an iteration of other ops does
+/// not count.
+#[test]
+fn one_iterations_timing_is_typical_of_its_like_iterations() {
+    let (mut t, mut kt) = steps_pair();
+    let g = Graph::new(&t);
+    let steps: Vec<u64> = g.iterations().iter().map(|s| s.1).collect();
+    assert_eq!(steps, [1, 2, 3, 4]);
+    let set2 = g.replay_set(Some(&[2]));
+    let l2 = link(&g, &set2, &kt).unwrap();
+    assert_eq!(l2.linked(), set2.ops.len());
+    let step2 = kt
+        .events
+        .iter()
+        .find(|e| kt.str(e.name) == "ProfilerStep#2")
+        .unwrap();
+    assert_eq!(l2.span, Some((step2.ts, step2.ts + step2.dur)));
+    let whole = link(&g, &g.replay_set(None), &kt).unwrap().span.unwrap();
+    assert!(whole.1 - whole.0 > 3.0 * step2.dur);
+
+    let typical = typical_timing(&g, &set2, &kt, &l2);
+    assert_eq!(typical.iterations, [1, 2, 3, 4]);
+    let per: Vec<OriginalTiming> = steps.iter().map(|&n| own_timing(&g, n, &kt)).collect();
+    assert_eq!(typical.gap_us.len(), set2.ops.len());
+    for p in 0..set2.ops.len() {
+        let gaps: Vec<f64> = per.iter().map(|o| o.gap_us[p]).collect();
+        assert_eq!(Some(typical.gap_us[p]), robust_mean(gaps));
+        let ops: Vec<f64> = per.iter().map(|o| o.op_us[p].unwrap()).collect();
+        assert_eq!(typical.op_us[p], robust_mean(ops));
+    }
+    // Its one-iteration timing is what `gaps_of_one_iteration` gives.
+    let own2 = original_timing(&l2, &kt);
+    assert!(own2.iterations.is_empty());
+    assert_eq!(own2.gap_us, per[1].gap_us);
+
+    // A 5 ms stall in iteration 1, inside the gap before its op at `pos`.
+    let set1 = g.replay_set(Some(&[1]));
+    let l1 = link(&g, &set1, &kt).unwrap();
+    let pos = (1..set1.ops.len())
+        .find(|&p| per[0].gap_us[p] > 2.0)
+        .expect("a gap");
+    let e = &kt.events[l1.event_of[pos].unwrap() as usize];
+    let at = e.ts - per[0].gap_us[pos] / 2.0;
+    steal(&mut kt, at, 5000.0);
+    assert!(own_timing(&g, 1, &kt).gap_us[pos] > per[0].gap_us[pos] + 4999.0);
+    let l2 = link(&g, &set2, &kt).unwrap();
+    let stalled = typical_timing(&g, &set2, &kt, &l2);
+    // The stall is the largest sample and is dropped: the typical gap is bounded by the
+    // other iterations' (where a mean over all four would hold a quarter of the stall).
+    let others = per[1..].iter().map(|o| o.gap_us[pos]).fold(0.0, f64::max);
+    assert!(
+        stalled.gap_us[pos] <= others + 0.5 && stalled.gap_us[pos] < 1000.0,
+        "{} vs the others' {others}",
+        stalled.gap_us[pos]
+    );
+    // Iteration 3 with one op renamed ran other ops: left out.
+    drop(g);
+    let renamed = t.strings.intern("aten::not_the_same");
+    let g = Graph::new(&t);
+    let third = g.replay_set(Some(&[3])).ops[4];
+    drop(g);
+    t.nodes[third as usize].name = renamed;
+    let g = Graph::new(&t);
+    let set2 = g.replay_set(Some(&[2]));
+    let l2 = link(&g, &set2, &kt).unwrap();
+    assert_eq!(typical_timing(&g, &set2, &kt, &l2).iterations, [1, 2, 4]);
+    // The whole trace (all four) is its own timing.
+    let all = g.replay_set(None);
+    let la = link(&g, &all, &kt).unwrap();
+    assert!(typical_timing(&g, &all, &kt, &la).iterations.is_empty());
+}

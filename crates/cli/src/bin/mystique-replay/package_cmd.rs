@@ -154,7 +154,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
             if let (0, Some(k)) = (rank, &a.kineto) {
                 let kt = mystique_cli::read_kineto(k)?;
                 let link = et_graph::link(&g, &set, &kt)?;
-                let o = et_graph::original_timing(&link, &kt);
+                let o = et_graph::typical_timing(&g, &set, &kt, &link);
                 original = Some(Original {
                     iter_ms: o.span_us / 1000.0,
                     ops_ms: Some(o.op_us.iter().flatten().sum::<f64>() / 1000.0),

@@ -165,10 +165,16 @@ struct Linked {
 }
 
 impl Linked {
-    fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path) -> Result<Linked> {
+    /// `typical`: the timing typical of the trace's iterations like the set's
+    /// (`et_graph::typical_timing`), else the set's own.
+    fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path, typical: bool) -> Result<Linked> {
         let kineto = mystique_cli::read_kineto(path)?;
         let link = et_graph::link(g, set, &kineto)?;
-        let original = et_graph::original_timing(&link, &kineto);
+        let original = if typical {
+            et_graph::typical_timing(g, set, &kineto, &link)
+        } else {
+            et_graph::original_timing(&link, &kineto)
+        };
         Ok(Linked {
             kineto,
             link,
@@ -214,7 +220,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     })?;
     let gap_model = match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
-            let linked = Linked::new(&g, &set, k)?;
+            let linked = Linked::new(&g, &set, k, !a.gaps_of_one_iteration)?;
             Some(calibrated_gaps(
                 &g,
                 &set,
@@ -375,6 +381,13 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
+    if m.capture_iterations > 1 {
+        writeln!(
+            out,
+            "           gaps and op times typical of the capture's {} like iterations (interquartile means)",
+            m.capture_iterations
+        )?;
+    }
     if m.slices_in_ops > 0 {
         writeln!(
             out,
@@ -601,7 +614,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let g = Graph::new(&trace);
     // Every op; `--only` is the replay's to apply, as for `replay`.
     let set = g.select(&Selection::default())?;
-    let linked = Linked::new(&g, &set, &a.kineto)?;
+    let linked = Linked::new(&g, &set, &a.kineto, true)?;
     let (kt, l) = (&linked.kineto, &linked.link);
     let (original_gpu, gpu_per_op) = et_graph::original_gpu(l, kt);
     // Like for like: a GPU original on CUDA compares GPU time per op; on CPU it is compared
