@@ -297,6 +297,12 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     let typical = run(&[]);
     assert_eq!(typical["ops_failed"], 0, "{}", typical["failures"]);
     assert_eq!(typical["gap_model"]["capture_iterations"], 4);
+    // A training step's backward nodes in the gaps, charged at the cost probed on this host.
+    let m = &typical["gap_model"];
+    assert!(m["events_with_args"].as_u64().unwrap() > 0, "{m}");
+    let probed = m["per_backward_event_us"].as_array().expect("probed");
+    assert!(probed.iter().all(|x| x.as_f64().unwrap() >= 0.0), "{m}");
+    assert!(probed[0].as_f64().unwrap() > 0.0, "{m}");
     let own = run(&["--gaps-of-one-iteration"]);
     assert_eq!(own["gap_model"]["capture_iterations"], 1);
     assert_eq!(typical["ops_selected"], own["ops_selected"]);

@@ -160,6 +160,10 @@ pub struct ReplayTimes<'a> {
     /// The instrumentation's cost of one event without arguments (µs), probed on this host
     /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
     pub event_us: Option<f64>,
+    /// The instrumentation's cost of an event such as autograd records for a backward node
+    /// (`XBackward0`, its tensor inputs recorded), probed on this host: (µs per event, µs per
+    /// tensor input).
+    pub backward_event_us: Option<(f64, f64)>,
 }
 
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
@@ -204,6 +208,12 @@ pub struct GapModel {
     /// The cost charged per argument-less event in a gap (µs): the probed cost of an event
     /// without arguments where measured, else `per_event_us`.
     pub per_gap_event_us: f64,
+    /// The cost charged per event with arguments in a gap, as (µs per event, µs per tensor it
+    /// records): probed on this host with events like autograd's backward nodes. `None`: not
+    /// probed, each charged `per_event_us`.
+    pub per_backward_event_us: Option<(f64, f64)>,
+    /// The tensors the `events_with_args` record.
+    pub tensors_in_gap_events: usize,
     /// Gaps capped at ten times the original's op time (a shifted event).
     pub capped: usize,
     /// Time slices the capturing process lost while inside an op (it was descheduled: a busy
@@ -227,7 +237,7 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
 ///
-/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i - per_event * m_i`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
+/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i - (per_backward_event * m_i + per_tensor * t_i)`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
 ///
 /// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
 /// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
@@ -240,8 +250,10 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
 /// for each event the original recorded inside the gap: `per_gap_event` (the probed cost of an
 /// event without arguments) for the `n_i` that record none (annotations, autograd's
-/// `evaluate_function` wrappers), `per_event` (the replay's mean cost per event) for the `m_i`
-/// whose ET node records arguments (autograd's `XBackward0` nodes). Where the
+/// `evaluate_function` wrappers), and for the `m_i` whose ET node records arguments
+/// (autograd's `XBackward0` nodes) the probed cost of such an event with its tensor count
+/// (`per_backward_event`, where probed; else `per_event`, the replay's mean cost per op
+/// event, which ops recording many arguments make 3-4 times an autograd node's). Where the
 /// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
 /// capture's gaps are taken as they are, and the model says so by `speed_ops`.
 pub fn gap_model(
@@ -254,42 +266,55 @@ pub fn gap_model(
     // Which events record arguments: the ET node of the same record-function id has inputs (an
     // autograd `XBackward0` node records its tensors; its `evaluate_function` wrapper, an
     // annotation, nothing). Events the ET cannot name count as argument-less.
-    let with_args: std::collections::HashSet<u64> = t
+    // (and how many tensors it records).
+    let with_args: HashMap<u64, usize> = t
         .nodes
         .iter()
         .filter(|n| !t.inputs(n).is_empty())
-        .filter_map(|n| n.rf_id)
+        .filter_map(|n| {
+            let mut v = Vec::new();
+            for a in t.inputs(n) {
+                t.tensors_in(a.value, &mut v);
+            }
+            n.rf_id.map(|id| (id, v.len()))
+        })
         .collect();
-    // Event starts per thread (a gap is this thread's time), each with a running count of the
-    // events that record arguments.
-    let mut starts: HashMap<Lane, Vec<(f64, bool)>> = HashMap::new();
+    // Event starts per thread (a gap is this thread's time), each with running counts of the
+    // events that record arguments and of their tensors.
+    let mut starts: HashMap<Lane, Vec<(f64, Option<usize>)>> = HashMap::new();
     for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
         let e = &k.events[i];
         let args = e
             .record_function_id
-            .is_some_and(|id| with_args.contains(&id));
+            .and_then(|id| with_args.get(&id).copied());
         starts.entry(e.tid).or_default().push((e.ts, args));
     }
-    let starts: HashMap<Lane, (Vec<f64>, Vec<usize>)> = starts
+    type Counts = (Vec<f64>, Vec<(usize, usize)>);
+    let starts: HashMap<Lane, Counts> = starts
         .into_iter()
         .map(|(lane, mut v)| {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
             let mut heavy = Vec::with_capacity(v.len() + 1);
-            heavy.push(0);
+            heavy.push((0, 0));
             for (_, a) in &v {
-                heavy.push(heavy.last().copied().unwrap_or(0) + *a as usize);
+                let (n, tensors) = heavy.last().copied().unwrap_or((0, 0));
+                heavy.push(match a {
+                    Some(k) => (n + 1, tensors + k),
+                    None => (n, tensors),
+                });
             }
             (lane, (v.into_iter().map(|x| x.0).collect(), heavy))
         })
         .collect();
-    // Events starting in [a, b) (b inclusive with `upto`) as (without, with arguments); none
-    // when the interval is empty (two linked ops that overlap, from different threads).
-    let count_in = |lane: &Lane, a: f64, b: f64, upto: bool| -> (usize, usize) {
+    // Events starting in [a, b) (b inclusive with `upto`) as (without arguments, with, the
+    // latter's tensors); none when the interval is empty (two linked ops that overlap, from
+    // different threads).
+    let count_in = |lane: &Lane, a: f64, b: f64, upto: bool| -> (usize, usize, usize) {
         let Some((v, heavy)) = starts.get(lane) else {
-            return (0, 0);
+            return (0, 0, 0);
         };
         if a.is_nan() || b.is_nan() || b <= a {
-            return (0, 0);
+            return (0, 0, 0);
         }
         let hi = if upto {
             v.partition_point(|&x| x <= b)
@@ -297,8 +322,8 @@ pub fn gap_model(
             v.partition_point(|&x| x < b)
         };
         let lo = v.partition_point(|&x| x < a).min(hi);
-        let with = heavy[hi] - heavy[lo];
-        (hi - lo - with, with)
+        let with = heavy[hi].0 - heavy[lo].0;
+        (hi - lo - with, with, heavy[hi].1 - heavy[lo].1)
     };
     // Speed and per-event cost over the ops found in both profiles, as ratios of sums: the
     // instrumentation's cost is heavy-tailed (an op recording large tensor lists costs a
@@ -385,6 +410,11 @@ pub fn gap_model(
         Some(e) if speed_ops >= 3 => e,
         _ => per_event_us,
     };
+    // Events that record arguments (autograd's backward nodes) at their probed cost with their
+    // tensor count, where probed (else the replay's mean cost per op event).
+    let backward = r.backward_event_us.filter(|(a, b)| {
+        speed_ops >= 3 && a.is_finite() && b.is_finite() && *a >= 0.0 && *b >= 0.0
+    });
     // The shortest slice lost says how long a lost slice is on the capture host.
     let shortest_slice_us = slices.iter().copied().reduce(f64::min);
     let median_gap = {
@@ -408,6 +438,7 @@ pub fn gap_model(
     let mut prev_end: Option<f64> = None;
     let mut events_in_gaps = 0;
     let mut events_with_args = 0;
+    let mut tensors_in_gap_events = 0;
     // Each gap's own estimate (clipped at 0) gives the shape; the total is the sum of the
     // unclipped estimates, so clipping the gaps that come out negative does not bias it up.
     let mut total = 0.0;
@@ -428,18 +459,19 @@ pub fn gap_model(
             };
             let ev = &k.events[*e as usize];
             // Events of this op's thread that start inside the gap (before the op's start).
-            let (light, heavy) = match (prev_end, l.span) {
+            let (light, heavy, tensors) = match (prev_end, l.span) {
                 (Some(p), _) => count_in(&ev.tid, p, ev.ts, false),
                 // The first op's gap: the iteration's time before it and after the last op.
                 (None, Some((a, b))) => {
-                    let (l1, h1) = count_in(&ev.tid, a, ev.ts, false);
-                    let (l2, h2) = count_in(&ev.tid, last_end, b, true);
-                    (l1 + l2, h1 + h2)
+                    let (l1, h1, t1) = count_in(&ev.tid, a, ev.ts, false);
+                    let (l2, h2, t2) = count_in(&ev.tid, last_end, b, true);
+                    (l1 + l2, h1 + h2, t1 + t2)
                 }
-                (None, None) => (0, 0),
+                (None, None) => (0, 0, 0),
             };
             events_in_gaps += light + heavy;
             events_with_args += heavy;
+            tensors_in_gap_events += tensors;
             prev_end = Some(prev_end.map_or(ev.ts + ev.dur, |p: f64| p.max(ev.ts + ev.dur)));
             // A gap as long as a slice the capture demonstrably lost in an op is taken to hold
             // one: only the capture's median gap of it is the model's. Unless, put on this host
@@ -455,10 +487,12 @@ pub fn gap_model(
                 }
                 _ => g,
             };
-            let estimate = speed * g
-                - per_boundary_us
-                - per_gap_event_us * light as f64
-                - per_event_us * heavy as f64;
+            let heavy_cost = match backward {
+                Some((per, per_tensor)) => per * heavy as f64 + per_tensor * tensors as f64,
+                None => per_event_us * heavy as f64,
+            };
+            let estimate =
+                speed * g - per_boundary_us - per_gap_event_us * light as f64 - heavy_cost;
             total += estimate;
             estimate.max(0.0)
         })
@@ -485,6 +519,8 @@ pub fn gap_model(
         events_in_gaps,
         events_with_args,
         per_gap_event_us,
+        per_backward_event_us: backward,
+        tensors_in_gap_events,
         capped,
         slices_in_ops: slices.len(),
         shortest_slice_us,

@@ -641,6 +641,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &none,
             event_us: None,
+            backward_event_us: None,
         },
     );
     assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
@@ -659,6 +660,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
+            backward_event_us: None,
         },
     );
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
@@ -670,6 +672,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
         assert!((g - o / 3.0).abs() < 1e-6, "{g} vs {o}/3");
     }
     assert!((m.emulated_ms - m.capture_gaps_ms / 3.0).abs() < 1e-6);
+    let fast_model = m;
     // The instrumentation costs 2 µs per op window here and 5 µs between ops: gaps lose it.
     let plain: Vec<f64> = fast.iter().map(|d| (d - 2.0).max(0.1)).collect();
     let prof = replay_times(&fast, &plain, 5.3);
@@ -683,6 +686,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             between_us: 0.3,
             profiled: &prof,
             event_us: None,
+            backward_event_us: None,
         },
     );
     assert!(
@@ -699,6 +703,36 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
         assert!(*g >= 0.0 && *g <= o / 3.0 + 1e-9);
     }
     assert!(m.emulated_ms < m.capture_gaps_ms / 3.0);
+    // Autograd's backward nodes in the gaps, probed at 0.5 µs + 0.25 µs per tensor (where
+    // the ops' mean cost per event was 0 on the fast host above): each gap loses that (the
+    // estimates' total is what the gaps add up to, clipped ones included).
+    let m = fast_model;
+    let prof = replay_times(&fast, &fast, 0.3);
+    let probed = gap_model(
+        &t,
+        &l,
+        &kt,
+        &o,
+        &ReplayTimes {
+            plain_us: &fast,
+            between_us: 0.3,
+            profiled: &prof,
+            event_us: None,
+            backward_event_us: Some((0.5, 0.25)),
+        },
+    );
+    assert_eq!(probed.per_backward_event_us, Some((0.5, 0.25)));
+    assert!(m.events_with_args > 0, "a training step's backward nodes");
+    assert_eq!(probed.events_with_args, m.events_with_args);
+    assert!(probed.tensors_in_gap_events >= probed.events_with_args);
+    let kept = (m.per_event_us - 0.5) * m.events_with_args as f64
+        - 0.25 * probed.tensors_in_gap_events as f64;
+    assert!(
+        (probed.emulated_ms - m.emulated_ms - kept / 1e3).abs() < 1e-6,
+        "{} vs {} + {kept} us",
+        probed.emulated_ms,
+        m.emulated_ms
+    );
 }
 
 /// Ranks run the same code, so another rank's Kineto trace would link one for one by record
@@ -811,6 +845,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         between_us: 0.0,
         profiled: &prof,
         event_us: None,
+        backward_event_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
@@ -874,6 +909,7 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
         between_us: 0.0,
         profiled: &prof,
         event_us: None,
+        backward_event_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!(!before.local_speed);

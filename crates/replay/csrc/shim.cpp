@@ -412,15 +412,32 @@ int mq_instr_begin(const char* et_path, int cuda) {
   });
 }
 
-// The instrumentation's cost of one event without arguments (a record_function scope such as
-// autograd's `evaluate_function` wrappers): `n` empty user scopes timed back to back while the
-// instrumentation is on. Nanoseconds per scope (enter and exit).
-double mq_probe_record_function(int n) {
+// The instrumentation's cost of one event (enter and exit), in nanoseconds: `n` scopes timed
+// back to back while the instrumentation is on. With `tensors` 0, an empty user scope (a
+// record_function annotation such as autograd's `evaluate_function` wrappers); else what
+// autograd's engine records for a backward node (`XBackward0`, `Node::operator()`): a
+// BACKWARD_FUNCTION scope with a sequence number and `tensors` tensor inputs, which the
+// observer and the profiler's shapes record.
+double mq_probe_record_function(int n, int tensors) {
   try {
+    std::vector<c10::IValue> inputs;
+    for (int i = 0; i < tensors; i++) inputs.emplace_back(at::ones({8, 8}));
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; i++) {
-      at::RecordFunction guard(at::RecordScope::USER_SCOPE);
-      if (guard.isActive()) guard.before("mystique::probe");
+      if (tensors == 0) {
+        at::RecordFunction guard(at::RecordScope::USER_SCOPE);
+        if (guard.isActive()) guard.before("mystique::probe");
+      } else {
+        at::RecordFunction guard(at::RecordScope::BACKWARD_FUNCTION);
+        if (guard.isActive()) {
+          if (guard.needsInputs()) {
+            guard.before("mystique::probe_backward",
+                         c10::ArrayRef<const c10::IValue>(inputs.data(), inputs.size()), i);
+          } else {
+            guard.before("mystique::probe_backward", i);
+          }
+        }
+      }
     }
     auto t1 = std::chrono::steady_clock::now();
     return std::chrono::duration<double, std::nano>(t1 - t0).count() / std::max(n, 1);

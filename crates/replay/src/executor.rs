@@ -880,6 +880,12 @@ pub fn run(
             if let Some(us) = instr.probe_event_us(200) {
                 rec.probed_event_us.push(us);
             }
+            if let (Some(one), Some(four)) = (
+                instr.probe_backward_event_us(200, 1),
+                instr.probe_backward_event_us(200, 4),
+            ) {
+                rec.probed_backward_us.push((one, four));
+            }
             match instr.finish() {
                 Ok(profile) => rec.profiled(&profile, &dispatched),
                 Err(e) => rec.instrument_error = Some(e),

@@ -88,7 +88,7 @@ extern "C" {
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_instr_begin(et_path: *const c_char, cuda: i32) -> i32;
-    fn mq_probe_record_function(n: i32) -> f64;
+    fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
     fn mq_events_self_tid(ev: *const MqEvents) -> u64;
@@ -741,8 +741,21 @@ impl Instrumentation {
     /// record_function scopes timed while it is on (they land in the profile as
     /// `mystique::probe`, after the work). `None` if the probe failed.
     pub fn probe_event_us(&self, n: usize) -> Option<f64> {
+        self.probe(n, 0)
+    }
+
+    /// The instrumentation's cost of one event such as autograd records for a backward node
+    /// (`XBackward0`: a backward-function scope with `tensors` tensor inputs) on this host
+    /// (µs), `n` of them timed (`mystique::probe_backward` in the profile, after the work).
+    pub fn probe_backward_event_us(&self, n: usize, tensors: usize) -> Option<f64> {
+        self.probe(n, tensors.clamp(1, 64))
+    }
+
+    fn probe(&self, n: usize, tensors: usize) -> Option<f64> {
         // SAFETY: plain calls into libtorch; the shim catches every exception.
-        let ns = unsafe { mq_probe_record_function(n.min(i32::MAX as usize) as i32) };
+        let ns = unsafe {
+            mq_probe_record_function(n.min(i32::MAX as usize) as i32, tensors.min(64) as i32)
+        };
         (ns >= 0.0).then_some(ns / 1e3)
     }
 

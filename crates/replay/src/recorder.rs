@@ -63,6 +63,9 @@ pub(crate) struct Recorder<'a> {
     /// The instrumentation's cost of an event without arguments, probed after each
     /// instrumented iteration (µs).
     pub(crate) probed_event_us: Vec<f64>,
+    /// The cost of an event autograd records for a backward node, with 1 and with 4 tensor
+    /// inputs, probed likewise (µs).
+    pub(crate) probed_backward_us: Vec<(f64, f64)>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -119,6 +122,7 @@ impl<'a> Recorder<'a> {
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
+            probed_backward_us: Vec::new(),
             cuda_comm: None,
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
@@ -631,6 +635,26 @@ impl<'a> Recorder<'a> {
             gpu_activity: self.gpu_activity,
             instrumented_event_us: (!self.probed_event_us.is_empty())
                 .then(|| Stats::of(&self.probed_event_us).median),
+            instrumented_backward_event_us: (!self.probed_backward_us.is_empty()).then(|| {
+                let one = Stats::of(
+                    &self
+                        .probed_backward_us
+                        .iter()
+                        .map(|p| p.0)
+                        .collect::<Vec<_>>(),
+                )
+                .median;
+                let four = Stats::of(
+                    &self
+                        .probed_backward_us
+                        .iter()
+                        .map(|p| p.1)
+                        .collect::<Vec<_>>(),
+                )
+                .median;
+                let per_tensor = ((four - one) / 3.0).max(0.0);
+                ((one - per_tensor).max(0.0), per_tensor)
+            }),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,

@@ -126,6 +126,11 @@ pub struct Report {
     /// this host (µs), probed with empty record_function scopes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_event_us: Option<f64>,
+    /// With `instrument`: its cost of an event such as autograd records for a backward node
+    /// (`XBackward0`, with its tensor inputs) on this host, as (µs per event, µs per tensor
+    /// input): probed with 1 and with 4 tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_backward_event_us: Option<(f64, f64)>,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -135,6 +135,7 @@ fn calibrated_gaps(
             between_us: if host { r.overhead_us_per_op } else { 0.0 },
             profiled: &profiled,
             event_us: r.instrumented_event_us,
+            backward_event_us: r.instrumented_backward_event_us,
         },
     );
     if model.capped > 0 {
@@ -370,7 +371,7 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
     writeln!(
         out,
         "gap model  {:.3} ms emulated of the capture's {:.3} ms: this host at {:.3}x the capture's \
-         op time ({} ops), instrumentation {:.2} us per event with arguments ({} in gaps), {:.2} us per event without ({} in gaps) and {:.2} us per op boundary",
+         op time ({} ops), instrumentation {:.2} us per op event, {} events with arguments in gaps, {:.2} us per event without ({} in gaps) and {:.2} us per op boundary",
         m.emulated_ms,
         m.capture_gaps_ms,
         m.speed,
@@ -381,6 +382,13 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
+    if let Some((per, per_tensor)) = m.per_backward_event_us {
+        writeln!(
+            out,
+            "           events with arguments (autograd's backward nodes, {} tensors) probed at {per:.2} us + {per_tensor:.2} us per tensor",
+            m.tensors_in_gap_events
+        )?;
+    }
     if m.capture_iterations > 1 {
         writeln!(
             out,
