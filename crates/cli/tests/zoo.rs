@@ -40,16 +40,30 @@ fn every_zoo_trace_replays_without_failures_or_nonfinite_values() {
             if !p.to_string_lossy().ends_with(".linked.et.json") {
                 continue;
             }
-            let j = json(bin().arg("replay").arg(&p).args([
-                "--json",
-                "--threads",
-                "1",
-                "--warmup",
-                "1",
-                "--iters",
-                "2",
-                "--check-values",
-            ]));
+            // A capture of several profiled iterations: the one the fidelity harness replays.
+            let meta = PathBuf::from(p.to_string_lossy().replace(".linked.et.json", ".meta.json"));
+            let iteration: Vec<String> = std::fs::read(&meta)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|m| m["replay_iteration"].as_u64())
+                .map(|n| vec!["--iteration".into(), n.to_string()])
+                .unwrap_or_default();
+            let j = json(
+                bin()
+                    .arg("replay")
+                    .arg(&p)
+                    .args([
+                        "--json",
+                        "--threads",
+                        "1",
+                        "--warmup",
+                        "1",
+                        "--iters",
+                        "2",
+                        "--check-values",
+                    ])
+                    .args(&iteration),
+            );
             assert_eq!(j["ops_failed"], 0, "{}: {}", p.display(), j["failures"]);
             assert!(
                 j["first_nonfinite"].is_null(),
