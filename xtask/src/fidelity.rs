@@ -326,6 +326,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
         }
     }
+    anyhow::ensure!(
+        against.is_some() || against_args.is_empty(),
+        "--against-args needs --against BIN (which may be this build's mystique)"
+    );
     let all = models(root, torch_py)?;
     let models: Vec<Model> = all
         .into_iter()
@@ -360,10 +364,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "the original, the captures and the replay all keep freed memory (GLIBC_TUNABLES for the \
              zoo's Python, mallopt in the replay)"
         }
-    );
-    anyhow::ensure!(
-        against.is_some() || against_args.is_empty(),
-        "--against-args needs --against BIN (which may be this build's mystique)"
     );
     if let Some(a) = &against {
         println!(

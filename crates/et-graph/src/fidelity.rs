@@ -79,21 +79,12 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
 /// right-skewed gaps is. With one iteration (or several chosen), `original_timing` of `l`.
 pub fn typical_timing(g: &Graph, set: &ReplaySet, k: &KinetoTrace, l: &Link) -> OriginalTiming {
     let own = original_timing(l, k);
-    let steps = g.iterations();
-    let chosen: std::collections::BTreeSet<u64> = set
-        .ops
-        .iter()
-        .flat_map(|&i| {
-            g.ancestors(i)
-                .find_map(|a| steps.iter().find(|s| s.0 == a).map(|s| s.1))
-        })
-        .collect();
-    let [chosen] = chosen.into_iter().collect::<Vec<_>>()[..] else {
+    let [(_, chosen)] = g.iterations_of(set)[..] else {
         return own;
     };
     let names: Vec<&str> = set.ops.iter().map(|&i| g.name(i)).collect();
     let mut like = vec![(chosen, own)];
-    for &(_, n) in &steps {
+    for (_, n) in g.iterations() {
         if n == chosen {
             continue;
         }
@@ -107,8 +98,8 @@ pub fn typical_timing(g: &Graph, set: &ReplaySet, k: &KinetoTrace, l: &Link) -> 
         }
         like.push((n, original_timing(&ls, k)));
     }
-    if like.len() < 2 {
-        return like.pop().map(|x| x.1).unwrap_or_default();
+    if let [(_, own)] = &mut like[..] {
+        return std::mem::take(own);
     }
     like.sort_by_key(|x| x.0);
     let n = names.len();

@@ -199,6 +199,19 @@ impl<'t> Graph<'t> {
             .collect()
     }
 
+    /// The `ProfilerStep#N` iterations holding `set`'s ops (each op's nearest step ancestor),
+    /// in execution order: (node index, N). Ops of other threads hold none of their own.
+    pub fn iterations_of(&self, set: &ReplaySet) -> Vec<(u32, u64)> {
+        let steps = self.iterations();
+        let is_step: std::collections::HashSet<u32> = steps.iter().map(|s| s.0).collect();
+        let held: std::collections::HashSet<u32> = set
+            .ops
+            .iter()
+            .filter_map(|&i| self.ancestors(i).find(|a| is_step.contains(a)))
+            .collect();
+        steps.into_iter().filter(|s| held.contains(&s.0)).collect()
+    }
+
     /// Which thread each node ran on and how long scopes were open; see [`Threads`].
     pub fn threads(&self) -> Threads {
         Threads::new(self)

@@ -218,23 +218,15 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
     // after the last).
     // With some of several `ProfilerStep#N` iterations chosen, it is theirs: the steps holding
     // the set's ops (their events span everything the steps ran, loop and optimizer included).
-    let steps = g.iterations();
-    let chosen: std::collections::HashSet<u32> = set
-        .ops
-        .iter()
-        .flat_map(|&i| {
-            g.ancestors(i)
-                .filter(|a| steps.iter().any(|s| s.0 == *a))
-                .take(1)
-        })
-        .collect();
+    let all_steps = g.iterations().len();
+    let chosen = g.iterations_of(set);
     let span = (method == Method::RecordFunctionId)
         .then(|| {
             let ids: std::collections::HashSet<u64> =
-                if !chosen.is_empty() && chosen.len() < steps.len() {
+                if !chosen.is_empty() && chosen.len() < all_steps {
                     chosen
                         .iter()
-                        .filter_map(|&i| t.nodes[i as usize].rf_id)
+                        .filter_map(|&(i, _)| t.nodes[i as usize].rf_id)
                         .collect()
                 } else {
                     t.nodes.iter().filter_map(|n| n.rf_id).collect()

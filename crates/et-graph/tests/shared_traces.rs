@@ -629,40 +629,32 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     let l = link(&g, &set, &kt).unwrap();
     let o = original_timing(&l, &kt);
     let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    // The replay's plain times and profiled windows, and the probed cost of backward nodes.
+    let model = |plain: &[f64], profiled: &[Option<(f64, f64, u32)>], backward| {
+        gap_model(
+            &t,
+            &l,
+            &kt,
+            &o,
+            &ReplayTimes {
+                plain_us: plain,
+                between_us: 0.3,
+                profiled,
+                event_us: None,
+                backward_event_us: backward,
+            },
+        )
+    };
     // No profile of the replay: the capture's gaps as they are.
     let none = vec![None; orig.len()];
-    let m = gap_model(
-        &t,
-        &l,
-        &kt,
-        &o,
-        &ReplayTimes {
-            plain_us: &orig,
-            between_us: 0.3,
-            profiled: &none,
-            event_us: None,
-            backward_event_us: None,
-        },
-    );
+    let m = model(&orig, &none, None);
     assert_eq!((m.speed, m.speed_ops, m.per_event_us), (1.0, 0, 0.0));
     assert_eq!(m.gaps_us, o.gap_us);
     // This host runs the same instrumented ops in a third of the time (the capture host was
     // busy), with no instrumentation cost: every gap is a third of the capture's.
     let fast: Vec<f64> = orig.iter().map(|d| d / 3.0).collect();
-    let prof = replay_times(&fast, &fast, 0.3);
-    let m = gap_model(
-        &t,
-        &l,
-        &kt,
-        &o,
-        &ReplayTimes {
-            plain_us: &fast,
-            between_us: 0.3,
-            profiled: &prof,
-            event_us: None,
-            backward_event_us: None,
-        },
-    );
+    let fast_prof = replay_times(&fast, &fast, 0.3);
+    let m = model(&fast, &fast_prof, None);
     assert!((m.speed - 1.0 / 3.0).abs() < 1e-9, "{}", m.speed);
     assert!(
         m.per_event_us.abs() < 1e-9 && m.per_boundary_us.abs() < 1e-9,
@@ -676,19 +668,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     // The instrumentation costs 2 µs per op window here and 5 µs between ops: gaps lose it.
     let plain: Vec<f64> = fast.iter().map(|d| (d - 2.0).max(0.1)).collect();
     let prof = replay_times(&fast, &plain, 5.3);
-    let m = gap_model(
-        &t,
-        &l,
-        &kt,
-        &o,
-        &ReplayTimes {
-            plain_us: &plain,
-            between_us: 0.3,
-            profiled: &prof,
-            event_us: None,
-            backward_event_us: None,
-        },
-    );
+    let m = model(&plain, &prof, None);
     assert!(
         (m.per_boundary_us - 5.0).abs() < 1e-6,
         "{}",
@@ -707,20 +687,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
     // the ops' mean cost per event was 0 on the fast host above): each gap loses that (the
     // estimates' total is what the gaps add up to, clipped ones included).
     let m = fast_model;
-    let prof = replay_times(&fast, &fast, 0.3);
-    let probed = gap_model(
-        &t,
-        &l,
-        &kt,
-        &o,
-        &ReplayTimes {
-            plain_us: &fast,
-            between_us: 0.3,
-            profiled: &prof,
-            event_us: None,
-            backward_event_us: Some((0.5, 0.25)),
-        },
-    );
+    let probed = model(&fast, &fast_prof, Some((0.5, 0.25)));
     assert_eq!(probed.per_backward_event_us, Some((0.5, 0.25)));
     assert!(m.events_with_args > 0, "a training step's backward nodes");
     assert_eq!(probed.events_with_args, m.events_with_args);

@@ -636,22 +636,9 @@ impl<'a> Recorder<'a> {
             instrumented_event_us: (!self.probed_event_us.is_empty())
                 .then(|| Stats::of(&self.probed_event_us).median),
             instrumented_backward_event_us: (!self.probed_backward_us.is_empty()).then(|| {
-                let one = Stats::of(
-                    &self
-                        .probed_backward_us
-                        .iter()
-                        .map(|p| p.0)
-                        .collect::<Vec<_>>(),
-                )
-                .median;
-                let four = Stats::of(
-                    &self
-                        .probed_backward_us
-                        .iter()
-                        .map(|p| p.1)
-                        .collect::<Vec<_>>(),
-                )
-                .median;
+                let (one, four): (Vec<f64>, Vec<f64>) =
+                    self.probed_backward_us.iter().copied().unzip();
+                let (one, four) = (Stats::of(&one).median, Stats::of(&four).median);
                 let per_tensor = ((four - one) / 3.0).max(0.0);
                 ((one - per_tensor).max(0.0), per_tensor)
             }),
