@@ -61,7 +61,13 @@ pub struct Event {
     pub ts: f64,
     pub dur: f64,
     pub external_id: Option<u64>,
+    /// `Record function id`; `None` where absent or 0 (torch assigns ids only while a callback
+    /// asks for them, as the execution trace observer does: a profile taken without it records
+    /// 0 for every event).
     pub record_function_id: Option<u64>,
+    /// How many tensors the event recorded (`Input Dims` entries that are shapes of at least
+    /// one dimension); `None` without `Input Dims` (a profile taken without `record_shapes`).
+    pub input_tensors: Option<u32>,
     pub correlation: Option<u64>,
     pub ev_idx: Option<u64>,
     pub sequence_number: Option<i64>,
@@ -81,6 +87,14 @@ pub struct KinetoTrace {
     pub rank: Option<i64>,
     pub world_size: Option<i64>,
     pub base_time_ns: Option<u64>,
+    /// The top-level `record_shapes` flag (torch.profiler writes it), else whether any event
+    /// recorded `Input Dims`.
+    pub record_shapes: bool,
+    /// Whether the execution trace observer was on while this was profiled: `Some(true)` when
+    /// events carry record function ids, `Some(false)` when they carry the field as 0 (a
+    /// profile taken without the observer: the ids it would link by were never assigned),
+    /// `None` without the field (PyTorch before 2.1).
+    pub execution_trace_observer: Option<bool>,
     pub source: String,
     /// Non-fatal findings: events dropped for impossible times (see [`parse_kineto`]).
     pub warnings: Vec<String>,
@@ -119,6 +133,7 @@ struct RawFile<'a> {
     distributed_info: Option<serde_json::Value>,
     #[serde(rename = "baseTimeNanoseconds")]
     base_time_ns: Option<u64>,
+    record_shapes: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -181,6 +196,117 @@ struct RawArgs {
     fwd_thread_id: Option<i64>,
     stream: Option<i64>,
     device: Option<i64>,
+    #[serde(rename = "Input Dims")]
+    input_dims: Option<TensorCount>,
+}
+
+/// The number of entries of a list that are non-empty lists (`Input Dims`: a tensor's shape
+/// is a list of its sizes, a scalar or `None` argument an empty list), read without building
+/// the lists.
+#[derive(Clone, Copy, Default)]
+struct TensorCount(u32);
+
+impl<'de> Deserialize<'de> for TensorCount {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Outer;
+        impl<'de> serde::de::Visitor<'de> for Outer {
+            type Value = TensorCount;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of shapes")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<TensorCount, A::Error> {
+                let mut n = 0u32;
+                while let Some(NonEmpty(yes)) = seq.next_element()? {
+                    n += yes as u32;
+                }
+                Ok(TensorCount(n))
+            }
+            // Anything else (a string, a number) records no shapes.
+            fn visit_str<E>(self, _: &str) -> std::result::Result<TensorCount, E> {
+                Ok(TensorCount(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<TensorCount, E> {
+                Ok(TensorCount(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<TensorCount, E> {
+                Ok(TensorCount(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<TensorCount, E> {
+                Ok(TensorCount(0))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<TensorCount, E> {
+                Ok(TensorCount(0))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<TensorCount, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(TensorCount(0))
+            }
+        }
+        d.deserialize_any(Outer)
+    }
+}
+
+/// Whether one value is a non-empty list (its elements skipped).
+struct NonEmpty(bool);
+
+impl<'de> Deserialize<'de> for NonEmpty {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = NonEmpty;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a shape")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<NonEmpty, A::Error> {
+                let mut any = false;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    any = true;
+                }
+                Ok(NonEmpty(any))
+            }
+            fn visit_str<E>(self, _: &str) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_u64<E>(self, _: u64) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_i64<E>(self, _: i64) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_f64<E>(self, _: f64) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_bool<E>(self, _: bool) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_unit<E>(self) -> std::result::Result<NonEmpty, E> {
+                Ok(NonEmpty(false))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<NonEmpty, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(NonEmpty(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Reads a Kineto trace (`.json`, `.json.gz`, or `-`) within the default
@@ -234,6 +360,12 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
         base_time_ns: raw.base_time_ns,
         ..Default::default()
     };
+    let flag = raw.record_shapes.as_ref().and_then(|v| match v {
+        serde_json::Value::Bool(b) => Some(*b),
+        serde_json::Value::Number(n) => n.as_f64().map(|x| x != 0.0),
+        _ => None,
+    });
+    let (mut any_dims, mut ids, mut nonzero_ids) = (false, false, false);
     if let Some(d) = raw.distributed_info {
         k.rank = d.get("rank").and_then(|v| v.as_i64());
         k.world_size = d.get("world_size").and_then(|v| v.as_i64());
@@ -263,6 +395,9 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
         let tid = lane(e.tid);
         let cat_s = e.cat.as_deref().unwrap_or("");
         let a = e.args.unwrap_or_default();
+        any_dims |= a.input_dims.is_some();
+        ids |= a.record_function_id.is_some();
+        nonzero_ids |= a.record_function_id.is_some_and(|id| id != 0);
         k.events.push(Event {
             ph: e
                 .ph
@@ -277,7 +412,8 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
             ts,
             dur,
             external_id: a.external_id,
-            record_function_id: a.record_function_id,
+            record_function_id: a.record_function_id.filter(|&id| id != 0),
+            input_tensors: a.input_dims.map(|c| c.0),
             correlation: a.correlation,
             ev_idx: a.ev_idx,
             sequence_number: a.sequence_number,
@@ -287,6 +423,8 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
             flow_id: e.id.and_then(|i| i.get()),
         });
     }
+    k.record_shapes = flag.unwrap_or(any_dims);
+    k.execution_trace_observer = ids.then_some(nonzero_ids);
     if let Some(first) = first_dropped {
         k.warnings.push(format!(
             "{dropped} events with a negative, non-finite or absurd (over {MAX_TIME_US} us) timestamp or duration were dropped; the first: {first}"
@@ -330,9 +468,43 @@ mod tests {
             (e.external_id, e.record_function_id, e.ev_idx),
             (Some(7), Some(9), Some(1))
         );
+        assert_eq!(e.input_tensors, Some(1));
+        assert_eq!(k.events[1].input_tensors, None);
+        assert!(k.record_shapes);
+        assert_eq!(k.execution_trace_observer, Some(true));
         assert!(matches!(k.events[1].pid, Lane::Name(_)));
         assert_eq!(k.events[2].flow_id, Some(44));
         assert_eq!(k.main_pid(), Some(5));
+    }
+
+    #[test]
+    fn a_profile_without_the_observer_has_no_record_function_ids() {
+        // torch.profiler without the execution trace observer writes `Record function id: 0`
+        // for every event: no id to link by, and the trace says how it was taken.
+        let j = br#"{"record_shapes": 0, "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 5, "tid": 5, "ts": 1, "dur": 2,
+             "args": {"External id": 3, "Record function id": 0,
+                      "Input Dims": [[4, 8], [], [8], "x", [[]], 7, null, {"a": 1}]}},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::t", "pid": 5, "tid": 5, "ts": 4, "dur": 1,
+             "args": {"Record function id": 0, "Input Dims": "odd"}}
+          ]}"#;
+        let k = parse_kineto(j, "t").unwrap();
+        assert_eq!(k.events[0].record_function_id, None);
+        assert_eq!(k.events[0].external_id, Some(3));
+        assert_eq!(k.execution_trace_observer, Some(false));
+        // The flag wins over the events' `Input Dims`.
+        assert!(!k.record_shapes);
+        // [4, 8], [8] and [[]] are lists with elements; [], "x", 7, null and a map are not.
+        assert_eq!(k.events[0].input_tensors, Some(3));
+        assert_eq!(k.events[1].input_tensors, Some(0));
+        // No field at all: an older PyTorch, which says nothing of the observer.
+        let k = parse_kineto(
+            br#"{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(k.execution_trace_observer, None);
+        assert!(!k.record_shapes);
     }
 
     #[test]
