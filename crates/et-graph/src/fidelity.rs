@@ -69,16 +69,38 @@ pub fn original_timing(l: &Link, k: &KinetoTrace) -> OriginalTiming {
 /// The original's timing typical of the trace's iterations like the one `set` holds.
 ///
 /// A capture is one sample of each gap and op: the first profiled iteration carries the
-/// instrumentation's one-time costs (its first op and the gap after it), and a busy host's
-/// stalls fall where they fell. A trace of several `ProfilerStep#N` iterations (a profiler
-/// schedule with `active` > 1) holds more samples: where `set` is one of them, every other
-/// iteration that ran the same ops (names in the same order) and links as fully is linked too,
-/// and each op's duration and each gap is the interquartile mean over them ([`robust_mean`]:
-/// with 3 iterations their median, with 5 the mean of the middle 3), so that a cost or stall
-/// of one iteration does not count and the typical ones are not biased down as a median of
-/// right-skewed gaps is. With one iteration (or several chosen), `original_timing` of `l`.
+/// instrumentation's one-time costs (its first op and the gap after it), a busy host's stalls
+/// fall where they fell, and this VM's speed moves by up to 2x in spells of 100-200 ms. A
+/// trace of several `ProfilerStep#N` iterations (a profiler schedule with `active` > 1) holds
+/// more samples: where `set` is one of them, every other iteration that ran the same ops
+/// (names in the same order) and links as fully is linked too, and each op's duration and
+/// each gap is the least over them ([`least`]). Every sample is the time the work takes plus
+/// what interfered with it (a time slice another process took, a slow spell, the profiler's
+/// buffers), never less, so the least is the estimate of the work's own time, for gaps and ops
+/// alike; the host's speed is then measured against op times of the same kind. Paired over the
+/// tuning set's captures on a quiet and on a busy host (both profiled without the observer),
+/// the gaps' share of the op time agreed within 0-12% between the two captures of each model
+/// with the least, against -8% to +73% with the interquartile mean the model took before,
+/// while a quiet capture's share moved by 0-3% for five of the seven (lstm_train 47%: its ops'
+/// times swung 2.7x between its iterations and its gaps' did not).
+///
+/// A Kineto trace taken without the execution trace observer links by order
+/// ([`crate::link::link_steps`]): each of its `ProfilerStep#N` iterations that links as fully
+/// as any is a sample, whatever the ET holds. With one iteration (or several chosen),
+/// `original_timing` of `l`.
 pub fn typical_timing(g: &Graph, set: &ReplaySet, k: &KinetoTrace, l: &Link) -> OriginalTiming {
     let own = original_timing(l, k);
+    if l.method == crate::link::Method::Alignment {
+        let steps = crate::link::link_steps(g, set, k);
+        if steps.len() < 2 {
+            return own;
+        }
+        let like: Vec<(u64, OriginalTiming)> = steps
+            .iter()
+            .map(|(n, ls)| (*n, original_timing(ls, k)))
+            .collect();
+        return typical_of(like, set.ops.len());
+    }
     let [(_, chosen)] = g.iterations_of(set)[..] else {
         return own;
     };
@@ -101,37 +123,31 @@ pub fn typical_timing(g: &Graph, set: &ReplaySet, k: &KinetoTrace, l: &Link) -> 
     if let [(_, own)] = &mut like[..] {
         return std::mem::take(own);
     }
+    typical_of(like, names.len())
+}
+
+/// The least, op by op and gap by gap, of several iterations' timings of the same
+/// `n` ops.
+fn typical_of(mut like: Vec<(u64, OriginalTiming)>, n: usize) -> OriginalTiming {
     like.sort_by_key(|x| x.0);
-    let n = names.len();
     let timings: Vec<&OriginalTiming> = like.iter().map(|x| &x.1).collect();
     OriginalTiming {
         op_us: (0..n)
-            .map(|p| robust_mean(timings.iter().filter_map(|t| t.op_us[p]).collect()))
+            .map(|p| least(timings.iter().filter_map(|t| t.op_us[p])))
             .collect(),
         gap_us: (0..n)
-            .map(|p| robust_mean(timings.iter().map(|t| t.gap_us[p]).collect()).unwrap_or(0.0))
+            .map(|p| least(timings.iter().map(|t| t.gap_us[p])).unwrap_or(0.0))
             .collect(),
-        span_us: robust_mean(timings.iter().map(|t| t.span_us).collect()).unwrap_or(0.0),
+        span_us: least(timings.iter().map(|t| t.span_us)).unwrap_or(0.0),
         iterations: like.iter().map(|x| x.0).collect(),
     }
 }
 
-/// The interquartile mean: the mean of what is left after dropping the lowest and the
-/// highest quarter (at least one of each from 3 values on; 3 give their median, 5 the mean of
-/// the middle 3). `None` for no values.
-pub fn robust_mean(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let cut = if v.len() >= 3 {
-        (v.len() / 4).max(1)
-    } else {
-        0
-    };
-    let kept = &v[cut..v.len() - cut];
-    Some(kept.iter().sum::<f64>() / kept.len() as f64)
+/// The least of the finite values; `None` without any.
+pub fn least(v: impl IntoIterator<Item = f64>) -> Option<f64> {
+    v.into_iter()
+        .filter(|x| x.is_finite())
+        .min_by(f64::total_cmp)
 }
 
 /// The replay's own timing, measured in the same run as the gap model is built: each step's
@@ -157,6 +173,62 @@ pub struct ReplayTimes<'a> {
     pub backward_event_us: Option<(f64, f64)>,
 }
 
+/// The instrumentation a Kineto trace was taken under, as far as the trace shows: what the
+/// calibration replay runs under to measure that instrumentation's cost on this host.
+///
+/// The execution trace observer records every op's arguments as it runs, and costs far more
+/// than the profiler: on the zoo's CPU models an iteration under both took 3-20x its
+/// uninstrumented time (DLRM: 18 ms against 1.4 ms), under the profiler alone 1.1-2x. A linked
+/// pair (ET and Kineto of one iteration) carries the observer's cost in every gap, and the
+/// model subtracts it; a profile taken without the observer, linked by order to an ET captured
+/// in an iteration of its own, leaves far less to subtract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Instrumentation {
+    /// The execution trace observer was on.
+    pub execution_trace: bool,
+    /// The profiler recorded input shapes (`record_shapes`).
+    pub record_shapes: bool,
+}
+
+impl Instrumentation {
+    /// A linked ET + Kineto pair as `torch.profiler.profile(execution_trace_observer=...,
+    /// record_shapes=True)` takes it.
+    pub const LINKED: Instrumentation = Instrumentation {
+        execution_trace: true,
+        record_shapes: true,
+    };
+
+    /// What `k` was taken under: the observer unless its events carry record function ids of
+    /// 0 (an older trace without the field was a linked pair: ids came later), and input
+    /// shapes as the trace's flag (or its events) says.
+    pub fn of(k: &KinetoTrace) -> Instrumentation {
+        Instrumentation {
+            execution_trace: k.execution_trace_observer != Some(false),
+            record_shapes: k.record_shapes,
+        }
+    }
+}
+
+impl Default for Instrumentation {
+    fn default() -> Self {
+        Instrumentation::LINKED
+    }
+}
+
+impl std::fmt::Display for Instrumentation {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(if self.execution_trace {
+            "execution trace observer + profiler"
+        } else {
+            "profiler alone"
+        })?;
+        if self.record_shapes {
+            f.write_str(" (record_shapes)")?;
+        }
+        Ok(())
+    }
+}
+
 /// What the gap model emulates between ops, and every quantity it was computed from. Serialised
 /// into the report, so a reader sees how much of a replay's time is emulated and why.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
@@ -164,6 +236,8 @@ pub struct GapModel {
     /// The gap to spin before each step (µs), in replay-set order.
     #[serde(skip)]
     pub gaps_us: Vec<f64>,
+    /// What the capture was taken under (and the calibration replay ran under).
+    pub instrumentation: Instrumentation,
     /// The capture's time between ops per iteration (ms), as profiled.
     pub capture_gaps_ms: f64,
     /// What is emulated per iteration (ms).
@@ -275,9 +349,12 @@ pub fn gap_model(
     let mut starts: HashMap<Lane, Vec<(f64, Option<usize>)>> = HashMap::new();
     for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
         let e = &k.events[i];
-        let args = e
-            .record_function_id
-            .and_then(|id| with_args.get(&id).copied());
+        // Without record function ids (a profile taken without the observer), what the
+        // profiler itself recorded: the tensors among the event's `Input Dims`.
+        let args = match e.record_function_id {
+            Some(id) => with_args.get(&id).copied(),
+            None => e.input_tensors.filter(|&n| n > 0).map(|n| n as usize),
+        };
         starts.entry(e.tid).or_default().push((e.ts, args));
     }
     type Counts = (Vec<f64>, Vec<(usize, usize)>);
@@ -499,6 +576,7 @@ pub fn gap_model(
     }
     let capped = cap_gaps(&mut gaps, orig);
     GapModel {
+        instrumentation: Instrumentation::of(k),
         capture_gaps_ms: orig.gap_us.iter().sum::<f64>() / 1e3,
         emulated_ms: gaps.iter().sum::<f64>() / 1e3,
         capture_iterations: orig.iterations.len().max(1),
@@ -670,16 +748,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn robust_mean_drops_the_quarters() {
-        assert_eq!(robust_mean(vec![]), None);
-        assert_eq!(robust_mean(vec![f64::NAN]), None);
-        assert_eq!(robust_mean(vec![4.0]), Some(4.0));
-        assert_eq!(robust_mean(vec![1.0, 3.0]), Some(2.0));
-        // 3: the median; 5: the middle 3's mean (a cold first iteration's 90 does not count).
-        assert_eq!(robust_mean(vec![90.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(robust_mean(vec![90.0, 1.0, 2.0, 3.0, 0.0]), Some(2.0));
-        // 8: two of each quarter.
-        assert_eq!(robust_mean((1..=8).map(f64::from).collect()), Some(4.5));
+    fn least_skips_what_is_not_finite() {
+        assert_eq!(least([]), None);
+        assert_eq!(least([f64::NAN]), None);
+        assert_eq!(least([4.0]), Some(4.0));
+        // A cold first iteration's 90 and a stall's infinity do not count.
+        assert_eq!(least([90.0, 1.0, f64::INFINITY, 2.0]), Some(1.0));
     }
 
     #[test]

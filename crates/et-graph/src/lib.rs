@@ -30,11 +30,11 @@ pub mod summary;
 
 pub use class::OpClass;
 pub use fidelity::{
-    cap_gaps, compare_ops, gap_model, original_timing, robust_mean, typical_timing, Comparison,
-    GapModel, OpComparison, OriginalTiming, ReplayTimes, SLICE_MIN_US,
+    cap_gaps, compare_ops, gap_model, least, original_timing, typical_timing, Comparison, GapModel,
+    Instrumentation, OpComparison, OriginalTiming, ReplayTimes, SLICE_MIN_US,
 };
 pub use gpu::{gpu_activity, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};
-pub use link::{link, Link, LinkError, Method};
+pub use link::{link, link_steps, profiler_steps, timing_link, Link, LinkError, Method};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

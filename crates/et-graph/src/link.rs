@@ -174,45 +174,7 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
             (out, Method::Alignment)
         }
     };
-    // GPU events by correlation id of the runtime calls under each op's time span and thread.
-    let mut by_corr: HashMap<u64, Vec<u32>> = HashMap::new();
-    for (i, e) in k.events.iter().enumerate() {
-        if matches!(
-            e.cat,
-            Category::Kernel | Category::GpuMemcpy | Category::GpuMemset
-        ) {
-            if let Some(c) = e.correlation {
-                by_corr.entry(c).or_default().push(i as u32);
-            }
-        }
-    }
-    let mut runtime: HashMap<Lane, Vec<usize>> = HashMap::new();
-    for (i, e) in k.events.iter().enumerate() {
-        if matches!(e.cat, Category::CudaRuntime | Category::CudaDriver) {
-            runtime.entry(e.tid).or_default().push(i);
-        }
-    }
-    for v in runtime.values_mut() {
-        v.sort_by(|&a, &b| k.events[a].ts.total_cmp(&k.events[b].ts));
-    }
-    let gpu_events = event_of
-        .iter()
-        .map(|e| {
-            let Some(e) = e else { return vec![] };
-            let ev = &k.events[*e as usize];
-            let Some(rt) = runtime.get(&ev.tid) else {
-                return vec![];
-            };
-            let start = rt.partition_point(|&r| k.events[r].ts < ev.ts);
-            rt[start..]
-                .iter()
-                .take_while(|&&r| k.events[r].ts <= ev.ts + ev.dur)
-                .filter_map(|&r| k.events[r].correlation.and_then(|c| by_corr.get(&c)))
-                .flatten()
-                .copied()
-                .collect()
-        })
-        .collect();
+    let gpu_events = gpu_events_of(k, &event_of);
     // The iteration is what the ET recorded: every node with a record function id, not only
     // the replayed ops, bounds it (the optimizer's zero_grad before the first op, its step
     // after the last).
@@ -249,6 +211,131 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
         span,
         warnings,
     })
+}
+
+/// GPU events (kernels, memcpy, memset) launched under each linked op: by correlation id of the
+/// runtime calls under the op's time span and thread.
+fn gpu_events_of(k: &KinetoTrace, event_of: &[Option<u32>]) -> Vec<Vec<u32>> {
+    // GPU events by correlation id of the runtime calls under each op's time span and thread.
+    let mut by_corr: HashMap<u64, Vec<u32>> = HashMap::new();
+    for (i, e) in k.events.iter().enumerate() {
+        if matches!(
+            e.cat,
+            Category::Kernel | Category::GpuMemcpy | Category::GpuMemset
+        ) {
+            if let Some(c) = e.correlation {
+                by_corr.entry(c).or_default().push(i as u32);
+            }
+        }
+    }
+    let mut runtime: HashMap<Lane, Vec<usize>> = HashMap::new();
+    for (i, e) in k.events.iter().enumerate() {
+        if matches!(e.cat, Category::CudaRuntime | Category::CudaDriver) {
+            runtime.entry(e.tid).or_default().push(i);
+        }
+    }
+    for v in runtime.values_mut() {
+        v.sort_by(|&a, &b| k.events[a].ts.total_cmp(&k.events[b].ts));
+    }
+    event_of
+        .iter()
+        .map(|e| {
+            let Some(e) = e else { return vec![] };
+            let ev = &k.events[*e as usize];
+            let Some(rt) = runtime.get(&ev.tid) else {
+                return vec![];
+            };
+            let start = rt.partition_point(|&r| k.events[r].ts < ev.ts);
+            rt[start..]
+                .iter()
+                .take_while(|&&r| k.events[r].ts <= ev.ts + ev.dur)
+                .filter_map(|&r| k.events[r].correlation.and_then(|c| by_corr.get(&c)))
+                .flatten()
+                .copied()
+                .collect()
+        })
+        .collect()
+}
+
+/// The `ProfilerStep#N` annotations of a Kineto trace, in time order: (N, start, end) in µs.
+pub fn profiler_steps(k: &KinetoTrace) -> Vec<(u64, f64, f64)> {
+    let mut v: Vec<(u64, f64, f64)> = (0..k.events.len())
+        .filter(|&i| is_cpu_event(k, i))
+        .filter_map(|i| {
+            let e = &k.events[i];
+            let n = k.str(e.name).strip_prefix("ProfilerStep#")?.parse().ok()?;
+            Some((n, e.ts, e.ts + e.dur))
+        })
+        .collect();
+    v.sort_by(|a, b| a.1.total_cmp(&b.1));
+    v
+}
+
+/// Links `set` to each `ProfilerStep#N` iteration of `k` on its own, by order and name (N and
+/// the link, whose span is the step's extent), for a Kineto trace that cannot link by record
+/// function ids: a profile taken without the execution trace observer (the ET captured in an
+/// iteration of its own) holds several iterations of the same ops, and each is one sample of
+/// the original's timing. Steps that link fewer ops than the best one are left out. Empty
+/// where the trace has no steps, links by ids, or the pids differ.
+pub fn link_steps(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Vec<(u64, Link)> {
+    if k.execution_trace_observer == Some(true) {
+        return Vec::new();
+    }
+    if let (Some(p), Some(kp)) = (g.trace.meta.pid, k.main_pid()) {
+        if p != kp {
+            return Vec::new();
+        }
+    }
+    let cpu: Vec<usize> = (0..k.events.len())
+        .filter(|&i| is_cpu_event(k, i))
+        .collect();
+    let mut out: Vec<(u64, Link)> = profiler_steps(k)
+        .into_iter()
+        .map(|(n, a, b)| {
+            let inside: Vec<usize> = cpu
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let e = &k.events[i];
+                    e.ts >= a && e.ts + e.dur <= b && !k.str(e.name).starts_with("ProfilerStep#")
+                })
+                .collect();
+            let event_of = align(g, set, k, &inside);
+            let gpu_events = gpu_events_of(k, &event_of);
+            (
+                n,
+                Link {
+                    method: Method::Alignment,
+                    event_of,
+                    gpu_events,
+                    span: Some((a, b)),
+                    warnings: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    let best = out.iter().map(|(_, l)| l.linked()).max().unwrap_or(0);
+    // Half the set at least, as `link` asks of an alignment.
+    out.retain(|(_, l)| l.linked() == best && best * 2 >= set.ops.len() && best > 0);
+    out
+}
+
+/// [`link`] for timing: where the trace links by order and holds several `ProfilerStep#N`
+/// iterations ([`link_steps`]), the middle one of those that link as fully as any, with its
+/// step's extent as the span; else [`link`]'s.
+pub fn timing_link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkError> {
+    let l = link(g, set, k)?;
+    if l.method != Method::Alignment {
+        return Ok(l);
+    }
+    let mut steps = link_steps(g, set, k);
+    if steps.is_empty() {
+        return Ok(l);
+    }
+    let mid = steps.len() / 2;
+    let (_, mut chosen) = steps.swap_remove(mid);
+    chosen.warnings = l.warnings;
+    Ok(chosen)
 }
 
 /// Order-preserving alignment by name, per thread. ET threads are paired with the Kineto

@@ -979,7 +979,7 @@ fn own_timing(g: &Graph, n: u64, kt: &et_schema::kineto::KinetoTrace) -> Origina
 }
 
 /// One of several profiled iterations: its span is its `ProfilerStep#N`, and its ops' times and
-/// gaps are typical of all the iterations that ran the same ops (the interquartile mean over
+/// gaps are typical of all the iterations that ran the same ops (the least over
 /// them), so a stall in one iteration does not move them, and an iteration of other ops does
 /// not count.
 #[test]
@@ -1006,9 +1006,9 @@ fn one_iterations_timing_is_typical_of_its_like_iterations() {
     assert_eq!(typical.gap_us.len(), set2.ops.len());
     for p in 0..set2.ops.len() {
         let gaps: Vec<f64> = per.iter().map(|o| o.gap_us[p]).collect();
-        assert_eq!(Some(typical.gap_us[p]), robust_mean(gaps));
+        assert_eq!(Some(typical.gap_us[p]), least(gaps));
         let ops: Vec<f64> = per.iter().map(|o| o.op_us[p].unwrap()).collect();
-        assert_eq!(typical.op_us[p], robust_mean(ops));
+        assert_eq!(typical.op_us[p], least(ops));
     }
     // Its one-iteration timing is what `gaps_of_one_iteration` gives.
     let own2 = original_timing(&l2, &kt);
@@ -1050,4 +1050,125 @@ fn one_iterations_timing_is_typical_of_its_like_iterations() {
     let all = g.replay_set(None);
     let la = link(&g, &all, &kt).unwrap();
     assert!(typical_timing(&g, &all, &kt, &la).iterations.is_empty());
+}
+
+/// The bundled clean ET (one iteration under the observer alone) and the profile of 4
+/// iterations taken without the observer, in the same process (`tests/data/gen_steps.py`).
+fn timing_pair() -> (et_schema::Trace, et_schema::kineto::KinetoTrace) {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let t = et_schema::read_trace(&d.join("steps.et.json.gz")).unwrap();
+    let kt = et_schema::kineto::read_kineto(&d.join("steps.timing.json.gz")).unwrap();
+    (t, kt)
+}
+
+/// A profile taken without the execution trace observer has no record function ids to link
+/// by: the clean ET links to each of its `ProfilerStep#N` iterations by order and name, each
+/// step's extent is that iteration's span, and the timing is the least of each op and gap
+/// over the steps. The trace says what it was taken under, so the calibration reproduces
+/// that (the profiler alone, with shapes), not a linked pair's instrumentation.
+#[test]
+fn a_profile_without_the_observer_links_step_by_step_by_order() {
+    let (t, kt) = timing_pair();
+    assert_eq!(kt.execution_trace_observer, Some(false));
+    assert_eq!(
+        Instrumentation::of(&kt),
+        Instrumentation {
+            execution_trace: false,
+            record_shapes: true
+        }
+    );
+    // The linked pair's says otherwise.
+    assert_eq!(
+        Instrumentation::of(&steps_pair().1),
+        Instrumentation::LINKED
+    );
+    let g = Graph::new(&t);
+    assert!(g.iterations().is_empty(), "a clean ET has no ProfilerStep");
+    let set = g.replay_set(None);
+    assert!(set.ops.len() > 10);
+    let l = link(&g, &set, &kt).unwrap();
+    assert_eq!(l.method, Method::Alignment);
+    assert_eq!(l.linked(), set.ops.len());
+
+    let steps = profiler_steps(&kt);
+    assert_eq!(steps.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    let per = link_steps(&g, &set, &kt);
+    assert_eq!(per.iter().map(|s| s.0).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    for ((n, ls), (m, a, b)) in per.iter().zip(&steps) {
+        assert_eq!(n, m);
+        assert_eq!(ls.span, Some((*a, *b)));
+        assert_eq!(ls.linked(), set.ops.len());
+        // Each op to an event of its name, inside its step, in order.
+        let mut prev = f64::NEG_INFINITY;
+        for (pos, e) in ls.event_of.iter().enumerate() {
+            let e = &kt.events[e.unwrap() as usize];
+            assert_eq!(kt.str(e.name), g.name(set.ops[pos]));
+            assert!(e.ts >= *a && e.ts + e.dur <= *b && e.ts >= prev);
+            prev = e.ts;
+        }
+    }
+    // For timing: the middle step, its gaps and op times the least over all four.
+    let tl = timing_link(&g, &set, &kt).unwrap();
+    assert_eq!(tl.span, per[2].1.span);
+    let typical = typical_timing(&g, &set, &kt, &tl);
+    assert_eq!(typical.iterations, [1, 2, 3, 4]);
+    let own: Vec<OriginalTiming> = per.iter().map(|(_, l)| original_timing(l, &kt)).collect();
+    for p in 0..set.ops.len() {
+        assert_eq!(
+            Some(typical.gap_us[p]),
+            least(own.iter().map(|o| o.gap_us[p]))
+        );
+        assert_eq!(
+            typical.op_us[p],
+            least(own.iter().map(|o| o.op_us[p].unwrap()))
+        );
+    }
+    // The iteration's edges (zero_grad before the first op, the step's end) are a gap.
+    assert!(own.iter().all(|o| o.gap_us[0] > 0.0));
+
+    // A profile of another process links by name alone, which would mislink: refused.
+    let mut other = kt.clone();
+    for e in &mut other.events {
+        if let et_schema::kineto::Lane::Id(p) = &mut e.pid {
+            *p += 1;
+        }
+    }
+    assert!(matches!(
+        link(&g, &set, &other),
+        Err(LinkError::OtherProcess { .. })
+    ));
+    assert!(link_steps(&g, &set, &other).is_empty());
+    // And a linked pair's profile is linked by ids, never step by step.
+    let (lt, lk) = steps_pair();
+    let lg = Graph::new(&lt);
+    assert!(link_steps(&lg, &lg.replay_set(Some(&[2])), &lk).is_empty());
+}
+
+/// Without record function ids, what an event in a gap records is read off the profile itself:
+/// the backward nodes autograd runs between the ops record their tensors' shapes, and are
+/// charged as events with arguments.
+#[test]
+fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
+    let (t, kt) = timing_pair();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = timing_link(&g, &set, &kt).unwrap();
+    let o = typical_timing(&g, &set, &kt, &l);
+    let n = set.ops.len();
+    let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let profiled = replay_times(&windows, &windows, 0.0);
+    let times = ReplayTimes {
+        plain_us: &windows,
+        between_us: 0.0,
+        profiled: &profiled,
+        event_us: Some(0.5),
+        backward_event_us: Some((1.0, 0.25)),
+    };
+    let m = gap_model(&t, &l, &kt, &o, &times);
+    assert_eq!(m.instrumentation, Instrumentation::of(&kt));
+    assert_eq!(m.gaps_us.len(), n);
+    assert_eq!(m.speed_ops, n);
+    assert!(m.events_with_args > 0, "{m:?}");
+    assert!(m.tensors_in_gap_events >= m.events_with_args, "{m:?}");
+    assert!(m.events_in_gaps > m.events_with_args, "{m:?}");
 }
