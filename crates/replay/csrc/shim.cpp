@@ -389,9 +389,12 @@ struct MqEvents {
 };
 
 static int saved_log_level = 0;
+static bool observer_on = false;
 
 // With `cuda`, Kineto also records the GPU's activity (kernels, memcpy, memset) through CUPTI.
-int mq_instr_begin(const char* et_path, int cuda) {
+// `et_path` null: the profiler alone (a Kineto trace taken without the observer);
+// `record_shapes` as the capture's profiler had it.
+int mq_instr_begin(const char* et_path, int cuda, int record_shapes) {
   return guarded([&] {
     // Kineto logs an error per missing GPU and the observer a warning per start/stop: the
     // calibration is internal, keep stderr for the user's messages.
@@ -399,15 +402,17 @@ int mq_instr_begin(const char* et_path, int cuda) {
     saved_log_level = FLAGS_caffe2_log_level;
     FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
     using namespace torch::profiler::impl;
-    if (!torch::profiler::impl::addExecutionTraceObserver(et_path)) {
+    if (et_path != nullptr && !torch::profiler::impl::addExecutionTraceObserver(et_path)) {
+      FLAGS_caffe2_log_level = saved_log_level;
       throw std::runtime_error(std::string("cannot start the execution trace observer on ") +
                                et_path);
     }
-    ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/true);
+    observer_on = et_path != nullptr;
+    ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/record_shapes != 0);
     std::set<ActivityType> acts{ActivityType::CPU};
     if (cuda) acts.insert(ActivityType::CUDA);
     torch::autograd::profiler::prepareProfiler(cfg, acts);
-    torch::profiler::impl::enableExecutionTraceObserver();
+    if (observer_on) torch::profiler::impl::enableExecutionTraceObserver();
     torch::autograd::profiler::enableProfiler(cfg, acts);
   });
 }
@@ -452,8 +457,11 @@ MqEvents* mq_instr_end() {
   MqEvents* out = nullptr;
   int rc = guarded([&] {
     auto result = torch::autograd::profiler::disableProfiler();
-    torch::profiler::impl::disableExecutionTraceObserver();
-    torch::profiler::impl::removeExecutionTraceObserver();
+    if (observer_on) {
+      torch::profiler::impl::disableExecutionTraceObserver();
+      torch::profiler::impl::removeExecutionTraceObserver();
+      observer_on = false;
+    }
     FLAGS_caffe2_log_level = saved_log_level;
     auto ev = std::make_unique<MqEvents>();
     ev->self_tid = at::RecordFunction::currentThreadId();

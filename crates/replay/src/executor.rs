@@ -40,16 +40,29 @@ pub enum Phase {
     WarmUp,
     /// Timed and reported.
     Measured,
-    /// One more iteration under the capture's instrumentation (ET observer + Kineto), to read
-    /// each step's profiled window; not timed.
+    /// Under the capture's instrumentation, in one profiling session, to warm it up (the
+    /// profiler's and the observer's first events in a session cost more, as in the
+    /// capture's first profiled iteration); not recorded.
+    InstrumentedWarmUp,
+    /// More iterations under the capture's instrumentation (ET observer + Kineto, or what the
+    /// capture had), to read each step's profiled window; not timed.
     Instrumented,
+}
+
+impl Phase {
+    /// Under the capture's instrumentation.
+    pub fn instrumented(self) -> bool {
+        matches!(self, Phase::InstrumentedWarmUp | Phase::Instrumented)
+    }
 }
 
 impl Phase {
     /// The phase of iteration `it` of a run with `opts`.
     pub fn of(it: usize, opts: &ReplayOptions) -> Phase {
         let total = total_iterations(opts);
-        if it + instrumented(opts) >= total {
+        if it + instrumented(opts) == total {
+            Phase::InstrumentedWarmUp
+        } else if it + instrumented(opts) > total {
             Phase::Instrumented
         } else if it >= opts.warmup {
             Phase::Measured
@@ -63,10 +76,10 @@ fn total_iterations(opts: &ReplayOptions) -> usize {
     opts.warmup + opts.iters.max(1) + instrumented(opts)
 }
 
-/// Instrumented iterations at the end of a run.
+/// Instrumented iterations at the end of a run: the session's warm-up and the recorded ones.
 fn instrumented(opts: &ReplayOptions) -> usize {
     if opts.instrument {
-        opts.instrument_iters.max(1)
+        opts.instrument_iters.max(1) + 1
     } else {
         0
     }
@@ -849,23 +862,34 @@ pub fn run(
         .as_ref()
         .filter(|p| p.every > 0)
         .map(|p| (p, None::<usize>));
+    // The instrumented iterations run in one profiling session, as the capture's profiled
+    // iterations did: a session's first events cost more (the first embedding_bag of a fresh
+    // session took 2 ms under the profiler alone, 30 µs warm), and a session per iteration
+    // had every instrumented iteration pay that where the capture paid it once.
+    let mut instr: Option<ffi::Instrumentation> = None;
+    let mut recorded: Vec<Vec<(usize, f64)>> = Vec::new();
     for it in 0..total {
         let phase = Phase::of(it, opts);
         if let (Some((pace, None)), Phase::Measured) = (pacing, phase) {
             pacing = pace.pacer.start().then_some((pace, Some(0)));
         }
-        let instr = if phase == Phase::Instrumented {
-            match ffi::Instrumentation::start(bound.device.cuda().is_some()) {
-                Ok(i) => Some(i),
+        if phase.instrumented() && instr.is_none() {
+            // Room for the session's records on pages already faulted in: 64 KiB per step and
+            // instrumented iteration (the profiler's records of an op and its nested events
+            // take a few KiB), at least 64 MiB.
+            crate::device::warm_heap(
+                (plan.steps.len() * (opts.instrument_iters + 1) * (64 << 10))
+                    .clamp(64 << 20, 1 << 30),
+            );
+            match ffi::Instrumentation::start(bound.device.cuda().is_some(), opts.instrumentation) {
+                Ok(i) => instr = Some(i),
                 // The measured iterations stand; only the profiled windows are missing.
                 Err(e) => {
                     rec.instrument_error = Some(e);
                     break;
                 }
             }
-        } else {
-            None
-        };
+        }
         let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
         if let Some((pace, Some(n))) = pacing {
             // A block ends at its size or with the measured phase.
@@ -876,25 +900,30 @@ pub fn run(
             }
             pacing = Some((pace, (!ends).then_some(n)));
         }
-        if let Some(instr) = instr {
-            if let Some(us) = instr.probe_event_us(200) {
+        if let (Some(i), Phase::Instrumented) = (&instr, phase) {
+            recorded.push(dispatched);
+            // Probed after each recorded iteration, inside the session (the profile's matching
+            // skips their events).
+            if let Some(us) = i.probe_event_us(200) {
                 rec.probed_event_us.push(us);
             }
             if let (Some(one), Some(four)) = (
-                instr.probe_backward_event_us(200, 1),
-                instr.probe_backward_event_us(200, 4),
+                i.probe_backward_event_us(200, 1),
+                i.probe_backward_event_us(200, 4),
             ) {
                 rec.probed_backward_us.push((one, four));
-            }
-            match instr.finish() {
-                Ok(profile) => rec.profiled(&profile, &dispatched),
-                Err(e) => rec.instrument_error = Some(e),
             }
         }
         if opts.progress {
             rec.progress(it, total, phase);
         }
         log::debug!("iteration {}/{total} ({phase:?}) done", it + 1);
+    }
+    if let Some(i) = instr {
+        match i.finish() {
+            Ok(profile) => rec.profiled(&profile, &recorded),
+            Err(e) => rec.instrument_error = Some(e),
+        }
     }
     let gpu = GpuSamples {
         sampled: match sampler {
@@ -1024,7 +1053,7 @@ fn iteration(
         let t1 = timer.mark();
         let waited_us = rec.waited_since(waited0);
         last_op_end = timer.host_at(t1);
-        if phase == Phase::Instrumented {
+        if phase.instrumented() {
             dispatched.push((pos, waited_us));
         }
         // A failed op's time is not an op's time: it stays out of the per-op figures and the
@@ -1075,7 +1104,7 @@ fn iteration(
         // Kept out of the timings: value checks read every output, and counting live
         // storages (first iteration) walks every slot. Not in the instrumented iteration:
         // the checks' own ops would be among the profiler's events.
-        let check = opts.check_values && phase != Phase::Instrumented && !rec.found_nonfinite();
+        let check = opts.check_values && !phase.instrumented() && !rec.found_nonfinite();
         if check || it == 0 {
             let t_untimed = timer.host_us();
             if check && ex.produced_nonfinite(pos, &slots) {

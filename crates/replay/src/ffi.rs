@@ -87,7 +87,7 @@ extern "C" {
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
-    fn mq_instr_begin(et_path: *const c_char, cuda: i32) -> i32;
+    fn mq_instr_begin(et_path: *const c_char, cuda: i32, record_shapes: i32) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
@@ -673,6 +673,10 @@ pub fn load_library(path: &std::path::Path) -> Result<(), CallError> {
     }
 }
 
+/// The names of the probes' events (`mystique::probe`, `mystique::probe_backward`), which
+/// land in the profile after the work they follow.
+pub const PROBE_PREFIX: &str = "mystique::probe";
+
 /// A CPU event recorded by the Kineto profiler during an instrumented iteration.
 #[derive(Clone, Debug)]
 pub struct ProfiledEvent {
@@ -681,11 +685,12 @@ pub struct ProfiledEvent {
     pub end_ns: u64,
 }
 
-/// The instrumentation a linked ET + Kineto pair is captured with (execution trace observer
-/// and Kineto with input shapes), switched on around a piece of work. Only one can be active
-/// in a process; [`Instrumentation::finish`] switches it off and removes the observer's file.
+/// The instrumentation a capture was taken under (a linked ET + Kineto pair: the execution
+/// trace observer and Kineto with input shapes; or Kineto alone, with or without shapes),
+/// switched on around a piece of work. Only one can be active in a process;
+/// [`Instrumentation::finish`] switches it off and removes the observer's file.
 pub struct Instrumentation {
-    et_path: std::path::PathBuf,
+    et_path: Option<std::path::PathBuf>,
     active: bool,
 }
 
@@ -702,8 +707,8 @@ pub struct Profile {
 }
 
 impl Instrumentation {
-    /// Starts the instrumentation; with `cuda`, Kineto records the GPU's activity too.
-    pub fn start(cuda: bool) -> Result<Instrumentation, String> {
+    /// Starts the instrumentation `kind`; with `cuda`, Kineto records the GPU's activity too.
+    pub fn start(cuda: bool, kind: et_graph::Instrumentation) -> Result<Instrumentation, String> {
         use std::sync::atomic::Ordering;
         if INSTRUMENTED.swap(true, Ordering::AcqRel) {
             return Err(
@@ -712,23 +717,37 @@ impl Instrumentation {
                     .into(),
             );
         }
-        let started = Self::begin(cuda);
+        let started = Self::begin(cuda, kind);
         if started.is_err() {
             INSTRUMENTED.store(false, Ordering::Release);
         }
         started
     }
 
-    fn begin(cuda: bool) -> Result<Instrumentation, String> {
-        let et_path = std::env::temp_dir().join(format!(
-            "mystique-calibration-{}-{:?}.et.json",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let c = CString::new(et_path.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
-        // SAFETY: a valid C string; errors come back as a code.
-        if unsafe { mq_instr_begin(c.as_ptr(), cuda as i32) } != 0 {
-            let _ = std::fs::remove_file(&et_path);
+    fn begin(cuda: bool, kind: et_graph::Instrumentation) -> Result<Instrumentation, String> {
+        let et_path = kind.execution_trace.then(|| {
+            std::env::temp_dir().join(format!(
+                "mystique-calibration-{}-{:?}.et.json",
+                std::process::id(),
+                std::thread::current().id()
+            ))
+        });
+        let c = et_path
+            .as_ref()
+            .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string()))
+            .transpose()?;
+        // SAFETY: a valid C string or null (no observer); errors come back as a code.
+        let rc = unsafe {
+            mq_instr_begin(
+                c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+                cuda as i32,
+                kind.record_shapes as i32,
+            )
+        };
+        if rc != 0 {
+            if let Some(p) = &et_path {
+                let _ = std::fs::remove_file(p);
+            }
             return Err(last_error());
         }
         Ok(Instrumentation {
@@ -766,7 +785,9 @@ impl Instrumentation {
         // SAFETY: started by `start` on this process; null means an error was recorded.
         let ev = unsafe { mq_instr_end() };
         INSTRUMENTED.store(false, std::sync::atomic::Ordering::Release);
-        let _ = std::fs::remove_file(&self.et_path);
+        if let Some(p) = &self.et_path {
+            let _ = std::fs::remove_file(p);
+        }
         if ev.is_null() {
             return Err(last_error());
         }
@@ -802,7 +823,9 @@ impl Drop for Instrumentation {
             if !ev.is_null() {
                 unsafe { mq_events_free(ev) };
             }
-            let _ = std::fs::remove_file(&self.et_path);
+            if let Some(p) = &self.et_path {
+                let _ = std::fs::remove_file(p);
+            }
             INSTRUMENTED.store(false, std::sync::atomic::Ordering::Release);
         }
     }

@@ -26,6 +26,9 @@ pub struct ReplayOptions {
     /// How many instrumented iterations (with `instrument`): each step's window is the median
     /// over them, as is the time before it (one profiled iteration is noisy).
     pub instrument_iters: usize,
+    /// The instrumentation those iterations run under: the capture's (a linked pair's, by
+    /// default; [`et_graph::Instrumentation::of`] reads it off a Kineto trace).
+    pub instrumentation: et_graph::Instrumentation,
     /// Time in running time: the time the replaying thread waited for a CPU (the kernel's run
     /// delay: another process had the core) is taken out of every step's time, every profiled
     /// window and every iteration. For a calibration, whose times stand for the ops' speed on
@@ -153,6 +156,7 @@ impl Default for ReplayOptions {
             progress: false,
             instrument: false,
             instrument_iters: 3,
+            instrumentation: et_graph::Instrumentation::LINKED,
             running_time: false,
             autograd: true,
             check_values: false,

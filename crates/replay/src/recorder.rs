@@ -296,7 +296,7 @@ impl<'a> Recorder<'a> {
         if phase == Phase::Instrumented {
             self.instrumented_ms.push(wall_us / 1000.0);
         }
-        if phase != Phase::Instrumented {
+        if !phase.instrumented() {
             self.counts = self.current;
         }
         self.last_wall_us = wall_us;
@@ -309,7 +309,7 @@ impl<'a> Recorder<'a> {
             let kind = match phase {
                 Phase::WarmUp => "warm-up",
                 Phase::Measured => "measured",
-                Phase::Instrumented => "instrumented",
+                Phase::InstrumentedWarmUp | Phase::Instrumented => "instrumented",
             };
             let left = (total - it - 1) as f64 * self.last_wall_us / 1e6;
             eprintln!(
@@ -342,25 +342,15 @@ impl<'a> Recorder<'a> {
     /// thread, in order, matched by name. Extra outermost events (the casts of a float32
     /// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
     /// within a few events is left unmatched rather than shifting every later match.
-    pub fn profiled(&mut self, profile: &Profile, dispatched: &[(usize, f64)]) {
-        if !profile.gpu.is_empty() {
-            // Relative to the first event: epoch nanoseconds in an f64 lose sub-µs precision.
-            let t0 = profile.gpu.iter().map(|e| e.start_ns).min().unwrap_or(0);
-            let intervals: Vec<et_graph::GpuInterval> = profile
-                .gpu
-                .iter()
-                .map(|e| et_graph::GpuInterval {
-                    name: &e.name,
-                    work: et_graph::GpuWork::of_name(&e.name),
-                    start_us: e.start_ns.saturating_sub(t0) as f64 / 1e3,
-                    dur_us: e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3,
-                })
-                .collect();
-            self.gpu_activity = Some(et_graph::gpu_activity(&intervals));
-        }
+    /// The profiled windows of the recorded instrumented iterations, all in one `profile`:
+    /// each iteration's dispatched steps (with the time each waited for a CPU) are found in
+    /// turn among its outermost events by order and name; the probes' events are skipped.
+    pub fn profiled(&mut self, profile: &Profile, iterations: &[Vec<(usize, f64)>]) {
         let events = &profile.cpu;
         const LOOKAHEAD: usize = 8;
-        let mut order: Vec<usize> = (0..events.len()).collect();
+        let mut order: Vec<usize> = (0..events.len())
+            .filter(|&i| !events[i].name.starts_with(crate::ffi::PROBE_PREFIX))
+            .collect();
         order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
         // Outermost events with the number of events that start inside each.
         let mut top: Vec<(usize, u32)> = Vec::new();
@@ -376,26 +366,54 @@ impl<'a> Recorder<'a> {
         }
         let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
-        let mut out = vec![None; self.plan.steps.len()];
         let mut j = 0;
-        for &(pos, waited_us) in dispatched {
-            let name = self.plan.steps[pos].name.as_str();
-            let found = top[j.min(top.len())..]
-                .iter()
-                .take(LOOKAHEAD)
-                .position(|&(i, _)| events[i].name == name);
-            if let Some(k) = found {
-                let (i, nested) = top[j + k];
-                out[pos] = Some(ProfiledStep {
-                    start_us: us(events[i].start_ns),
-                    end_us: us(events[i].end_ns),
-                    nested,
-                    waited_us,
-                });
-                j += k + 1;
+        let mut last_start_ns = None;
+        for dispatched in iterations {
+            let mut out = vec![None; self.plan.steps.len()];
+            let mut first_ns = None;
+            for &(pos, waited_us) in dispatched {
+                let name = self.plan.steps[pos].name.as_str();
+                let found = top[j.min(top.len())..]
+                    .iter()
+                    .take(LOOKAHEAD)
+                    .position(|&(i, _)| events[i].name == name);
+                if let Some(k) = found {
+                    let (i, nested) = top[j + k];
+                    first_ns.get_or_insert(events[i].start_ns);
+                    out[pos] = Some(ProfiledStep {
+                        start_us: us(events[i].start_ns),
+                        end_us: us(events[i].end_ns),
+                        nested,
+                        waited_us,
+                    });
+                    j += k + 1;
+                }
             }
+            self.profiled.push(out);
+            last_start_ns = first_ns.or(last_start_ns);
         }
-        self.profiled.push(out);
+        // The GPU's activity in the last recorded iteration: from its first op's start (every
+        // iteration ends synchronised, so earlier iterations' work is done by then).
+        let from_ns = last_start_ns.unwrap_or(0);
+        let gpu: Vec<&crate::ffi::ProfiledEvent> = profile
+            .gpu
+            .iter()
+            .filter(|e| e.start_ns >= from_ns)
+            .collect();
+        if !gpu.is_empty() {
+            // Relative to the first event: epoch nanoseconds in an f64 lose sub-µs precision.
+            let t0 = gpu.iter().map(|e| e.start_ns).min().unwrap_or(0);
+            let intervals: Vec<et_graph::GpuInterval> = gpu
+                .iter()
+                .map(|e| et_graph::GpuInterval {
+                    name: &e.name,
+                    work: et_graph::GpuWork::of_name(&e.name),
+                    start_us: e.start_ns.saturating_sub(t0) as f64 / 1e3,
+                    dur_us: e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3,
+                })
+                .collect();
+            self.gpu_activity = Some(et_graph::gpu_activity(&intervals));
+        }
     }
 
     pub fn finish(

@@ -98,6 +98,9 @@ fn calibrated_gaps(
         per_step: true,
         instrument: true,
         instrument_iters,
+        // What the capture was taken under: the observer's cost is the bulk of a linked
+        // pair's gaps, and none of a profile's taken without it.
+        instrumentation: et_graph::Instrumentation::of(&kineto.kineto),
         // The host's speed, not its other processes': an op about a time slice long loses
         // whole slices on a busy host in most iterations, and its median would read as a slower
         // CPU. The emulated gaps are spun in running time too.
@@ -170,7 +173,9 @@ impl Linked {
     /// (`et_graph::typical_timing`), else the set's own.
     fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path, typical: bool) -> Result<Linked> {
         let kineto = mystique_cli::read_kineto(path)?;
-        let link = et_graph::link(g, set, &kineto)?;
+        // A profile of several iterations taken without the execution trace observer links
+        // by order, one of its iterations at a time (its gaps typical of them all).
+        let link = et_graph::timing_link(g, set, &kineto)?;
         let original = if typical {
             et_graph::typical_timing(g, set, &kineto, &link)
         } else {
@@ -382,6 +387,11 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
+    writeln!(
+        out,
+        "           captured under the {}: the calibration replay ran under the same",
+        m.instrumentation
+    )?;
     if let Some((per, per_tensor)) = m.per_backward_event_us {
         writeln!(
             out,
@@ -392,7 +402,7 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
     if m.capture_iterations > 1 {
         writeln!(
             out,
-            "           gaps and op times typical of the capture's {} like iterations (interquartile means)",
+            "           gaps and op times typical of the capture's {} like iterations (the least of each)",
             m.capture_iterations
         )?;
     }
@@ -671,14 +681,16 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
         per_step: true,
         instrument: true,
+        instrumentation: et_graph::Instrumentation::of(kt),
         ..a.run.options()
     };
     let r = replay::replay(&g, &set, &opts)?.0;
     a.run.warn_values(&r);
     if let Some(e) = &r.instrument_error {
         eprintln!(
-            "warning: instrumenting the replay (execution trace observer + Kineto): {e}; \
-             ops are compared with their plain replay times only"
+            "warning: instrumenting the replay ({}): {e}; ops are compared with their plain \
+             replay times only",
+            opts.instrumentation
         );
     }
     // Per op name, linked ops only: the original (Kineto), the plain replay, and the replay
