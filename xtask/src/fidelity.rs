@@ -1,16 +1,18 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--against BIN [--against-args 'ARGS']] [--svg PATH]`: replay vs original over the
-//! model zoo (`xtask/scripts/zoo.py`).
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-args 'ARGS']] [--svg PATH]`:
+//! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
 //! hash): on a quiet host, and with the host made busy during the capture only. Per model, four
 //! processes stand side by side and take turns, one block of iterations each per round (about
 //! 40 ms of the original's, the order rotating; 1 thread): the original timed uninstrumented
 //! (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
-//! gaps from the busy capture (`mystique replay --paced`). Ratios are per round (replay block /
-//! original block), then the median over rounds. The tuning set and the two held-out sets
+//! gaps from the busy capture (`mystique replay --paced`). The replays replay the clean ET and
+//! take their gaps from the profile taken without the execution trace observer (`--capture
+//! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /
+//! original block), then the median over rounds. The tuning set and the held-out sets
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
-//! added once `fresh` had been) are reported apart, with a summary over all held-out sets;
-//! held-out models are never used to choose anything.
+//! added once `fresh` had been; `fresh3`, added once `fresh2` had been) are reported apart,
+//! with a summary over all held-out sets; held-out models are never used to choose anything.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -254,6 +256,32 @@ fn replay(bin: &Path, et: &Path, iters: usize, extra: &[String]) -> Result<serde
     })
 }
 
+/// Which of a model's captures a replay takes its ops and gaps from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Capture {
+    /// The clean ET and the profile taken without the observer (`M.et.json`, `M.timing.json`).
+    Timing,
+    /// The linked pair (`M.linked.et.json`, `M.kineto.json`), the iteration the capture names.
+    Linked,
+}
+
+impl Capture {
+    fn parse(a: Option<&str>) -> Result<Capture> {
+        match a {
+            Some("timing") => Ok(Capture::Timing),
+            Some("linked") => Ok(Capture::Linked),
+            other => bail!("--capture / --against-capture: timing or linked, not {other:?}"),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Capture::Timing => "the clean ET + the profile taken without the observer",
+            Capture::Linked => "the linked pair (ET + Kineto of the same iterations)",
+        }
+    }
+}
+
 /// One model's line of the table.
 struct Row {
     model: String,
@@ -281,6 +309,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut against: Option<PathBuf> = None;
     let mut against_args: Vec<String> = Vec::new();
     let mut block_ms = 40.0f64;
+    let mut capture = Capture::Timing;
+    let mut against_capture = Capture::Timing;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
@@ -304,6 +334,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 anyhow::ensure!(p.is_file(), "--against {}: no such file", p.display());
                 against = Some(p);
             }
+            "--capture" => capture = Capture::parse(it.next().copied())?,
+            "--against-capture" => against_capture = Capture::parse(it.next().copied())?,
             "--against-args" => {
                 against_args = it
                     .next()
@@ -329,6 +361,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     anyhow::ensure!(
         against.is_some() || against_args.is_empty(),
         "--against-args needs --against BIN (which may be this build's mystique)"
+    );
+    anyhow::ensure!(
+        against.is_some() || !args.contains(&"--against-capture"),
+        "--against-capture needs --against BIN (which may be this build's mystique)"
     );
     let all = models(root, torch_py)?;
     let models: Vec<Model> = all
@@ -365,11 +401,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
              zoo's Python, mallopt in the replay)"
         }
     );
+    println!("gaps from: {}", capture.name());
     if let Some(a) = &against {
         println!(
             "A/B: the busy-capture columns (+gaps busy, busy gaps/orig, busy speed) are {}{} with gaps from the\n\
-             quiet capture, in the same rounds as this build",
+             quiet capture ({}), in the same rounds as this build",
             a.display(),
+            against_capture.name(),
             if against_args.is_empty() {
                 String::new()
             } else {
@@ -395,8 +433,22 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     for m in &models {
         let q = dir.join("quiet");
         let b = dir.join("busy");
-        let et = |d: &Path| d.join(format!("{}.linked.et.json", m.name));
-        let kin = |d: &Path| d.join(format!("{}.kineto.json", m.name));
+        // The capture a replay takes its ops and its gaps from: the clean ET and the profile
+        // taken without the observer (linked by order, gaps typical of its five iterations),
+        // or the linked pair (ET + Kineto of the same iterations, replaying the one the
+        // capture names).
+        let pair = |d: &Path, c: Capture| -> (PathBuf, PathBuf) {
+            match c {
+                Capture::Timing => (
+                    d.join(format!("{}.et.json", m.name)),
+                    d.join(format!("{}.timing.json", m.name)),
+                ),
+                Capture::Linked => (
+                    d.join(format!("{}.linked.et.json", m.name)),
+                    d.join(format!("{}.kineto.json", m.name)),
+                ),
+            }
+        };
         // The quiet capture's record: its timing and its peak memory.
         let meta: serde_json::Value = serde_json::from_slice(
             &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
@@ -404,16 +456,26 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         .unwrap_or_default();
         // A capture of several profiled iterations: the replay replays the one the capture
         // names (its gaps typical of all of them).
-        let one: Vec<String> = meta["replay_iteration"]
-            .as_u64()
-            .map(|n| vec!["--iteration".into(), n.to_string()])
-            .unwrap_or_default();
+        let iteration_of = |c: Capture| -> Vec<String> {
+            match (c, meta["replay_iteration"].as_u64()) {
+                (Capture::Linked, Some(n)) => vec!["--iteration".into(), n.to_string()],
+                _ => Vec::new(),
+            }
+        };
+        let one = iteration_of(capture);
         // The --against build's arguments may choose another iteration.
         let b_args: Vec<String> = if against_args.iter().any(|a| a.starts_with("--iteration")) {
             against_args.clone()
         } else {
-            one.iter().chain(&against_args).cloned().collect()
+            iteration_of(against_capture)
+                .iter()
+                .chain(&against_args)
+                .cloned()
+                .collect()
         };
+        let (et_q, kin_q) = pair(&q, capture);
+        let (et_b, kin_b) = pair(&b, capture);
+        let (et_a, kin_a) = pair(&q, against_capture);
         // Iterations per block: about `block_ms` of the original's quiet iterations (its
         // capture's timing), the same count for all four so that a block's times compare as
         // they are.
@@ -431,15 +493,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         for which in 0..4 {
             let mut p = match which {
                 0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
-                1 => serve_replay(bin, &et(&q), None, iters, rounds + 1, &one)?,
-                2 => serve_replay(bin, &et(&q), Some(&kin(&q)), iters, rounds + 1, &one)?,
+                1 => serve_replay(bin, &et_q, None, iters, rounds + 1, &one)?,
+                2 => serve_replay(bin, &et_q, Some(&kin_q), iters, rounds + 1, &one)?,
                 // A/B: another build (or arguments) on the quiet capture, paired with this one
                 // in the same rounds (two runs apart sit in different phases of the VM's speed).
                 _ => match &against {
-                    Some(a) => {
-                        serve_replay(a, &et(&q), Some(&kin(&q)), iters, rounds + 1, &b_args)?
-                    }
-                    None => serve_replay(bin, &et(&b), Some(&kin(&b)), iters, rounds + 1, &one)?,
+                    Some(a) => serve_replay(a, &et_a, Some(&kin_a), iters, rounds + 1, &b_args)?,
+                    None => serve_replay(bin, &et_b, Some(&kin_b), iters, rounds + 1, &one)?,
                 },
             };
             p.block()?;
@@ -479,7 +539,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             .cloned()
             .chain(["--check-values".into()])
             .collect();
-        let checked = replay(bin, &et(&q), 30, &check)?;
+        let checked = replay(bin, &et_q, 30, &check)?;
         let nonfinite = match &checked["first_nonfinite"] {
             serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
             v => format!(
@@ -539,7 +599,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         rows.push((row, m.covers.clone()));
     }
     // (name in the summary, the zoo sets it covers, the table's title; none: summary only).
-    let groups: [(&str, &[&str], Option<&str>); 5] = [
+    let groups: [(&str, &[&str], Option<&str>); 6] = [
         ("tune", &["tune"], Some("tuning")),
         ("heldout", &["heldout"], Some("HELD-OUT")),
         (
@@ -552,7 +612,16 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             &["fresh2"],
             Some("SECOND FRESH HELD-OUT (added 2026-12-01, second session)"),
         ),
-        ("all held-out", &["heldout", "fresh", "fresh2"], None),
+        (
+            "fresh3",
+            &["fresh3"],
+            Some("THIRD FRESH HELD-OUT (added 2026-12-02)"),
+        ),
+        (
+            "all held-out",
+            &["heldout", "fresh", "fresh2", "fresh3"],
+            None,
+        ),
     ];
     for (set, sets, title) in groups {
         let in_set: Vec<&(Row, String)> = rows
@@ -643,6 +712,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                         "heldout" => " (held-out)",
                         "fresh" => " (fresh held-out)",
                         "fresh2" => " (second fresh held-out)",
+                        "fresh3" => " (third fresh held-out)",
                         _ => "",
                     }
                 ),

@@ -1,5 +1,6 @@
 //! Every trace of the fidelity zoo (captured by `cargo xtask fidelity` into the user cache, or
-//! `$MYSTIQUE_ZOO_DIR`) replays with no failed op and no NaN/Inf in any op's output.
+//! `$MYSTIQUE_ZOO_DIR`) replays with no failed op and no NaN/Inf in any op's output: the clean
+//! ETs the fidelity replays and the linked ones (the iteration their capture names).
 
 #[allow(dead_code)]
 mod common;
@@ -37,17 +38,21 @@ fn every_zoo_trace_replays_without_failures_or_nonfinite_values() {
     for d in dirs.iter().filter(|d| d.is_dir()) {
         for e in std::fs::read_dir(d).unwrap().flatten() {
             let p = e.path();
-            if !p.to_string_lossy().ends_with(".linked.et.json") {
+            let name = p.to_string_lossy().to_string();
+            let iteration: Vec<String> = if let Some(stem) = name.strip_suffix(".linked.et.json") {
+                // A capture of several profiled iterations: the one its meta names.
+                std::fs::read(format!("{stem}.meta.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|m| m["replay_iteration"].as_u64())
+                    .map(|n| vec!["--iteration".into(), n.to_string()])
+                    .unwrap_or_default()
+            } else if name.ends_with(".et.json") {
+                // A clean ET: one iteration.
+                Vec::new()
+            } else {
                 continue;
-            }
-            // A capture of several profiled iterations: the one the fidelity harness replays.
-            let meta = PathBuf::from(p.to_string_lossy().replace(".linked.et.json", ".meta.json"));
-            let iteration: Vec<String> = std::fs::read(&meta)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|m| m["replay_iteration"].as_u64())
-                .map(|n| vec!["--iteration".into(), n.to_string()])
-                .unwrap_or_default();
+            };
             let j = json(
                 bin()
                     .arg("replay")
@@ -75,5 +80,5 @@ fn every_zoo_trace_replays_without_failures_or_nonfinite_values() {
             seen += 1;
         }
     }
-    assert!(seen >= 12, "only {seen} zoo traces found in {dirs:?}");
+    assert!(seen >= 24, "only {seen} zoo traces found in {dirs:?}");
 }
