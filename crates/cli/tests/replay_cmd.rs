@@ -307,3 +307,56 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     assert_eq!(own["gap_model"]["capture_iterations"], 1);
     assert_eq!(typical["ops_selected"], own["ops_selected"]);
 }
+
+/// A clean ET replayed with gaps from a profile taken without the execution trace observer:
+/// linked by order, gaps the least over its four steps, and the calibration run under what the
+/// profile was taken with (the profiler alone, with shapes), which the report says. `compare`
+/// instruments the same way.
+#[test]
+fn gaps_from_a_profile_taken_without_the_observer() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let args = ["--json", "--threads", "1", "--iters", "2"];
+    let r = json(
+        bin()
+            .arg("replay")
+            .arg(data.join("steps.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.timing.json.gz"))
+            .arg("--emulate-gaps")
+            .args(args),
+    );
+    assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    let m = &r["gap_model"];
+    assert_eq!(
+        m["instrumentation"],
+        serde_json::json!({"execution_trace": false, "record_shapes": true})
+    );
+    assert_eq!(m["capture_iterations"], 4);
+    assert_eq!(m["speed_ops"], r["ops_selected"], "{m}");
+    assert!(m["emulated_ms"].as_f64().unwrap() > 0.0, "{m}");
+    assert!(m["events_with_args"].as_u64().unwrap() > 0, "{m}");
+    // The linked pair of the same model says it had the observer on.
+    let l = json(
+        bin()
+            .arg("replay")
+            .arg(data.join("steps.linked.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.kineto.json.gz"))
+            .args(["--emulate-gaps", "--iteration", "2"])
+            .args(args),
+    );
+    assert_eq!(
+        l["gap_model"]["instrumentation"],
+        serde_json::json!({"execution_trace": true, "record_shapes": true})
+    );
+    let c = json(
+        bin()
+            .arg("compare")
+            .arg(data.join("steps.et.json.gz"))
+            .arg(data.join("steps.timing.json.gz"))
+            .args(args),
+    );
+    assert_eq!(c["linked"], c["ops"]);
+    // Every linked op found again in the replay's own profile.
+    assert_eq!(c["instrumented"]["ops"], c["linked"]);
+}

@@ -26,7 +26,7 @@ pub enum LinkError {
         et_rank: u64,
         kineto_rank: i64,
     },
-    #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run")]
+    #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run (without record function ids, as in a profile taken without the execution trace observer, only op order and names link them, which holds within one process: capture the ET and the profile in the same process)")]
     OtherProcess {
         et: String,
         kineto: String,
