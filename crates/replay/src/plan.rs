@@ -755,6 +755,20 @@ fn collect_tensors(
     }
 }
 
+/// A region of storage: (storage id, offset, elements, bytes each).
+type Region = (u64, u64, u64, u64);
+
+/// The region of storage a tensor value views.
+fn storage_region(t: &Trace, v: Value) -> Option<Region> {
+    match v {
+        Value::Tensor(i) => {
+            let x = t.tensor(i);
+            (x.storage != 0).then_some((x.storage, x.offset, x.numel, x.itemsize))
+        }
+        _ => None,
+    }
+}
+
 fn key_of(t: &Trace, v: Value) -> Option<TensorKey> {
     match v {
         Value::Tensor(i) => {
@@ -780,6 +794,12 @@ struct Builder<'g, 't> {
     /// written over it (same tensor key), or a copy (`to`, `clone`, `contiguous`) was made of
     /// it. To find the external input whose values a consumer constrains.
     written_over: HashMap<Slot, Slot>,
+    /// The slot last written to each region of storage (storage id, offset, elements,
+    /// bytes each), with its strides: a tensor autograd saved from an op's output reaches the
+    /// backward as a new TensorImpl over the same storage (`SavedVariable` keeps the output's
+    /// data without its grad_fn), so under a new tensor id (relu's output, id 38 on storage 46,
+    /// read by `threshold_backward` as id 120 on storage 46).
+    by_storage: HashMap<Region, (Slot, Vec<i64>)>,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
 }
@@ -809,6 +829,19 @@ impl Builder<'_, '_> {
             }
         }
         let spec = spec.clone()?;
+        // The same region of storage as the slot last written there, read as it was written
+        // (shape, strides, dtype): the same values under another tensor id (a saved output).
+        let region = storage_region(self.g.trace, v);
+        if let Some((s, strides)) = region.and_then(|r| self.by_storage.get(&r)) {
+            if self.slot_meta[*s as usize] == Some((spec.shape.clone(), spec.dtype))
+                && *strides == spec.strides
+            {
+                let s = *s;
+                self.last_use[s as usize] = step;
+                self.current.insert(key, s);
+                return Some(s);
+            }
+        }
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let fill = if spec.dtype.is_integral() {
             Fill::Zeros
@@ -826,6 +859,9 @@ impl Builder<'_, '_> {
         } else {
             Fill::Random
         };
+        if let Some(r) = region {
+            self.by_storage.insert(r, (s, spec.strides.clone()));
+        }
         self.external_index.insert(s, self.externals.len());
         self.externals.push((s, spec, fill));
         self.current.insert(key, s);
@@ -1082,6 +1118,38 @@ fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
     OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a))
 }
 
+/// Values for the decays optimizers multiply their state by in place, which the trace does not
+/// record (a Python number reaches `mul_` as a wrapped 0-dim double, its value dropped; Kineto
+/// drops it too). 1, the neutral factor, never decays the state: SGD's momentum buffer then
+/// sums every gradient so far and its steps grow without bound (wide_deep_sgd went NaN after
+/// 116 replayed iterations). Where the next op on that state adds the complement as a recorded
+/// scalar, an exponential average (`exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)`:
+/// Adam, RMSprop's alpha, Adadelta's rho), the decay is 1 less it, exact. Otherwise (SGD's
+/// `buf.mul_(momentum).add_(grad, alpha=1 - dampening)`, whose alpha says nothing of the
+/// momentum) 0.9, the usual momentum, which keeps the buffer bounded.
+fn optimizer_decays(
+    steps: &[Step],
+    decays: &[(usize, usize)],
+    externals: &mut [(Slot, TensorSpec, Fill)],
+) {
+    for &(k, e) in decays {
+        let Some(Out::Tensor(state)) = steps[k].outs.first() else {
+            continue;
+        };
+        let next = steps[k + 1..]
+            .iter()
+            .find(|s| s.args.first() == Some(&Arg::Tensor(*state)));
+        let complement = next
+            .filter(|s| s.name == "aten::addcmul_")
+            .and_then(|s| match s.args.get(3) {
+                Some(Arg::ScalarDouble(v)) => Some(*v),
+                _ => None,
+            })
+            .filter(|v| *v > 0.0 && *v < 1.0);
+        externals[e].2 = Fill::Value(complement.map_or(0.9, |v| 1.0 - v));
+    }
+}
+
 /// Inputs whose values their consumer constrains: integers that index something get indices
 /// valid for it; a loss's `total_weight` (saved by the forward op inside a composite the replay
 /// does not look into) gets the target count it divides by, not a random divisor that scales
@@ -1143,6 +1211,13 @@ fn consumer_fill(
         (b, "self" | "target")
             if b.starts_with("binary_cross_entropy") && !b.contains("logits") =>
         {
+            Some(Fill::Probability)
+        }
+        // With logits, its input is any real, its target still a probability: a target outside
+        // [0, 1] has no logit that minimises the loss, so SGD drove the logits, and the
+        // weights under them, to Inf (dlrm_sgd and wide_deep_sgd went NaN after 58-64
+        // replayed iterations).
+        (b, "target") if b.starts_with("binary_cross_entropy_with_logits") => {
             Some(Fill::Probability)
         }
         (b, "target") if b.contains("nll_loss") || b.contains("cross_entropy") => {
@@ -1266,6 +1341,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         slot_meta: Vec::new(),
         ops: indexmap::IndexSet::new(),
         written_over: HashMap::new(),
+        by_storage: HashMap::new(),
         group: 0,
     };
     let groups = process_groups(t);
@@ -1273,6 +1349,8 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
     let mut steps = Vec::with_capacity(set.ops.len());
     let mut grad_inputs = std::collections::BTreeSet::new();
     let mut restored: Vec<Restored> = Vec::new();
+    // (step, external) of the optimizer decays the trace does not record.
+    let mut decays: Vec<(usize, usize)> = Vec::new();
     for (step, &i) in set.ops.iter().enumerate() {
         let node = &t.nodes[i as usize];
         let name = t.name(node).to_string();
@@ -1336,6 +1414,25 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                                         t.name(&t.nodes[a as usize]).starts_with("Optimizer.step")
                                     })
                                 };
+                                // A decay an optimizer multiplies its state by in place
+                                // (`buf.mul_(momentum)`, `exp_avg_sq.mul_(beta2)`), passed as a
+                                // Python number: a wrapped 0-dim double whose value neither the
+                                // trace nor Kineto records. Chosen once the whole plan is built
+                                // (`optimizer_decays`).
+                                if let (true, Some("other"), Arg::Tensor(slot)) =
+                                    (name == "aten::mul_", sa.name.as_deref(), &arg)
+                                {
+                                    if let Some(e) = b.external_of(*slot) {
+                                        let ext = &b.externals[e];
+                                        if ext.1.shape.is_empty()
+                                            && ext.1.dtype == DType::Float64
+                                            && ext.2 == Fill::Value(1.0)
+                                            && in_step()
+                                        {
+                                            decays.push((step, e));
+                                        }
+                                    }
+                                }
                                 if !first_read_here.is_empty() && in_step() {
                                     optimizer_state(&mut b.externals[first_read_here]);
                                 }
@@ -1399,6 +1496,9 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                     b.written_over.insert(s, prev);
                 }
                 b.current.insert(key, s);
+                if let (Some(r), Some(spec)) = (storage_region(t, v), &spec) {
+                    b.by_storage.insert(r, (s, spec.strides.clone()));
+                }
                 if let Some(spec) = spec {
                     out_specs.push((s, spec));
                 }
@@ -1477,6 +1577,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         });
     }
     link_waits(&mut steps);
+    optimizer_decays(&steps, &decays, &mut b.externals);
     // Frees at last use, except external inputs, which persist across iterations (parameters
     // and optimizer state carry their in-place updates into the next iteration).
     let n = steps.len();
@@ -2127,6 +2228,26 @@ mod tests {
             "{:?}",
             p.externals
         );
+        // With logits: the target only (logits are any real).
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::binary_cross_entropy_with_logits",
+            "aten::binary_cross_entropy_with_logits(Tensor self, Tensor target, Tensor? weight=None, Tensor? pos_weight=None, int reduction=Mean) -> Tensor",
+        )
+        .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+        .input(json!(null), json!([]), "None")
+        .input(json!(null), json!([]), "None")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(3, 3, 1), json!([]), "Tensor(float)")
+        .done();
+        let p = plan_of(&b);
+        let fill_of = |k: usize| {
+            let slot = p.steps[0].args[k].slots()[0];
+            p.externals.iter().find(|e| e.0 == slot).unwrap().2.clone()
+        };
+        assert_ne!(fill_of(0), Fill::Probability);
+        assert_eq!(fill_of(1), Fill::Probability);
     }
 
     /// Views of one storage are separate externals sharing the storage id, each with its own
@@ -2264,6 +2385,51 @@ mod tests {
             !p.grad_inputs.contains(&n),
             "neg: nothing shows 9 was taken"
         );
+    }
+
+    /// A tensor autograd saved from an op's output reaches the backward under a new tensor id
+    /// over the same storage: it is the output's slot, not a new external input (relu's mask,
+    /// random, had made every backward through it a gradient of nothing). Another view of that
+    /// storage (other strides) is not.
+    #[test]
+    fn a_saved_output_under_a_new_tensor_id_is_the_output() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+            .input(f32(1, 1, 4), json!([2, 2]), "Tensor(float)")
+            .output(tensor(2, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+            .done();
+        b.op(
+            "aten::threshold_backward",
+            "aten::threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor",
+        )
+        .input(f32(3, 3, 4), json!([2, 2]), "Tensor(float)")
+        .input(tensor(7, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+        .input(json!(0), json!([]), "Int")
+        .output(f32(4, 4, 4), json!([2, 2]), "Tensor(float)")
+        .done();
+        // The same storage read transposed: another view, left external.
+        b.op("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor")
+            .input_strided(
+                tensor(8, 9, 0, 4, 4, "cpu"),
+                json!([2, 2]),
+                json!([1, 2]),
+                "Tensor(float)",
+            )
+            .input(f32(5, 5, 4), json!([2, 2]), "Tensor(float)")
+            .output(f32(6, 6, 4), json!([2, 2]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let Out::Tensor(relu_out) = p.steps[0].outs[0] else {
+            panic!("{:?}", p.steps[0].outs)
+        };
+        assert_eq!(p.steps[1].args[1], Arg::Tensor(relu_out));
+        let Arg::Tensor(view) = p.steps[2].args[0] else {
+            panic!("{:?}", p.steps[2].args)
+        };
+        assert_ne!(view, relu_out);
+        assert!(p.externals.iter().any(|e| e.0 == view));
+        // The output lives until the backward reads it.
+        assert!(!p.steps[0].frees.contains(&relu_out));
     }
 
     /// A plan survives serde unchanged (a benchmark package stores it).
