@@ -291,6 +291,10 @@ struct Row {
     quiet: f64,
     busy: f64,
     rounds: Vec<[f64; 3]>,
+    /// The original's time per iteration in each round (ms): the host's phase.
+    round_original_ms: Vec<f64>,
+    /// The plain, quiet-capture and busy-capture (or A/B) replay processes' own figures.
+    processes: [serde_json::Value; 3],
     busy_speed: f64,
     busy_capture_over_orig: f64,
     /// Minor page faults per iteration: the original's, the plain replay's.
@@ -301,14 +305,14 @@ struct Row {
 }
 
 pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
-    let mut rounds = 25usize;
+    let mut rounds = 100usize;
     let mut only: Option<Vec<String>> = None;
     let mut svg: Option<PathBuf> = None;
     let mut busy_host = false;
     let mut glibc_heap_defaults = false;
     let mut against: Option<PathBuf> = None;
     let mut against_args: Vec<String> = Vec::new();
-    let mut block_ms = 40.0f64;
+    let mut block_ms = 10.0f64;
     let mut capture = Capture::Timing;
     let mut against_capture = Capture::Timing;
     let mut it = args.iter();
@@ -429,6 +433,16 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     } else {
         None
     };
+    // One core for the original and every replay (they take turns, each on one thread): on the
+    // VM's two cores the same build's two replays of a model read up to 0.1 apart in one run
+    // (tiny and DLRM-like models most), and a round's blocks followed each other's speed
+    // with a slope of 0.0-0.4; pinned, 0.5-0.8, and the rounds' spread fell by a third.
+    // After the captures (a busy capture's burner must not share the model's core alone) and
+    // the burners (each pins itself to a core of its own).
+    match metrics::cpu::pin_to_one_core() {
+        Some(core) => println!("pinned: the original and the replays run on core {core}"),
+        None => println!("not pinned (affinity cannot be set here): processes land on any core"),
+    }
     let mut rows = Vec::new();
     for m in &models {
         let q = dir.join("quiet");
@@ -531,8 +545,19 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let [original, plain, quiet, busy]: [Paced; 4] = procs
             .try_into()
             .map_err(|_| anyhow::anyhow!("four paced processes"))?;
-        drop((original, quiet));
-        let (plain, busy) = (plain.finish()?, busy.finish()?);
+        drop(original);
+        let (plain, quiet, busy) = (plain.finish()?, quiet.finish()?, busy.finish()?);
+        // What each replay process ran: its gap model's total (and its calibrations') and its
+        // own medians of op and iteration time, to tell a model's ratio apart into ops and gaps.
+        let process = |r: &serde_json::Value| {
+            serde_json::json!({
+                "iter_ms": r["iter_ms"]["median"], "op_ms": r["op_ms"]["median"],
+                "emulated_ms": r["gap_model"]["emulated_ms"],
+                "calibrations_ms": r["gap_model"]["calibrations_ms"],
+                "speed": r["gap_model"]["speed"],
+            })
+        };
+        let processes = [process(&plain), process(&quiet), process(&busy)];
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
         let check: Vec<String> = one
             .iter()
@@ -576,6 +601,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 - plain["external_bytes"].as_f64().unwrap_or(f64::NAN))
                 / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
             rounds: per_round,
+            round_original_ms: orig,
+            processes,
         };
         let quartiles = |k: usize| {
             let mut v: Vec<f64> = row
@@ -688,7 +715,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         .map(|(r, covers)| serde_json::json!({
             "model": r.model, "set": r.set, "covers": covers, "original_ms": r.orig_ms,
             "ratio_plain": r.plain, "ratio_gaps_quiet": r.quiet, "ratio_gaps_busy": r.busy,
-            "rounds": r.rounds, "busy_speed": r.busy_speed, "failed_ops": r.failed,
+            "rounds": r.rounds, "round_original_ms": r.round_original_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
             "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
         }))

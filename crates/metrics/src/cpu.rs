@@ -269,6 +269,36 @@ impl RunDelay {
     }
 }
 
+/// Pins the calling thread, and the processes and threads it starts from now on, to one core:
+/// the last it may run on. Returns that core; `None` where affinity cannot be set (not Linux,
+/// or refused).
+///
+/// Why a harness wants this: single-threaded processes that take turns (an original and its
+/// replays timed side by side) otherwise land on whichever core the scheduler picks, and a
+/// VM's cores do not run at one speed (a neighbour on one core's hardware sibling); on the
+/// development VM the same build's two replays of one model then read 0.1 apart in the same
+/// run, and one round's blocks followed each other's speed with a slope of 0.0-0.4 (0.5-0.8
+/// pinned).
+pub fn pin_to_one_core() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    // SAFETY: cpu_set_t is plain data; the calls read and write only the set passed.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        let core = (0..libc::CPU_SETSIZE as usize)
+            .rev()
+            .find(|&c| libc::CPU_ISSET(c, &set))?;
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut one);
+        (libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) == 0)
+            .then_some(core)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// CPU figures of a replay, per measured iteration.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CpuReport {
@@ -420,6 +450,33 @@ mod tests {
             }
             Err(why) => assert!(why.starts_with("hardware counter"), "{why}"),
         }
+    }
+
+    #[test]
+    fn a_pinned_thread_and_its_children_run_on_one_core() {
+        // On a thread of its own, so that the test harness's thread keeps its affinity.
+        std::thread::spawn(|| {
+            let Some(core) = pin_to_one_core() else {
+                return;
+            };
+            fn of_this() -> Vec<usize> {
+                // SAFETY: plain data, read and written only through the set passed.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+                    (0..libc::CPU_SETSIZE as usize)
+                        .filter(|&c| libc::CPU_ISSET(c, &set))
+                        .collect()
+                }
+            }
+            assert_eq!(of_this(), vec![core]);
+            // A thread started from it inherits the one core.
+            let child = std::thread::spawn(of_this).join().unwrap();
+            assert_eq!(child, vec![core]);
+            assert_eq!(unsafe { libc::sched_getcpu() }, core as i32);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
