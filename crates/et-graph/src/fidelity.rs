@@ -256,6 +256,9 @@ pub struct GapModel {
     /// loses whole time slices (milliseconds) in a few ops; with them, the sums took the zoo's
     /// busy captures for 1.9-3.6x slower hosts where their other ops say 1.0-1.4x.
     pub speed: f64,
+    /// The same ratio with the replay's plain (uninstrumented) op times: `speed` less what the
+    /// instrumentation adds to the replay's windows (NaN where there is no speed).
+    pub plain_speed: f64,
     /// Ops the speed was measured on (found in both profiles).
     pub speed_ops: usize,
     /// The instrumentation's cost per recorded event on this host (µs): over the ops found in
@@ -292,6 +295,14 @@ pub struct GapModel {
     /// Each gap was put on this host by the speed of the ops around it ([`local_speed`]), not
     /// by `speed`: the capture lost time slices, so its share of a CPU moved while it ran.
     pub local_speed: bool,
+    /// The emulated total (ms) of each calibration the model was chosen from, in order (the
+    /// model is the median one's); empty where it came from one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calibrations_ms: Vec<f64>,
+    /// Each step's plain time on this host (µs) when the gaps were calibrated: the time base
+    /// the replay follows the host's speed from (empty: gaps spun as they are).
+    #[serde(skip)]
+    pub base_step_us: Vec<f64>,
 }
 
 /// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
@@ -400,9 +411,13 @@ pub fn gap_model(
     // slices a busy capture host lost are taken out below.
     let (mut window_sum, mut original_sum, mut excess_sum, mut events_sum) = (0.0, 0.0, 0.0, 0.0);
     let mut speed_ops = 0;
+    let mut plain_sum = 0.0;
     // (replay window, capture duration) of each op found in both, and its position.
     let mut pairs: Vec<(f64, f64)> = Vec::new();
     let mut pair_pos: Vec<usize> = Vec::new();
+    // Each pair's plain (uninstrumented) time: the sum of those over the capture's is the
+    // host's speed without the instrumentation (`plain_speed`, reported).
+    let mut pair_plain: Vec<f64> = Vec::new();
     for (pos, e) in l.event_of.iter().enumerate() {
         let (Some(_), Some(Some((a, b, nested)))) = (e, r.profiled.get(pos)) else {
             continue;
@@ -428,9 +443,11 @@ pub fn gap_model(
         speed_ops += 1;
         pairs.push((window, original.max(0.0)));
         pair_pos.push(pos);
+        pair_plain.push(plain);
         window_sum += window;
         original_sum += original.max(0.0);
         excess_sum += window - plain;
+        plain_sum += plain;
         events_sum += *nested as f64 + 1.0;
     }
     // The instrumented replay's gaps: from one found step's end to the next found step's start,
@@ -458,9 +475,15 @@ pub fn gap_model(
                 sliced[k] = true;
                 window_sum -= w;
                 original_sum -= o;
+                plain_sum -= pair_plain[k];
             }
         }
     }
+    let plain_speed = if speed_ops >= 3 && original_sum > 0.0 {
+        plain_sum / original_sum
+    } else {
+        f64::NAN
+    };
     let (speed, per_event_us, per_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
         (
             window_sum / original_sum,
@@ -582,6 +605,7 @@ pub fn gap_model(
         capture_iterations: orig.iterations.len().max(1),
         gaps_us: gaps,
         speed,
+        plain_speed,
         speed_ops,
         per_event_us,
         per_boundary_us,
@@ -595,6 +619,8 @@ pub fn gap_model(
         shortest_slice_us,
         slices_in_gaps,
         local_speed: shared_cpu,
+        calibrations_ms: Vec::new(),
+        base_step_us: r.plain_us.to_vec(),
     }
 }
 

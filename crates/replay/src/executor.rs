@@ -848,10 +848,18 @@ pub fn run(
     }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
     rec.cuda_comm = ex.comm.as_ref().map(|c| c.cuda);
-    let gaps = opts
+    let mut gaps = opts
         .gaps_us
         .as_deref()
-        .filter(|g| g.len() == plan.steps.len());
+        .filter(|g| g.len() == plan.steps.len())
+        .map(|us| Gaps {
+            us,
+            pace: opts
+                .gaps_base_us
+                .as_deref()
+                .filter(|b| b.len() == plan.steps.len())
+                .map(GapPace::new),
+        });
     let mut timer = bound.device.timer();
     let sampler = gpu_sampler(&bound.device, opts, &timer);
     let total = total_iterations(opts);
@@ -890,7 +898,15 @@ pub fn run(
                 }
             }
         }
-        let dispatched = iteration(&mut ex, &mut rec, &mut timer, it, phase, gaps, opts)?;
+        let dispatched = iteration(
+            &mut ex,
+            &mut rec,
+            &mut timer,
+            it,
+            phase,
+            gaps.as_mut(),
+            opts,
+        )?;
         if let Some((pace, Some(n))) = pacing {
             // A block ends at its size or with the measured phase.
             let n = n + 1;
@@ -962,6 +978,101 @@ fn gpu_sampler(
     )
 }
 
+/// The gaps to emulate before each step, and how they follow the host's speed.
+struct Gaps<'a> {
+    us: &'a [f64],
+    pace: Option<GapPace>,
+}
+
+/// The host's speed now against when the gaps were calibrated, as the replay's own ops show
+/// it: each iteration's weighted median (by the calibrated time) of its ops' time over their
+/// calibrated time, and the median of those over the last iterations that hold at least
+/// [`GapPace::WINDOW_US`] of calibrated op time. Medians, so that an op that lost a time slice
+/// (a busy host) or a cold one does not move it; no system call (a read of the run delay
+/// between iterations would be a point where a busy host's scheduler preempts the replay).
+pub(crate) struct GapPace {
+    base: Vec<f64>,
+    /// (the iteration's ratio, its calibrated op time), oldest first.
+    recent: std::collections::VecDeque<(f64, f64)>,
+    /// What the gaps are multiplied by.
+    pub factor: f64,
+    scratch: Vec<(f64, f64)>,
+}
+
+impl GapPace {
+    /// Calibrated op time the factor is taken over (µs): several of a VM's speed spells'
+    /// worth of ops would lag them, a few ops are noise.
+    const WINDOW_US: f64 = 20_000.0;
+    const MAX_ITERATIONS: usize = 64;
+    /// A factor outside this is not a host's speed but a broken calibration.
+    const BOUNDS: (f64, f64) = (0.5, 2.0);
+
+    fn new(base: &[f64]) -> GapPace {
+        GapPace {
+            base: base.to_vec(),
+            recent: std::collections::VecDeque::new(),
+            factor: 1.0,
+            scratch: Vec::new(),
+        }
+    }
+
+    fn update(&mut self, timer: &Timer, timed: &[Timed]) {
+        self.scratch.clear();
+        for t in timed {
+            let base = self.base[t.pos];
+            let live = timer.host_at(t.end) - timer.host_at(t.start) - t.waited_us;
+            if base > 0.0 && live > 0.0 && live.is_finite() {
+                self.scratch.push((live / base, base));
+            }
+        }
+        let Some(ratio) = weighted_median(&mut self.scratch) else {
+            return;
+        };
+        let weight: f64 = self.scratch.iter().map(|&(_, w)| w).sum();
+        self.push(ratio, weight);
+    }
+
+    fn push(&mut self, ratio: f64, weight: f64) {
+        self.recent.push_back((ratio, weight));
+        // Drop the oldest while the rest still hold the window.
+        let mut total: f64 = self.recent.iter().map(|&(_, w)| w).sum();
+        while let Some(&(_, w)) = self.recent.front() {
+            if self.recent.len() > Self::MAX_ITERATIONS || total - w >= Self::WINDOW_US {
+                total -= w;
+                self.recent.pop_front();
+            } else {
+                break;
+            }
+        }
+        let mut v: Vec<f64> = self.recent.iter().map(|&(r, _)| r).collect();
+        v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 {
+            v[mid]
+        } else {
+            (v[mid - 1] + v[mid]) / 2.0
+        };
+        self.factor = median.clamp(Self::BOUNDS.0, Self::BOUNDS.1);
+    }
+}
+
+/// The median of `(value, weight)` pairs by weight (sorts them); `None` without weight.
+fn weighted_median(v: &mut [(f64, f64)]) -> Option<f64> {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = v.iter().map(|&(_, w)| w).sum();
+    if total <= 0.0 {
+        return None;
+    }
+    let mut acc = 0.0;
+    for &(x, w) in v.iter() {
+        acc += w;
+        if acc >= total / 2.0 {
+            return Some(x);
+        }
+    }
+    v.last().map(|&(x, _)| x)
+}
+
 /// Spins until `until` (µs on the timer's host clock) in running time: busy, like the Python and
 /// autograd work an emulated gap stands for, and, like that work, not done while the thread is
 /// descheduled. A poll that took a time slice or more ([`et_graph::SLICE_MIN_US`]: far longer
@@ -989,9 +1100,13 @@ fn iteration(
     timer: &mut Timer,
     it: usize,
     phase: Phase,
-    gaps: Option<&[f64]>,
+    mut gaps: Option<&mut Gaps>,
     opts: &ReplayOptions,
 ) -> Result<Vec<(usize, f64)>, ReplayError> {
+    let factor = gaps
+        .as_ref()
+        .and_then(|g| g.pace.as_ref())
+        .map_or(1.0, |p| p.factor);
     let plan = ex.plan;
     let measured = phase == Phase::Measured;
     let mut slots = ex.fresh_slots();
@@ -1033,9 +1148,9 @@ fn iteration(
                 });
             }
         }
-        if let Some(g) = gaps {
+        if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
-            spin_running(timer, last_op_end + g[pos]);
+            spin_running(timer, last_op_end + g.us[pos] * factor);
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
@@ -1142,6 +1257,9 @@ fn iteration(
     }
     let end = timer.mark();
     timer.resolve();
+    if let Some(p) = gaps.as_mut().and_then(|g| g.pace.as_mut()) {
+        p.update(timer, &timed);
+    }
     // The host's view of the iteration, up to the device finishing it (for NVML's samples).
     let window = (timer.host_at(start), timer.host_us());
     // In running time (`running_time`), without the time the thread waited for a CPU.
@@ -1237,5 +1355,38 @@ mod tests {
             wall >= target_us + waited / 2.0,
             "spun {wall} us for a {target_us} us gap, waiting {waited} us"
         );
+    }
+
+    #[test]
+    fn gap_pace_follows_the_ops_by_medians_over_a_window() {
+        let mut p = GapPace::new(&[100.0, 10.0]);
+        assert_eq!(p.factor, 1.0);
+        // An iteration's ratio is its ops' weighted median: the 100 µs op's, not the other's.
+        let mut v = vec![(1.5, 100.0), (9.0, 10.0)];
+        assert_eq!(weighted_median(&mut v), Some(1.5));
+        assert_eq!(weighted_median(&mut []), None);
+        // Iterations slower by 1.5: the gaps stretch as much.
+        for _ in 0..10 {
+            p.push(1.5, 110.0);
+        }
+        assert_eq!(p.factor, 1.5);
+        // One iteration that lost a time slice does not move the median.
+        p.push(8.0, 110.0);
+        assert_eq!(p.factor, 1.5);
+        // At most MAX_ITERATIONS are kept: a faster host takes over once they are.
+        for _ in 0..GapPace::MAX_ITERATIONS {
+            p.push(0.8, 110.0);
+        }
+        assert_eq!(p.factor, 0.8);
+        assert_eq!(p.recent.len(), GapPace::MAX_ITERATIONS);
+        // Long iterations: the window holds as few as cover WINDOW_US of calibrated time.
+        let mut q = GapPace::new(&[]);
+        for _ in 0..5 {
+            q.push(1.2, GapPace::WINDOW_US);
+        }
+        assert_eq!(q.recent.len(), 1);
+        // A ratio no host's speed explains is bounded.
+        q.push(50.0, GapPace::WINDOW_US);
+        assert_eq!(q.factor, GapPace::BOUNDS.1);
     }
 }

@@ -15,6 +15,13 @@ pub struct ReplayOptions {
     /// Time to spend before each step (µs), reproducing the original run's time outside
     /// operators (from a linked Kineto trace).
     pub gaps_us: Option<Vec<f64>>,
+    /// Each step's plain time (µs) on this host when `gaps_us` were calibrated. With it, the
+    /// emulated gaps follow the host's speed since, as the replay's own ops show it (`GapPace`
+    /// in the executor): the gaps stand for the original's Python and framework work, which a
+    /// VM's slow spell slows as it slows the ops; spun for fixed times, they did not, and a
+    /// calibration that fell in a spell of its own left a whole run's gaps off (the same
+    /// build's two replays of one model read up to 0.2 apart in one run).
+    pub gaps_base_us: Option<Vec<f64>>,
     /// Record the median time of every step in the report.
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
@@ -152,6 +159,7 @@ impl Default for ReplayOptions {
             strict: false,
             trace_out: None,
             gaps_us: None,
+            gaps_base_us: None,
             per_step: false,
             progress: false,
             instrument: false,
