@@ -315,6 +315,7 @@ mod tests {
             passthrough: vec![],
             autograd: false,
             autocast: None,
+            views: Vec::new(),
         }
     }
 

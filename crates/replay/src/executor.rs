@@ -264,6 +264,15 @@ impl<'a> Executor<'a> {
     /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it:
     /// the call(s) and their outputs, what a timer brackets. [`Executor::settle`] finishes it.
     pub fn step(&mut self, pos: usize, slots: &mut [Option<Tensor>], autograd: bool) -> Outcome {
+        // Views it reads, of their bases as they are now (a few steps of a backward have any).
+        for v in &self.plan.steps[pos].views {
+            slots[v.slot as usize] = slots[v.base as usize].as_ref().and_then(|base| {
+                // Not a step of the model's graph: no autograd node for the view itself.
+                let _guard = tch::no_grad_guard();
+                base.f_as_strided(&v.spec.shape, &v.spec.strides, None::<i64>)
+                    .ok()
+            });
+        }
         // A reference with the bound plan's lifetime, not a clone: no refcount traffic per op.
         let bound = self.bound;
         let op = match &bound.steps[pos].exec {

@@ -336,6 +336,22 @@ pub struct Step {
         with = "dtype_name::opt"
     )]
     pub autocast: Option<et_schema::DType>,
+    /// Views this step reads, made of their base slots' tensors just before it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub views: Vec<View>,
+}
+
+/// A tensor the trace reads over the same region of storage as a slot, with other sizes and
+/// strides: `slot` is `base` viewed so (`as_strided`, at the base's storage offset). Autograd
+/// saves a view an op made inside a composite the replay runs whole (`linear`'s `t(weight)`,
+/// read by `mm` in the backward): a random external there took the gradients below it through
+/// a matrix that was not the weight.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct View {
+    pub slot: Slot,
+    pub base: Slot,
+    /// Its sizes, strides and dtype as the trace recorded them.
+    pub spec: TensorSpec,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -368,7 +384,7 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 2;
+    pub const VERSION: u32 = 3;
 
     /// Checks a plan that came from outside (a stored benchmark package): its version, and that
     /// every index in it points inside it, so that binding and running it cannot panic.
@@ -449,6 +465,18 @@ impl Plan {
                 slot(*a, "pass-through", id)?;
                 slot(*b, "pass-through", id)?;
             }
+            for v in &st.views {
+                slot(v.slot, "view", id)?;
+                slot(v.base, "view base", id)?;
+                if v.spec.shape.len() != v.spec.strides.len()
+                    || extent(&v.spec.shape, &v.spec.strides).is_none()
+                {
+                    return Err(format!(
+                        "node {id}: view slot {}: bad shape {:?} strides {:?}",
+                        v.slot, v.spec.shape, v.spec.strides
+                    ));
+                }
+            }
             if let StepKind::Collective(c) = &st.kind {
                 if c.group as usize >= self.groups.len()
                     || c.waits.iter().any(|&w| w >= self.steps.len())
@@ -469,11 +497,18 @@ impl Plan {
     pub fn slot_specs(&self) -> Vec<Option<&TensorSpec>> {
         let mut specs = vec![None; self.n_slots];
         let slots = self.externals.iter().map(|(s, spec, _)| (s, spec));
-        for (s, spec) in slots.chain(
-            self.steps
-                .iter()
-                .flat_map(|st| st.out_specs.iter().map(|(s, spec)| (s, spec))),
-        ) {
+        for (s, spec) in slots
+            .chain(
+                self.steps
+                    .iter()
+                    .flat_map(|st| st.out_specs.iter().map(|(s, spec)| (s, spec))),
+            )
+            .chain(
+                self.steps
+                    .iter()
+                    .flat_map(|st| st.views.iter().map(|v| (&v.slot, &v.spec))),
+            )
+        {
             if let Some(x) = specs.get_mut(*s as usize) {
                 *x = Some(spec);
             }
@@ -769,6 +804,22 @@ fn storage_region(t: &Trace, v: Value) -> Option<Region> {
     }
 }
 
+/// The elements a tensor of `shape` and `strides` reaches past its first (the largest offset
+/// plus one), `None` for negative strides or an overflow; 0 when it has no element.
+fn extent(shape: &[i64], strides: &[i64]) -> Option<i64> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut last = 0i64;
+    for (&d, &st) in shape.iter().zip(strides) {
+        if d < 0 || st < 0 {
+            return None;
+        }
+        last = last.checked_add((d - 1).checked_mul(st)?)?;
+    }
+    last.checked_add(1)
+}
+
 fn key_of(t: &Trace, v: Value) -> Option<TensorKey> {
     match v {
         Value::Tensor(i) => {
@@ -800,6 +851,8 @@ struct Builder<'g, 't> {
     /// data without its grad_fn), so under a new tensor id (relu's output, id 38 on storage 46,
     /// read by `threshold_backward` as id 120 on storage 46).
     by_storage: HashMap<Region, (Slot, Vec<i64>)>,
+    /// Views the step being built reads ([`Step::views`]).
+    views: Vec<View>,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
 }
@@ -833,13 +886,38 @@ impl Builder<'_, '_> {
         // (shape, strides, dtype): the same values under another tensor id (a saved output).
         let region = storage_region(self.g.trace, v);
         if let Some((s, strides)) = region.and_then(|r| self.by_storage.get(&r)) {
-            if self.slot_meta[*s as usize] == Some((spec.shape.clone(), spec.dtype))
-                && *strides == spec.strides
-            {
-                let s = *s;
-                self.last_use[s as usize] = step;
-                self.current.insert(key, s);
-                return Some(s);
+            let (base, base_strides) = (*s, strides.clone());
+            match &self.slot_meta[base as usize] {
+                Some((shape, dtype)) if *dtype == spec.dtype => {
+                    if *shape == spec.shape && base_strides == spec.strides {
+                        self.last_use[base as usize] = step;
+                        self.current.insert(key, base);
+                        return Some(base);
+                    }
+                    // Other sizes or strides over the same elements: a view of it, if it
+                    // reaches no element the base does not.
+                    if spec.shape.len() == spec.strides.len()
+                        && extent(&spec.shape, &spec.strides)
+                            .zip(extent(shape, &base_strides))
+                            .is_some_and(|(e, base_e)| e <= base_e)
+                    {
+                        self.last_use[base as usize] = step;
+                        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
+                        log::debug!(
+                            "step {step}: {:?}/{:?} read as a view of slot {base}",
+                            spec.shape,
+                            spec.strides
+                        );
+                        self.views.push(View {
+                            slot: s,
+                            base,
+                            spec: spec.clone(),
+                        });
+                        self.current.insert(key, s);
+                        return Some(s);
+                    }
+                }
+                _ => {}
             }
         }
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
@@ -1342,6 +1420,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         ops: indexmap::IndexSet::new(),
         written_over: HashMap::new(),
         by_storage: HashMap::new(),
+        views: Vec::new(),
         group: 0,
     };
     let groups = process_groups(t);
@@ -1574,6 +1653,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             passthrough,
             autograd,
             autocast: None,
+            views: std::mem::take(&mut b.views),
         });
     }
     link_waits(&mut steps);
@@ -2390,7 +2470,7 @@ mod tests {
     /// A tensor autograd saved from an op's output reaches the backward under a new tensor id
     /// over the same storage: it is the output's slot, not a new external input (relu's mask,
     /// random, had made every backward through it a gradient of nothing). Another view of that
-    /// storage (other strides) is not.
+    /// storage (other strides) is a view of the slot (`t(weight)` saved inside `linear`).
     #[test]
     fn a_saved_output_under_a_new_tensor_id_is_the_output() {
         let mut b = TraceBuilder::new();
@@ -2407,7 +2487,7 @@ mod tests {
         .input(json!(0), json!([]), "Int")
         .output(f32(4, 4, 4), json!([2, 2]), "Tensor(float)")
         .done();
-        // The same storage read transposed: another view, left external.
+        // The same storage read transposed: a view of the output.
         b.op("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor")
             .input_strided(
                 tensor(8, 9, 0, 4, 4, "cpu"),
@@ -2427,9 +2507,41 @@ mod tests {
             panic!("{:?}", p.steps[2].args)
         };
         assert_ne!(view, relu_out);
-        assert!(p.externals.iter().any(|e| e.0 == view));
-        // The output lives until the backward reads it.
+        assert!(!p.externals.iter().any(|e| e.0 == view));
+        assert_eq!(p.steps[2].views.len(), 1);
+        let v = &p.steps[2].views[0];
+        assert_eq!((v.slot, v.base), (view, relu_out));
+        assert_eq!(
+            (v.spec.shape.as_slice(), v.spec.strides.as_slice()),
+            (&[2, 2][..], &[1, 2][..])
+        );
+        // The output lives until the backward's last read of it, through the view too.
         assert!(!p.steps[0].frees.contains(&relu_out));
+        assert!(!p.steps[1].frees.contains(&relu_out));
+        assert!(p.steps[2].frees.contains(&relu_out));
+        p.validate().unwrap();
+        // A view reaching past its base's elements is not one: an external.
+        let mut b = TraceBuilder::new();
+        b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+            .input(f32(1, 1, 4), json!([2, 2]), "Tensor(float)")
+            .output(tensor(2, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+            .done();
+        b.op("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor")
+            .input_strided(
+                tensor(8, 9, 0, 4, 4, "cpu"),
+                json!([2, 2]),
+                json!([1, 4]),
+                "Tensor(float)",
+            )
+            .input(f32(5, 5, 4), json!([2, 2]), "Tensor(float)")
+            .output(f32(6, 6, 4), json!([2, 2]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        assert!(p.steps[1].views.is_empty());
+        let Arg::Tensor(other) = p.steps[1].args[0] else {
+            panic!("{:?}", p.steps[1].args)
+        };
+        assert!(p.externals.iter().any(|e| e.0 == other));
     }
 
     /// A plan survives serde unchanged (a benchmark package stores it).

@@ -743,3 +743,53 @@ fn small_empty_outputs_hold_ones_not_garbage() {
         vec![2.0, 2.0]
     );
 }
+
+/// A tensor read over the storage an op wrote, with other strides (autograd's saved `t(weight)`
+/// inside `linear`, read by the backward's `mm`), is that op's output viewed so: `mm` then
+/// multiplies by the transpose of the values written, not by a random matrix.
+#[test]
+fn a_transposed_read_of_an_output_is_a_view_of_it() {
+    const ARANGE: &str = "aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
+    const VIEW: &str = "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)";
+    const MM: &str = "aten::mm(Tensor self, Tensor mat2) -> Tensor";
+    let none = || (json!("<None>"), json!([]), "None");
+    let mut b = TraceBuilder::new();
+    // w = arange(0, 6).view(2, 3): [[0, 1, 2], [3, 4, 5]]
+    let mut n = b
+        .op("aten::arange", ARANGE)
+        .input(json!(0), json!([]), "Int")
+        .input(json!(6), json!([]), "Int")
+        .input(json!(6), json!([]), "Int");
+    for _ in 0..3 {
+        let (v, s, ty) = none();
+        n = n.input(v, s, ty);
+    }
+    n.output(t(1, 1, 6), json!([6]), "Tensor(float)").done();
+    b.op("aten::view", VIEW)
+        .input(t(1, 1, 6), json!([6]), "Tensor(float)")
+        .input(json!([2, 3]), json!([[], []]), "GenericList[Int,Int]")
+        .output(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    // ones(2, 2) @ w^T, w^T read as a new tensor id over w's storage with strides [1, 3].
+    b.op("aten::mm", MM)
+        .input(t(3, 3, 4), json!([2, 2]), "Tensor(float)")
+        .input(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+        .output(t(4, 4, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    b.op("aten::mm", MM)
+        .input(t(4, 4, 6), json!([2, 3]), "Tensor(float)")
+        .input_strided(t(5, 1, 6), json!([3, 2]), json!([1, 3]), "Tensor(float)")
+        .output(t(6, 6, 4), json!([2, 2]), "Tensor(float)")
+        .done();
+    let tr = b.build();
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(plan.steps[3].views.len(), 1, "{:?}", plan.steps[3]);
+    let w = slots[out_slot(&plan, 1, 0)].as_ref().unwrap();
+    let x = slots[out_slot(&plan, 2, 0)].as_ref().unwrap();
+    let y = slots[out_slot(&plan, 3, 0)].as_ref().unwrap();
+    // Whatever the first mm's left operand held, the second multiplies by w^T exactly.
+    let want = x.mm(&w.tr());
+    assert_eq!(values(y), values(&want));
+    assert_eq!(values(w), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+}
