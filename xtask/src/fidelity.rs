@@ -554,7 +554,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "iter_ms": r["iter_ms"]["median"], "op_ms": r["op_ms"]["median"],
                 "emulated_ms": r["gap_model"]["emulated_ms"],
                 "calibrations_ms": r["gap_model"]["calibrations_ms"],
-                "speed": r["gap_model"]["speed"],
+                "speed": r["gap_model"]["speed"], "gap_pace": r["gap_pace"],
             })
         };
         let processes = [process(&plain), process(&quiet), process(&busy)];

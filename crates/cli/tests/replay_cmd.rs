@@ -162,15 +162,23 @@ fn compare_reports_ratios_and_an_svg() {
     assert!((j["ratio_iter"].as_f64().unwrap() - expect).abs() < 1e-9);
     assert!(j["basis_ops"].as_str().unwrap().starts_with("profiled"));
     assert!(j["replay"]["gaps_ms"].as_f64().unwrap() >= 0.0);
-    // The replay spins what the model says: each gap counts from the previous op's end, so the
-    // time between ops is at least the emulated gaps (a spin that ran short of them, as work
-    // whose rate depends on what the ops left in the caches did, fails this).
+    // The replay spins what it says: each gap counts from the previous op's end, so the time
+    // between ops is at least the gaps as spun (a spin that ran short of them, as work whose
+    // rate depends on what the ops left in the caches did, fails this). They are the model's,
+    // at the factor they followed the host's speed by since the calibration.
     let emulated = j["gap_model"]["emulated_ms"].as_f64().unwrap();
+    let pace = j["replay"]["gap_pace"].as_f64().unwrap();
+    let spun = j["replay"]["gaps_ms"].as_f64().unwrap();
     let between = j["replay"]["between_ops_ms"].as_f64().unwrap();
     assert!(emulated > 0.0, "{emulated}");
+    assert!((0.5..=2.0).contains(&pace), "{pace}");
     assert!(
-        between >= emulated * 0.999,
-        "{between} ms between ops < {emulated} ms emulated"
+        (spun - emulated * pace).abs() <= 1e-9 * spun.max(1.0),
+        "{spun} {emulated} {pace}"
+    );
+    assert!(
+        between >= spun * 0.999,
+        "{between} ms between ops < {spun} ms spun"
     );
     assert!(!j["top_differences"].as_array().unwrap().is_empty());
     // The extra iteration under the capture's instrumentation profiled every linked op, and

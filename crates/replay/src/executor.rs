@@ -1118,6 +1118,9 @@ fn iteration(
         .map_or(1.0, |p| p.factor);
     let plan = ex.plan;
     let measured = phase == Phase::Measured;
+    if measured && gaps.as_ref().is_some_and(|g| g.pace.is_some()) {
+        rec.gap_factors.push(factor);
+    }
     let mut slots = ex.fresh_slots();
     let mut dispatched = Vec::new();
     // Every call's marks, resolved after the iteration.

@@ -63,6 +63,8 @@ pub(crate) struct Recorder<'a> {
     /// The instrumentation's cost of an event without arguments, probed after each
     /// instrumented iteration (µs).
     pub(crate) probed_event_us: Vec<f64>,
+    /// The factor each measured iteration's gaps were spun at (`GapPace`), with emulated gaps.
+    pub(crate) gap_factors: Vec<f64>,
     /// The cost of an event autograd records for a backward node, with 1 and with 4 tensor
     /// inputs, probed likewise (µs).
     pub(crate) probed_backward_us: Vec<(f64, f64)>,
@@ -122,6 +124,7 @@ impl<'a> Recorder<'a> {
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
             probed_event_us: Vec::new(),
+            gap_factors: Vec::new(),
             probed_backward_us: Vec::new(),
             cuda_comm: None,
             // Opened here, on the thread that replays.
@@ -470,11 +473,16 @@ impl<'a> Recorder<'a> {
         let opsum = Stats::of(&self.op_ms);
         let (replayed, failed, skipped) = self.counts;
         let steps = (replayed + failed).max(1) as f64;
+        // What was spun per measured iteration: the model's gaps at the mean factor they
+        // followed the host's speed by.
+        let gap_pace = (!self.gap_factors.is_empty())
+            .then(|| self.gap_factors.iter().sum::<f64>() / self.gap_factors.len() as f64);
         let gaps_ms = opts
             .gaps_us
             .as_deref()
             .filter(|g| g.len() == plan.steps.len())
-            .map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0);
+            .map_or(0.0, |g| g.iter().sum::<f64>() / 1000.0)
+            * gap_pace.unwrap_or(1.0);
         let mut planned: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (s, b) in plan.steps.iter().zip(&bound.steps) {
             if let Some(f) = &b.fallback {
@@ -636,6 +644,7 @@ impl<'a> Recorder<'a> {
             world_size: rank.map(|r| r.1),
             collectives: colls.into_values().collect(),
             gaps_ms,
+            gap_pace,
             steps: plan
                 .steps
                 .iter()

@@ -109,8 +109,13 @@ pub struct Report {
     /// Per collective op: calls, bytes and time per measured iteration.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub collectives: Vec<CollectiveTiming>,
-    /// Emulated time outside operators per iteration (ms), 0 without `--emulate-gaps`.
+    /// Emulated time outside operators per iteration (ms), as spun: the gap model's total at
+    /// `gap_pace`; 0 without `--emulate-gaps`.
     pub gaps_ms: f64,
+    /// The mean factor the measured iterations' gaps followed this host's speed by, against
+    /// the calibration's (the executor's `GapPace`); absent where gaps were spun as given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gap_pace: Option<f64>,
     /// Median time of each step (with `per_step`), in replay-set order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTiming>,

@@ -508,8 +508,13 @@ fn print_table(out: &mut impl Write, r: &replay::Report, source: &str) -> Result
     if r.gaps_ms > 0.0 {
         writeln!(
             out,
-            "gaps       {:.3} ms per iteration emulated between ops (from Kineto)",
-            r.gaps_ms
+            "gaps       {:.3} ms per iteration emulated between ops (from Kineto){}",
+            r.gaps_ms,
+            match r.gap_pace {
+                Some(p) =>
+                    format!(", at {p:.3}x the calibration's (they follow this host's speed)"),
+                None => String::new(),
+            }
         )?;
     }
     writeln!(
@@ -805,7 +810,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         "ops": set.ops.len(),
         "original": {"iter_ms": orig_iter_ms, "ops_ms": orig_ops_ms, "gaps_ms": gaps_ms,
                      "uninstrumented_ms": uninstrumented.as_ref().map(|u| u.0)},
-        "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms,
+        "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms, "gap_pace": r.gap_pace,
                    // Measured: the mean iteration less its mean time in ops.
                    "between_ops_ms": r.iter_ms.mean - r.op_ms.mean,
                    "instrumented_iter_ms": r.instrumented_iter_ms},
