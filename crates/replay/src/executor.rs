@@ -8,7 +8,7 @@ use crate::device::{Device, Timer};
 use crate::error::{CallError, ErrorKind, ReplayError};
 use crate::ffi::{self, Comm, Stack};
 use crate::options::ReplayOptions;
-use crate::plan::{Arg, Fill, Out, Plan, TensorSpec};
+use crate::plan::{Arg, Fill, Out, Plan, TensorSpec, ViewKind};
 use crate::recorder::{GpuSamples, Recorder, Timed};
 use crate::report::{NonFinite, Report};
 use metrics::Timeline;
@@ -240,6 +240,7 @@ impl<'a> Executor<'a> {
     pub fn prepare(&mut self, pos: usize, autograd: bool) -> Vec<Option<Tensor>> {
         let mut slots = self.fresh_slots();
         for p in 0..pos.min(self.plan.steps.len()) {
+            self.make_views(p, &mut slots);
             let outcome = self.step(p, &mut slots, autograd);
             self.settle(p, &mut slots, &outcome);
             self.free(p, &mut slots);
@@ -261,18 +262,30 @@ impl<'a> Executor<'a> {
             .collect()
     }
 
-    /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it:
-    /// the call(s) and their outputs, what a timer brackets. [`Executor::settle`] finishes it.
-    pub fn step(&mut self, pos: usize, slots: &mut [Option<Tensor>], autograd: bool) -> Outcome {
-        // Views it reads, of their bases as they are now (a few steps of a backward have any).
+    /// Makes the views step `pos` reads ([`crate::plan::Step::views`]) of their bases as they are
+    /// now: bookkeeping before the step, outside its time, as the original's autograd unpacks
+    /// what it saved before the backward op runs. A view that cannot be made leaves its slot
+    /// empty (the step then reports the missing input).
+    pub fn make_views(&self, pos: usize, slots: &mut [Option<Tensor>]) {
         for v in &self.plan.steps[pos].views {
             slots[v.slot as usize] = slots[v.base as usize].as_ref().and_then(|base| {
                 // Not a step of the model's graph: no autograd node for the view itself.
                 let _guard = tch::no_grad_guard();
-                base.f_as_strided(&v.spec.shape, &v.spec.strides, None::<i64>)
-                    .ok()
+                match v.kind {
+                    ViewKind::Strided => {
+                        base.f_as_strided(&v.spec.shape, &v.spec.strides, None::<i64>)
+                    }
+                    ViewKind::LogSoftmax { dim } => base.f_log_softmax(dim, base.kind()),
+                    ViewKind::Softmax { dim } => base.f_softmax(dim, base.kind()),
+                }
+                .ok()
             });
         }
+    }
+
+    /// Runs step `pos` on `slots`, with autograd when `autograd` and the original recorded it:
+    /// the call(s) and their outputs, what a timer brackets. [`Executor::settle`] finishes it.
+    pub fn step(&mut self, pos: usize, slots: &mut [Option<Tensor>], autograd: bool) -> Outcome {
         // A reference with the bound plan's lifetime, not a clone: no refcount traffic per op.
         let bound = self.bound;
         let op = match &bound.steps[pos].exec {
@@ -1160,6 +1173,7 @@ fn iteration(
                 });
             }
         }
+        ex.make_views(pos, &mut slots);
         if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
             spin_running(timer, last_op_end + g.us[pos] * factor);
@@ -1315,6 +1329,7 @@ pub fn run_once_keep_as(
         if let Err(e) = ex.wait_pending(Some(pos)) {
             failures.push((step.name.clone(), e.message));
         }
+        ex.make_views(pos, &mut slots);
         let outcome = ex.step(pos, &mut slots, true);
         ex.settle(pos, &mut slots, &outcome);
         if let Outcome::Failed(e) = outcome {

@@ -352,6 +352,28 @@ pub struct View {
     pub base: Slot,
     /// Its sizes, strides and dtype as the trace recorded them.
     pub spec: TensorSpec,
+    /// How it is made of the base.
+    #[serde(default, skip_serializing_if = "ViewKind::is_strided")]
+    pub kind: ViewKind,
+}
+
+/// What a [`View`] is of its base.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub enum ViewKind {
+    /// The base's elements under the view's sizes and strides.
+    #[default]
+    Strided,
+    /// `log_softmax(base, dim)`: a composite's (cross-entropy's) log-probabilities, saved for
+    /// its backward, made of the logits it took.
+    LogSoftmax { dim: i64 },
+    /// `softmax(base, dim)`, likewise.
+    Softmax { dim: i64 },
+}
+
+impl ViewKind {
+    fn is_strided(&self) -> bool {
+        matches!(self, ViewKind::Strided)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -853,6 +875,9 @@ struct Builder<'g, 't> {
     by_storage: HashMap<Region, (Slot, Vec<i64>)>,
     /// Views the step being built reads ([`Step::views`]).
     views: Vec<View>,
+    /// The (log-)softmax node that wrote each region of storage, found once when first asked
+    /// ([`Builder::derived`]).
+    producers: Option<HashMap<Region, u64>>,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
 }
@@ -912,6 +937,7 @@ impl Builder<'_, '_> {
                             slot: s,
                             base,
                             spec: spec.clone(),
+                            kind: ViewKind::Strided,
                         });
                         self.current.insert(key, s);
                         return Some(s);
@@ -919,6 +945,10 @@ impl Builder<'_, '_> {
                 }
                 _ => {}
             }
+        }
+        if let Some(s) = self.derived(step, region, &spec) {
+            self.current.insert(key, s);
+            return Some(s);
         }
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let fill = if spec.dtype.is_integral() {
@@ -943,6 +973,74 @@ impl Builder<'_, '_> {
         self.external_index.insert(s, self.externals.len());
         self.externals.push((s, spec, fill));
         self.current.insert(key, s);
+        Some(s)
+    }
+
+    /// A value no replayed op wrote that an op inside a composite the replay runs whole made
+    /// from a live slot, and that the replay can make again from it: the (log-)softmax of
+    /// cross-entropy, saved for its backward. Filled uniform instead, its gradient was the same
+    /// whatever the logits, so training on the replay's fixed batch never converged, and the
+    /// weights drifted to Inf (mlp_sgd after 105 iterations). `None` when the region's
+    /// producer is not such an op or its input is not live with its recorded shape and dtype.
+    fn derived(&mut self, step: usize, region: Option<Region>, spec: &TensorSpec) -> Option<Slot> {
+        let t = self.g.trace;
+        if !spec.dtype.is_floating_point() {
+            return None;
+        }
+        let producers = self.producers.get_or_insert_with(|| {
+            let mut m = HashMap::new();
+            for n in &t.nodes {
+                let name = t.name(n);
+                if matches!(
+                    name,
+                    "aten::_log_softmax" | "aten::log_softmax" | "aten::_softmax" | "aten::softmax"
+                ) {
+                    for a in t.outputs(n) {
+                        for (v, _) in arg_tensors(t, a) {
+                            if let Some(r) = storage_region(t, v) {
+                                m.entry(r).or_insert(n.id);
+                            }
+                        }
+                    }
+                }
+            }
+            m
+        });
+        let id = *producers.get(&region?)?;
+        let node = t.nodes.iter().find(|n| n.id == id)?;
+        let name = t.name(node);
+        let ins = t.inputs(node);
+        let (v, in_spec) = arg_tensors(t, ins.first()?).into_iter().next()?;
+        let in_spec = in_spec?;
+        let dim = match ins.get(1)?.value {
+            Value::Int(d) => d,
+            _ => return None,
+        };
+        // Same shape and dtype as its input: what the op makes of it.
+        if in_spec.shape != spec.shape || in_spec.dtype != spec.dtype {
+            return None;
+        }
+        let base = *self.current.get(&key_of(t, v)?)?;
+        if self.slot_meta[base as usize] != Some((spec.shape.clone(), spec.dtype)) {
+            return None;
+        }
+        self.last_use[base as usize] = step;
+        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
+        let kind = if name.contains("log_softmax") {
+            ViewKind::LogSoftmax { dim }
+        } else {
+            ViewKind::Softmax { dim }
+        };
+        log::debug!("step {step}: {name} of slot {base} made again for its backward");
+        self.views.push(View {
+            slot: s,
+            base,
+            spec: TensorSpec {
+                strides: contiguous(&spec.shape),
+                ..spec.clone()
+            },
+            kind,
+        });
         Some(s)
     }
 
@@ -1421,6 +1519,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         written_over: HashMap::new(),
         by_storage: HashMap::new(),
         views: Vec::new(),
+        producers: None,
         group: 0,
     };
     let groups = process_groups(t);

@@ -65,6 +65,7 @@ impl<'e, 'a> SingleStep<'e, 'a> {
 
     /// Runs the step once: what a benchmark times.
     pub fn run(&mut self) -> Outcome {
+        self.ex.make_views(self.pos, &mut self.slots);
         let outcome = self.ex.step(self.pos, &mut self.slots, self.autograd);
         self.ex.settle(self.pos, &mut self.slots, &outcome);
         outcome

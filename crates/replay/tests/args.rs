@@ -793,3 +793,85 @@ fn a_transposed_read_of_an_output_is_a_view_of_it() {
     assert_eq!(values(y), values(&want));
     assert_eq!(values(w), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
 }
+
+/// Cross-entropy's log-probabilities, made by a `_log_softmax` inside the composite the replay
+/// runs whole and read by the backward under a new tensor id, are made again of the logits:
+/// the backward's gradient is softmax less the target's one-hot, as in the original, not the
+/// same whatever the logits (a uniform fill, which left training to drift to Inf).
+#[test]
+fn a_log_softmax_saved_inside_a_composite_is_made_again_of_its_input() {
+    const CE: &str = "aten::cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor";
+    const LSM: &str = "aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor";
+    const BWD: &str = "aten::_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor";
+    let mut b = TraceBuilder::new();
+    // Logits [2, 3] from a replayed op: arange(0, 6).view(2, 3) in float.
+    const ARANGE: &str = "aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
+    let mut n = b
+        .op("aten::arange", ARANGE)
+        .input(json!(0), json!([]), "Int")
+        .input(json!(6), json!([]), "Int")
+        .input(json!(6), json!([]), "Int");
+    for _ in 0..3 {
+        n = n.input(json!("<None>"), json!([]), "None");
+    }
+    n.output(t(1, 1, 6), json!([6]), "Tensor(float)").done();
+    b.op(
+        "aten::view",
+        "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)",
+    )
+    .input(t(1, 1, 6), json!([6]), "Tensor(float)")
+    .input(json!([2, 3]), json!([[], []]), "GenericList[Int,Int]")
+    .output(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+    .done();
+    let ce = b
+        .op("aten::cross_entropy_loss", CE)
+        .input(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!([3, 3, 0, 2, 8, "cpu"]), json!([2]), "Tensor(long)")
+        .input(json!("<None>"), json!([]), "None")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(-100), json!([]), "Int")
+        .input(json!(0.0), json!([]), "Double")
+        .output(t(4, 4, 1), json!([]), "Tensor(float)")
+        .done();
+    // Inside it: the log-probabilities on storage 5.
+    b.op("aten::_log_softmax", LSM)
+        .parent(ce)
+        .input(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .output(t(5, 5, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    // The backward reads them as tensor 9 on storage 5.
+    b.op("aten::_log_softmax_backward_data", BWD)
+        .input(t(8, 8, 6), json!([2, 3]), "Tensor(float)")
+        .input(t(9, 5, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(6), json!([]), "Int")
+        .output(t(10, 10, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    let tr = b.build();
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    let bwd = plan.steps.len() - 1;
+    assert_eq!(plan.steps[bwd].name, "aten::_log_softmax_backward_data");
+    assert_eq!(plan.steps[bwd].views.len(), 1, "{:?}", plan.steps[bwd]);
+    assert_eq!(
+        plan.steps[bwd].views[0].kind,
+        replay::plan::ViewKind::LogSoftmax { dim: 1 }
+    );
+    // The gradient the step made is grad - softmax(logits) * sum(grad) over dim 1, whatever
+    // the incoming gradient held.
+    let logits = slots[out_slot(&plan, 1, 0)].as_ref().unwrap();
+    let Arg::Tensor(g) = plan.steps[bwd].args[0] else {
+        panic!("{:?}", plan.steps[bwd].args)
+    };
+    let grad = slots[g as usize].as_ref().unwrap();
+    let want = grad
+        - logits.softmax(1, tch::Kind::Float) * grad.sum_dim_intlist(1, true, tch::Kind::Float);
+    let got = slots[out_slot(&plan, bwd, 0)].as_ref().unwrap();
+    let (got, want) = (values(got), values(&want));
+    assert!(
+        got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-5),
+        "{got:?} {want:?}"
+    );
+}
