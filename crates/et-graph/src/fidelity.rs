@@ -296,7 +296,8 @@ pub struct GapModel {
     /// by `speed`: the capture lost time slices, so its share of a CPU moved while it ran.
     pub local_speed: bool,
     /// The emulated total (ms) of each calibration the model was chosen from, in order (the
-    /// model is the median one's); empty where it came from one.
+    /// model is the median one's by emulated total per unit of its plain op time, what the
+    /// replay spins); empty where it came from one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub calibrations_ms: Vec<f64>,
     /// Each step's plain time on this host (µs) when the gaps were calibrated: the time base

@@ -107,24 +107,35 @@ fn calibrated_gaps(
         running_time: true,
         ..Default::default()
     };
-    // Three calibrations, and the model of the one whose emulated total is the median: a
-    // small model's gaps are the capture's less what the instrumentation costs, two close
-    // quantities, and one calibration that fell in a slow or fast spell of the host moved
-    // the emulated total by up to 3x (tiny_ops: 0.05-0.07 ms over five processes, 0.16 ms in
-    // a sixth); the same build's two replays of a model read up to 0.27 apart in one run.
+    // Several calibrations, and the model of the median one by what the replay spins: the
+    // emulated total per unit of the calibration's own plain op time (`base_step_us`), which
+    // the gaps are scaled from as the host's speed moves (`GapPace`). A small model's gaps are
+    // the capture's less what the instrumentation costs, two close quantities, and one
+    // calibration that fell in a slow or fast spell of the host moved the emulated total by
+    // up to 3x (tiny_ops: 0.05-0.07 ms over five processes, 0.16 ms in a sixth); the base is
+    // timed in the plain iterations just before, not always in the same spell (dlrm_sgd: two
+    // processes of one run spun 0.34 and 0.24 ms with the median by emulated total).
     let mut models = Vec::with_capacity(CALIBRATIONS);
     for k in 0..CALIBRATIONS {
         models.push(calibrate_once(g, set, kineto, &calib, k == 0)?);
     }
-    models.sort_by(|a, b| a.emulated_ms.total_cmp(&b.emulated_ms));
     let all: Vec<f64> = models.iter().map(|m| m.emulated_ms).collect();
+    let per_base = |m: &et_graph::GapModel| {
+        let base: f64 = m.base_step_us.iter().filter(|b| b.is_finite()).sum();
+        if base > 0.0 {
+            m.emulated_ms / base
+        } else {
+            m.emulated_ms
+        }
+    };
+    models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
     let mut model = models.swap_remove(CALIBRATIONS / 2);
     model.calibrations_ms = all;
     Ok(model)
 }
 
 /// Calibrations per gap model (odd: the median is one of them).
-const CALIBRATIONS: usize = 3;
+const CALIBRATIONS: usize = 5;
 
 /// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
 /// all calibrations).
