@@ -664,16 +664,25 @@ fn weighted_median_speed(pairs: &[(f64, f64)]) -> Option<f64> {
         .filter(|(w, o)| *w > 0.0 && *o > 0.0 && w.is_finite() && o.is_finite())
         .map(|&(w, o)| (w / o, w))
         .collect();
+    weighted_median(&mut v)
+}
+
+/// The median of `(value, weight)` pairs by weight (sorts them by value); `None` without
+/// positive total weight.
+pub fn weighted_median(v: &mut [(f64, f64)]) -> Option<f64> {
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total: f64 = v.iter().map(|x| x.1).sum();
+    let total: f64 = v.iter().map(|&(_, w)| w).sum();
+    if total <= 0.0 {
+        return None;
+    }
     let mut acc = 0.0;
-    for (ratio, weight) in &v {
-        acc += weight;
+    for &(x, w) in v.iter() {
+        acc += w;
         if acc >= total / 2.0 {
-            return Some(*ratio);
+            return Some(x);
         }
     }
-    None
+    v.last().map(|&(x, _)| x)
 }
 
 /// Caps gaps no iteration of this model can have: each at ten times the original's total op

@@ -1047,7 +1047,7 @@ impl GapPace {
                 self.scratch.push((live / base, base));
             }
         }
-        let Some(ratio) = weighted_median(&mut self.scratch) else {
+        let Some(ratio) = et_graph::weighted_median(&mut self.scratch) else {
             return;
         };
         let weight: f64 = self.scratch.iter().map(|&(_, w)| w).sum();
@@ -1066,33 +1066,11 @@ impl GapPace {
                 break;
             }
         }
-        let mut v: Vec<f64> = self.recent.iter().map(|&(r, _)| r).collect();
-        v.sort_by(f64::total_cmp);
-        let mid = v.len() / 2;
-        let median = if v.len() % 2 == 1 {
-            v[mid]
-        } else {
-            (v[mid - 1] + v[mid]) / 2.0
-        };
-        self.factor = median.clamp(Self::BOUNDS.0, Self::BOUNDS.1);
+        let ratios: Vec<f64> = self.recent.iter().map(|&(r, _)| r).collect();
+        self.factor = metrics::Stats::of(&ratios)
+            .median
+            .clamp(Self::BOUNDS.0, Self::BOUNDS.1);
     }
-}
-
-/// The median of `(value, weight)` pairs by weight (sorts them); `None` without weight.
-fn weighted_median(v: &mut [(f64, f64)]) -> Option<f64> {
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total: f64 = v.iter().map(|&(_, w)| w).sum();
-    if total <= 0.0 {
-        return None;
-    }
-    let mut acc = 0.0;
-    for &(x, w) in v.iter() {
-        acc += w;
-        if acc >= total / 2.0 {
-            return Some(x);
-        }
-    }
-    v.last().map(|&(x, _)| x)
 }
 
 /// Spins until `until` (µs on the timer's host clock) in running time: busy, like the Python and
@@ -1390,8 +1368,8 @@ mod tests {
         assert_eq!(p.factor, 1.0);
         // An iteration's ratio is its ops' weighted median: the 100 µs op's, not the other's.
         let mut v = vec![(1.5, 100.0), (9.0, 10.0)];
-        assert_eq!(weighted_median(&mut v), Some(1.5));
-        assert_eq!(weighted_median(&mut []), None);
+        assert_eq!(et_graph::weighted_median(&mut v), Some(1.5));
+        assert_eq!(et_graph::weighted_median(&mut []), None);
         // Iterations slower by 1.5: the gaps stretch as much.
         for _ in 0..10 {
             p.push(1.5, 110.0);

@@ -875,9 +875,9 @@ struct Builder<'g, 't> {
     by_storage: HashMap<Region, (Slot, Vec<i64>)>,
     /// Views the step being built reads ([`Step::views`]).
     views: Vec<View>,
-    /// The (log-)softmax node that wrote each region of storage, found once when first asked
+    /// The (log-)softmax node (its index) that wrote each region of storage, found once when first asked
     /// ([`Builder::derived`]).
-    producers: Option<HashMap<Region, u64>>,
+    producers: Option<HashMap<Region, usize>>,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
 }
@@ -989,7 +989,7 @@ impl Builder<'_, '_> {
         }
         let producers = self.producers.get_or_insert_with(|| {
             let mut m = HashMap::new();
-            for n in &t.nodes {
+            for (k, n) in t.nodes.iter().enumerate() {
                 let name = t.name(n);
                 if matches!(
                     name,
@@ -998,7 +998,7 @@ impl Builder<'_, '_> {
                     for a in t.outputs(n) {
                         for (v, _) in arg_tensors(t, a) {
                             if let Some(r) = storage_region(t, v) {
-                                m.entry(r).or_insert(n.id);
+                                m.entry(r).or_insert(k);
                             }
                         }
                     }
@@ -1006,8 +1006,7 @@ impl Builder<'_, '_> {
             }
             m
         });
-        let id = *producers.get(&region?)?;
-        let node = t.nodes.iter().find(|n| n.id == id)?;
+        let node = &t.nodes[*producers.get(&region?)?];
         let name = t.name(node);
         let ins = t.inputs(node);
         let (v, in_spec) = arg_tensors(t, ins.first()?).into_iter().next()?;

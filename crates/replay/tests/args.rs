@@ -744,32 +744,38 @@ fn small_empty_outputs_hold_ones_not_garbage() {
     );
 }
 
-/// A tensor read over the storage an op wrote, with other strides (autograd's saved `t(weight)`
-/// inside `linear`, read by the backward's `mm`), is that op's output viewed so: `mm` then
-/// multiplies by the transpose of the values written, not by a random matrix.
-#[test]
-fn a_transposed_read_of_an_output_is_a_view_of_it() {
+/// `arange(0, 6, dtype=float).view(2, 3)` as two replayed ops: tensor 2 on storage 1 holds
+/// [[0, 1, 2], [3, 4, 5]] (step 1's output).
+fn arange_2x3(b: &mut TraceBuilder) {
     const ARANGE: &str = "aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
-    const VIEW: &str = "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)";
-    const MM: &str = "aten::mm(Tensor self, Tensor mat2) -> Tensor";
-    let none = || (json!("<None>"), json!([]), "None");
-    let mut b = TraceBuilder::new();
-    // w = arange(0, 6).view(2, 3): [[0, 1, 2], [3, 4, 5]]
     let mut n = b
         .op("aten::arange", ARANGE)
         .input(json!(0), json!([]), "Int")
         .input(json!(6), json!([]), "Int")
         .input(json!(6), json!([]), "Int");
     for _ in 0..3 {
-        let (v, s, ty) = none();
-        n = n.input(v, s, ty);
+        n = n.input(json!("<None>"), json!([]), "None");
     }
     n.output(t(1, 1, 6), json!([6]), "Tensor(float)").done();
-    b.op("aten::view", VIEW)
-        .input(t(1, 1, 6), json!([6]), "Tensor(float)")
-        .input(json!([2, 3]), json!([[], []]), "GenericList[Int,Int]")
-        .output(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
-        .done();
+    b.op(
+        "aten::view",
+        "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)",
+    )
+    .input(t(1, 1, 6), json!([6]), "Tensor(float)")
+    .input(json!([2, 3]), json!([[], []]), "GenericList[Int,Int]")
+    .output(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
+    .done();
+}
+
+/// A tensor read over the storage an op wrote, with other strides (autograd's saved `t(weight)`
+/// inside `linear`, read by the backward's `mm`), is that op's output viewed so: `mm` then
+/// multiplies by the transpose of the values written, not by a random matrix.
+#[test]
+fn a_transposed_read_of_an_output_is_a_view_of_it() {
+    const MM: &str = "aten::mm(Tensor self, Tensor mat2) -> Tensor";
+    let mut b = TraceBuilder::new();
+    // w = arange(0, 6).view(2, 3): [[0, 1, 2], [3, 4, 5]]
+    arange_2x3(&mut b);
     // ones(2, 2) @ w^T, w^T read as a new tensor id over w's storage with strides [1, 3].
     b.op("aten::mm", MM)
         .input(t(3, 3, 4), json!([2, 2]), "Tensor(float)")
@@ -805,24 +811,7 @@ fn a_log_softmax_saved_inside_a_composite_is_made_again_of_its_input() {
     const BWD: &str = "aten::_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor";
     let mut b = TraceBuilder::new();
     // Logits [2, 3] from a replayed op: arange(0, 6).view(2, 3) in float.
-    const ARANGE: &str = "aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor";
-    let mut n = b
-        .op("aten::arange", ARANGE)
-        .input(json!(0), json!([]), "Int")
-        .input(json!(6), json!([]), "Int")
-        .input(json!(6), json!([]), "Int");
-    for _ in 0..3 {
-        n = n.input(json!("<None>"), json!([]), "None");
-    }
-    n.output(t(1, 1, 6), json!([6]), "Tensor(float)").done();
-    b.op(
-        "aten::view",
-        "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)",
-    )
-    .input(t(1, 1, 6), json!([6]), "Tensor(float)")
-    .input(json!([2, 3]), json!([[], []]), "GenericList[Int,Int]")
-    .output(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
-    .done();
+    arange_2x3(&mut b);
     let ce = b
         .op("aten::cross_entropy_loss", CE)
         .input(t(2, 1, 6), json!([2, 3]), "Tensor(float)")
