@@ -4,8 +4,8 @@
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
 //! hash): on a quiet host, and with the host made busy during the capture only. Per model, four
 //! processes stand side by side and take turns, one block of iterations each per round (about
-//! 40 ms of the original's, the order rotating; 1 thread): the original timed uninstrumented
-//! (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
+//! 10 ms of the original's by default, the order rotating; all four pinned to one core; 1
+//! thread): the original timed uninstrumented (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
 //! gaps from the busy capture (`mystique replay --paced`). The replays replay the clean ET and
 //! take their gaps from the profile taken without the execution trace observer (`--capture
 //! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /

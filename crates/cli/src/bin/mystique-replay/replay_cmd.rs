@@ -448,7 +448,7 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
             .collect();
         writeln!(
             out,
-            "           calibrated {} times on this host: {} ms emulated; the median one's model",
+            "           calibrated {} times on this host: {} ms emulated; the model is the median one's by emulated time per unit of its op time",
             m.calibrations_ms.len(),
             each.join(", ")
         )?;
