@@ -190,7 +190,7 @@ pub struct ReplayArgs {
     /// Reproduce the original run's time outside operators (Python, autograd) between ops.
     /// With one of a trace's several ProfilerStep#N iterations chosen (--iteration N), the
     /// gaps and op times are typical of all its iterations that ran the same ops (each the
-    /// interquartile mean over them), so one iteration's cold start or stalls do not count.
+    /// least over them), so one iteration's cold start or stalls do not count.
     #[arg(long, requires = "kineto")]
     pub emulate_gaps: bool,
     /// With --emulate-gaps on one of several iterations: that iteration's gaps alone.

@@ -407,15 +407,27 @@ impl Plan {
 
     /// The version [`Plan::version`] has when compiled by this build.
     pub const VERSION: u32 = 3;
+    /// The oldest format this build still runs. Format 3 only added [`Step::views`] (absent,
+    /// empty): a format-2 plan is a format-3 plan whose saved views were compiled as external
+    /// inputs, and runs as the build that made it ran it. Format 1 restored rounded scalars and
+    /// took autocast differently, so its plans would not replay as they were compiled.
+    pub const OLDEST_READABLE: u32 = 2;
 
     /// Checks a plan that came from outside (a stored benchmark package): its version, and that
     /// every index in it points inside it, so that binding and running it cannot panic.
     pub fn validate(&self) -> Result<(), String> {
-        if self.version != Plan::VERSION {
+        if !(Plan::OLDEST_READABLE..=Plan::VERSION).contains(&self.version) {
             return Err(format!(
-                "plan format {} (this build reads {})",
+                "plan format {} (this build reads {} to {})",
                 self.version,
+                Plan::OLDEST_READABLE,
                 Plan::VERSION
+            ));
+        }
+        if self.version < 3 && self.steps.iter().any(|st| !st.views.is_empty()) {
+            return Err(format!(
+                "plan format {} with views (format 3)",
+                self.version
             ));
         }
         if self.groups.is_empty() {
@@ -2696,9 +2708,40 @@ mod tests {
         let mut bad = p.clone();
         bad.version += 1;
         assert!(bad.validate().unwrap_err().contains("format"));
+        let mut bad = p.clone();
+        bad.version = Plan::OLDEST_READABLE - 1;
+        assert!(bad.validate().unwrap_err().contains("format"));
         let mut bad = p;
         bad.externals[0].1.shape = vec![-4];
         assert!(bad.validate().is_err());
+    }
+
+    /// A package stored by the build before views (format 2) still runs: its JSON has no
+    /// `views`, and it validates as it is; format 2 claiming views does not.
+    #[test]
+    fn format_2_plans_without_views_still_run() {
+        let mut b = TraceBuilder::new();
+        b.op("aten::add", ADD)
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .done();
+        let mut p = plan_of(&b);
+        p.version = 2;
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(!text.contains("views"), "{text}");
+        let old: Plan = serde_json::from_str(&text).unwrap();
+        old.validate().unwrap();
+        let mut with_views = old;
+        let spec = with_views.externals[0].1.clone();
+        with_views.steps[0].views.push(View {
+            slot: 0,
+            base: 1,
+            spec,
+            kind: ViewKind::Strided,
+        });
+        assert!(with_views.validate().unwrap_err().contains("views"));
     }
 
     /// Steps with the same operator, dtypes, shapes, strides and scalars share a signature;
