@@ -165,7 +165,8 @@ pub struct ReplayTimes<'a> {
     /// inside it), `None` where the step was not found in the profile.
     pub profiled: &'a [Option<(f64, f64, u32)>],
     /// The instrumentation's cost of one event without arguments (µs), probed on this host
-    /// under the same instrumentation: what an annotation or autograd wrapper in a gap costs.
+    /// under the same instrumentation (one event at a time, between the replay's ops): what an
+    /// annotation or autograd wrapper in a gap costs.
     pub event_us: Option<f64>,
     /// The instrumentation's cost of an event such as autograd records for a backward node
     /// (`XBackward0`, its tensor inputs recorded), probed on this host: (µs per event, µs per

@@ -47,12 +47,19 @@ pub enum Phase {
     /// More iterations under the capture's instrumentation (ET observer + Kineto, or what the
     /// capture had), to read each step's profiled window; not timed.
     Instrumented,
+    /// The last one under the instrumentation, not recorded: before each step, one event
+    /// without arguments and two such as autograd records for a backward node are timed, each
+    /// alone, between the replay's ops (what the capture's events in its gaps cost here).
+    InstrumentedProbe,
 }
 
 impl Phase {
     /// Under the capture's instrumentation.
     pub fn instrumented(self) -> bool {
-        matches!(self, Phase::InstrumentedWarmUp | Phase::Instrumented)
+        matches!(
+            self,
+            Phase::InstrumentedWarmUp | Phase::Instrumented | Phase::InstrumentedProbe
+        )
     }
 }
 
@@ -60,9 +67,12 @@ impl Phase {
     /// The phase of iteration `it` of a run with `opts`.
     pub fn of(it: usize, opts: &ReplayOptions) -> Phase {
         let total = total_iterations(opts);
-        if it + instrumented(opts) == total {
+        let k = instrumented(opts);
+        if it + k == total {
             Phase::InstrumentedWarmUp
-        } else if it + instrumented(opts) > total {
+        } else if k > 0 && it + 1 == total {
+            Phase::InstrumentedProbe
+        } else if it + k > total {
             Phase::Instrumented
         } else if it >= opts.warmup {
             Phase::Measured
@@ -76,10 +86,11 @@ fn total_iterations(opts: &ReplayOptions) -> usize {
     opts.warmup + opts.iters.max(1) + instrumented(opts)
 }
 
-/// Instrumented iterations at the end of a run: the session's warm-up and the recorded ones.
+/// Instrumented iterations at the end of a run: the session's warm-up, the recorded ones and
+/// the probe.
 fn instrumented(opts: &ReplayOptions) -> usize {
     if opts.instrument {
-        opts.instrument_iters.max(1) + 1
+        opts.instrument_iters.max(1) + 2
     } else {
         0
     }
@@ -1155,6 +1166,15 @@ fn iteration(
         if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
             spin_running(timer, last_op_end + g.us[pos] * factor);
+        }
+        if phase == Phase::InstrumentedProbe {
+            // One event at a time, where the capture's fell (between ops, the replay's data
+            // in the caches), not a loop of them: back to back the profiler's records stay hot.
+            rec.probed_in_context(
+                ffi::probe_scope_us(0),
+                ffi::probe_scope_us(1),
+                ffi::probe_scope_us(4),
+            );
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);

@@ -771,11 +771,7 @@ impl Instrumentation {
     }
 
     fn probe(&self, n: usize, tensors: usize) -> Option<f64> {
-        // SAFETY: plain calls into libtorch; the shim catches every exception.
-        let ns = unsafe {
-            mq_probe_record_function(n.min(i32::MAX as usize) as i32, tensors.min(64) as i32)
-        };
-        (ns >= 0.0).then_some(ns / 1e3)
+        probe_n(n, tensors)
     }
 
     /// Stops the instrumentation; returns the CPU events recorded on this thread and the GPU
@@ -829,4 +825,21 @@ impl Drop for Instrumentation {
             INSTRUMENTED.store(false, std::sync::atomic::Ordering::Release);
         }
     }
+}
+
+/// The instrumentation's cost of `n` events timed back to back (µs each; `tensors` as in
+/// [`Instrumentation::probe_backward_event_us`]), while it is on.
+fn probe_n(n: usize, tensors: usize) -> Option<f64> {
+    // SAFETY: plain calls into libtorch; the shim catches every exception.
+    let ns = unsafe {
+        mq_probe_record_function(n.min(i32::MAX as usize) as i32, tensors.min(64) as i32)
+    };
+    (ns >= 0.0).then_some(ns / 1e3)
+}
+
+/// The instrumentation's cost of one event (µs), timed alone, while it is on: with `tensors`
+/// 0 one without arguments, else one such as autograd records for a backward node with that
+/// many tensor inputs; negative if it could not be timed.
+pub fn probe_scope_us(tensors: usize) -> f64 {
+    probe_n(1, tensors).unwrap_or(-1.0)
 }

@@ -68,6 +68,9 @@ pub(crate) struct Recorder<'a> {
     /// The cost of an event autograd records for a backward node, with 1 and with 4 tensor
     /// inputs, probed likewise (µs).
     pub(crate) probed_backward_us: Vec<(f64, f64)>,
+    /// The same three costs timed one event at a time between the replay's steps
+    /// (`Phase::InstrumentedProbe`): (no arguments, backward with 1 tensor, with 4).
+    pub(crate) probed_in_context: Vec<(f64, f64, f64)>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -126,6 +129,7 @@ impl<'a> Recorder<'a> {
             probed_event_us: Vec::new(),
             gap_factors: Vec::new(),
             probed_backward_us: Vec::new(),
+            probed_in_context: Vec::new(),
             cuda_comm: None,
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
@@ -221,6 +225,11 @@ impl<'a> Recorder<'a> {
         self.first_nonfinite.is_some()
     }
 
+    /// One in-context probe of the instrumentation's event costs (µs; negative: failed).
+    pub fn probed_in_context(&mut self, plain: f64, backward_1: f64, backward_4: f64) {
+        self.probed_in_context.push((plain, backward_1, backward_4));
+    }
+
     pub fn nonfinite(&mut self, n: NonFinite) {
         self.first_nonfinite = Some(n);
     }
@@ -312,7 +321,9 @@ impl<'a> Recorder<'a> {
             let kind = match phase {
                 Phase::WarmUp => "warm-up",
                 Phase::Measured => "measured",
-                Phase::InstrumentedWarmUp | Phase::Instrumented => "instrumented",
+                Phase::InstrumentedWarmUp | Phase::Instrumented | Phase::InstrumentedProbe => {
+                    "instrumented"
+                }
             };
             let left = (total - it - 1) as f64 * self.last_wall_us / 1e6;
             eprintln!(
@@ -433,6 +444,21 @@ impl<'a> Recorder<'a> {
         // Values that diverged (NaN/Inf) send later iterations down kernel paths the original
         // never ran (e.g. max_pool2d 2.5x faster on NaN): count them for the report.
         let nonfinite_externals = externals.iter().flatten().filter(|t| nonfinite(t)).count();
+        // The events' costs in context, where probed: means (a cost's occasional larger
+        // values, the profiler's buffers, are costs the capture's events paid too), less
+        // those a lost time slice lengthened.
+        let in_context = (!self.probed_in_context.is_empty()).then(|| {
+            let col = |f: fn(&(f64, f64, f64)) -> f64| {
+                let v: Vec<f64> = self
+                    .probed_in_context
+                    .iter()
+                    .map(f)
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .collect();
+                mean_without_slices(&v)
+            };
+            (col(|c| c.0), col(|c| c.1), col(|c| c.2))
+        });
         let iters = opts.iters.max(1);
         let n_iters = iters as f64;
         let mut per_op: BTreeMap<&str, (usize, f64, f64)> = BTreeMap::new();
@@ -660,21 +686,31 @@ impl<'a> Recorder<'a> {
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,
-            instrumented_event_us: (!self.probed_event_us.is_empty())
-                .then(|| Stats::of(&self.probed_event_us).median),
-            instrumented_backward_event_us: (!self.probed_backward_us.is_empty()).then(|| {
-                let (one, four): (Vec<f64>, Vec<f64>) =
-                    self.probed_backward_us.iter().copied().unzip();
-                let (one, four) = (Stats::of(&one).median, Stats::of(&four).median);
-                let per_tensor = ((four - one) / 3.0).max(0.0);
-                ((one - per_tensor).max(0.0), per_tensor)
+            instrumented_event_us: in_context.map(|c| c.0).or_else(|| {
+                (!self.probed_event_us.is_empty()).then(|| Stats::of(&self.probed_event_us).median)
             }),
+            instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)).or_else(
+                || {
+                    (!self.probed_backward_us.is_empty()).then(|| {
+                        let (one, four): (Vec<f64>, Vec<f64>) =
+                            self.probed_backward_us.iter().copied().unzip();
+                        backward_costs(Stats::of(&one).median, Stats::of(&four).median)
+                    })
+                },
+            ),
+            events_probed_in_context: in_context.is_some(),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,
         };
         (report, timeline)
     }
+}
+
+/// (µs per backward event, µs per tensor input) from the costs of events with 1 and with 4.
+fn backward_costs(one: f64, four: f64) -> (f64, f64) {
+    let per_tensor = ((four - one) / 3.0).max(0.0);
+    ((one - per_tensor).max(0.0), per_tensor)
 }
 
 /// The mean of `v` without the values a lost time slice lengthened (at least

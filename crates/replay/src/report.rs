@@ -136,6 +136,10 @@ pub struct Report {
     /// input): probed with 1 and with 4 tensors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_backward_event_us: Option<(f64, f64)>,
+    /// Whether those costs were timed one event at a time between the replay's steps (the
+    /// last instrumented iteration), else in loops of back-to-back events.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub events_probed_in_context: bool,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

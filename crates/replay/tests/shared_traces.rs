@@ -200,6 +200,14 @@ fn an_instrumented_iteration_profiles_every_op() {
         assert!(r.profiled[linear].unwrap().nested >= 2);
         // The measured iterations are the plain ones.
         assert_eq!(r.iters, 2);
+        // The events' costs were timed one at a time between the steps of a last,
+        // unrecorded iteration under the instrumentation.
+        assert!(r.events_probed_in_context);
+        let plain = r.instrumented_event_us.expect("probed");
+        let (backward, per_tensor) = r.instrumented_backward_event_us.expect("probed");
+        assert!(plain.is_finite() && plain > 0.0, "{plain}");
+        assert!(backward.is_finite() && backward > 0.0, "{backward}");
+        assert!(per_tensor.is_finite() && per_tensor >= 0.0, "{per_tensor}");
     }
     let leftovers = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
