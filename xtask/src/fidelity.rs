@@ -659,8 +659,15 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             continue;
         }
         if let Some(title) = title {
+            // As wide as the longest name (autoencoder_nesterov ran into its figures at 18).
+            let w = in_set
+                .iter()
+                .map(|(r, _)| r.model.len())
+                .max()
+                .unwrap_or(0)
+                .max("model".len());
             println!(
-                "\n{} set\n{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}  NaN/Inf",
+                "\n{} set\n{:<w$} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}  NaN/Inf",
                 title,
                 "model",
                 "orig ms",
@@ -674,12 +681,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "page faults",
             );
             println!(
-                "{:<18} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}",
+                "{:<w$} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}",
                 "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio", "orig/replay"
             );
             for (r, _) in &in_set {
                 println!(
-                    "{:<18} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2} {:>11}  {}",
+                    "{:<w$} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2} {:>11}  {}",
                     r.model,
                     r.orig_ms,
                     r.plain,
