@@ -909,6 +909,9 @@ pub fn run(
     // had every instrumented iteration pay that where the capture paid it once.
     let mut instr: Option<ffi::Instrumentation> = None;
     let mut recorded: Vec<Vec<(usize, f64)>> = Vec::new();
+    // What the session's warm-up iteration dispatched: its events open the profile, and are
+    // matched (to be passed over) before the recorded iterations'.
+    let mut warm_up: Option<Vec<(usize, f64)>> = None;
     for it in 0..total {
         let phase = Phase::of(it, opts);
         if let (Some((pace, None)), Phase::Measured) = (pacing, phase) {
@@ -949,7 +952,9 @@ pub fn run(
             }
             pacing = Some((pace, (!ends).then_some(n)));
         }
-        if let (Some(i), Phase::Instrumented) = (&instr, phase) {
+        if let (Some(_), Phase::InstrumentedWarmUp) = (&instr, phase) {
+            warm_up = Some(dispatched);
+        } else if let (Some(i), Phase::Instrumented) = (&instr, phase) {
             recorded.push(dispatched);
             // Probed after each recorded iteration, inside the session (the profile's matching
             // skips their events).
@@ -970,7 +975,7 @@ pub fn run(
     }
     if let Some(i) = instr {
         match i.finish() {
-            Ok(profile) => rec.profiled(&profile, &recorded),
+            Ok(profile) => rec.profiled(&profile, warm_up.as_deref(), &recorded),
             Err(e) => rec.instrument_error = Some(e),
         }
     }

@@ -359,7 +359,16 @@ impl<'a> Recorder<'a> {
     /// The profiled windows of the recorded instrumented iterations, all in one `profile`:
     /// each iteration's dispatched steps (with the time each waited for a CPU) are found in
     /// turn among its outermost events by order and name; the probes' events are skipped.
-    pub fn profiled(&mut self, profile: &Profile, iterations: &[Vec<(usize, f64)>]) {
+    /// `warm_up`: what the session's unrecorded first iteration dispatched. Its events are the
+    /// profile's first: matched and passed over, or the first recorded iteration would take
+    /// the warm-up's windows (the session's first events cost more), each later one its
+    /// predecessor's, and the last one's go unread.
+    pub fn profiled(
+        &mut self,
+        profile: &Profile,
+        warm_up: Option<&[(usize, f64)]>,
+        iterations: &[Vec<(usize, f64)>],
+    ) {
         let events = &profile.cpu;
         const LOOKAHEAD: usize = 8;
         let mut order: Vec<usize> = (0..events.len())
@@ -382,7 +391,11 @@ impl<'a> Recorder<'a> {
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
         let mut j = 0;
         let mut last_start_ns = None;
-        for dispatched in iterations {
+        let warm_up = warm_up.map(|w| (w, true));
+        for (dispatched, passed_over) in warm_up
+            .into_iter()
+            .chain(iterations.iter().map(|d| (d.as_slice(), false)))
+        {
             let mut out = vec![None; self.plan.steps.len()];
             let mut first_ns = None;
             for &(pos, waited_us) in dispatched {
@@ -402,6 +415,9 @@ impl<'a> Recorder<'a> {
                     });
                     j += k + 1;
                 }
+            }
+            if passed_over {
+                continue;
             }
             self.profiled.push(out);
             last_start_ns = first_ns.or(last_start_ns);
@@ -829,6 +845,49 @@ mod tests {
             nested,
             waited_us: 0.0,
         })
+    }
+
+    /// The session's warm-up iteration opens the profile: its events are passed over, so the
+    /// recorded iteration's windows are its own (here 50 and 8 µs, not the warm-up's 10 and 8).
+    #[test]
+    fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
+        use et_schema::testkit::{tensor, TraceBuilder};
+        let add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
+        let f32 = |id| tensor(id, id, 0, 4, 4, "cpu");
+        let mut b = TraceBuilder::new();
+        for (x, out) in [(1, 3), (3, 4)] {
+            b.op("aten::add", add)
+                .input(f32(x), serde_json::json!([4]), "Tensor(float)")
+                .input(f32(2), serde_json::json!([4]), "Tensor(float)")
+                .input(serde_json::json!(1), serde_json::json!([]), "Int")
+                .output(f32(out), serde_json::json!([4]), "Tensor(float)")
+                .done();
+        }
+        let t = b.build();
+        let g = et_graph::Graph::new(&t);
+        let plan = crate::plan::compile(&g, &g.replay_set(None));
+        let opts = ReplayOptions::default();
+        let ev = |start_us: u64, end_us: u64| crate::ffi::ProfiledEvent {
+            name: "aten::add".into(),
+            start_ns: start_us * 1000,
+            end_ns: end_us * 1000,
+        };
+        let profile = Profile {
+            cpu: vec![ev(0, 10), ev(12, 20), ev(100, 150), ev(152, 160)],
+            gpu: Vec::new(),
+        };
+        let both = vec![(0usize, 0.0), (1, 0.0)];
+        let windows = |warm_up: Option<&[(usize, f64)]>| {
+            let mut rec = Recorder::new(&plan, &opts, 0, metrics::cpu::CpuSampler::new());
+            rec.profiled(&profile, warm_up, std::slice::from_ref(&both));
+            rec.profiled[0]
+                .iter()
+                .map(|p| p.map(|p| p.end_us - p.start_us))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(windows(Some(&both)), vec![Some(50.0), Some(8.0)]);
+        // Without it, the warm-up's windows stood for the recorded iteration's.
+        assert_eq!(windows(None), vec![Some(10.0), Some(8.0)]);
     }
 
     #[test]
