@@ -954,19 +954,8 @@ pub fn run(
         }
         if let (Some(_), Phase::InstrumentedWarmUp) = (&instr, phase) {
             warm_up = Some(dispatched);
-        } else if let (Some(i), Phase::Instrumented) = (&instr, phase) {
+        } else if let (Some(_), Phase::Instrumented) = (&instr, phase) {
             recorded.push(dispatched);
-            // Probed after each recorded iteration, inside the session (the profile's matching
-            // skips their events).
-            if let Some(us) = i.probe_event_us(200) {
-                rec.probed_event_us.push(us);
-            }
-            if let (Some(one), Some(four)) = (
-                i.probe_backward_event_us(200, 1),
-                i.probe_backward_event_us(200, 4),
-            ) {
-                rec.probed_backward_us.push((one, four));
-            }
         }
         if opts.progress {
             rec.progress(it, total, phase);

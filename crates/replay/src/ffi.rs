@@ -756,24 +756,6 @@ impl Instrumentation {
         })
     }
 
-    /// The instrumentation's cost of one event without arguments on this host (µs): `n` empty
-    /// record_function scopes timed while it is on (they land in the profile as
-    /// `mystique::probe`, after the work). `None` if the probe failed.
-    pub fn probe_event_us(&self, n: usize) -> Option<f64> {
-        self.probe(n, 0)
-    }
-
-    /// The instrumentation's cost of one event such as autograd records for a backward node
-    /// (`XBackward0`: a backward-function scope with `tensors` tensor inputs) on this host
-    /// (µs), `n` of them timed (`mystique::probe_backward` in the profile, after the work).
-    pub fn probe_backward_event_us(&self, n: usize, tensors: usize) -> Option<f64> {
-        self.probe(n, tensors.max(1))
-    }
-
-    fn probe(&self, n: usize, tensors: usize) -> Option<f64> {
-        probe_n(n, tensors)
-    }
-
     /// Stops the instrumentation; returns the CPU events recorded on this thread and the GPU
     /// events.
     pub fn finish(mut self) -> Result<Profile, String> {
@@ -827,19 +809,17 @@ impl Drop for Instrumentation {
     }
 }
 
-/// The instrumentation's cost of `n` events timed back to back (µs each; `tensors` as in
-/// [`Instrumentation::probe_backward_event_us`]), while it is on.
-fn probe_n(n: usize, tensors: usize) -> Option<f64> {
-    // SAFETY: plain calls into libtorch; the shim catches every exception.
-    let ns = unsafe {
-        mq_probe_record_function(n.min(i32::MAX as usize) as i32, tensors.min(64) as i32)
-    };
-    (ns >= 0.0).then_some(ns / 1e3)
-}
-
-/// The instrumentation's cost of one event (µs), timed alone, while it is on: with `tensors`
-/// 0 one without arguments, else one such as autograd records for a backward node with that
-/// many tensor inputs; negative if it could not be timed.
+/// The instrumentation's cost of one event (µs), timed alone, while it is on (it lands in the
+/// profile as `mystique::probe` or `mystique::probe_backward`, which the matching skips): with
+/// `tensors` 0 an empty record_function scope, else a backward-function scope with that many
+/// tensor inputs, as autograd's engine records a backward node (`XBackward0`); negative if it
+/// could not be timed.
 pub fn probe_scope_us(tensors: usize) -> f64 {
-    probe_n(1, tensors).unwrap_or(-1.0)
+    // SAFETY: a plain call into libtorch; the shim catches every exception.
+    let ns = unsafe { mq_probe_record_function(1, tensors.min(64) as i32) };
+    if ns >= 0.0 {
+        ns / 1e3
+    } else {
+        -1.0
+    }
 }

@@ -60,16 +60,11 @@ pub(crate) struct Recorder<'a> {
     last_wall_us: f64,
     /// The instrumented iterations' wall times.
     instrumented_ms: Vec<f64>,
-    /// The instrumentation's cost of an event without arguments, probed after each
-    /// instrumented iteration (µs).
-    pub(crate) probed_event_us: Vec<f64>,
     /// The factor each measured iteration's gaps were spun at (`GapPace`), with emulated gaps.
     pub(crate) gap_factors: Vec<f64>,
-    /// The cost of an event autograd records for a backward node, with 1 and with 4 tensor
-    /// inputs, probed likewise (µs).
-    pub(crate) probed_backward_us: Vec<(f64, f64)>,
-    /// The same three costs timed one event at a time between the replay's steps
-    /// (`Phase::InstrumentedProbe`): (no arguments, backward with 1 tensor, with 4).
+    /// The instrumentation's cost of an event without arguments and of one such as autograd
+    /// records for a backward node, with 1 and with 4 tensor inputs (µs), timed one event at a
+    /// time between the replay's steps (`Phase::InstrumentedProbe`).
     pub(crate) probed_in_context: Vec<(f64, f64, f64)>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
@@ -126,9 +121,7 @@ impl<'a> Recorder<'a> {
             counts: (0, 0, 0),
             last_wall_us: 0.0,
             instrumented_ms: Vec::new(),
-            probed_event_us: Vec::new(),
             gap_factors: Vec::new(),
-            probed_backward_us: Vec::new(),
             probed_in_context: Vec::new(),
             cuda_comm: None,
             // Opened here, on the thread that replays.
@@ -702,18 +695,8 @@ impl<'a> Recorder<'a> {
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,
-            instrumented_event_us: in_context.map(|c| c.0).or_else(|| {
-                (!self.probed_event_us.is_empty()).then(|| Stats::of(&self.probed_event_us).median)
-            }),
-            instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)).or_else(
-                || {
-                    (!self.probed_backward_us.is_empty()).then(|| {
-                        let (one, four): (Vec<f64>, Vec<f64>) =
-                            self.probed_backward_us.iter().copied().unzip();
-                        backward_costs(Stats::of(&one).median, Stats::of(&four).median)
-                    })
-                },
-            ),
+            instrumented_event_us: in_context.map(|c| c.0),
+            instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)),
             events_probed_in_context: in_context.is_some(),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),

@@ -128,7 +128,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrument_error: Option<String>,
     /// With `instrument`: the capture's instrumentation cost of one event without arguments on
-    /// this host (µs), probed with empty record_function scopes.
+    /// this host (µs), probed with empty record_function scopes, one at a time between the
+    /// steps of the last instrumented iteration.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_event_us: Option<f64>,
     /// With `instrument`: its cost of an event such as autograd records for a backward node
@@ -137,7 +138,8 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_backward_event_us: Option<(f64, f64)>,
     /// Whether those costs were timed one event at a time between the replay's steps (the
-    /// last instrumented iteration), else in loops of back-to-back events.
+    /// last instrumented iteration): with them, always in this build; a report of an earlier
+    /// build, whose costs were timed in loops of back-to-back events, lacks it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub events_probed_in_context: bool,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
