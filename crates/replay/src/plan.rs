@@ -2179,6 +2179,17 @@ mod tests {
         tensor(id, storage, 0, numel, 4, "cpu")
     }
 
+    /// Appends `x + y -> out` on float32 vectors of `n` (each tensor on its own storage, of
+    /// the same id).
+    fn add_1d(b: &mut TraceBuilder, x: u64, y: u64, out: u64, n: u64) {
+        b.op("aten::add", ADD)
+            .input(f32(x, x, n), json!([n]), "Tensor(float)")
+            .input(f32(y, y, n), json!([n]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(out, out, n), json!([n]), "Tensor(float)")
+            .done();
+    }
+
     fn plan_of(b: &TraceBuilder) -> Plan {
         let t = b.build();
         let g = Graph::new(&t);
@@ -2190,18 +2201,8 @@ mod tests {
     #[test]
     fn slots_externals_and_frees_follow_the_data() {
         let mut b = TraceBuilder::new();
-        b.op("aten::add", ADD)
-            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
-            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
-            .input(json!(1), json!([]), "Int")
-            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
-            .done();
-        b.op("aten::add", ADD)
-            .input(f32(3, 3, 4), json!([4]), "Tensor(float)")
-            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
-            .input(json!(1), json!([]), "Int")
-            .output(f32(4, 4, 4), json!([4]), "Tensor(float)")
-            .done();
+        add_1d(&mut b, 1, 2, 3, 4);
+        add_1d(&mut b, 3, 2, 4, 4);
         let p = plan_of(&b);
         assert_eq!(p.steps.len(), 2);
         assert_eq!(p.externals.len(), 2, "{:?}", p.externals);
@@ -2273,12 +2274,7 @@ mod tests {
         let sqrt = "aten::sqrt(Tensor self) -> Tensor";
         let mut b = TraceBuilder::new();
         // Forward: the parameter (1) and another input (2).
-        b.op("aten::add", ADD)
-            .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
-            .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
-            .input(json!(1), json!([]), "Int")
-            .output(f32(3, 3, 8), json!([8]), "Tensor(float)")
-            .done();
+        add_1d(&mut b, 1, 2, 3, 8);
         b.node("Optimizer.step#Adagrad.step").done();
         let step = b.last_id();
         // The state (4) is first read in the step; the parameter is read again there.
@@ -2691,12 +2687,7 @@ mod tests {
     #[test]
     fn damaged_plans_are_refused() {
         let mut b = TraceBuilder::new();
-        b.op("aten::add", ADD)
-            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
-            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
-            .input(json!(1), json!([]), "Int")
-            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
-            .done();
+        add_1d(&mut b, 1, 2, 3, 4);
         let p = plan_of(&b);
         p.validate().unwrap();
         let mut bad = p.clone();
@@ -2721,12 +2712,7 @@ mod tests {
     #[test]
     fn format_2_plans_without_views_still_run() {
         let mut b = TraceBuilder::new();
-        b.op("aten::add", ADD)
-            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
-            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
-            .input(json!(1), json!([]), "Int")
-            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
-            .done();
+        add_1d(&mut b, 1, 2, 3, 4);
         let mut p = plan_of(&b);
         p.version = 2;
         let text = serde_json::to_string(&p).unwrap();
