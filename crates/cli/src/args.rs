@@ -196,6 +196,12 @@ pub struct ReplayArgs {
     /// With --emulate-gaps on one of several iterations: that iteration's gaps alone.
     #[arg(long, requires = "emulate_gaps")]
     pub gaps_of_one_iteration: bool,
+    /// With --emulate-gaps (experimental): charge each boundary between ops and each backward
+    /// node in a gap what the instrumentation adds to a real op call and to autograd's engine,
+    /// probed on this host with and without it, instead of the calibration replay's own time
+    /// between its steps and the events' costs one by one (ARCHITECTURE.md: the probed costs)
+    #[arg(long, requires = "emulate_gaps")]
+    pub probed_costs: bool,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,

@@ -172,6 +172,12 @@ pub struct ReplayTimes<'a> {
     /// (`XBackward0`, its tensor inputs recorded), probed on this host: (µs per event, µs per
     /// tensor input).
     pub backward_event_us: Option<(f64, f64)>,
+    /// What the instrumentation adds to an op called as the original's Python calls one (µs),
+    /// probed on this host through the dispatcher: the cost of each boundary between two ops.
+    pub op_event_us: Option<f64>,
+    /// What it adds to autograd's engine per node it runs (µs), probed on this host with the
+    /// engine itself: the cost of each backward node (its two events and the rest).
+    pub node_us: Option<f64>,
 }
 
 /// The instrumentation a Kineto trace was taken under, as far as the trace shows: what the
@@ -265,9 +271,18 @@ pub struct GapModel {
     /// The instrumentation's cost per recorded event on this host (µs): over the ops found in
     /// both, the sum of (profiled window - plain time) over the sum of events in the windows.
     pub per_event_us: f64,
-    /// The instrumentation's cost between two ops on this host (µs): the mean of the
-    /// instrumented replay's gaps less the plain replay's bookkeeping between steps.
+    /// The instrumentation's cost between two ops on this host (µs): what it adds to an op
+    /// called as the original calls ops (`ReplayTimes::op_event_us`), where probed; else the
+    /// mean of the instrumented replay's gaps less the plain replay's bookkeeping between steps.
     pub per_boundary_us: f64,
+    /// The mean of the instrumented replay's gaps less the plain replay's bookkeeping between
+    /// steps (µs): its own calls are boxed, and its bookkeeping under the instrumentation is
+    /// not Python's, so it stands for the boundary's cost only where the op was not probed.
+    pub replay_boundary_us: f64,
+    /// The cost charged per backward node in a gap (µs), probed with autograd's engine: it
+    /// covers the node's event and its `evaluate_function` wrapper. `None`: not probed, the
+    /// two events charged one by one.
+    pub per_node_us: Option<f64>,
     /// Profiled events the original recorded inside its gaps (annotations, autograd's
     /// `evaluate_function` wrappers), each charged `per_gap_event_us`.
     pub events_in_gaps: usize,
@@ -486,7 +501,7 @@ pub fn gap_model(
     } else {
         f64::NAN
     };
-    let (speed, per_event_us, per_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
+    let (speed, per_event_us, replay_boundary_us) = if speed_ops >= 3 && original_sum > 0.0 {
         (
             window_sum / original_sum,
             (excess_sum / events_sum).max(0.0),
@@ -499,6 +514,13 @@ pub fn gap_model(
     } else {
         (1.0, 0.0, 0.0)
     };
+    let per_boundary_us = match r.op_event_us.filter(|e| e.is_finite() && *e >= 0.0) {
+        Some(e) if speed_ops >= 3 => e,
+        _ => replay_boundary_us,
+    };
+    let per_node_us = r
+        .node_us
+        .filter(|e| speed_ops >= 3 && e.is_finite() && *e >= 0.0);
     let per_gap_event_us = match r.event_us.filter(|e| e.is_finite() && *e >= 0.0) {
         Some(e) if speed_ops >= 3 => e,
         _ => per_event_us,
@@ -580,9 +602,17 @@ pub fn gap_model(
                 }
                 _ => g,
             };
-            let heavy_cost = match backward {
-                Some((per, per_tensor)) => per * heavy as f64 + per_tensor * tensors as f64,
-                None => per_event_us * heavy as f64,
+            // A backward node's cost covers its `evaluate_function` wrapper too: one
+            // argument-less event per node is in it.
+            let (light, heavy_cost) = match (per_node_us, backward) {
+                (Some(node), b) => (
+                    light.saturating_sub(heavy),
+                    node * heavy as f64 + b.map_or(0.0, |(_, t)| t * tensors as f64),
+                ),
+                (None, Some((per, per_tensor))) => {
+                    (light, per * heavy as f64 + per_tensor * tensors as f64)
+                }
+                (None, None) => (light, per_event_us * heavy as f64),
             };
             let estimate =
                 speed * g - per_boundary_us - per_gap_event_us * light as f64 - heavy_cost;
@@ -611,6 +641,8 @@ pub fn gap_model(
         speed_ops,
         per_event_us,
         per_boundary_us,
+        replay_boundary_us,
+        per_node_us,
         events_in_gaps,
         events_with_args,
         per_gap_event_us,

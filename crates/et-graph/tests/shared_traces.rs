@@ -642,6 +642,8 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
                 profiled,
                 event_us: None,
                 backward_event_us: backward,
+                op_event_us: None,
+                node_us: None,
             },
         )
     };
@@ -813,6 +815,8 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         profiled: &prof,
         event_us: None,
         backward_event_us: None,
+        op_event_us: None,
+        node_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
@@ -877,6 +881,8 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
         profiled: &prof,
         event_us: None,
         backward_event_us: None,
+        op_event_us: None,
+        node_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!(!before.local_speed);
@@ -1163,6 +1169,8 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
         profiled: &profiled,
         event_us: Some(0.5),
         backward_event_us: Some((1.0, 0.25)),
+        op_event_us: None,
+        node_us: None,
     };
     let m = gap_model(&t, &l, &kt, &o, &times);
     assert_eq!(m.instrumentation, Instrumentation::of(&kt));
@@ -1171,4 +1179,64 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
     assert!(m.events_with_args > 0, "{m:?}");
     assert!(m.tensors_in_gap_events >= m.events_with_args, "{m:?}");
     assert!(m.events_in_gaps > m.events_with_args, "{m:?}");
+}
+
+/// Probed through the real mechanisms, an op's boundary costs what the op probe says (not the
+/// replay's own boxed calls and bookkeeping), and a backward node in a gap what the engine
+/// probe says per node, its `evaluate_function` wrapper included: the emulated time moves by
+/// exactly those charges' differences.
+#[test]
+fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
+    let (t, kt) = timing_pair();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = timing_link(&g, &set, &kt).unwrap();
+    let o = typical_timing(&g, &set, &kt, &l);
+    let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    // The replay's windows twice the capture's: its gaps are the capture's doubled, so none
+    // comes out negative and the charges' differences show in the total as they are.
+    let doubled: Vec<f64> = windows.iter().map(|w| 2.0 * w).collect();
+    let profiled = replay_times(&doubled, &windows, 0.0);
+    let (e, p, q) = (0.5, 1.0, 0.25);
+    let times = |op: Option<f64>, node: Option<f64>| ReplayTimes {
+        plain_us: &windows,
+        between_us: 0.0,
+        profiled: &profiled,
+        event_us: Some(e),
+        backward_event_us: Some((p, q)),
+        op_event_us: op,
+        node_us: node,
+    };
+    let base = gap_model(&t, &l, &kt, &o, &times(None, None));
+    assert_eq!(base.per_node_us, None);
+    assert_eq!(base.per_boundary_us, base.replay_boundary_us);
+    let h = base.events_with_args as f64;
+    assert!(
+        h > 0.0 && base.events_in_gaps >= 2 * base.events_with_args,
+        "{base:?}"
+    );
+    assert_eq!(base.capped, 0);
+    // Every linked op has a gap before it (the first, the iteration's edges).
+    let gaps = l.event_of.iter().filter(|e| e.is_some()).count() as f64;
+
+    let op = gap_model(&t, &l, &kt, &o, &times(Some(0.1), None));
+    assert_eq!(op.per_boundary_us, 0.1);
+    assert_eq!(op.replay_boundary_us, base.replay_boundary_us);
+    let moved = (op.emulated_ms - base.emulated_ms) * 1e3;
+    let expected = (base.replay_boundary_us - 0.1) * gaps;
+    assert!(
+        (moved - expected).abs() < 1e-6 * expected.abs().max(1.0),
+        "{moved} vs {expected}"
+    );
+
+    let c = 3.0;
+    let node = gap_model(&t, &l, &kt, &o, &times(None, Some(c)));
+    assert_eq!(node.per_node_us, Some(c));
+    // Each node was charged its wrapper's e and its own p; now c for both.
+    let moved = (base.emulated_ms - node.emulated_ms) * 1e3;
+    let expected = (c - e - p) * h;
+    assert!(
+        (moved - expected).abs() < 1e-6 * expected.abs().max(1.0),
+        "{moved} vs {expected}"
+    );
 }

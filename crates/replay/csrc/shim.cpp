@@ -14,6 +14,7 @@
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 #include <kineto/ActivityType.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -450,6 +451,46 @@ double mq_probe_record_function(int n, int tensors) {
     }
     auto t1 = std::chrono::steady_clock::now();
     return std::chrono::duration<double, std::nano>(t1 - t0).count() / std::max(n, 1);
+  } catch (...) {
+    return -1.0;
+  }
+}
+
+// The instrumentation's cost through the real mechanisms, timed once without it and once under
+// it (the difference is its cost): an op called as Python calls ops (unboxed, through the
+// dispatcher: an `aten::add` of two 16-float tensors, whose event nests none), and autograd's
+// engine running `k` nodes (a chain of `AddBackward0`, each only routing its gradient, so no op
+// runs inside: what the engine records per node, its `evaluate_function` wrapper and the node's
+// own event with its gradient, and whatever else it does per node while a profiler is on).
+// The replay's own calls are boxed and its bookkeeping between them is not Python's; these
+// time what the original's gaps paid.
+double mq_probe_op() {
+  try {
+    static const at::Tensor a = at::ones({16}), b = at::ones({16});
+    auto t0 = std::chrono::steady_clock::now();
+    { auto c = at::add(a, b); }
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count();
+  } catch (...) {
+    return -1.0;
+  }
+}
+
+// The nodes' forward is built outside the timing; `k` at most 64.
+double mq_probe_nodes(int k) {
+  try {
+    c10::InferenceMode no_inference(false);
+    at::AutoGradMode grad(true);
+    static const at::Tensor x0 = at::ones({16}).requires_grad_(true);
+    static const at::Tensor g = at::ones({16});
+    static std::vector<at::Tensor> cs;
+    while (static_cast<int>(cs.size()) < k) cs.push_back(at::ones({16}));
+    at::Tensor y = x0;
+    for (int i = 0; i < k; i++) y = y + cs[i];
+    auto t0 = std::chrono::steady_clock::now();
+    { auto r = torch::autograd::grad({y}, {x0}, {g}); }
+    auto t1 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::nano>(t1 - t0).count();
   } catch (...) {
     return -1.0;
   }

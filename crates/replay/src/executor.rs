@@ -47,10 +47,16 @@ pub enum Phase {
     /// More iterations under the capture's instrumentation (ET observer + Kineto, or what the
     /// capture had), to read each step's profiled window; not timed.
     Instrumented,
-    /// The last one under the instrumentation, not recorded: before each step, one event
-    /// without arguments and two such as autograd records for a backward node are timed, each
-    /// alone, between the replay's ops (what the capture's events in its gaps cost here).
+    /// The last one under the instrumentation, not recorded: before each step, an op called
+    /// as Python calls one, one event without arguments and two such as autograd records for a
+    /// backward node are timed, each alone, between the replay's ops (what the capture's
+    /// events in its gaps cost here), and before some steps autograd's engine running a few
+    /// nodes.
     InstrumentedProbe,
+    /// A plain iteration just before the instrumented ones, not recorded: the op and the
+    /// autograd nodes of the probe iteration timed where they are timed there, without the
+    /// instrumentation (the probes' own time, which the difference takes out).
+    PlainProbe,
 }
 
 impl Phase {
@@ -70,6 +76,8 @@ impl Phase {
         let k = instrumented(opts);
         if it + k == total {
             Phase::InstrumentedWarmUp
+        } else if k > 0 && opts.probe_mechanisms && it + k + 1 == total {
+            Phase::PlainProbe
         } else if k > 0 && it + 1 == total {
             Phase::InstrumentedProbe
         } else if it + k > total {
@@ -83,7 +91,9 @@ impl Phase {
 }
 
 fn total_iterations(opts: &ReplayOptions) -> usize {
-    opts.warmup + opts.iters.max(1) + instrumented(opts)
+    let k = instrumented(opts);
+    // The plain probe iteration before the instrumented ones.
+    opts.warmup + opts.iters.max(1) + k + usize::from(k > 0 && opts.probe_mechanisms)
 }
 
 /// Instrumented iterations at the end of a run: the session's warm-up, the recorded ones and
@@ -1161,6 +1171,12 @@ fn iteration(
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
             spin_running(timer, last_op_end + g.us[pos] * factor);
         }
+        let probing =
+            opts.probe_mechanisms && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe);
+        if probing {
+            // First, where the original's next op call started (right after the previous op).
+            rec.op_probed(phase.instrumented(), ffi::probe_op_us());
+        }
         if phase == Phase::InstrumentedProbe {
             // One event at a time, where the capture's fell (between ops, the replay's data
             // in the caches), not a loop of them: back to back the profiler's records stay hot.
@@ -1169,6 +1185,11 @@ fn iteration(
                 ffi::probe_scope_us(1),
                 ffi::probe_scope_us(4),
             );
+        }
+        // The engine's nodes before about 32 steps spread over the iteration (each probe runs
+        // 17 nodes).
+        if probing && pos % plan.steps.len().div_ceil(32).max(1) == 0 {
+            rec.nodes_probed(phase.instrumented(), ffi::probe_nodes_us());
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);

@@ -89,6 +89,8 @@ extern "C" {
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_instr_begin(et_path: *const c_char, cuda: i32, record_shapes: i32) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
+    fn mq_probe_op() -> f64;
+    fn mq_probe_nodes(k: i32) -> f64;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
     fn mq_events_self_tid(ev: *const MqEvents) -> u64;
@@ -817,6 +819,35 @@ impl Drop for Instrumentation {
 pub fn probe_scope_us(tensors: usize) -> f64 {
     // SAFETY: a plain call into libtorch; the shim catches every exception.
     let ns = unsafe { mq_probe_record_function(1, tensors.min(64) as i32) };
+    if ns >= 0.0 {
+        ns / 1e3
+    } else {
+        -1.0
+    }
+}
+
+/// One op called as Python calls it (unboxed, `aten::add` of two 16-float tensors), timed (µs;
+/// negative if it could not be): under the instrumentation and without, the difference is what
+/// one op's events cost the original between its ops.
+pub fn probe_op_us() -> f64 {
+    // SAFETY: a plain call into libtorch; the shim catches every exception.
+    let ns = unsafe { mq_probe_op() };
+    if ns >= 0.0 {
+        ns / 1e3
+    } else {
+        -1.0
+    }
+}
+
+/// Nodes of a probe's autograd graph: the engine runs these and its root.
+pub const PROBE_NODES: usize = 16;
+
+/// Autograd's engine running a graph of [`PROBE_NODES`] nodes that each only route their
+/// gradient (and its root), timed (µs; negative if it could not be): under the instrumentation
+/// and without, the difference over the nodes is what a backward node cost the original.
+pub fn probe_nodes_us() -> f64 {
+    // SAFETY: a plain call into libtorch; the shim catches every exception.
+    let ns = unsafe { mq_probe_nodes(PROBE_NODES as i32) };
     if ns >= 0.0 {
         ns / 1e3
     } else {

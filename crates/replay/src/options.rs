@@ -36,6 +36,11 @@ pub struct ReplayOptions {
     /// The instrumentation those iterations run under: the capture's (a linked pair's, by
     /// default; [`et_graph::Instrumentation::of`] reads it off a Kineto trace).
     pub instrumentation: et_graph::Instrumentation,
+    /// With `instrument`: a plain probe iteration before the instrumented ones, and in it and
+    /// in the instrumented probe iteration an op called as Python calls one and autograd's
+    /// engine running a few nodes, timed ([`crate::Report::instrumented_op_us`],
+    /// [`crate::Report::instrumented_node_us`]).
+    pub probe_mechanisms: bool,
     /// Time in running time: the time the replaying thread waited for a CPU (the kernel's run
     /// delay: another process had the core) is taken out of every step's time, every profiled
     /// window and every iteration. For a calibration, whose times stand for the ops' speed on
@@ -165,6 +170,7 @@ impl Default for ReplayOptions {
             instrument: false,
             instrument_iters: 3,
             instrumentation: et_graph::Instrumentation::LINKED,
+            probe_mechanisms: false,
             running_time: false,
             autograd: true,
             check_values: false,

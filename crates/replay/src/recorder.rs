@@ -66,6 +66,10 @@ pub(crate) struct Recorder<'a> {
     /// records for a backward node, with 1 and with 4 tensor inputs (µs), timed one event at a
     /// time between the replay's steps (`Phase::InstrumentedProbe`).
     pub(crate) probed_in_context: Vec<(f64, f64, f64)>,
+    /// The op probes' times (µs): plain, under the instrumentation.
+    op_probes: [Vec<f64>; 2],
+    /// The autograd node probes' times (µs): plain, under the instrumentation.
+    node_probes: [Vec<f64>; 2],
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -123,6 +127,8 @@ impl<'a> Recorder<'a> {
             instrumented_ms: Vec::new(),
             gap_factors: Vec::new(),
             probed_in_context: Vec::new(),
+            op_probes: [Vec::new(), Vec::new()],
+            node_probes: [Vec::new(), Vec::new()],
             cuda_comm: None,
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
@@ -216,6 +222,17 @@ impl<'a> Recorder<'a> {
 
     pub fn found_nonfinite(&self) -> bool {
         self.first_nonfinite.is_some()
+    }
+
+    /// One op probe (µs; negative: failed), in the plain or the instrumented probe iteration.
+    pub fn op_probed(&mut self, instrumented: bool, us: f64) {
+        self.op_probes[usize::from(instrumented)].push(us);
+    }
+
+    /// One probe of autograd's engine running [`crate::ffi::PROBE_NODES`] nodes (µs; negative:
+    /// failed), in the plain or the instrumented probe iteration.
+    pub fn nodes_probed(&mut self, instrumented: bool, us: f64) {
+        self.node_probes[usize::from(instrumented)].push(us);
     }
 
     /// One in-context probe of the instrumentation's event costs (µs; negative: failed).
@@ -312,7 +329,7 @@ impl<'a> Recorder<'a> {
     pub fn progress(&self, it: usize, total: usize, phase: Phase) {
         if self.last_wall_us >= 500_000.0 {
             let kind = match phase {
-                Phase::WarmUp => "warm-up",
+                Phase::WarmUp | Phase::PlainProbe => "warm-up",
                 Phase::Measured => "measured",
                 Phase::InstrumentedWarmUp | Phase::Instrumented | Phase::InstrumentedProbe => {
                     "instrumented"
@@ -698,12 +715,30 @@ impl<'a> Recorder<'a> {
             instrumented_event_us: in_context.map(|c| c.0),
             instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)),
             events_probed_in_context: in_context.is_some(),
+            instrumented_op_us: probe_cost(&self.op_probes, 1),
+            instrumented_node_us: probe_cost(&self.node_probes, crate::ffi::PROBE_NODES + 1),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite,
         };
         (report, timeline)
     }
+}
+
+/// What the instrumentation adds to a probe, per unit of it (`units`: the events or nodes one
+/// probe runs): the mean of its times under the instrumentation less the mean without (each
+/// without the values a lost time slice lengthened); `None` where either was not timed.
+fn probe_cost(probes: &[Vec<f64>; 2], units: usize) -> Option<f64> {
+    let mean = |v: &[f64]| {
+        let v: Vec<f64> = v
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .collect();
+        (!v.is_empty()).then(|| mean_without_slices(&v))
+    };
+    let (plain, instrumented) = (mean(&probes[0])?, mean(&probes[1])?);
+    Some(((instrumented - plain) / units.max(1) as f64).max(0.0))
 }
 
 /// (µs per backward event, µs per tensor input) from the costs of events with 1 and with 4.
@@ -820,6 +855,19 @@ fn eta(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probes_cost_is_the_difference_of_its_means_per_unit() {
+        // Failed probes (negative) and a time slice lost in one are left out.
+        let probes = [vec![1.0, 1.2, -1.0], vec![2.0, 2.2, 2.1 + 900.0, 2.1]];
+        let cost = probe_cost(&probes, 2).unwrap();
+        assert!((cost - (2.1 - 1.1) / 2.0).abs() < 1e-12, "{cost}");
+        // Cheaper under the instrumentation than without (noise): no cost, never negative.
+        assert_eq!(probe_cost(&[vec![3.0], vec![2.0]], 1), Some(0.0));
+        // Not timed on either side: none.
+        assert_eq!(probe_cost(&[vec![], vec![2.0]], 1), None);
+        assert_eq!(probe_cost(&[vec![1.0], vec![-1.0]], 1), None);
+    }
 
     fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
         Some(ProfiledStep {

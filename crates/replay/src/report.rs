@@ -142,6 +142,15 @@ pub struct Report {
     /// build, whose costs were timed in loops of back-to-back events, lacks it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub events_probed_in_context: bool,
+    /// With `instrument`: what the instrumentation adds to an op called as the original's
+    /// Python calls one (µs): an unboxed `aten::add` timed between the steps of a plain and of
+    /// an instrumented probe iteration, the difference of the means.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_op_us: Option<f64>,
+    /// With `instrument`: what it adds per node to autograd's engine (µs), timed the same way
+    /// on a graph of nodes that only route their gradient.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_node_us: Option<f64>,
     /// With `instrument`: the instrumented iteration's wall time (ms), comparable with a
     /// profiled original's iteration.
     #[serde(skip_serializing_if = "Option::is_none")]

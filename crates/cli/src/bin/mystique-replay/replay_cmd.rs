@@ -80,6 +80,7 @@ fn calibrated_gaps(
     kineto: &Linked,
     device: replay::Device,
     autograd: bool,
+    probed_costs: bool,
 ) -> Result<et_graph::GapModel> {
     // About half a second under instrumentation (the capture's span is its instrumented
     // iteration), at least 3 iterations and at most 15: medians over more of them steady the
@@ -98,6 +99,7 @@ fn calibrated_gaps(
         per_step: true,
         instrument: true,
         instrument_iters,
+        probe_mechanisms: probed_costs,
         // What the capture was taken under: the observer's cost is the bulk of a linked
         // pair's gaps, and none of a profile's taken without it.
         instrumentation: et_graph::Instrumentation::of(&kineto.kineto),
@@ -178,6 +180,8 @@ fn calibrate_once(
             profiled: &profiled,
             event_us: r.instrumented_event_us,
             backward_event_us: r.instrumented_backward_event_us,
+            op_event_us: r.instrumented_op_us,
+            node_us: r.instrumented_node_us,
         },
     );
     if model.capped > 0 && warn {
@@ -272,6 +276,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 &linked,
                 device,
                 !a.run.no_autograd,
+                a.probed_costs,
             )?)
         }
         _ => None,
@@ -729,6 +734,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             &linked,
             device,
             !a.run.no_autograd,
+            false,
         )?)
     } else {
         None
