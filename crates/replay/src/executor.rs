@@ -1174,8 +1174,11 @@ fn iteration(
         let probing =
             opts.probe_mechanisms && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe);
         if probing {
-            // First, where the original's next op call started (right after the previous op).
-            rec.op_probed(phase.instrumented(), ffi::probe_op_us());
+            // First, where the original's next op call started (right after the previous op);
+            // on a short trace, again, for some 256 samples in all.
+            for _ in 0..256usize.div_ceil(plan.steps.len().max(1)).min(32) {
+                rec.op_probed(phase.instrumented(), ffi::probe_op_us());
+            }
         }
         if phase == Phase::InstrumentedProbe {
             // One event at a time, where the capture's fell (between ops, the replay's data

@@ -192,9 +192,10 @@ fn calibrate_once(
         );
     }
     log::info!(
-        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
+        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated over {:.3} ms of plain op time (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
         model.capture_gaps_ms,
         model.emulated_ms,
+        model.base_step_us.iter().filter(|b| b.is_finite()).sum::<f64>() / 1e3,
         model.speed,
         model.speed_ops,
         model.per_event_us,
