@@ -173,7 +173,8 @@ pub struct ReplayTimes<'a> {
     /// tensor input).
     pub backward_event_us: Option<(f64, f64)>,
     /// What the instrumentation adds to an op called as the original's Python calls one (µs),
-    /// probed on this host through the dispatcher: the cost of each boundary between two ops.
+    /// probed on this host through the dispatcher (experimental, `--probed-costs`): where
+    /// given, the cost charged at each boundary between two ops.
     pub op_event_us: Option<f64>,
     /// What it adds to autograd's engine per node it runs (µs), probed on this host with the
     /// engine itself: the cost of each backward node (its two events and the rest).
@@ -271,13 +272,15 @@ pub struct GapModel {
     /// The instrumentation's cost per recorded event on this host (µs): over the ops found in
     /// both, the sum of (profiled window - plain time) over the sum of events in the windows.
     pub per_event_us: f64,
-    /// The instrumentation's cost between two ops on this host (µs): what it adds to an op
-    /// called as the original calls ops (`ReplayTimes::op_event_us`), where probed; else the
-    /// mean of the instrumented replay's gaps less the plain replay's bookkeeping between steps.
+    /// The instrumentation's cost between two ops on this host (µs): by default
+    /// `replay_boundary_us`; with the op probed (`ReplayTimes::op_event_us`, experimental),
+    /// what it adds to an op called as the original calls ops.
     pub per_boundary_us: f64,
     /// The mean of the instrumented replay's gaps less the plain replay's bookkeeping between
-    /// steps (µs): its own calls are boxed, and its bookkeeping under the instrumentation is
-    /// not Python's, so it stands for the boundary's cost only where the op was not probed.
+    /// steps (µs). More than the probed cost of an op's events (0.8-2.8 against 0.4-0.6 µs):
+    /// it also holds how much the instrumentation's records slow the work between two ops, as
+    /// they slow the original's Python and autograd engine there, which the zoo's paired runs
+    /// favour (ARCHITECTURE.md, fifth session).
     pub replay_boundary_us: f64,
     /// The cost charged per backward node in a gap (µs), probed with autograd's engine: it
     /// covers the node's event and its `evaluate_function` wrapper. `None`: not probed, the

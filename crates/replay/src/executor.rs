@@ -47,15 +47,16 @@ pub enum Phase {
     /// More iterations under the capture's instrumentation (ET observer + Kineto, or what the
     /// capture had), to read each step's profiled window; not timed.
     Instrumented,
-    /// The last one under the instrumentation, not recorded: before each step, an op called
-    /// as Python calls one, one event without arguments and two such as autograd records for a
-    /// backward node are timed, each alone, between the replay's ops (what the capture's
-    /// events in its gaps cost here), and before some steps autograd's engine running a few
-    /// nodes.
+    /// The last one under the instrumentation, not recorded: before each step, one event
+    /// without arguments and two such as autograd records for a backward node are timed, each
+    /// alone, between the replay's ops (what the capture's events in its gaps cost here). With
+    /// `probe_mechanisms`, first an op called as Python calls one, and before some steps
+    /// autograd's engine running a few nodes.
     InstrumentedProbe,
-    /// A plain iteration just before the instrumented ones, not recorded: the op and the
-    /// autograd nodes of the probe iteration timed where they are timed there, without the
-    /// instrumentation (the probes' own time, which the difference takes out).
+    /// With `probe_mechanisms`, a plain iteration just before the instrumented ones, not
+    /// recorded: the op and the autograd nodes of the probe iteration timed where they are
+    /// timed there, without the instrumentation (the probes' own time, which the difference
+    /// takes out).
     PlainProbe,
 }
 
