@@ -311,7 +311,7 @@ pub struct GapModel {
     pub shortest_slice_us: Option<f64>,
     /// Gaps taken to hold a lost time slice, emulated as the capture's median gap instead.
     pub slices_in_gaps: usize,
-    /// Each gap was put on this host by the speed of the ops around it ([`local_speed`]), not
+    /// Each gap was put on this host by the speed of the ops around it (`local_speed`), not
     /// by `speed`: the capture lost time slices, so its share of a CPU moved while it ran.
     pub local_speed: bool,
     /// The emulated total (ms) of each calibration the model was chosen from, in order (the
@@ -341,7 +341,7 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// under the same instrumentation (the replay's profiled op windows over the original's, summed
 /// over the ops found in both that ran and launched no GPU work, so a capture on a busy or
 /// slower host counts for what it is; for a capture that lost time slices, the same ratio over
-/// the ops around the gap, [`local_speed`], as such a host's share of the CPU moved while it
+/// the ops around the gap, `local_speed`, as such a host's share of the CPU moved while it
 /// ran), and the two subtractions remove what that instrumentation costs here: the instrumented replay's own
 /// time between two ops, beyond its plain bookkeeping (`per_boundary`), and one event's cost
 /// for each event the original recorded inside the gap: `per_gap_event` (the probed cost of an
