@@ -1,7 +1,8 @@
 //! Binding a [`Plan`] to a device in a libtorch process: each step's operator is resolved in the
-//! dispatcher (once per distinct operator), the device's [`Rewrite`]s are applied (an op without
-//! a kernel there runs as another or as nothing), and a trace recorded with another version of
-//! an operator's schema has its arguments rebuilt against the registered one, by name.
+//! dispatcher (once per distinct operator), the device's rewrites ([`RewriteTo`]) are applied
+//! (an op without a kernel there runs as another or as nothing), and a trace recorded with
+//! another version of an operator's schema has its arguments rebuilt against the registered
+//! one, by name.
 
 use crate::device::{ArgFrom, Device, RewriteTo};
 use crate::error::CallError;

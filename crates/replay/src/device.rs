@@ -3,7 +3,7 @@
 //! denormal mode), allocation of external inputs and synthesised outputs, the device argument
 //! of ops, `synchronize`, a [`Timer`] whose marks are resolved after an iteration, a memory
 //! snapshot, and the table of [`Rewrite`]s (ops without a kernel on this device and what runs
-//! instead) that [`crate::bind`] applies to a plan.
+//! instead) that [`crate::bind()`] applies to a plan.
 //!
 //! `Cpu` times steps with the host clock. `Cuda` (see [`crate::cuda`]) runs the same kernels
 //! through libtorch's CUDA build on a replay stream that Rust owns and libtorch uses as its

@@ -1,7 +1,7 @@
 //! Executing a bound plan: materialise the external inputs once, then run one step at a time
 //! (a boxed call with its slots, a float32 retry where the device lacks a half kernel, autograd
 //! as the original recorded it), and the loop of warm-up, measured and instrumented iterations.
-//! What happened is handed to a [`Recorder`], which builds the [`Report`].
+//! What happened is handed to a `Recorder`, which builds the [`Report`].
 
 use crate::bind::{Bound, Exec};
 use crate::device::{Device, Timer};

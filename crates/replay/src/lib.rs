@@ -11,7 +11,7 @@
 //! [`plan::compile`] turns a replay set into an immutable [`plan::Plan`] (operator references,
 //! argument templates, tensor slots, frees, external inputs); [`bind::bind`] resolves it for a
 //! [`Device`]; [`executor::run`] materialises the external inputs and runs warm-up, measured
-//! and instrumented iterations, and a [`recorder`] builds the [`Report`]. [`single`] runs one
+//! and instrumented iterations, and a `recorder` builds the [`Report`]. [`single`] runs one
 //! step on its own, repeatedly, for per-op benchmarks keyed by [`plan::Plan::signature`].
 //!
 //! Architecture invariant: everything that touches libtorch, CUDA or c10d lives in this crate;

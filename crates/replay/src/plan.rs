@@ -5,7 +5,7 @@
 //! boxed call plus slot moves per op.
 //!
 //! A Plan is pure data: it is built without libtorch, knows no device, and serialises with serde
-//! (a benchmark package stores it). [`crate::bind`] resolves its operators in a libtorch
+//! (a benchmark package stores it). [`crate::bind()`] resolves its operators in a libtorch
 //! process for one device. Architecture invariant: a Plan is immutable once built.
 
 use et_graph::{Graph, OpClass, ReplaySet, TensorKey};
@@ -230,7 +230,7 @@ pub enum Out {
 }
 
 /// An operator by name and overload, with the schema the trace recorded for it. Resolved in a
-/// libtorch process by [`crate::bind`].
+/// libtorch process by [`crate::bind()`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct OpRef {
     pub name: String,
