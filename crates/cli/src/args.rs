@@ -196,10 +196,11 @@ pub struct ReplayArgs {
     /// With --emulate-gaps on one of several iterations: that iteration's gaps alone.
     #[arg(long, requires = "emulate_gaps")]
     pub gaps_of_one_iteration: bool,
-    /// With --emulate-gaps (experimental): charge each boundary between ops and each backward
-    /// node in a gap what the instrumentation adds to a real op call and to autograd's engine,
-    /// probed on this host with and without it, instead of the calibration replay's own time
-    /// between its steps and the events' costs one by one (ARCHITECTURE.md: the probed costs)
+    /// With --emulate-gaps (experimental): charge each boundary between ops what the
+    /// instrumentation adds to a real op call (an unboxed aten::add, probed on this host with
+    /// and without it) instead of the calibration replay's own time between its steps, which
+    /// also holds how the instrumentation slows the work between ops (ARCHITECTURE.md, fifth
+    /// session). Backward nodes are charged what autograd's engine is probed to pay either way
     #[arg(long, requires = "emulate_gaps")]
     pub probed_costs: bool,
     /// For a harness that compares programs side by side: run the measured iterations in

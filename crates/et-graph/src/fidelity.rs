@@ -282,9 +282,11 @@ pub struct GapModel {
     /// they slow the original's Python and autograd engine there, which the zoo's paired runs
     /// favour (ARCHITECTURE.md, fifth session).
     pub replay_boundary_us: f64,
-    /// The cost charged per backward node in a gap (µs), probed with autograd's engine: it
-    /// covers the node's event and its `evaluate_function` wrapper. `None`: not probed, the
-    /// two events charged one by one.
+    /// The cost charged per backward node in a gap (µs): what the instrumentation adds per node
+    /// to autograd's engine running a graph of nodes, probed on this host with and without it
+    /// (1.4-3 µs, where the node's two record-function scopes timed alone cost 0.6). It covers
+    /// the node's event and its `evaluate_function` wrapper. `None`: not probed, the two events
+    /// charged one by one.
     pub per_node_us: Option<f64>,
     /// Profiled events the original recorded inside its gaps (annotations, autograd's
     /// `evaluate_function` wrappers), each charged `per_gap_event_us`.
@@ -333,7 +335,7 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// The time outside operators to emulate before each op, as a formula of quantities measured
 /// in this run (no fitted constants):
 ///
-/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i - (per_backward_event * m_i + per_tensor * t_i)`, `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
+/// `e_i = speed * g_i - per_boundary - per_gap_event * n_i - (per_backward_event * m_i + per_tensor * t_i)` (with the engine probed, `per_gap_event * (n_i - m_i) + per_node * m_i + per_tensor * t_i` for the events), `gap_i = max(0, e_i) * sum(e) / sum(max(0, e))`
 ///
 /// (the per-gap estimates clipped at 0, rescaled so that they add up to the unclipped total:
 /// what the whole iteration emulates is not biased up by the gaps whose estimate is negative),
@@ -349,7 +351,9 @@ pub const SLICE_MIN_US: f64 = 500.0;
 /// `evaluate_function` wrappers), and for the `m_i` whose ET node records arguments
 /// (autograd's `XBackward0` nodes) the probed cost of such an event with its tensor count
 /// (`per_backward_event`, where probed; else `per_event`, the replay's mean cost per op
-/// event, which ops recording many arguments make 3-4 times an autograd node's). Where the
+/// event, which ops recording many arguments make 3-4 times an autograd node's); where
+/// autograd's engine was probed (`node_us`), each such node and its argument-less wrapper are
+/// charged the engine's probed cost per node instead (`per_node`). Where the
 /// replay has no profile (fewer than 3 ops found), `speed` is 1 and the costs are 0: the
 /// capture's gaps are taken as they are, and the model says so by `speed_ops`.
 pub fn gap_model(
