@@ -521,17 +521,12 @@ pub fn gap_model(
     } else {
         (1.0, 0.0, 0.0)
     };
-    let per_boundary_us = match r.op_event_us.filter(|e| e.is_finite() && *e >= 0.0) {
-        Some(e) if speed_ops >= 3 => e,
-        _ => replay_boundary_us,
-    };
-    let per_node_us = r
-        .node_us
-        .filter(|e| speed_ops >= 3 && e.is_finite() && *e >= 0.0);
-    let per_gap_event_us = match r.event_us.filter(|e| e.is_finite() && *e >= 0.0) {
-        Some(e) if speed_ops >= 3 => e,
-        _ => per_event_us,
-    };
+    // A probed cost counts where it was timed (finite, not negative) and the replay has a
+    // profile to set it against.
+    let probed = |c: Option<f64>| c.filter(|e| speed_ops >= 3 && e.is_finite() && *e >= 0.0);
+    let per_boundary_us = probed(r.op_event_us).unwrap_or(replay_boundary_us);
+    let per_node_us = probed(r.node_us);
+    let per_gap_event_us = probed(r.event_us).unwrap_or(per_event_us);
     // Events that record arguments (autograd's backward nodes) at their probed cost with their
     // tensor count, where probed (else the replay's mean cost per op event).
     let backward = r.backward_event_us.filter(|(a, b)| {

@@ -811,6 +811,15 @@ impl Drop for Instrumentation {
     }
 }
 
+/// A probe's nanoseconds in µs, or -1 where the shim could not time it (negative).
+fn us_of(ns: f64) -> f64 {
+    if ns >= 0.0 {
+        ns / 1e3
+    } else {
+        -1.0
+    }
+}
+
 /// The instrumentation's cost of one event (µs), timed alone, while it is on (it lands in the
 /// profile as `mystique::probe` or `mystique::probe_backward`, which the matching skips): with
 /// `tensors` 0 an empty record_function scope, else a backward-function scope with that many
@@ -819,11 +828,7 @@ impl Drop for Instrumentation {
 pub fn probe_scope_us(tensors: usize) -> f64 {
     // SAFETY: a plain call into libtorch; the shim catches every exception.
     let ns = unsafe { mq_probe_record_function(1, tensors.min(64) as i32) };
-    if ns >= 0.0 {
-        ns / 1e3
-    } else {
-        -1.0
-    }
+    us_of(ns)
 }
 
 /// One op called as Python calls it (unboxed, `aten::add` of two 16-float tensors), timed (µs;
@@ -832,11 +837,7 @@ pub fn probe_scope_us(tensors: usize) -> f64 {
 pub fn probe_op_us() -> f64 {
     // SAFETY: a plain call into libtorch; the shim catches every exception.
     let ns = unsafe { mq_probe_op() };
-    if ns >= 0.0 {
-        ns / 1e3
-    } else {
-        -1.0
-    }
+    us_of(ns)
 }
 
 /// Nodes of a probe's autograd graph: the engine runs these and its root.
@@ -848,9 +849,5 @@ pub const PROBE_NODES: usize = 16;
 pub fn probe_nodes_us() -> f64 {
     // SAFETY: a plain call into libtorch; the shim catches every exception.
     let ns = unsafe { mq_probe_nodes(PROBE_NODES as i32) };
-    if ns >= 0.0 {
-        ns / 1e3
-    } else {
-        -1.0
-    }
+    us_of(ns)
 }
