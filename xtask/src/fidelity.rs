@@ -1,4 +1,4 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-args 'ARGS']] [--svg PATH]`:
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS']] [--svg PATH]`:
 //! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
@@ -315,6 +315,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut block_ms = 10.0f64;
     let mut capture = Capture::Timing;
     let mut against_capture = Capture::Timing;
+    let mut against_zoo: Option<PathBuf> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
@@ -340,6 +341,18 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             }
             "--capture" => capture = Capture::parse(it.next().copied())?,
             "--against-capture" => against_capture = Capture::parse(it.next().copied())?,
+            "--against-zoo" => {
+                let d = PathBuf::from(
+                    it.next()
+                        .context("--against-zoo DIR (another zoo cache: DIR/quiet)")?,
+                );
+                anyhow::ensure!(
+                    d.join("quiet").is_dir(),
+                    "--against-zoo {}: no quiet captures there",
+                    d.display()
+                );
+                against_zoo = Some(d);
+            }
             "--against-args" => {
                 against_args = it
                     .next()
@@ -365,6 +378,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     anyhow::ensure!(
         against.is_some() || against_args.is_empty(),
         "--against-args needs --against BIN (which may be this build's mystique)"
+    );
+    anyhow::ensure!(
+        against.is_some() || against_zoo.is_none(),
+        "--against-zoo needs --against BIN (which may be this build's mystique)"
     );
     anyhow::ensure!(
         against.is_some() || !args.contains(&"--against-capture"),
@@ -409,14 +426,17 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     if let Some(a) = &against {
         println!(
             "A/B: the busy-capture columns (+gaps busy, busy gaps/orig, busy speed) are {}{} with gaps from the\n\
-             quiet capture ({}), in the same rounds as this build",
+             quiet capture ({}{}), in the same rounds as this build",
             a.display(),
-            against_capture.name(),
             if against_args.is_empty() {
                 String::new()
             } else {
                 format!(" {}", against_args.join(" "))
-            }
+            },
+            against_capture.name(),
+            against_zoo
+                .as_ref()
+                .map_or(String::new(), |d| format!(", of the zoo in {}", d.display())),
         );
     }
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
@@ -489,7 +509,9 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         };
         let (et_q, kin_q) = pair(&q, capture);
         let (et_b, kin_b) = pair(&b, capture);
-        let (et_a, kin_a) = pair(&q, against_capture);
+        // The --against replays may take another zoo's captures (another capture procedure's).
+        let q_a = against_zoo.as_ref().map_or(q.clone(), |d| d.join("quiet"));
+        let (et_a, kin_a) = pair(&q_a, against_capture);
         // Iterations per block: about `block_ms` of the original's quiet iterations (its
         // capture's timing), the same count for all four so that a block's times compare as
         // they are.
@@ -729,7 +751,14 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         .collect::<Vec<_>>());
     let out = root.join("target/fidelity");
     std::fs::create_dir_all(&out)?;
-    let stem = if busy_host { "zoo-busy-host" } else { "zoo" };
+    // A full run of this build has the plain name; an A/B or a few models' run one of its own,
+    // so neither overwrites the full run's figures.
+    let stem = format!(
+        "{}{}{}",
+        if busy_host { "zoo-busy-host" } else { "zoo" },
+        if against.is_some() { "-ab" } else { "" },
+        if only.is_some() { "-subset" } else { "" }
+    );
     std::fs::write(
         out.join(format!("{stem}.json")),
         serde_json::to_vec_pretty(&json)?,
