@@ -1174,7 +1174,7 @@ fn iteration(
         }
         let probing =
             opts.probe_mechanisms && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe);
-        if probing {
+        if probing && opts.probe_op {
             // First, where the original's next op call started (right after the previous op);
             // on a short trace, again, for some 256 samples in all.
             for _ in 0..256usize.div_ceil(plan.steps.len().max(1)).min(32) {

@@ -37,10 +37,13 @@ pub struct ReplayOptions {
     /// default; [`et_graph::Instrumentation::of`] reads it off a Kineto trace).
     pub instrumentation: et_graph::Instrumentation,
     /// With `instrument`: a plain probe iteration before the instrumented ones, and in it and
-    /// in the instrumented probe iteration an op called as Python calls one and autograd's
-    /// engine running a few nodes, timed ([`crate::Report::instrumented_op_us`],
-    /// [`crate::Report::instrumented_node_us`]).
+    /// in the instrumented probe iteration autograd's engine running a few nodes timed
+    /// ([`crate::Report::instrumented_node_us`]), and with `probe_op` an op called as Python
+    /// calls one too ([`crate::Report::instrumented_op_us`]).
     pub probe_mechanisms: bool,
+    /// With `probe_mechanisms`: probe the op call as well (some 256 calls in each probe
+    /// iteration, about a millisecond; only `--probed-costs` charges what it measures).
+    pub probe_op: bool,
     /// Time in running time: the time the replaying thread waited for a CPU (the kernel's run
     /// delay: another process had the core) is taken out of every step's time, every profiled
     /// window and every iteration. For a calibration, whose times stand for the ops' speed on
@@ -171,6 +174,7 @@ impl Default for ReplayOptions {
             instrument_iters: 3,
             instrumentation: et_graph::Instrumentation::LINKED,
             probe_mechanisms: false,
+            probe_op: false,
             running_time: false,
             autograd: true,
             check_values: false,

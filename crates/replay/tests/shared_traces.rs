@@ -221,11 +221,11 @@ fn an_instrumented_iteration_profiles_every_op() {
     assert_eq!(leftovers, 0);
 }
 
-/// With the mechanisms probed, a plain probe iteration and the instrumented one time an op
-/// called through the dispatcher and autograd's engine running nodes, and the report holds
-/// what the instrumentation adds to each; the measured iterations stay the plain ones, and
-/// every op is still found in the profile (the probes' events come after the recorded
-/// iterations'). Without, neither is timed.
+/// With the mechanisms probed, a plain probe iteration and the instrumented one time
+/// autograd's engine running nodes, and an op called through the dispatcher where asked
+/// (`probe_op`), and the report holds what the instrumentation adds to each; the measured
+/// iterations stay the plain ones, and every op is still found in the profile (the probes'
+/// events come after the recorded iterations'). Without, neither is timed.
 #[test]
 fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
     tch::set_num_threads(1);
@@ -245,8 +245,17 @@ fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
     let without = replay::replay(&g, &set, &base).unwrap().0;
     assert_eq!(without.instrumented_op_us, None);
     assert_eq!(without.instrumented_node_us, None);
+    // The engine alone unless the op is asked for too.
+    let nodes_only = replay::ReplayOptions {
+        probe_mechanisms: true,
+        ..base.clone()
+    };
+    let r = replay::replay(&g, &set, &nodes_only).unwrap().0;
+    assert_eq!(r.instrumented_op_us, None);
+    assert!(r.instrumented_node_us.is_some());
     let probed = replay::ReplayOptions {
         probe_mechanisms: true,
+        probe_op: true,
         ..base
     };
     let r = replay::replay(&g, &set, &probed).unwrap().0;

@@ -101,8 +101,9 @@ fn calibrated_gaps(
         instrument_iters,
         // Autograd's engine is probed always: under the profiler a backward node costs it
         // 1.4-3 µs, its two events' scopes timed alone 0.6 (recurrent models' gaps, a node or
-        // two each, came out 10-20% long). The op is probed too, charged with --probed-costs.
+        // two each, came out 10-20% long). The op only for --probed-costs, which charges it.
         probe_mechanisms: true,
+        probe_op: probed_costs,
         // What the capture was taken under: the observer's cost is the bulk of a linked
         // pair's gaps, and none of a profile's taken without it.
         instrumentation: et_graph::Instrumentation::of(&kineto.kineto),
