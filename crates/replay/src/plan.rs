@@ -1383,6 +1383,24 @@ fn consumer_fill(
                 1.0 / n
             }))
         }
+        // A normalisation's statistics, saved by the forward op inside the composite the replay
+        // runs whole (`layer_norm` -> `native_layer_norm`'s mean and rstd, `batch_norm`'s
+        // saved mean and inverse std) and read by its backward: filled at random, a negative
+        // or near-zero rstd scaled every gradient through the norm by a random sign and size,
+        // and the weights drifted to NaN (layernorm_adadelta after 110-342 replayed
+        // iterations, vit_train after 257). The statistics of normalised activations (mean 0,
+        // scale 1) keep the backward's gradients at their input's scale.
+        (b, "mean" | "save_mean") if b.starts_with("native_") && b.contains("norm_backward") => {
+            Some(Fill::Value(0.0))
+        }
+        (b, "rstd" | "save_invstd") if b.starts_with("native_") && b.contains("norm_backward") => {
+            Some(Fill::Value(1.0))
+        }
+        // A divisor no replayed op made (the norm `pairwise_distance` computes inside
+        // `triplet_margin_loss`, divided by in `NormBackward1`): random values around zero make
+        // the quotient heavy-tailed, and the gradients through it drove triplet_mlp_sgd's
+        // embeddings to NaN after 75 replayed iterations. 1 keeps the dividend's scale.
+        ("div" | "div_", "other") => Some(Fill::Value(1.0)),
         (b, "indices") if b.contains("embedding") => {
             Some(Fill::Indices(shape_of("weight")?.first().copied()?))
         }
@@ -1706,6 +1724,31 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             "aten::to" | "aten::_to_copy" | "aten::clone" | "aten::contiguous" | "aten::detach"
         ) {
             if let (Some(Arg::Tensor(src)), Some(Out::Tensor(out))) = (args.first(), outs.first()) {
+                b.written_over.entry(*out).or_insert(*src);
+            }
+        }
+        // So has a view of all its input's elements (`unsqueeze`, `view`, `t`: the schema's
+        // first return aliases its first argument, not written), whatever its shape: the norm
+        // `triplet_margin_loss` saved reaches `NormBackward1`'s divisor through an `unsqueeze`.
+        // Not a view of some elements (`select`, `expand`): a fill made for the view's shape
+        // (offsets, lengths) would not fit the input's.
+        if let (Some(s), Some(Arg::Tensor(src)), Some(Out::Tensor(out))) =
+            (&schema, args.first(), outs.first())
+        {
+            let aliases = |a: Option<&et_schema::AliasInfo>| {
+                a.filter(|a| !a.is_write).map(|a| a.before.clone())
+            };
+            let first = aliases(s.args.first().and_then(|a| a.ty.alias()));
+            let numel = |slot: &Slot| {
+                b.slot_meta[*slot as usize]
+                    .as_ref()
+                    .map(|(shape, _)| shape.iter().product::<i64>())
+            };
+            if first.is_some()
+                && first == aliases(s.returns.first().and_then(|r| r.ty.alias()))
+                && numel(src).is_some()
+                && numel(src) == numel(out)
+            {
                 b.written_over.entry(*out).or_insert(*src);
             }
         }
@@ -2335,6 +2378,114 @@ mod tests {
             .unwrap();
         assert_eq!(idx.2, Fill::Indices(10));
         assert_eq!(idx.1.shape, vec![5]);
+    }
+
+    /// What a normalisation's backward reads of the forward's statistics, which no replayed op
+    /// made (they were saved inside the composite): those of normalised activations, mean 0
+    /// and rstd 1, not random values whose sign and size scale every gradient through it. The
+    /// gradient and the input stay random.
+    #[test]
+    fn a_norms_saved_statistics_are_those_of_normalised_activations() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::native_layer_norm_backward",
+            "aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+        )
+        .input(f32(1, 1, 32), json!([4, 8]), "Tensor(float)")
+        .input(f32(2, 2, 32), json!([4, 8]), "Tensor(float)")
+        .input(json!([8]), json!([[]]), "GenericList[Int]")
+        .input(f32(3, 3, 4), json!([4, 1]), "Tensor(float)")
+        .input(f32(4, 4, 4), json!([4, 1]), "Tensor(float)")
+        .input(f32(5, 5, 8), json!([8]), "Tensor(float)")
+        .input(f32(6, 6, 8), json!([8]), "Tensor(float)")
+        .input(json!([true, true, true]), json!([[], [], []]), "GenericList[Bool,Bool,Bool]")
+        .output(f32(7, 7, 32), json!([4, 8]), "Tensor(float)")
+        .output(f32(8, 8, 8), json!([8]), "Tensor(float)")
+        .output(f32(9, 9, 8), json!([8]), "Tensor(float)")
+        .done();
+        let p = plan_of(&b);
+        assert!(p.steps[0].problem.is_none(), "{:?}", p.steps[0].problem);
+        let fill_of = |k: usize| {
+            let Arg::Tensor(s) = p.steps[0].args[k] else {
+                panic!("argument {k} is not a tensor: {:?}", p.steps[0].args[k])
+            };
+            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
+        };
+        assert_eq!(fill_of(0), Fill::Random, "the gradient");
+        assert_eq!(fill_of(1), Fill::Random, "the input");
+        assert_eq!(fill_of(3), Fill::Value(0.0), "the mean");
+        assert_eq!(fill_of(4), Fill::Value(1.0), "the rstd");
+    }
+
+    /// A tensor divisor no replayed op made is 1, not random values around zero.
+    #[test]
+    fn an_unmade_divisor_is_one() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::div",
+            "aten::div.Tensor(Tensor self, Tensor other) -> Tensor",
+        )
+        .input(f32(1, 1, 32), json!([32]), "Tensor(float)")
+        .input(f32(2, 2, 32), json!([32]), "Tensor(float)")
+        .output(f32(3, 3, 32), json!([32]), "Tensor(float)")
+        .done();
+        let p = plan_of(&b);
+        let fill_of = |k: usize| {
+            let Arg::Tensor(s) = p.steps[0].args[k] else {
+                panic!("argument {k} is not a tensor")
+            };
+            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
+        };
+        assert_eq!(fill_of(0), Fill::Random, "the dividend");
+        assert_eq!(fill_of(1), Fill::Value(1.0), "the divisor");
+    }
+
+    /// A consumer's constraint reaches the external through a view of all its elements
+    /// (`unsqueeze`, as `NormBackward1` divides by the saved norm), not through a view of
+    /// some (`select`), where a fill made for the view's shape would not fit.
+    #[test]
+    fn a_divisor_reaches_its_external_through_a_whole_view() {
+        const UNSQUEEZE: &str = "aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)";
+        const SELECT: &str = "aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)";
+        const DIV: &str = "aten::div.Tensor(Tensor self, Tensor other) -> Tensor";
+        let mut b = TraceBuilder::new();
+        // The saved norm (external 1, 32 values) made [32, 1], the divisor of a [32, 32].
+        b.op("aten::unsqueeze", UNSQUEEZE)
+            .input(f32(1, 1, 32), json!([32]), "Tensor(float)")
+            .input(json!(1), json!([]), "Int")
+            .output(f32(2, 1, 32), json!([32, 1]), "Tensor(float)")
+            .done();
+        b.op("aten::div", DIV)
+            .input(f32(3, 3, 1024), json!([32, 32]), "Tensor(float)")
+            .input(f32(2, 1, 32), json!([32, 1]), "Tensor(float)")
+            .output(f32(4, 4, 1024), json!([32, 32]), "Tensor(float)")
+            .done();
+        // A row of external 5 (8 x 4) as a divisor: the rest of it stays as it was.
+        b.op("aten::select", SELECT)
+            .input(f32(5, 5, 32), json!([8, 4]), "Tensor(float)")
+            .input(json!(0), json!([]), "Int")
+            .input(json!(0), json!([]), "Int")
+            .output(f32(6, 5, 4), json!([4]), "Tensor(float)")
+            .done();
+        b.op("aten::div", DIV)
+            .input(f32(7, 7, 4), json!([4]), "Tensor(float)")
+            .input(f32(6, 5, 4), json!([4]), "Tensor(float)")
+            .output(f32(8, 8, 4), json!([4]), "Tensor(float)")
+            .done();
+        let p = plan_of(&b);
+        let fill_of = |step: usize| {
+            let Arg::Tensor(s) = p.steps[step].args[0] else {
+                panic!("argument 0 of step {step} is not a tensor")
+            };
+            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
+        };
+        assert_eq!(fill_of(0), Fill::Value(1.0), "the norm, through unsqueeze");
+        assert_eq!(fill_of(1), Fill::Random, "the dividend");
+        assert_eq!(
+            fill_of(2),
+            Fill::Random,
+            "the matrix a row of which divides"
+        );
     }
 
     /// Sequence lengths reach `pack_padded_sequence` through a copy (`lengths.to(int64)`): the
