@@ -2233,6 +2233,22 @@ mod tests {
             .done();
     }
 
+    /// The fill of the external that argument `arg` of step `step` reads (it must read one).
+    fn fill_of(p: &Plan, step: usize, arg: usize) -> Fill {
+        let Arg::Tensor(s) = p.steps[step].args[arg] else {
+            panic!(
+                "argument {arg} of step {step} is not a tensor: {:?}",
+                p.steps[step].args
+            )
+        };
+        p.externals
+            .iter()
+            .find(|e| e.0 == s)
+            .unwrap_or_else(|| panic!("argument {arg} of step {step} is not an external"))
+            .2
+            .clone()
+    }
+
     fn plan_of(b: &TraceBuilder) -> Plan {
         let t = b.build();
         let g = Graph::new(&t);
@@ -2301,12 +2317,8 @@ mod tests {
         };
         assert_eq!(p.steps[0].passthrough, vec![(first, written)]);
         assert_eq!(p.steps[1].args[0], Arg::Tensor(written));
-        let fill = |s: Slot| &p.externals.iter().find(|e| e.0 == s).unwrap().2;
-        assert_eq!(*fill(first), Fill::NonNegative);
-        let Arg::Tensor(other) = p.steps[0].args[1] else {
-            panic!()
-        };
-        assert_eq!(*fill(other), Fill::Random);
+        assert_eq!(fill_of(&p, 0, 0), Fill::NonNegative);
+        assert_eq!(fill_of(&p, 0, 1), Fill::Random);
     }
 
     /// Tensors an optimizer's step reads first are its state, made as zeros like torch makes
@@ -2339,20 +2351,14 @@ mod tests {
             .output(f32(7, 7, 8), json!([8]), "Tensor(float)")
             .done();
         let p = plan_of(&b);
-        let fill_of = |step: usize| {
-            let Arg::Tensor(s) = p.steps[step].args[0] else {
-                panic!("{:?}", p.steps[step].args)
-            };
-            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
-        };
         let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(
             names,
             ["aten::add", "aten::sqrt", "aten::add_", "aten::sqrt"]
         );
-        assert_eq!(fill_of(0), Fill::Random, "the parameter");
-        assert_eq!(fill_of(1), Fill::Zeros, "the optimizer's state");
-        assert_eq!(fill_of(3), Fill::NonNegative, "outside a step");
+        assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the parameter");
+        assert_eq!(fill_of(&p, 1, 0), Fill::Zeros, "the optimizer's state");
+        assert_eq!(fill_of(&p, 3, 0), Fill::NonNegative, "outside a step");
     }
 
     /// Integer inputs are filled for their consumer: embedding indices below the table size.
@@ -2405,16 +2411,10 @@ mod tests {
         .done();
         let p = plan_of(&b);
         assert!(p.steps[0].problem.is_none(), "{:?}", p.steps[0].problem);
-        let fill_of = |k: usize| {
-            let Arg::Tensor(s) = p.steps[0].args[k] else {
-                panic!("argument {k} is not a tensor: {:?}", p.steps[0].args[k])
-            };
-            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
-        };
-        assert_eq!(fill_of(0), Fill::Random, "the gradient");
-        assert_eq!(fill_of(1), Fill::Random, "the input");
-        assert_eq!(fill_of(3), Fill::Value(0.0), "the mean");
-        assert_eq!(fill_of(4), Fill::Value(1.0), "the rstd");
+        assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the gradient");
+        assert_eq!(fill_of(&p, 0, 1), Fill::Random, "the input");
+        assert_eq!(fill_of(&p, 0, 3), Fill::Value(0.0), "the mean");
+        assert_eq!(fill_of(&p, 0, 4), Fill::Value(1.0), "the rstd");
     }
 
     /// A tensor divisor no replayed op made is 1, not random values around zero.
@@ -2430,14 +2430,8 @@ mod tests {
         .output(f32(3, 3, 32), json!([32]), "Tensor(float)")
         .done();
         let p = plan_of(&b);
-        let fill_of = |k: usize| {
-            let Arg::Tensor(s) = p.steps[0].args[k] else {
-                panic!("argument {k} is not a tensor")
-            };
-            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
-        };
-        assert_eq!(fill_of(0), Fill::Random, "the dividend");
-        assert_eq!(fill_of(1), Fill::Value(1.0), "the divisor");
+        assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the dividend");
+        assert_eq!(fill_of(&p, 0, 1), Fill::Value(1.0), "the divisor");
     }
 
     /// A consumer's constraint reaches the external through a view of all its elements
@@ -2473,16 +2467,14 @@ mod tests {
             .output(f32(8, 8, 4), json!([4]), "Tensor(float)")
             .done();
         let p = plan_of(&b);
-        let fill_of = |step: usize| {
-            let Arg::Tensor(s) = p.steps[step].args[0] else {
-                panic!("argument 0 of step {step} is not a tensor")
-            };
-            p.externals.iter().find(|e| e.0 == s).unwrap().2.clone()
-        };
-        assert_eq!(fill_of(0), Fill::Value(1.0), "the norm, through unsqueeze");
-        assert_eq!(fill_of(1), Fill::Random, "the dividend");
         assert_eq!(
-            fill_of(2),
+            fill_of(&p, 0, 0),
+            Fill::Value(1.0),
+            "the norm, through unsqueeze"
+        );
+        assert_eq!(fill_of(&p, 1, 0), Fill::Random, "the dividend");
+        assert_eq!(
+            fill_of(&p, 2, 0),
             Fill::Random,
             "the matrix a row of which divides"
         );
@@ -2579,12 +2571,8 @@ mod tests {
         .output(f32(3, 3, 1), json!([]), "Tensor(float)")
         .done();
         let p = plan_of(&b);
-        let fill_of = |k: usize| {
-            let slot = p.steps[0].args[k].slots()[0];
-            p.externals.iter().find(|e| e.0 == slot).unwrap().2.clone()
-        };
-        assert_ne!(fill_of(0), Fill::Probability);
-        assert_eq!(fill_of(1), Fill::Probability);
+        assert_ne!(fill_of(&p, 0, 0), Fill::Probability);
+        assert_eq!(fill_of(&p, 0, 1), Fill::Probability);
     }
 
     /// Views of one storage are separate externals sharing the storage id, each with its own
