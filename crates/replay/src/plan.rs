@@ -1387,7 +1387,7 @@ fn consumer_fill(
         // runs whole (`layer_norm` -> `native_layer_norm`'s mean and rstd, `batch_norm`'s
         // saved mean and inverse std) and read by its backward: filled at random, a negative
         // or near-zero rstd scaled every gradient through the norm by a random sign and size,
-        // and the weights drifted to NaN (layernorm_adadelta after 110-342 replayed
+        // and the weights drifted to NaN (layernorm_adadelta after 92-342 replayed
         // iterations, vit_train after 257). The statistics of normalised activations (mean 0,
         // scale 1) keep the backward's gradients at their input's scale.
         (b, "mean" | "save_mean") if b.starts_with("native_") && b.contains("norm_backward") => {
