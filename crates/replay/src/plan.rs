@@ -1305,6 +1305,14 @@ fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
     OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a))
 }
 
+/// The alias set a schema argument or return reads (`Tensor(a)`), `None` where it has none or
+/// is written (`Tensor(a!)`).
+fn read_alias(ty: Option<&et_schema::SchemaType>) -> Option<&[String]> {
+    ty?.alias()
+        .filter(|a| !a.is_write)
+        .map(|a| a.before.as_slice())
+}
+
 /// Values for the decays optimizers multiply their state by in place, which the trace does not
 /// record (a Python number reaches `mul_` as a wrapped 0-dim double, its value dropped; Kineto
 /// drops it too). 1, the neutral factor, never decays the state: SGD's momentum buffer then
@@ -1719,36 +1727,29 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         }
         // A copy has its source's values: a consumer's constraint on them reaches the external
         // input they were copied from (lengths made int64 by `to` before `pack_padded_sequence`).
-        if matches!(
-            name.as_str(),
-            "aten::to" | "aten::_to_copy" | "aten::clone" | "aten::contiguous" | "aten::detach"
-        ) {
-            if let (Some(Arg::Tensor(src)), Some(Out::Tensor(out))) = (args.first(), outs.first()) {
-                b.written_over.entry(*out).or_insert(*src);
-            }
-        }
         // So has a view of all its input's elements (`unsqueeze`, `view`, `t`: the schema's
         // first return aliases its first argument, not written), whatever its shape: the norm
         // `triplet_margin_loss` saved reaches `NormBackward1`'s divisor through an `unsqueeze`.
         // Not a view of some elements (`select`, `expand`): a fill made for the view's shape
         // (offsets, lengths) would not fit the input's.
-        if let (Some(s), Some(Arg::Tensor(src)), Some(Out::Tensor(out))) =
-            (&schema, args.first(), outs.first())
-        {
-            let aliases = |a: Option<&et_schema::AliasInfo>| {
-                a.filter(|a| !a.is_write).map(|a| a.before.clone())
+        if let (Some(Arg::Tensor(src)), Some(Out::Tensor(out))) = (args.first(), outs.first()) {
+            let copy = matches!(
+                name.as_str(),
+                "aten::to" | "aten::_to_copy" | "aten::clone" | "aten::contiguous" | "aten::detach"
+            );
+            let whole_view = || {
+                let numel = |slot: Slot| {
+                    b.slot_meta[slot as usize]
+                        .as_ref()
+                        .map(|(shape, _)| shape.iter().product::<i64>())
+                };
+                schema.as_ref().is_some_and(|s| {
+                    let first = read_alias(s.args.first().map(|a| &a.ty));
+                    first.is_some() && first == read_alias(s.returns.first().map(|r| &r.ty))
+                }) && numel(*src).is_some()
+                    && numel(*src) == numel(*out)
             };
-            let first = aliases(s.args.first().and_then(|a| a.ty.alias()));
-            let numel = |slot: &Slot| {
-                b.slot_meta[*slot as usize]
-                    .as_ref()
-                    .map(|(shape, _)| shape.iter().product::<i64>())
-            };
-            if first.is_some()
-                && first == aliases(s.returns.first().and_then(|r| r.ty.alias()))
-                && numel(src).is_some()
-                && numel(src) == numel(out)
-            {
+            if copy || whole_view() {
                 b.written_over.entry(*out).or_insert(*src);
             }
         }
