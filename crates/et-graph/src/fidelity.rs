@@ -381,6 +381,7 @@ pub fn gap_model(
         .collect();
     // Event starts per thread (a gap is this thread's time), each with running counts of the
     // events that record arguments and of their tensors.
+    let nodes = backward_node_names(k);
     let mut starts: HashMap<Lane, Vec<(f64, Option<usize>)>> = HashMap::new();
     for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
         let e = &k.events[i];
@@ -388,7 +389,13 @@ pub fn gap_model(
         // profiler itself recorded: the tensors among the event's `Input Dims`.
         let args = match e.record_function_id {
             Some(id) => with_args.get(&id).copied(),
-            None => e.input_tensors.filter(|&n| n > 0).map(|n| n as usize),
+            None => match e.input_tensors {
+                Some(n) => (n > 0).then_some(n as usize),
+                // A profile without `record_shapes` records no tensors: a backward node is
+                // still the event its `evaluate_function` wrapper names, charged as a node
+                // without tensors.
+                None => nodes.contains(k.strings.get(e.name)).then_some(0),
+            },
         };
         starts.entry(e.tid).or_default().push((e.ts, args));
     }
@@ -658,6 +665,18 @@ pub fn gap_model(
         calibrations_ms: Vec::new(),
         base_step_us: r.plain_us.to_vec(),
     }
+}
+
+/// The names of the backward nodes autograd's engine ran in `k`: each node's event comes with
+/// an `evaluate_function` wrapper that names it (`autograd::engine::evaluate_function:
+/// AddmmBackward0` around `AddmmBackward0`, and around `torch::autograd::AccumulateGrad`, which
+/// carries no `Fwd thread id`).
+fn backward_node_names(k: &KinetoTrace) -> std::collections::HashSet<&str> {
+    const WRAPPER: &str = "autograd::engine::evaluate_function: ";
+    k.events
+        .iter()
+        .filter_map(|e| k.strings.get(e.name).strip_prefix(WRAPPER))
+        .collect()
 }
 
 /// The capture's speed around the gap before position `pos`: the replay's windows over the

@@ -1179,6 +1179,21 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
     assert!(m.events_with_args > 0, "{m:?}");
     assert!(m.tensors_in_gap_events >= m.events_with_args, "{m:?}");
     assert!(m.events_in_gaps > m.events_with_args, "{m:?}");
+
+    // Taken without `record_shapes`, the profile records no tensors, and the backward nodes
+    // are the events their `evaluate_function` wrappers name: the same nodes, charged without
+    // tensors, and the loss's `MeanBackward0` too, whose one recorded input (a 0-dim gradient)
+    // the shapes do not count as a tensor.
+    let mut bare = kt.clone();
+    for e in &mut bare.events {
+        e.input_tensors = None;
+    }
+    bare.record_shapes = false;
+    let b = gap_model(&t, &l, &bare, &o, &times);
+    assert!(!b.instrumentation.record_shapes);
+    assert_eq!(b.events_in_gaps, m.events_in_gaps);
+    assert_eq!(b.events_with_args, m.events_with_args + 1, "{b:?}");
+    assert_eq!(b.tensors_in_gap_events, 0);
 }
 
 /// Probed through the real mechanisms, an op's boundary costs what the op probe says (not the
