@@ -709,11 +709,8 @@ def capture(out, name, busy):
         # The same under the profiler alone: its record functions cost a few µs an op where
         # the observer's cost tens (DLRM: 18 ms an iteration under both, 2.8 ms under the
         # profiler alone, 1.4 ms uninstrumented), so far less of each gap is instrumentation.
-        # Without record_shapes: the ET has the shapes, and recording each op's inputs (2177
-        # events in a GRU's forward) is instrumentation the gaps and windows would carry too
-        # (gru_infer's profiled ops 2.2-3.8 ms with it, 1.8-1.9 without, 1.3-2.0 plain).
         timing = os.path.join(out, f"{name}.timing.json")
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=False,
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
                      schedule=schedule(wait=0, warmup=1, active=ACTIVE),
                      on_trace_ready=lambda p: p.export_chrome_trace(timing)) as prof:
             for _ in range(1 + ACTIVE):

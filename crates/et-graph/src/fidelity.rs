@@ -292,7 +292,9 @@ pub struct GapModel {
     /// `evaluate_function` wrappers), each charged `per_gap_event_us`.
     pub events_in_gaps: usize,
     /// Of `events_in_gaps`, those whose ET node records arguments (autograd's `XBackward0`
-    /// nodes record their tensors): each charged `per_event_us`, like an op's events.
+    /// nodes record their tensors): each charged `per_event_us`, like an op's events. In a
+    /// profile without record function ids, the events that recorded tensors; without
+    /// `record_shapes` either, the backward nodes their `evaluate_function` wrappers name.
     pub events_with_args: usize,
     /// The cost charged per argument-less event in a gap (µs): the probed cost of an event
     /// without arguments where measured, else `per_event_us`.
@@ -393,8 +395,8 @@ pub fn gap_model(
                 Some(n) => (n > 0).then_some(n as usize),
                 // A profile without `record_shapes` records no tensors: a backward node is
                 // still the event its `evaluate_function` wrapper names, charged as a node
-                // without tensors.
-                None => nodes.contains(k.strings.get(e.name)).then_some(0),
+                // without tensors. (With shapes, an event without them records none.)
+                None => (!k.record_shapes && nodes.contains(k.strings.get(e.name))).then_some(0),
             },
         };
         starts.entry(e.tid).or_default().push((e.ts, args));
