@@ -7,7 +7,7 @@
 use crate::graph::{Graph, ReplaySet};
 use crate::link::{is_cpu_event, link, Link};
 use et_schema::kineto::{KinetoTrace, Lane};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Timing of the original run, per replay-set op, from the linked Kineto events.
 #[derive(Clone, Debug, Default)]
@@ -381,9 +381,15 @@ pub fn gap_model(
             n.rf_id.map(|id| (id, v.len()))
         })
         .collect();
+    // A profile without `record_shapes` records no tensors: its backward nodes are told by
+    // name (none are needed where the events' shapes say what they record).
+    let nodes = if k.record_shapes {
+        HashSet::new()
+    } else {
+        backward_node_names(k)
+    };
     // Event starts per thread (a gap is this thread's time), each with running counts of the
     // events that record arguments and of their tensors.
-    let nodes = backward_node_names(k);
     let mut starts: HashMap<Lane, Vec<(f64, Option<usize>)>> = HashMap::new();
     for i in (0..k.events.len()).filter(|&i| is_cpu_event(k, i)) {
         let e = &k.events[i];
@@ -393,10 +399,10 @@ pub fn gap_model(
             Some(id) => with_args.get(&id).copied(),
             None => match e.input_tensors {
                 Some(n) => (n > 0).then_some(n as usize),
-                // A profile without `record_shapes` records no tensors: a backward node is
-                // still the event its `evaluate_function` wrapper names, charged as a node
-                // without tensors. (With shapes, an event without them records none.)
-                None => (!k.record_shapes && nodes.contains(k.strings.get(e.name))).then_some(0),
+                // Without shapes, a backward node is still the event its `evaluate_function`
+                // wrapper names, charged as a node without tensors. (With shapes, an event
+                // without them records none.)
+                None => nodes.contains(k.strings.get(e.name)).then_some(0),
             },
         };
         starts.entry(e.tid).or_default().push((e.ts, args));
@@ -673,7 +679,7 @@ pub fn gap_model(
 /// an `evaluate_function` wrapper that names it (`autograd::engine::evaluate_function:
 /// AddmmBackward0` around `AddmmBackward0`, and around `torch::autograd::AccumulateGrad`, which
 /// carries no `Fwd thread id`).
-fn backward_node_names(k: &KinetoTrace) -> std::collections::HashSet<&str> {
+fn backward_node_names(k: &KinetoTrace) -> HashSet<&str> {
     const WRAPPER: &str = "autograd::engine::evaluate_function: ";
     k.events
         .iter()

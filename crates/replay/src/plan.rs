@@ -1746,8 +1746,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                 schema.as_ref().is_some_and(|s| {
                     let first = read_alias(s.args.first().map(|a| &a.ty));
                     first.is_some() && first == read_alias(s.returns.first().map(|r| &r.ty))
-                }) && numel(*src).is_some()
-                    && numel(*src) == numel(*out)
+                }) && matches!((numel(*src), numel(*out)), (Some(a), Some(n)) if a == n)
             };
             if copy || whole_view() {
                 b.written_over.entry(*out).or_insert(*src);
