@@ -4,11 +4,11 @@
 Each model is captured the way a user captures one (the approach of ../shared/tools/gen_traces.py):
 warm up, time the uninstrumented iteration, then one iteration under ExecutionTraceObserver alone
 (clean ET: what the fidelity replays), five under torch.profiler + the observer after a warm-up
-step (ET linked to Kineto by rf_id, ProfilerStep#1..5: a linked pair), five under torch.profiler
-alone after a warm-up step (`M.timing.json`: the original's timing without the observer's cost,
-which is most of a linked pair's; the replay links it to the clean ET by order and takes each gap
-typical of the five), and one more under torch.profiler(profile_memory=True) for the original's
-peak memory.
+step (ET linked to Kineto by rf_id, ProfilerStep#1..5: a linked pair), ten under torch.profiler
+alone after about 50 ms of warm-up steps (`M.timing.json`: the original's timing without the
+observer's cost, which is most of a linked pair's; the replay links it to the clean ET by order
+and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
+the original's peak memory.
 
   zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
@@ -27,7 +27,7 @@ once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, adde
 timing profile taken without the observer.
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
-import json, multiprocessing, os, resource, statistics, sys, tempfile, time
+import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity, schedule
 
@@ -35,6 +35,11 @@ torch.set_num_threads(1)
 # Profiled iterations per linked capture; the replay replays the middle one (REPLAY_ITERATION).
 ACTIVE = 5
 REPLAY_ITERATION = 3
+# The timing profile (`M.timing.json`): its warm-up (about TIMING_WARMUP_MS of iterations, at most
+# TIMING_WARMUP_MAX of them) and its profiled iterations, each a sample of every gap.
+TIMING_WARMUP_MS = 50.0
+TIMING_WARMUP_MAX = 20
+TIMING_ACTIVE = 10
 
 
 def train(m, opt, loss_fn):
@@ -709,11 +714,16 @@ def capture(out, name, busy):
         # The same under the profiler alone: its record functions cost a few µs an op where
         # the observer's cost tens (DLRM: 18 ms an iteration under both, 2.8 ms under the
         # profiler alone, 1.4 ms uninstrumented), so far less of each gap is instrumentation.
+        # Its warm-up runs until the profiler's own first-time costs are paid (its buffers, the
+        # names and shapes it first sees): about TIMING_WARMUP_MS of iterations. After a
+        # single warm-up step, glu_conv1d_infer's profiled iterations took 913, 543, 465, 454
+        # and 430 µs, and then settled at about 370 µs.
         timing = os.path.join(out, f"{name}.timing.json")
+        warmup = min(TIMING_WARMUP_MAX, max(1, math.ceil(TIMING_WARMUP_MS / statistics.median(times))))
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                     schedule=schedule(wait=0, warmup=1, active=ACTIVE),
+                     schedule=schedule(wait=0, warmup=warmup, active=TIMING_ACTIVE),
                      on_trace_ready=lambda p: p.export_chrome_trace(timing)) as prof:
-            for _ in range(1 + ACTIVE):
+            for _ in range(warmup + TIMING_ACTIVE):
                 step()
                 prof.step()
     finally:
@@ -737,7 +747,8 @@ def capture(out, name, busy):
                 threads=torch.get_num_threads(), busy=busy, iters=len(times),
                 iter_ms_median=statistics.median(times), iter_ms_min=min(times), iter_ms_max=max(times),
                 minor_faults_per_iter=faults, profiled_capture_ms=profiled_ms,
-                profiled_iterations=list(range(1, ACTIVE + 1)), replay_iteration=REPLAY_ITERATION, peak_allocated_bytes=peak,
+                profiled_iterations=list(range(1, ACTIVE + 1)), replay_iteration=REPLAY_ITERATION,
+                timing_warmup=warmup, timing_iterations=TIMING_ACTIVE, peak_allocated_bytes=peak,
                 peak_over_start_bytes=peak - first)
     with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
