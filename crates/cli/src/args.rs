@@ -196,13 +196,13 @@ pub struct ReplayArgs {
     /// With --emulate-gaps on one of several iterations: that iteration's gaps alone.
     #[arg(long, requires = "emulate_gaps")]
     pub gaps_of_one_iteration: bool,
-    /// With --emulate-gaps (experimental): charge each boundary between ops what the
-    /// instrumentation adds to a real op call (an unboxed aten::add, probed on this host with
-    /// and without it) instead of the calibration replay's own time between its steps, which
-    /// also holds how the instrumentation slows the work between ops (ARCHITECTURE.md, fifth
-    /// session). Backward nodes are charged what autograd's engine is probed to pay either way
+    /// With --emulate-gaps: charge each boundary between ops the calibration replay's own time
+    /// between its steps under the instrumentation, instead of what the instrumentation adds to
+    /// a real op call (an unboxed aten::add, probed on this host with and without it; the
+    /// default since the ninth session, ARCHITECTURE.md). The replay's boundary also holds its
+    /// own dispatch outside the op's event, which the capture's gaps hold as real work.
     #[arg(long, requires = "emulate_gaps")]
-    pub probed_costs: bool,
+    pub replay_boundary_costs: bool,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,

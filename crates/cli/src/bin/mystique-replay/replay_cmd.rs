@@ -101,7 +101,8 @@ fn calibrated_gaps(
         instrument_iters,
         // Autograd's engine is probed always: under the profiler a backward node costs it
         // 1.4-3 µs, its two events' scopes timed alone 0.6 (recurrent models' gaps, a node or
-        // two each, came out 10-20% long). The op only for --probed-costs, which charges it.
+        // two each, came out 10-20% long). The op too, unless --replay-boundary-costs (which
+        // charges the replay's own time between its steps instead).
         probe_mechanisms: true,
         probe_op: probed_costs,
         // What the capture was taken under: the observer's cost is the bulk of a linked
@@ -289,7 +290,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 &linked,
                 device,
                 !a.run.no_autograd,
-                a.probed_costs,
+                !a.replay_boundary_costs,
             )?)
         }
         _ => None,
