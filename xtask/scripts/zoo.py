@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -24,7 +24,8 @@ ever reported (never used to choose a constant or a formula); `fresh` models are
 added once the `heldout` set had been reported (and its failures investigated) over several
 sessions, so that a claim rests on models no one had seen results of; `fresh2` likewise, added
 once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, added with the
-timing profile taken without the observer.
+timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
+warm-up and the probed boundary costs (ninth session).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -598,6 +599,95 @@ def wide_mlp_infer():
     return step
 
 
+# ---- fourth fresh held-out set (added 2026-12-03, ninth session, with the timing profile's
+# warm-up and the probed boundary costs; written and committed before any of their results) ----
+
+def gn_cnn_adam():
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(),
+                      nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.GroupNorm(8, 32), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+class BiLstmHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.fc = nn.LSTM(32, 64, batch_first=True, bidirectional=True), nn.Linear(128, 5)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.fc(out[:, -1])
+
+
+def bilstm_infer():
+    m = BiLstmHead().eval()
+    x = torch.randn(4, 20, 32)
+
+    @torch.no_grad()
+    def step():
+        return m(x)
+    return step
+
+
+class EncoderCls(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, 4, dim_feedforward=128, dropout=0.0,
+                                                               batch_first=True) for _ in range(2))
+        self.fc = nn.Linear(d, 3)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.fc(x.mean(1))
+
+
+def enc_layer_sgd():
+    m = EncoderCls()
+    x, y = torch.randn(4, 16, 64), torch.randint(0, 3, (4,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, nesterov=True),
+                 lambda m: F.cross_entropy(m(x), y))
+
+
+class TextCls(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(500, 32)
+        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def forward(self, t):
+        return self.mlp(self.emb(t).mean(1))
+
+
+def textcls_rmsprop():
+    m = TextCls()
+    t, y = torch.randint(0, 500, (16, 12)), torch.randint(0, 4, (16,))
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(t), y))
+
+
+def dwsep_infer():
+    def block(c, o):
+        return [nn.Conv2d(c, c, 3, padding=1, groups=c), nn.Conv2d(c, o, 1), nn.BatchNorm2d(o), nn.Hardswish()]
+    m = nn.Sequential(*block(8, 16), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                      nn.Linear(32, 10)).eval()
+    x = torch.randn(2, 8, 24, 24)
+
+    @torch.no_grad()
+    def step():
+        return m(x)
+    return step
+
+
+def mlp_ln_adamw_foreach():
+    m = nn.Sequential(nn.Linear(128, 256), nn.LayerNorm(256), nn.GELU(), nn.Dropout(0.1),
+                      nn.Linear(256, 256), nn.LayerNorm(256), nn.GELU(), nn.Linear(256, 8))
+    x, y = torch.randn(32, 128), torch.randn(32, 8)
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.01, foreach=True),
+                 lambda m: F.mse_loss(m(x), y))
+
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -638,6 +728,12 @@ MODELS = {
     "glu_conv1d_infer": (glu_conv1d_infer, "fresh3", "conv1d with GLU, depthwise conv, batch-norm, SiLU, inference"),
     "embbag_max_adagrad": (embbag_max_adagrad, "fresh3", "max-mode embedding bags + MLP, Adagrad"),
     "wide_mlp_infer": (wide_mlp_infer, "fresh3", "1024-wide MLP inference, batch 128"),
+    "gn_cnn_adam": (gn_cnn_adam, "fresh4", "CNN with group-norm, strided conv, global pooling, Adam"),
+    "bilstm_infer": (bilstm_infer, "fresh4", "bidirectional LSTM inference with a linear head"),
+    "enc_layer_sgd": (enc_layer_sgd, "fresh4", "two nn.TransformerEncoderLayer blocks training, SGD nesterov"),
+    "textcls_rmsprop": (textcls_rmsprop, "fresh4", "embedding mean-pool text classifier, RMSprop"),
+    "dwsep_infer": (dwsep_infer, "fresh4", "depthwise-separable convs, batch-norm, hardswish, inference"),
+    "mlp_ln_adamw_foreach": (mlp_ln_adamw_foreach, "fresh4", "MLP with layer-norm, GELU, dropout, AdamW foreach"),
 }
 
 

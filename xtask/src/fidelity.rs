@@ -11,7 +11,7 @@
 //! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /
 //! original block), then the median over rounds. The tuning set and the held-out sets
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
-//! added once `fresh` had been; `fresh3`, added once `fresh2` had been) are reported apart,
+//! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3` had been) are reported apart,
 //! with a summary over all held-out sets; held-out models are never used to choose anything.
 
 use anyhow::{bail, Context, Result};
@@ -648,7 +648,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         rows.push((row, m.covers.clone()));
     }
     // (name in the summary, the zoo sets it covers, the table's title; none: summary only).
-    let groups: [(&str, &[&str], Option<&str>); 6] = [
+    let groups: [(&str, &[&str], Option<&str>); 7] = [
         ("tune", &["tune"], Some("tuning")),
         ("heldout", &["heldout"], Some("HELD-OUT")),
         (
@@ -667,8 +667,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             Some("THIRD FRESH HELD-OUT (added 2026-12-02)"),
         ),
         (
+            "fresh4",
+            &["fresh4"],
+            Some("FOURTH FRESH HELD-OUT (added 2026-12-03, ninth session)"),
+        ),
+        (
             "all held-out",
-            &["heldout", "fresh", "fresh2", "fresh3"],
+            &["heldout", "fresh", "fresh2", "fresh3", "fresh4"],
             None,
         ),
     ];
@@ -776,6 +781,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                         "fresh" => " (fresh held-out)",
                         "fresh2" => " (second fresh held-out)",
                         "fresh3" => " (third fresh held-out)",
+                        "fresh4" => " (fourth fresh held-out)",
                         _ => "",
                     }
                 ),
