@@ -11,8 +11,11 @@
 //! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /
 //! original block), then the median over rounds. The tuning set and the held-out sets
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
-//! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3` had been) are reported apart,
-//! with a summary over all held-out sets; held-out models are never used to choose anything.
+//! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3`
+//! had been) are reported apart, with a summary over all held-out sets. Held-out models are not
+//! used to choose anything, with one exception: the ninth session's boundary charge was chosen
+//! with the first four held-out sets' results in view, and `fresh4` was written after it as the
+//! check on it.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};

@@ -199,8 +199,8 @@ pub struct ReplayArgs {
     /// With --emulate-gaps: charge each boundary between ops the calibration replay's own time
     /// between its steps under the instrumentation, instead of what the instrumentation adds to
     /// a real op call (an unboxed aten::add, probed on this host with and without it; the
-    /// default since the ninth session, ARCHITECTURE.md). The replay's boundary also holds its
-    /// own dispatch outside the op's event, which the capture's gaps hold as real work.
+    /// default since the ninth session). The replay's boundary also holds its own dispatch
+    /// outside the op's event (ARCHITECTURE.md, ninth session).
     #[arg(long, requires = "emulate_gaps")]
     pub replay_boundary_costs: bool,
     /// For a harness that compares programs side by side: run the measured iterations in
