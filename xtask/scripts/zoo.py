@@ -51,6 +51,13 @@ def train(m, opt, loss_fn):
     return step
 
 
+def infer(m, x):
+    @torch.no_grad()
+    def step():
+        return m(x)
+    return step
+
+
 # ---- tuning set -------------------------------------------------------------------------------
 
 def mlp_sgd():
@@ -68,10 +75,10 @@ def cnn_bn_adam():
 
 
 class Seq(nn.Module):
-    def __init__(self, cell, n_in=32, hidden=64, layers=1):
+    def __init__(self, cell, n_in=32, hidden=64, layers=1, bidirectional=False):
         super().__init__()
-        self.rnn = cell(n_in, hidden, num_layers=layers, batch_first=True)
-        self.head = nn.Linear(hidden, 5)
+        self.rnn = cell(n_in, hidden, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+        self.head = nn.Linear(hidden * (2 if bidirectional else 1), 5)
 
     def forward(self, x):
         return self.head(self.rnn(x)[0][:, -1])
@@ -145,11 +152,7 @@ def autocast_bf16_mlp():
 def gru_infer():
     m = Seq(nn.GRU, n_in=48, hidden=96, layers=2).eval()
     x = torch.randn(8, 24, 48)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 class Attn(nn.Module):
@@ -341,21 +344,13 @@ class UNet(nn.Module):
 
 def unet_infer():
     m, x = UNet().eval(), torch.randn(2, 3, 64, 64)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 def fp16_mlp_infer():
     m = nn.Sequential(nn.Linear(256, 512), nn.SiLU(), nn.Linear(512, 512), nn.SiLU(), nn.Linear(512, 64)).half().eval()
     x = torch.randn(32, 256).half()
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 def layernorm_adadelta():
@@ -412,11 +407,7 @@ class Tcn(nn.Module):
 
 def tcn_infer():
     m, x = Tcn().eval(), torch.randn(4, 8, 200)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 class CharRnn(nn.Module):
@@ -488,11 +479,7 @@ def conv3d_infer():
     m = nn.Sequential(nn.Conv3d(2, 8, 3, padding=1), nn.BatchNorm3d(8), nn.ReLU(), nn.AvgPool3d(2),
                       nn.Conv3d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool3d(1), nn.Flatten()).eval()
     x = torch.randn(2, 2, 16, 32, 32)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 # ---- third fresh held-out set (added 2026-12-02, with the profile taken without the execution
@@ -554,11 +541,7 @@ def bf16_cnn_infer():
                       nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                       nn.Linear(32, 10)).to(torch.bfloat16).eval()
     x = torch.randn(4, 3, 32, 32).to(torch.bfloat16)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 def glu_conv1d_infer():
@@ -566,11 +549,7 @@ def glu_conv1d_infer():
                       nn.Conv1d(32, 32, 5, padding=2, groups=32), nn.BatchNorm1d(32), nn.SiLU(),
                       nn.Conv1d(32, 16, 1)).eval()
     x = torch.randn(4, 16, 160)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 class MaxBags(nn.Module):
@@ -592,11 +571,7 @@ def embbag_max_adagrad():
 def wide_mlp_infer():
     m = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 16)).eval()
     x = torch.randn(128, 512)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 # ---- fourth fresh held-out set (added 2026-12-03, ninth session, with the timing profile's
@@ -610,24 +585,10 @@ def gn_cnn_adam():
     return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
 
 
-class BiLstmHead(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.rnn, self.fc = nn.LSTM(32, 64, batch_first=True, bidirectional=True), nn.Linear(128, 5)
-
-    def forward(self, x):
-        out, _ = self.rnn(x)
-        return self.fc(out[:, -1])
-
-
 def bilstm_infer():
-    m = BiLstmHead().eval()
+    m = Seq(nn.LSTM, n_in=32, hidden=64, bidirectional=True).eval()
     x = torch.randn(4, 20, 32)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 class EncoderCls(nn.Module):
@@ -672,11 +633,7 @@ def dwsep_infer():
     m = nn.Sequential(*block(8, 16), *block(16, 32), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                       nn.Linear(32, 10)).eval()
     x = torch.randn(2, 8, 24, 24)
-
-    @torch.no_grad()
-    def step():
-        return m(x)
-    return step
+    return infer(m, x)
 
 
 def mlp_ln_adamw_foreach():
