@@ -8,9 +8,10 @@ step (ET linked to Kineto by rf_id, ProfilerStep#1..5: a linked pair), ten under
 alone after about 50 ms of warm-up steps (`M.timing.json`: the original's timing without the
 observer's cost, which is most of a linked pair's; the replay links it to the clean ET by order
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
-the original's peak memory.
+the original's peak memory. Right after the timing profile, the host probe (`M.probe.json`): a
+small op called back to back under the same profiler, which the replay times the same way.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -25,7 +26,8 @@ added once the `heldout` set had been reported (and its failures investigated) o
 sessions, so that a claim rests on models no one had seen results of; `fresh2` likewise, added
 once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, added with the
 timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
-warm-up and the probed boundary costs (ninth session).
+warm-up and the probed boundary costs (ninth session); `fresh5` likewise, added with the host probe
+(tenth session).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -41,6 +43,11 @@ REPLAY_ITERATION = 3
 TIMING_WARMUP_MS = 50.0
 TIMING_WARMUP_MAX = 20
 TIMING_ACTIVE = 10
+# The host probe (`M.probe.json`): HOST_PROBE_OPS calls of `torch.add` on two 16-float tensors, back
+# to back in a `mystique::probe_host` scope, under the timing profile's instrumentation, right
+# after it (a round to warm the session up, then the recorded one). The replay's calibration runs
+# the same probe; the ratio of the two is the hosts' speed free of the model's context.
+HOST_PROBE_OPS = 300
 
 
 def train(m, opt, loss_fn):
@@ -645,6 +652,96 @@ def mlp_ln_adamw_foreach():
 
 
 
+# ---- fifth fresh held-out set (added 2026-12-03, tenth session, with the capture's host probe;
+# written and committed before any of their results) ----
+
+def convt_decoder_infer():
+    m = nn.Sequential(nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1), nn.ReLU(),
+                      nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1), nn.ReLU(),
+                      nn.Conv2d(8, 3, 3, padding=1), nn.Sigmoid()).eval()
+    x = torch.randn(2, 32, 8, 8)
+    return infer(m, x)
+
+
+class Tower(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(48, 96), nn.ReLU(), nn.Linear(96, 32))
+
+    def forward(self, a, b):
+        return F.cosine_similarity(self.net(a), self.net(b))
+
+
+def siamese_cosine_sgd():
+    m = Tower()
+    a, b, y = torch.randn(24, 48), torch.randn(24, 48), torch.rand(24) * 2 - 1
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5),
+                 lambda m: F.mse_loss(m(a, b), y))
+
+
+class CellLoop(nn.Module):
+    def __init__(self, n_in=16, hidden=32, steps=8):
+        super().__init__()
+        self.cell, self.fc, self.hidden, self.steps = nn.GRUCell(n_in, hidden), nn.Linear(hidden, 2), hidden, steps
+
+    def forward(self, x):
+        h = x.new_zeros(x.shape[0], self.hidden)
+        for t in range(self.steps):
+            h = self.cell(x[:, t], h)
+        return self.fc(h)
+
+
+def grucell_loop_adam():
+    m = CellLoop()
+    x, y = torch.randn(4, 8, 16), torch.randint(0, 2, (4,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def pixelshuffle_infer():
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.PReLU(), nn.Conv2d(32, 3 * 4, 3, padding=1),
+                      nn.PixelShuffle(2)).eval()
+    x = torch.randn(1, 3, 24, 24)
+    return infer(m, x)
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, tokens=16, d=32):
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.tok = nn.Sequential(nn.Linear(tokens, 32), nn.GELU(), nn.Linear(32, tokens))
+        self.ch = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, d))
+
+    def forward(self, x):
+        x = x + self.tok(self.n1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ch(self.n2(x))
+
+
+def mixer_adamw():
+    m = nn.Sequential(MixerBlock(), MixerBlock(), nn.Flatten(), nn.Linear(16 * 32, 5))
+    x, y = torch.randn(8, 16, 32), torch.randint(0, 5, (8,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False),
+                 lambda m: F.cross_entropy(m(x), y))
+
+
+class AttnPool(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.q = nn.Parameter(torch.randn(1, 1, d))
+        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.fc = nn.Linear(d, 6)
+
+    def forward(self, x):
+        o, _ = self.attn(self.q.expand(x.shape[0], -1, -1), x, x, need_weights=False)
+        return self.fc(o[:, 0])
+
+
+def attn_pool_infer():
+    m = AttnPool().eval()
+    x = torch.randn(4, 24, 64)
+    return infer(m, x)
+
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -691,6 +788,12 @@ MODELS = {
     "textcls_rmsprop": (textcls_rmsprop, "fresh4", "embedding mean-pool text classifier, RMSprop"),
     "dwsep_infer": (dwsep_infer, "fresh4", "depthwise-separable convs, batch-norm, hardswish, inference"),
     "mlp_ln_adamw_foreach": (mlp_ln_adamw_foreach, "fresh4", "MLP with layer-norm, GELU, dropout, AdamW foreach"),
+    "convt_decoder_infer": (convt_decoder_infer, "fresh5", "transposed-conv decoder, sigmoid, inference"),
+    "siamese_cosine_sgd": (siamese_cosine_sgd, "fresh5", "shared MLP tower on two inputs, cosine similarity, SGD momentum"),
+    "grucell_loop_adam": (grucell_loop_adam, "fresh5", "GRUCell unrolled in a Python loop, Adam"),
+    "pixelshuffle_infer": (pixelshuffle_infer, "fresh5", "conv, PReLU, pixel shuffle upsampling, inference"),
+    "mixer_adamw": (mixer_adamw, "fresh5", "two MLP-Mixer blocks (token and channel MLPs), AdamW for-loop"),
+    "attn_pool_infer": (attn_pool_infer, "fresh5", "attention pooling with a learned query, inference"),
 }
 
 
@@ -727,6 +830,23 @@ def serve(step, iters):
         ms = (time.perf_counter() - t) * 1e3
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
         print(json.dumps(dict(block_ms=ms, iters=iters, minor_faults=faults)), flush=True)
+
+
+def host_probe(path):
+    """The host probe: `torch.add` of two 16-float tensors HOST_PROBE_OPS times back to back, the
+    profiler as in the timing profile, the second of two rounds recorded (a session's first
+    events cost more). An op's window in it is the host's speed at dispatching a small op warm,
+    where the model's own ops run among its Python: the replay times the same op the same way,
+    and puts the capture's gaps on its host by the ratio."""
+    a, b = torch.ones(16), torch.ones(16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
+                 schedule=schedule(wait=0, warmup=1, active=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function("mystique::probe_host"):
+                for _ in range(HOST_PROBE_OPS):
+                    torch.add(a, b)
+            prof.step()
 
 
 def burn(stop):
@@ -779,6 +899,8 @@ def capture(out, name, busy):
             for _ in range(warmup + TIMING_ACTIVE):
                 step()
                 prof.step()
+        # Right after it, in the same spell of the host's speed (and beside the same burners).
+        host_probe(os.path.join(out, f"{name}.probe.json"))
     finally:
         if stop is not None:
             stop.set()
