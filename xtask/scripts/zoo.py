@@ -8,8 +8,7 @@ step (ET linked to Kineto by rf_id, ProfilerStep#1..5: a linked pair), ten under
 alone after about 50 ms of warm-up steps (`M.timing.json`: the original's timing without the
 observer's cost, which is most of a linked pair's; the replay links it to the clean ET by order
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
-the original's peak memory. Right after the timing profile, the host probe (`M.probe.json`): a
-small op called back to back under the same profiler, which the replay times the same way.
+the original's peak memory.
 
   zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
@@ -26,8 +25,7 @@ added once the `heldout` set had been reported (and its failures investigated) o
 sessions, so that a claim rests on models no one had seen results of; `fresh2` likewise, added
 once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, added with the
 timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
-warm-up and the probed boundary costs (ninth session); `fresh5` likewise, added with the host probe
-(tenth session).
+warm-up and the probed boundary costs (ninth session); `fresh5` likewise (tenth session).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -43,11 +41,6 @@ REPLAY_ITERATION = 3
 TIMING_WARMUP_MS = 50.0
 TIMING_WARMUP_MAX = 20
 TIMING_ACTIVE = 10
-# The host probe (`M.probe.json`): HOST_PROBE_OPS calls of `torch.add` on two 16-float tensors, back
-# to back in a `mystique::probe_host` scope, under the timing profile's instrumentation, right
-# after it (a round to warm the session up, then the recorded one). The replay's calibration runs
-# the same probe; the ratio of the two is the hosts' speed free of the model's context.
-HOST_PROBE_OPS = 300
 
 
 def train(m, opt, loss_fn):
@@ -652,8 +645,8 @@ def mlp_ln_adamw_foreach():
 
 
 
-# ---- fifth fresh held-out set (added 2026-12-03, tenth session, with the capture's host probe;
-# written and committed before any of their results) ----
+# ---- fifth fresh held-out set (added 2026-12-03, tenth session; written and committed before
+# any of their results) ----
 
 def convt_decoder_infer():
     m = nn.Sequential(nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1), nn.ReLU(),
@@ -832,23 +825,6 @@ def serve(step, iters):
         print(json.dumps(dict(block_ms=ms, iters=iters, minor_faults=faults)), flush=True)
 
 
-def host_probe(path):
-    """The host probe: `torch.add` of two 16-float tensors HOST_PROBE_OPS times back to back, the
-    profiler as in the timing profile, the second of two rounds recorded (a session's first
-    events cost more). An op's window in it is the host's speed at dispatching a small op warm,
-    where the model's own ops run among its Python: the replay times the same op the same way,
-    and puts the capture's gaps on its host by the ratio."""
-    a, b = torch.ones(16), torch.ones(16)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True,
-                 schedule=schedule(wait=0, warmup=1, active=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
-        for _ in range(2):
-            with torch.profiler.record_function("mystique::probe_host"):
-                for _ in range(HOST_PROBE_OPS):
-                    torch.add(a, b)
-            prof.step()
-
-
 def burn(stop):
     x = 1
     while not stop.is_set():
@@ -899,8 +875,6 @@ def capture(out, name, busy):
             for _ in range(warmup + TIMING_ACTIVE):
                 step()
                 prof.step()
-        # Right after it, in the same spell of the host's speed (and beside the same burners).
-        host_probe(os.path.join(out, f"{name}.probe.json"))
     finally:
         if stop is not None:
             stop.set()

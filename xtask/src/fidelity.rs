@@ -12,10 +12,10 @@
 //! original block), then the median over rounds. The tuning set and the held-out sets
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
 //! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3`
-//! had been) are reported apart, with a summary over all held-out sets. Held-out models are not
-//! used to choose anything, with one exception: the ninth session's boundary charge was chosen
-//! with the first four held-out sets' results in view, and `fresh4` was written after it as the
-//! check on it.
+//! had been; `fresh5`, in the tenth session) are reported apart, with a summary over all
+//! held-out sets. Held-out models are not used to choose anything, with one exception: the ninth
+//! session's boundary charge was chosen with the first four held-out sets' results in view, and
+//! `fresh4` was written after it as the check on it.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -651,7 +651,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         rows.push((row, m.covers.clone()));
     }
     // (name in the summary, the zoo sets it covers, the table's title; none: summary only).
-    let groups: [(&str, &[&str], Option<&str>); 7] = [
+    let groups: [(&str, &[&str], Option<&str>); 8] = [
         ("tune", &["tune"], Some("tuning")),
         ("heldout", &["heldout"], Some("HELD-OUT")),
         (
@@ -675,8 +675,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             Some("FOURTH FRESH HELD-OUT (added 2026-12-03, ninth session)"),
         ),
         (
+            "fresh5",
+            &["fresh5"],
+            Some("FIFTH FRESH HELD-OUT (added 2026-12-03, tenth session)"),
+        ),
+        (
             "all held-out",
-            &["heldout", "fresh", "fresh2", "fresh3", "fresh4"],
+            &["heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5"],
             None,
         ),
     ];
@@ -785,6 +790,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                         "fresh2" => " (second fresh held-out)",
                         "fresh3" => " (third fresh held-out)",
                         "fresh4" => " (fourth fresh held-out)",
+                        "fresh5" => " (fifth fresh held-out)",
                         _ => "",
                     }
                 ),
