@@ -1307,6 +1307,14 @@ fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
 
 /// The alias set a schema argument or return reads (`Tensor(a)`), `None` where it has none or
 /// is written (`Tensor(a!)`).
+/// An argument an `nn.Module` passes its parameters as: `weight`, `bias`, `*_weight`,
+/// `*_bias` (`in_proj_weight`, `qkv_bias`), an RNN's `params`.
+fn is_weight_like(name: &str) -> bool {
+    matches!(name, "weight" | "bias" | "params")
+        || name.ends_with("_weight")
+        || name.ends_with("_bias")
+}
+
 fn read_alias(ty: Option<&et_schema::SchemaType>) -> Option<&[String]> {
     ty?.alias()
         .filter(|a| !a.is_write)
@@ -1563,6 +1571,10 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
     let graph_nodes = GraphNodes::new(t);
     let mut steps = Vec::with_capacity(set.ops.len());
     let mut grad_inputs = std::collections::BTreeSet::new();
+    // For a trace that recorded no graph (inference): the float external inputs an op reads as
+    // a weight or bias (directly or through views of them), and each view's root slot.
+    let mut weight_like = std::collections::BTreeSet::new();
+    let mut view_root: HashMap<Slot, Slot> = HashMap::new();
     let mut restored: Vec<Restored> = Vec::new();
     // (step, external) of the optimizer decays the trace does not record.
     let mut decays: Vec<(usize, usize)> = Vec::new();
@@ -1777,6 +1789,41 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                 }
             }
         }
+        // A view's output (the schema's first return aliases the first argument, not
+        // written: `split`, `t`, `transpose`, `expand`) has its input's root; a weight or bias
+        // argument names its root as the model's parameter.
+        if let (Some(sch), Some(first)) = (&schema, args.first()) {
+            if read_alias(sch.args.first().map(|a| &a.ty)).is_some()
+                && read_alias(sch.args.first().map(|a| &a.ty))
+                    == read_alias(sch.returns.first().map(|r| &r.ty))
+            {
+                if let [src] = first.slots().as_slice() {
+                    let root = view_root.get(src).copied().unwrap_or(*src);
+                    for o in outs.iter().take(1) {
+                        let slots: Vec<Slot> = match o {
+                            Out::Tensor(s) => vec![*s],
+                            Out::List(v) => v.iter().flatten().copied().collect(),
+                            _ => Vec::new(),
+                        };
+                        for s in slots {
+                            view_root.insert(s, root);
+                        }
+                    }
+                }
+            }
+            for (a, sa) in args.iter().zip(&sch.args) {
+                if sa.name.as_deref().is_some_and(is_weight_like) {
+                    for s in a.slots() {
+                        let root = view_root.get(&s).copied().unwrap_or(s);
+                        if let Some(&e) = b.external_index.get(&root) {
+                            if b.externals[e].1.dtype.is_floating_point() {
+                                weight_like.insert(root);
+                            }
+                        }
+                    }
+                }
+            }
+        }
         let kind = match coll.take() {
             Some(mut c) => {
                 c.bytes = t
@@ -1808,6 +1855,15 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
             autocast: None,
             views: std::mem::take(&mut b.views),
         });
+    }
+    // An inference trace (no op recorded a graph node) still ran on a model whose parameters
+    // require grad (`nn.Parameter` under `torch.no_grad()`), and kernels read that flag:
+    // `matmul` folds a batched input into one `mm` when an operand requires grad, and runs a
+    // `bmm` otherwise (attention pooling's key projection, a [24, 4, 64] input with a split of
+    // `in_proj_weight`: 19 us folded, 41-54 us as a bmm, called alone). The replay runs those
+    // steps with grad mode off, so the flag builds no graph.
+    if !steps.iter().any(|s| s.autograd) {
+        grad_inputs.extend(weight_like);
     }
     link_waits(&mut steps);
     optimizer_decays(&steps, &decays, &mut b.externals);

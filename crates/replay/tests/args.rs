@@ -864,3 +864,64 @@ fn a_log_softmax_saved_inside_a_composite_is_made_again_of_its_input() {
         "{got:?} {want:?}"
     );
 }
+
+/// An inference trace (no op recorded a graph node) ran on a model whose parameters require
+/// grad, under no-grad mode: the weights and biases its ops read, directly or through views
+/// (`in_proj_weight.split(...)`), require grad in the replay and so do the views ops take of
+/// them, as a parameter's do under `torch.no_grad()`; the batch does not, and nothing records
+/// a graph. Kernels read the flag: `matmul` folds a batched input into one `mm` when an operand
+/// requires grad, and runs a `bmm` otherwise.
+#[test]
+fn an_inference_traces_parameters_and_their_views_require_grad() {
+    const SPLIT: &str = "aten::split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]";
+    const LINEAR: &str = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor";
+    let part = |id: u64, offset: u64, numel: u64| json!([id, 1, offset, numel, 4, "cpu"]);
+    let tr = trace(&[
+        (
+            "aten::split_with_sizes",
+            SPLIT,
+            vec![
+                (t(1, 1, 24), json!([6, 4]), "Tensor(float)"),
+                (json!([2, 4]), json!([[], []]), "GenericList[Int,Int]"),
+                (json!(0), json!([]), "Int"),
+            ],
+            vec![(
+                json!([part(2, 0, 8), part(3, 8, 16)]),
+                json!([[2, 4], [4, 4]]),
+                "GenericList[Tensor(float),Tensor(float)]",
+            )],
+        ),
+        (
+            "aten::linear",
+            LINEAR,
+            vec![
+                (t(4, 4, 12), json!([3, 4]), "Tensor(float)"),
+                (part(3, 8, 16), json!([4, 4]), "Tensor(float)"),
+                (t(5, 5, 4), json!([4]), "Tensor(float)"),
+            ],
+            vec![(t(6, 6, 12), json!([3, 4]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(plan.steps.iter().all(|s| !s.autograd), "an inference trace");
+    let arg = |step: usize, k: usize| plan.steps[step].args[k].slots()[0];
+    let (w, x, bias) = (arg(0, 0), arg(1, 0), arg(1, 2));
+    assert!(plan.grad_inputs.contains(&w), "W, read through its split");
+    assert!(plan.grad_inputs.contains(&bias));
+    assert!(!plan.grad_inputs.contains(&x), "the batch");
+    let slot = |s: u32| slots[s as usize].as_ref().unwrap();
+    assert!(slot(w).requires_grad() && slot(bias).requires_grad());
+    assert!(!slot(x).requires_grad());
+    // The split's views of W require grad, as a parameter's views under no-grad mode do (a view
+    // of the storage's arena tensor would not).
+    let Out::List(parts) = &plan.steps[0].outs[0] else {
+        panic!("{:?}", plan.steps[0].outs[0])
+    };
+    for p in parts.iter().flatten() {
+        assert!(slot(*p).requires_grad(), "split part {p}");
+    }
+    // No graph: linear ran under no-grad mode.
+    let y = slot(out_slot(&plan, 1, 0) as u32);
+    assert!(!y.requires_grad());
+}
