@@ -1055,6 +1055,13 @@ impl Builder<'_, '_> {
         Some(s)
     }
 
+    /// The slot is a floating-point external input (a parameter, if anything requires grad).
+    fn is_float_external(&self, slot: Slot) -> bool {
+        self.external_index
+            .get(&slot)
+            .is_some_and(|&e| self.externals[e].1.dtype.is_floating_point())
+    }
+
     /// The external input a slot's values flow from (through in-place updates and copies), if
     /// they flow from one.
     fn external_of(&self, mut slot: Slot) -> Option<usize> {
@@ -1305,8 +1312,6 @@ fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
     OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a))
 }
 
-/// The alias set a schema argument or return reads (`Tensor(a)`), `None` where it has none or
-/// is written (`Tensor(a!)`).
 /// An argument an `nn.Module` passes its parameters as: `weight`, `bias`, `*_weight`,
 /// `*_bias` (`in_proj_weight`, `qkv_bias`), an RNN's `params`.
 fn is_weight_like(name: &str) -> bool {
@@ -1315,10 +1320,19 @@ fn is_weight_like(name: &str) -> bool {
         || name.ends_with("_bias")
 }
 
+/// The alias set a schema argument or return reads (`Tensor(a)`), `None` where it has none or
+/// is written (`Tensor(a!)`).
 fn read_alias(ty: Option<&et_schema::SchemaType>) -> Option<&[String]> {
     ty?.alias()
         .filter(|a| !a.is_write)
         .map(|a| a.before.as_slice())
+}
+
+/// The op's first return is a view of its first argument: it reads the same alias set, and
+/// neither is written (`t`, `view`, `split`, `expand`).
+fn returns_view_of_first(s: &OpSchema) -> bool {
+    let first = read_alias(s.args.first().map(|a| &a.ty));
+    first.is_some() && first == read_alias(s.returns.first().map(|r| &r.ty))
 }
 
 /// Values for the decays optimizers multiply their state by in place, which the trace does not
@@ -1755,10 +1769,8 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                         .as_ref()
                         .map(|(shape, _)| shape.iter().product::<i64>())
                 };
-                schema.as_ref().is_some_and(|s| {
-                    let first = read_alias(s.args.first().map(|a| &a.ty));
-                    first.is_some() && first == read_alias(s.returns.first().map(|r| &r.ty))
-                }) && matches!((numel(*src), numel(*out)), (Some(a), Some(n)) if a == n)
+                schema.as_deref().is_some_and(returns_view_of_first)
+                    && matches!((numel(*src), numel(*out)), (Some(a), Some(n)) if a == n)
             };
             if copy || whole_view() {
                 b.written_over.entry(*out).or_insert(*src);
@@ -1781,10 +1793,8 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                     continue;
                 }
                 for s in a.slots() {
-                    if let Some(&e) = b.external_index.get(&s) {
-                        if b.externals[e].1.dtype.is_floating_point() {
-                            grad_inputs.insert(s);
-                        }
+                    if b.is_float_external(s) {
+                        grad_inputs.insert(s);
                     }
                 }
             }
@@ -1793,32 +1803,23 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         // written: `split`, `t`, `transpose`, `expand`) has its input's root; a weight or bias
         // argument names its root as the model's parameter.
         if let (Some(sch), Some(first)) = (&schema, args.first()) {
-            if read_alias(sch.args.first().map(|a| &a.ty)).is_some()
-                && read_alias(sch.args.first().map(|a| &a.ty))
-                    == read_alias(sch.returns.first().map(|r| &r.ty))
-            {
-                if let [src] = first.slots().as_slice() {
-                    let root = view_root.get(src).copied().unwrap_or(*src);
-                    for o in outs.iter().take(1) {
-                        let slots: Vec<Slot> = match o {
-                            Out::Tensor(s) => vec![*s],
-                            Out::List(v) => v.iter().flatten().copied().collect(),
-                            _ => Vec::new(),
-                        };
-                        for s in slots {
-                            view_root.insert(s, root);
-                        }
-                    }
+            if let ([src], true) = (first.slots().as_slice(), returns_view_of_first(sch)) {
+                let root = view_root.get(src).copied().unwrap_or(*src);
+                let views: Vec<Slot> = match outs.first() {
+                    Some(Out::Tensor(s)) => vec![*s],
+                    Some(Out::List(v)) => v.iter().flatten().copied().collect(),
+                    _ => Vec::new(),
+                };
+                for s in views {
+                    view_root.insert(s, root);
                 }
             }
             for (a, sa) in args.iter().zip(&sch.args) {
                 if sa.name.as_deref().is_some_and(is_weight_like) {
                     for s in a.slots() {
                         let root = view_root.get(&s).copied().unwrap_or(s);
-                        if let Some(&e) = b.external_index.get(&root) {
-                            if b.externals[e].1.dtype.is_floating_point() {
-                                weight_like.insert(root);
-                            }
+                        if b.is_float_external(root) {
+                            weight_like.insert(root);
                         }
                     }
                 }
