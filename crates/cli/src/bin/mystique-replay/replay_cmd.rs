@@ -122,16 +122,18 @@ fn calibrated_gaps(
     // up to 3x (tiny_ops: 0.05-0.07 ms over five processes, 0.16 ms in a sixth); the base is
     // timed in the plain iterations just before, not always in the same spell (dlrm_sgd: two
     // processes of one run spun 0.34 and 0.24 ms with the median by emulated total).
-    let mut models = Vec::with_capacity(CALIBRATIONS);
-    for k in 0..CALIBRATIONS {
-        models.push(calibrate_once(
-            g,
-            set,
-            kineto,
-            &calib,
-            k == 0,
-            probed_costs,
-        )?);
+    // At least CALIBRATIONS.0 of them, and on while they have taken less than
+    // CALIBRATION_BUDGET (small models, a tenth of a second each: their gaps are most of their
+    // time, and their five calibrations' emulated totals spread by 10-15%, the median's noise
+    // 4% of the iteration), at most CALIBRATIONS.1; an odd count, so that the median is one.
+    let started = std::time::Instant::now();
+    let mut models = Vec::with_capacity(CALIBRATIONS.1);
+    while models.len() < CALIBRATIONS.0
+        || (models.len() < CALIBRATIONS.1
+            && (started.elapsed() < CALIBRATION_BUDGET || models.len() % 2 == 0))
+    {
+        let first = models.is_empty();
+        models.push(calibrate_once(g, set, kineto, &calib, first, probed_costs)?);
     }
     let all: Vec<f64> = models.iter().map(|m| m.emulated_ms).collect();
     let per_base = |m: &et_graph::GapModel| {
@@ -143,13 +145,16 @@ fn calibrated_gaps(
         }
     };
     models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
-    let mut model = models.swap_remove(CALIBRATIONS / 2);
+    let mut model = models.swap_remove(models.len() / 2);
     model.calibrations_ms = all;
     Ok(model)
 }
 
-/// Calibrations per gap model (odd: the median is one of them).
-const CALIBRATIONS: usize = 5;
+/// Calibrations per gap model: at least, at most (both odd: the median is one of them).
+const CALIBRATIONS: (usize, usize) = (5, 25);
+
+/// How long the calibrations beyond the first [`CALIBRATIONS`] may go on.
+const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
 /// all calibrations).
