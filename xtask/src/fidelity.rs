@@ -21,6 +21,47 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The zoo's held-out sets (`zoo.py`), in the order they were added: each one's table title
+/// and its label on the plot. A new set is added here alone.
+struct HeldOut {
+    set: &'static str,
+    title: &'static str,
+    label: &'static str,
+}
+
+static HELD_OUT: [HeldOut; 6] = [
+    HeldOut {
+        set: "heldout",
+        title: "HELD-OUT",
+        label: "held-out",
+    },
+    HeldOut {
+        set: "fresh",
+        title: "FRESH HELD-OUT (added 2026-12-01)",
+        label: "fresh held-out",
+    },
+    HeldOut {
+        set: "fresh2",
+        title: "SECOND FRESH HELD-OUT (added 2026-12-01, second session)",
+        label: "second fresh held-out",
+    },
+    HeldOut {
+        set: "fresh3",
+        title: "THIRD FRESH HELD-OUT (added 2026-12-02)",
+        label: "third fresh held-out",
+    },
+    HeldOut {
+        set: "fresh4",
+        title: "FOURTH FRESH HELD-OUT (added 2026-12-03, ninth session)",
+        label: "fourth fresh held-out",
+    },
+    HeldOut {
+        set: "fresh5",
+        title: "FIFTH FRESH HELD-OUT (added 2026-12-03, tenth session)",
+        label: "fifth fresh held-out",
+    },
+];
+
 struct Model {
     name: String,
     set: String,
@@ -650,41 +691,16 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         );
         rows.push((row, m.covers.clone()));
     }
-    // (name in the summary, the zoo sets it covers, the table's title; none: summary only).
-    let groups: [(&str, &[&str], Option<&str>); 8] = [
-        ("tune", &["tune"], Some("tuning")),
-        ("heldout", &["heldout"], Some("HELD-OUT")),
-        (
-            "fresh",
-            &["fresh"],
-            Some("FRESH HELD-OUT (added 2026-12-01)"),
-        ),
-        (
-            "fresh2",
-            &["fresh2"],
-            Some("SECOND FRESH HELD-OUT (added 2026-12-01, second session)"),
-        ),
-        (
-            "fresh3",
-            &["fresh3"],
-            Some("THIRD FRESH HELD-OUT (added 2026-12-02)"),
-        ),
-        (
-            "fresh4",
-            &["fresh4"],
-            Some("FOURTH FRESH HELD-OUT (added 2026-12-03, ninth session)"),
-        ),
-        (
-            "fresh5",
-            &["fresh5"],
-            Some("FIFTH FRESH HELD-OUT (added 2026-12-03, tenth session)"),
-        ),
-        (
-            "all held-out",
-            &["heldout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5"],
-            None,
-        ),
-    ];
+    // The tuning set's table, each held-out set's, and a summary over all held-out sets: (name
+    // in the summary, the zoo sets it covers, the table's title; none: summary only).
+    let all_held_out: Vec<&str> = HELD_OUT.iter().map(|h| h.set).collect();
+    let mut groups: Vec<(&str, &[&str], Option<&str>)> = vec![("tune", &["tune"], Some("tuning"))];
+    groups.extend(
+        HELD_OUT
+            .iter()
+            .map(|h| (h.set, std::slice::from_ref(&h.set), Some(h.title))),
+    );
+    groups.push(("all held-out", &all_held_out, None));
     for (set, sets, title) in groups {
         let in_set: Vec<&(Row, String)> = rows
             .iter()
@@ -784,15 +800,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 format!(
                     "{}{}",
                     r.model,
-                    match r.set.as_str() {
-                        "heldout" => " (held-out)",
-                        "fresh" => " (fresh held-out)",
-                        "fresh2" => " (second fresh held-out)",
-                        "fresh3" => " (third fresh held-out)",
-                        "fresh4" => " (fourth fresh held-out)",
-                        "fresh5" => " (fifth fresh held-out)",
-                        _ => "",
-                    }
+                    HELD_OUT
+                        .iter()
+                        .find(|h| h.set == r.set)
+                        .map_or(String::new(), |h| format!(" ({})", h.label)),
                 ),
                 r.quiet,
                 r.busy,
