@@ -172,6 +172,22 @@ fn compare_reports_ratios_and_an_svg() {
     let between = j["replay"]["between_ops_ms"].as_f64().unwrap();
     assert!(emulated > 0.0, "{emulated}");
     assert!((0.5..=2.0).contains(&pace), "{pace}");
+    // Calibrated at least five times, on for a time budget, an odd count (the model is the
+    // median one's, so one of them).
+    let calibrations: Vec<f64> = j["gap_model"]["calibrations_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_f64().unwrap())
+        .collect();
+    assert!(
+        (5..=25).contains(&calibrations.len()) && calibrations.len() % 2 == 1,
+        "{calibrations:?}"
+    );
+    assert!(
+        calibrations.iter().any(|&c| (c - emulated).abs() < 1e-12),
+        "{emulated} not among {calibrations:?}"
+    );
     assert!(
         (spun - emulated * pace).abs() <= 1e-9 * spun.max(1.0),
         "{spun} {emulated} {pace}"
