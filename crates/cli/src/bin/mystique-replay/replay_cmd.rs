@@ -127,6 +127,13 @@ fn calibrated_gaps(
     // time, and their five calibrations' emulated totals spread by 10-15%, the median's noise
     // 4% of the iteration), at most CALIBRATIONS.1; an odd count, so that the median is one.
     let started = std::time::Instant::now();
+    eprintln!(
+        "[replay] calibrating the gap model: short replays under the capture's instrumentation \
+         (at least {}; more, up to {}, while they take under {} s) ...",
+        CALIBRATIONS.0,
+        CALIBRATIONS.1,
+        CALIBRATION_BUDGET.as_secs()
+    );
     let mut models = Vec::with_capacity(CALIBRATIONS.1);
     while models.len() < CALIBRATIONS.0
         || (models.len() < CALIBRATIONS.1
@@ -135,6 +142,11 @@ fn calibrated_gaps(
         let first = models.is_empty();
         models.push(calibrate_once(g, set, kineto, &calib, first, probed_costs)?);
     }
+    eprintln!(
+        "[replay] calibrated {} times in {:.1} s",
+        models.len(),
+        started.elapsed().as_secs_f64()
+    );
     let all: Vec<f64> = models.iter().map(|m| m.emulated_ms).collect();
     let per_base = |m: &et_graph::GapModel| {
         let base: f64 = m.base_step_us.iter().filter(|b| b.is_finite()).sum();
