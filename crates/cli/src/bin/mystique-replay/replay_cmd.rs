@@ -165,7 +165,8 @@ fn calibrated_gaps(
 /// Calibrations per gap model: at least, at most (both odd: the median is one of them).
 const CALIBRATIONS: (usize, usize) = (5, 25);
 
-/// How long the calibrations beyond the first [`CALIBRATIONS`] may go on.
+/// Calibrating goes on past the least count of [`CALIBRATIONS`] while it has taken less than
+/// this in all (counted from the first), then stops at the next odd count.
 const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
