@@ -230,6 +230,16 @@ int mq_set_requires_grad(at::Tensor* t) {
   return guarded([&] { t->set_requires_grad(true); });
 }
 
+// Marks a 0-dim tensor as a wrapped number: what a Python number passed to a Tensor overload
+// becomes (`-0.5 * loss` calls `mul.Tensor(loss, <0-dim double>)`). Type promotion ignores a
+// wrapped number's dtype; a plain 0-dim double beside a 0-dim float makes the result double.
+int mq_set_wrapped_number(at::Tensor* t) {
+  return guarded([&] {
+    TORCH_CHECK(t->dim() == 0, "only a 0-dim tensor can be a wrapped number");
+    t->unsafeGetTensorImpl()->set_wrapped_number(true);
+  });
+}
+
 // 0 none, 1 tensor, 2 tensor list, 3 other, 4 list of tensor lists.
 int mq_stack_kind(MqStack* st, size_t i) {
   const auto& v = st->s.at(i);

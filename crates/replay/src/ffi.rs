@@ -56,6 +56,7 @@ extern "C" {
         dtype: i32,
     ) -> i32;
     fn mq_set_requires_grad(t: *mut C_tensor) -> i32;
+    fn mq_set_wrapped_number(t: *mut C_tensor) -> i32;
     fn mq_stack_kind(st: *mut MqStack, i: usize) -> i32;
     fn mq_stack_tensor(st: *mut MqStack, i: usize) -> *mut C_tensor;
     fn mq_stack_list_len(st: *mut MqStack, i: usize) -> usize;
@@ -520,6 +521,16 @@ impl Stack {
 pub fn set_requires_grad(t: &mut Tensor) -> Result<(), CallError> {
     // SAFETY: a live tensor; the shim catches every C++ exception.
     match unsafe { mq_set_requires_grad(t.as_mut_ptr()) } {
+        0 => Ok(()),
+        code => Err(call_error(code)),
+    }
+}
+
+/// Marks a 0-dim tensor as a wrapped number (a Python number passed where a Tensor is taken),
+/// which type promotion does not let decide the result's dtype.
+pub fn set_wrapped_number(t: &mut Tensor) -> Result<(), CallError> {
+    // SAFETY: a live tensor; the shim catches every C++ exception.
+    match unsafe { mq_set_wrapped_number(t.as_mut_ptr()) } {
         0 => Ok(()),
         code => Err(call_error(code)),
     }

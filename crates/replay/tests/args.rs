@@ -925,3 +925,55 @@ fn an_inference_traces_parameters_and_their_views_require_grad() {
     let y = slot(out_slot(&plan, 1, 0) as u32);
     assert!(!y.requires_grad());
 }
+
+#[test]
+fn python_numbers_passed_as_tensors_do_not_promote_the_result() {
+    // `-0.5 * kl` with a 0-dim float `kl` calls `mul.Tensor(kl, <0-dim double>)`: PyTorch wraps
+    // the Python number, so the product stays float. The trace records the number as a plain
+    // 0-dim double no op wrote; replayed as one, the product came out double and every op after
+    // it failed on the mixed dtypes (a VAE's backward `mm`, Adam's `lerp_`).
+    let scalar = |id: u64| json!([id, id, 0, 1, 4, "cpu"]);
+    let tr = trace(&[
+        (
+            "aten::full",
+            FULL,
+            vec![
+                (json!([]), json!([]), "GenericList[]"),
+                (json!(2.0), json!([]), "Double"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+                (json!("<None>"), json!([]), "None"),
+            ],
+            vec![(scalar(1), json!([]), "Tensor(float)")],
+        ),
+        (
+            "aten::mul",
+            "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor",
+            vec![
+                (scalar(1), json!([]), "Tensor(float)"),
+                (json!([2, 2, 0, 1, 8, "cpu"]), json!([]), "Tensor(double)"),
+            ],
+            vec![(scalar(3), json!([]), "Tensor(float)")],
+        ),
+        // A float op on the product, as the KL term's sum with the reconstruction loss.
+        full(4, 1.0),
+        (
+            "aten::add",
+            "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            vec![
+                (t(4, 4, 2), json!([2]), "Tensor(float)"),
+                (scalar(3), json!([]), "Tensor(float)"),
+            ],
+            vec![(t(5, 5, 2), json!([2]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    let product = slots[out_slot(&plan, 1, 0)].as_ref().unwrap();
+    assert_eq!(product.kind(), tch::Kind::Float, "the recorded dtype");
+    assert_eq!(
+        slots[out_slot(&plan, 3, 0)].as_ref().unwrap().kind(),
+        tch::Kind::Float
+    );
+}
