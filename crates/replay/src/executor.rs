@@ -634,18 +634,12 @@ pub fn materialise(
                     ReplayError::Materialise(CallError::new(ErrorKind::Other, e.to_string()))
                 })?;
             fill_view(&mut view, spec, fill, device);
-            // A 0-dim double or long no replayed op wrote is a Python number the original
-            // passed to a Tensor overload (`-0.5 * kl` is `mul.Tensor(kl, <0-dim double>)`):
-            // the trace records it as a plain tensor, but PyTorch wrapped it, and type
-            // promotion ignores a wrapped number's dtype. Left plain, the 0-dim double made
+            // The trace records a Python number passed to a Tensor overload (`-0.5 * kl` is
+            // `mul.Tensor(kl, <0-dim double>)`) as a plain tensor, but PyTorch wrapped it, and
+            // type promotion ignores a wrapped number's dtype. Left plain, the 0-dim double made
             // the product of a 0-dim float double, and every op downstream failed on it
             // (a VAE's KL term: its backward's `mm`, `mse_loss_backward`, Adam's `lerp_`).
-            if spec.shape.is_empty()
-                && matches!(
-                    spec.dtype,
-                    et_schema::DType::Float64 | et_schema::DType::Int64
-                )
-            {
+            if spec.is_wrapped_number() {
                 if let Err(e) = ffi::set_wrapped_number(&mut view) {
                     log::warn!("a 0-dim input could not be marked a wrapped number: {e}");
                 }

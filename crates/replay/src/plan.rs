@@ -30,6 +30,14 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// Whether an input no replayed op wrote is a Python number the original passed to a
+    /// Tensor overload (`exp_avg_sq.mul_(beta2)`, `-0.5 * kl`): PyTorch wraps a float as a
+    /// 0-dim double and an int as a 0-dim long, and the trace records neither the value nor
+    /// the wrapping.
+    pub fn is_wrapped_number(&self) -> bool {
+        self.shape.is_empty() && matches!(self.dtype, DType::Float64 | DType::Int64)
+    }
+
     /// Bytes of storage this view reaches (saturating).
     pub fn bytes(&self) -> u64 {
         (self.extent().max(0) as u64).saturating_mul(self.dtype.size_bytes() as u64)
@@ -965,9 +973,8 @@ impl Builder<'_, '_> {
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let fill = if spec.dtype.is_integral() {
             Fill::Zeros
-        } else if spec.shape.is_empty() && spec.dtype == DType::Float64 {
-            // A 0-dim double is how a Python number passed to a Tensor overload reaches the op
-            // (a "wrapped number": `exp_avg_sq.mul_(beta2)`), its value unrecorded. 1 keeps
+        } else if spec.is_wrapped_number() {
+            // A float one (integral ones are zeros, above), its value unrecorded. 1 keeps
             // such factors neutral: a random 0.08 as beta2 decayed Adam's second moments to
             // denormals within 30 iterations.
             Fill::Value(1.0)
