@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -26,7 +26,8 @@ sessions, so that a claim rests on models no one had seen results of; `fresh2` l
 once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, added with the
 timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
 warm-up and the probed boundary costs (ninth session); `fresh5` likewise (tenth session); `fresh6`
-likewise (twelfth session, before the harness's block length was decided).
+likewise (twelfth session, before the harness's block length was decided); `fresh7` likewise
+(thirteenth session, before any change to the gap model was tried).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -909,6 +910,144 @@ def deepfm_sgd():
                  lambda m: F.binary_cross_entropy_with_logits(m(idx), y))
 
 
+# ---- seventh fresh held-out set (thirteenth session) -----------------------------------------
+
+
+class SegNet(nn.Module):
+    def __init__(self, c=8, classes=4):
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(), nn.MaxPool2d(2))
+        self.mid = nn.Conv2d(c, c, 3, padding=1)
+        self.head = nn.Conv2d(c, classes, 1)
+
+    def forward(self, x):
+        return self.head(F.interpolate(F.relu(self.mid(self.down(x))), scale_factor=2, mode="nearest"))
+
+
+def seg_nearest_sgd():
+    m = SegNet()
+    x, y = torch.randn(2, 3, 32, 32), torch.randint(0, 4, (2, 32, 32))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                 lambda m: F.cross_entropy(m(x), y))
+
+
+class LstmAttn(nn.Module):
+    def __init__(self, vocab=300, d=32, hidden=48, classes=3):
+        super().__init__()
+        self.emb, self.lstm = nn.Embedding(vocab, d), nn.LSTM(d, hidden, batch_first=True)
+        self.score, self.v, self.fc = nn.Linear(hidden, hidden), nn.Linear(hidden, 1, bias=False), nn.Linear(hidden, classes)
+
+    def forward(self, t):
+        h, _ = self.lstm(self.emb(t))
+        a = torch.softmax(self.v(torch.tanh(self.score(h))), dim=1)  # (B, T, 1) additive attention
+        return self.fc(torch.bmm(a.transpose(1, 2), h).squeeze(1))
+
+
+def lstm_attn_adam():
+    m = LstmAttn()
+    t, y = torch.randint(0, 300, (8, 20)), torch.randint(0, 3, (8,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(t), y))
+
+
+class ResMlp(nn.Module):
+    def __init__(self, d=64, blocks=3):
+        super().__init__()
+        self.inp = nn.Linear(20, d)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.BatchNorm1d(d), nn.ReLU(), nn.Linear(d, d)) for _ in range(blocks))
+        self.out = nn.Linear(d, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.out(h).squeeze(1)
+
+
+def tabular_resmlp_asgd():
+    m = ResMlp()
+    x, y = torch.randn(128, 20), torch.randn(128)
+    return train(m, torch.optim.ASGD(m.parameters(), lr=1e-2), lambda m: F.huber_loss(m(x), y))
+
+
+def lenet_nadam():
+    m = nn.Sequential(nn.Conv2d(1, 6, 5), nn.Tanh(), nn.MaxPool2d(2), nn.Conv2d(6, 16, 5), nn.Tanh(),
+                      nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 4 * 4, 84), nn.Tanh(), nn.Linear(84, 10))
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    return train(m, torch.optim.NAdam(m.parameters(), lr=2e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def tf_decoder_infer():
+    layer = nn.TransformerDecoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    m = nn.TransformerDecoder(layer, 2).eval()
+    tgt, mem = torch.randn(4, 12, 64), torch.randn(4, 24, 64)
+    mask = nn.Transformer.generate_square_subsequent_mask(12)
+
+    @torch.no_grad()
+    def step():
+        return m(tgt, mem, tgt_mask=mask)
+    return step
+
+
+class Perceiver(nn.Module):
+    def __init__(self, d=64, latents=16, heads=4, classes=10):
+        super().__init__()
+        self.heads = heads
+        self.latent = nn.Parameter(torch.randn(latents, d) * 0.02)
+        self.q, self.kv, self.o = nn.Linear(d, d), nn.Linear(32, 2 * d), nn.Linear(d, d)
+        self.ff = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.fc = nn.Linear(d, classes)
+
+    def forward(self, x):
+        B, D, H = x.shape[0], self.latent.shape[1], self.heads
+        split = lambda t: t.view(B, -1, H, D // H).transpose(1, 2)
+        k, v = self.kv(x).chunk(2, -1)
+        q = self.q(self.latent).expand(B, -1, -1)
+        a = F.scaled_dot_product_attention(split(q), split(k), split(v)).transpose(1, 2).reshape(B, -1, D)
+        h = self.o(a)
+        h = h + self.ff(h)
+        return self.fc(h.mean(1))
+
+
+def perceiver_radam():
+    m = Perceiver()
+    x, y = torch.randn(4, 50, 32), torch.randint(0, 10, (4,))
+    return train(m, torch.optim.RAdam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+class Ncf(nn.Module):
+    def __init__(self, users=500, items=800, d=24):
+        super().__init__()
+        self.u, self.i = nn.Embedding(users, d), nn.Embedding(items, d)
+        self.mlp = nn.Sequential(nn.Linear(2 * d, 32), nn.ReLU(), nn.Linear(32, 1))
+
+    def score(self, u, i):
+        eu, ei = self.u(u), self.i(i)
+        return (eu * ei).sum(1) + self.mlp(torch.cat([eu, ei], 1)).squeeze(1)
+
+
+def ncf_bpr_adagrad():
+    m = Ncf()
+    g = torch.Generator().manual_seed(2)
+    u, pos, neg = (torch.randint(0, n, (128,), generator=g) for n in (500, 800, 800))
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.05),
+                 lambda m: -F.logsigmoid(m.score(u, pos) - m.score(u, neg)).mean())
+
+
+def autocast_bf16_cnn_adamw():
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, stride=2, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 3, 24, 24), torch.randint(0, 10, (8,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -969,6 +1108,14 @@ MODELS = {
     "retrieval_topk_infer": (retrieval_topk_infer, "fresh6", "query encoder, normalised dot products over a corpus, topk, index_select, inference"),
     "dropout_mlp_rprop": (dropout_mlp_rprop, "fresh6", "MLP with SELU and dropout, smooth L1, Rprop"),
     "deepfm_sgd": (deepfm_sgd, "fresh6", "DeepFM: field embeddings, FM interaction, deep MLP, BCE logits, SGD"),
+    "seg_nearest_sgd": (seg_nearest_sgd, "fresh7", "conv, batch-norm, max-pool, nearest upsampling, per-pixel cross-entropy, SGD momentum"),
+    "lstm_attn_adam": (lstm_attn_adam, "fresh7", "LSTM with additive attention (tanh, softmax, bmm), Adam"),
+    "tabular_resmlp_asgd": (tabular_resmlp_asgd, "fresh7", "residual MLP with batch-norm, Huber loss, ASGD"),
+    "lenet_nadam": (lenet_nadam, "fresh7", "LeNet (tanh, max-pool), NAdam"),
+    "tf_decoder_infer": (tf_decoder_infer, "fresh7", "two nn.TransformerDecoderLayer blocks with causal mask and cross-attention, inference"),
+    "perceiver_radam": (perceiver_radam, "fresh7", "latent cross-attention (SDPA), layer-norm, GELU, RAdam"),
+    "ncf_bpr_adagrad": (ncf_bpr_adagrad, "fresh7", "neural collaborative filtering, BPR loss (logsigmoid), Adagrad"),
+    "autocast_bf16_cnn_adamw": (autocast_bf16_cnn_adamw, "fresh7", "CNN under bf16 autocast, AdamW"),
 }
 
 
