@@ -144,6 +144,9 @@ pub struct Executor<'a> {
     fill_ones: Vec<Vec<crate::plan::Slot>>,
     /// Collectives' outstanding work, by the step that waits for it.
     pending: HashMap<usize, Vec<ffi::Works>>,
+    /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which
+    /// `--check-values` does not report ([`Executor::produced_nonfinite`]).
+    by_design: Vec<bool>,
 }
 
 /// Outputs of `empty*` ops small enough to be Python scalars made tensors
@@ -219,6 +222,7 @@ impl<'a> Executor<'a> {
             arena_bytes,
             fill_ones: small_empties(plan),
             pending: HashMap::new(),
+            by_design: vec![false; plan.n_slots],
         })
     }
 
@@ -290,7 +294,7 @@ impl<'a> Executor<'a> {
     /// empty (the step then reports the missing input).
     pub fn make_views(&self, pos: usize, slots: &mut [Option<Tensor>]) {
         for v in &self.plan.steps[pos].views {
-            slots[v.slot as usize] = slots[v.base as usize].as_ref().and_then(|base| {
+            let made = slots[v.base as usize].as_ref().and_then(|base| {
                 // Not a step of the model's graph: no autograd node for the view itself.
                 let _guard = tch::no_grad_guard();
                 match v.kind {
@@ -299,9 +303,15 @@ impl<'a> Executor<'a> {
                     }
                     ViewKind::LogSoftmax { dim } => base.f_log_softmax(dim, base.kind()),
                     ViewKind::Softmax { dim } => base.f_softmax(dim, base.kind()),
+                    ViewKind::AttentionLogsumexp { key, causal, scale } => {
+                        let key = slots[key as usize].as_ref()?;
+                        attention_logsumexp(base, key, causal, scale)
+                            .and_then(|l| l.f_to_kind(kind_of(v.spec.dtype)))
+                    }
                 }
                 .ok()
             });
+            slots[v.slot as usize] = made;
         }
     }
 
@@ -498,19 +508,43 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// Whether a float tensor step `pos` touched holds NaN/Inf after it: its outputs, and its
-    /// inputs, which in-place ops write (`_foreach_add_` returns nothing). Allocating ops
-    /// (`empty*`) are skipped: their outputs hold whatever the memory held.
-    pub fn produced_nonfinite(&self, pos: usize, slots: &[Option<Tensor>]) -> bool {
+    /// Whether a float tensor step `pos` touched holds NaN/Inf after it that the trace did not
+    /// ask for: its outputs, and its inputs, which in-place ops write (`_foreach_add_` returns
+    /// nothing). Allocating ops (`empty*`) are skipped: their outputs hold whatever the memory
+    /// held.
+    ///
+    /// Infinities a model makes on purpose are not a divergence: a step given a non-finite
+    /// number (`full(size, -inf)` for a causal mask, `masked_fill(m, -inf)`), or an input that
+    /// holds such values by design, may hold them in what it writes; those tensors are marked
+    /// (per slot, kept across iterations) and the values they pass on are excused
+    /// only where they still hold non-finite values (a softmax over masked scores is finite
+    /// again, and checked again downstream). Without it a transformer decoder's mask made every
+    /// replay report NaN/Inf at its first op.
+    pub fn produced_nonfinite(&mut self, pos: usize, slots: &[Option<Tensor>]) -> bool {
         let step = &self.plan.steps[pos];
-        let inputs = self.bound.args(self.plan, pos).iter().flat_map(Arg::slots);
-        !step.name.contains("empty")
-            && step
-                .out_specs
-                .iter()
-                .map(|(s, _)| *s)
-                .chain(inputs)
-                .any(|s| slots[s as usize].as_ref().is_some_and(nonfinite))
+        if step.name.contains("empty") {
+            return false;
+        }
+        let args = self.bound.args(self.plan, pos);
+        let inputs: Vec<crate::plan::Slot> = args.iter().flat_map(Arg::slots).collect();
+        let by_design = &mut self.by_design;
+        let asked = args.iter().any(Arg::has_nonfinite_number)
+            || inputs.iter().any(|&s| by_design[s as usize]);
+        let touched = step.out_specs.iter().map(|(s, _)| *s).chain(inputs);
+        let mut diverged = false;
+        for s in touched {
+            if by_design[s as usize] {
+                continue;
+            }
+            if slots[s as usize].as_ref().is_some_and(nonfinite) {
+                if asked {
+                    by_design[s as usize] = true;
+                } else {
+                    diverged = true;
+                }
+            }
+        }
+        diverged
     }
 }
 
@@ -648,6 +682,33 @@ pub fn materialise(
         }
     }
     Ok((slots, arena.map_or(0, |a| a.bytes as u64)))
+}
+
+/// `logsumexp((q @ k^T) * scale, -1)` in float, the upper triangle (key after query) masked
+/// out when `causal`: a fused attention's log-sum-exp ([`ViewKind::AttentionLogsumexp`]).
+fn attention_logsumexp(
+    q: &Tensor,
+    k: &Tensor,
+    causal: bool,
+    scale: Option<f64>,
+) -> Result<Tensor, tch::TchError> {
+    let q = q.f_to_kind(tch::Kind::Float)?;
+    let k = k.f_to_kind(tch::Kind::Float)?;
+    let e = *q.size().last().unwrap_or(&1) as f64;
+    let scores = q
+        .f_matmul(&k.f_transpose(-2, -1)?)?
+        .f_mul_scalar(scale.unwrap_or(1.0 / e.max(1.0).sqrt()))?;
+    let scores = if causal {
+        let (l, s) = (
+            scores.size()[scores.dim() - 2],
+            scores.size()[scores.dim() - 1],
+        );
+        let above = Tensor::f_ones([l, s], (tch::Kind::Bool, scores.device()))?.f_triu(1)?;
+        scores.f_masked_fill(&above, f64::NEG_INFINITY)?
+    } else {
+        scores
+    };
+    scores.f_logsumexp([-1i64].as_slice(), false)
 }
 
 /// Whether a float tensor holds NaN or Inf.

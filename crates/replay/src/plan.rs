@@ -228,6 +228,16 @@ impl Arg {
             _ => Vec::new(),
         }
     }
+
+    /// Whether it passes a number that is NaN or infinite (a mask's `-inf` fill): the op's
+    /// result may then hold such values by design.
+    pub fn has_nonfinite_number(&self) -> bool {
+        match self {
+            Arg::Double(v) | Arg::ScalarDouble(v) => !v.is_finite(),
+            Arg::DoubleList(v) | Arg::ScalarList(v) => v.iter().any(|x| !x.is_finite()),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -376,6 +386,17 @@ pub enum ViewKind {
     LogSoftmax { dim: i64 },
     /// `softmax(base, dim)`, likewise.
     Softmax { dim: i64 },
+    /// The log-sum-exp over keys of the attention scores of query `base` and `key` (`(q @
+    /// k^T) * scale`, `scale` by default 1/sqrt(head size), the upper triangle masked when
+    /// `causal`): what a fused attention (`_scaled_dot_product_flash_attention_for_cpu`) run
+    /// inside `scaled_dot_product_attention` returns beside its output and saves for its
+    /// backward, which no replayed op writes. Filled random instead, a Perceiver-style model's
+    /// attention gradients went NaN after 28 iterations (format 4).
+    AttentionLogsumexp {
+        key: Slot,
+        causal: bool,
+        scale: Option<f64>,
+    },
 }
 
 impl ViewKind {
@@ -414,9 +435,10 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 3;
-    /// The oldest format this build still runs. Format 3 only added [`Step::views`] (absent,
-    /// empty): a format-2 plan is a format-3 plan whose saved views were compiled as external
+    pub const VERSION: u32 = 4;
+    /// The oldest format this build still runs. Format 4 only added
+    /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as a
+    /// random external input). Format 3 only added [`Step::views`] (absent, empty): a format-2 plan is a format-3 plan whose saved views were compiled as external
     /// inputs, and runs as the build that made it ran it. Format 1 restored rounded scalars and
     /// took autocast differently, so its plans would not replay as they were compiled.
     pub const OLDEST_READABLE: u32 = 2;
@@ -510,6 +532,15 @@ impl Plan {
             for v in &st.views {
                 slot(v.slot, "view", id)?;
                 slot(v.base, "view base", id)?;
+                if let ViewKind::AttentionLogsumexp { key, .. } = v.kind {
+                    slot(key, "view key", id)?;
+                    if self.version < 4 {
+                        return Err(format!(
+                            "plan format {} with an attention log-sum-exp (format 4)",
+                            self.version
+                        ));
+                    }
+                }
                 if v.spec.shape.len() != v.spec.strides.len()
                     || extent(&v.spec.shape, &v.spec.strides).is_none()
                 {
@@ -1010,11 +1041,21 @@ impl Builder<'_, '_> {
             let mut m = HashMap::new();
             for (k, n) in t.nodes.iter().enumerate() {
                 let name = t.name(n);
-                if matches!(
-                    name,
-                    "aten::_log_softmax" | "aten::log_softmax" | "aten::_softmax" | "aten::softmax"
-                ) {
-                    for a in t.outputs(n) {
+                let lse = is_fused_attention(name);
+                if lse
+                    || matches!(
+                        name,
+                        "aten::_log_softmax"
+                            | "aten::log_softmax"
+                            | "aten::_softmax"
+                            | "aten::softmax"
+                    )
+                {
+                    for (i, a) in t.outputs(n).iter().enumerate() {
+                        // A fused attention's second output, its log-sum-exp.
+                        if lse && i != 1 {
+                            continue;
+                        }
                         for (v, _) in arg_tensors(t, a) {
                             if let Some(r) = storage_region(t, v) {
                                 m.entry(r).or_insert(k);
@@ -1028,6 +1069,9 @@ impl Builder<'_, '_> {
         let node = &t.nodes[*producers.get(&region?)?];
         let name = t.name(node);
         let ins = t.inputs(node);
+        if is_fused_attention(name) {
+            return self.attention_logsumexp(step, node, spec);
+        }
         let (v, in_spec) = arg_tensors(t, ins.first()?).into_iter().next()?;
         let in_spec = in_spec?;
         let dim = match ins.get(1)?.value {
@@ -1058,6 +1102,69 @@ impl Builder<'_, '_> {
                 ..spec.clone()
             },
             kind,
+        });
+        Some(s)
+    }
+
+    /// The log-sum-exp a fused attention `node` returned (its second output, `spec`), made
+    /// again from its query and key where both are live with their recorded shapes: `[B, H,
+    /// L, E]` and `[B, H, S, E]`, the log-sum-exp `[B, H, L]` in a floating dtype, no
+    /// attention mask (an additive or boolean one is not modelled). `None` otherwise.
+    fn attention_logsumexp(
+        &mut self,
+        step: usize,
+        node: &et_schema::Node,
+        spec: &TensorSpec,
+    ) -> Option<Slot> {
+        let t = self.g.trace;
+        let ins = t.inputs(node);
+        let live = |b: &Self, i: usize| -> Option<(Slot, Vec<i64>)> {
+            let (v, sp) = arg_tensors(t, ins.get(i)?).into_iter().next()?;
+            let sp = sp?;
+            let s = *b.current.get(&key_of(t, v)?)?;
+            (b.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp.shape))
+        };
+        let (q, qs) = live(self, 0)?;
+        let (k, ks) = live(self, 1)?;
+        let [b, h, l, e] = qs[..] else { return None };
+        let [b2, h2, _, e2] = ks[..] else { return None };
+        if (b, h, e) != (b2, h2, e2) || spec.shape != [b, h, l] || !spec.dtype.is_floating_point() {
+            return None;
+        }
+        let causal = match ins.get(4).map(|a| a.value) {
+            Some(Value::Bool(c)) => c,
+            _ => return None,
+        };
+        // The CPU kernel's attn_mask (argument 5) must be None; the CUDA one's argument 5 is
+        // return_debug_mask, a bool.
+        if let Some(a) = ins.get(5) {
+            if !(is_none(t, a.value) || matches!(a.value, Value::Bool(_))) {
+                return None;
+            }
+        }
+        let scale = match ins.get(6).map(|a| a.value) {
+            Some(v) if !is_none(t, v) => Some(t.as_f64(v)?),
+            _ => None,
+        };
+        self.last_use[q as usize] = step;
+        self.last_use[k as usize] = step;
+        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
+        log::debug!(
+            "step {step}: the log-sum-exp of {} made again for its backward",
+            t.name(node)
+        );
+        self.views.push(View {
+            slot: s,
+            base: q,
+            spec: TensorSpec {
+                strides: contiguous(&spec.shape),
+                ..spec.clone()
+            },
+            kind: ViewKind::AttentionLogsumexp {
+                key: k,
+                causal,
+                scale,
+            },
         });
         Some(s)
     }
@@ -1097,6 +1204,16 @@ impl Builder<'_, '_> {
         });
         i as u32
     }
+}
+
+/// A fused attention kernel that returns its log-sum-exp second, `[B, H, L]` (the memory-
+/// efficient kernel pads it, and is not one).
+fn is_fused_attention(name: &str) -> bool {
+    matches!(
+        name,
+        "aten::_scaled_dot_product_flash_attention_for_cpu"
+            | "aten::_scaled_dot_product_flash_attention"
+    )
 }
 
 fn scalar_of(t: &Trace, v: Value) -> Option<Arg> {
