@@ -30,7 +30,7 @@ likewise (twelfth session, before the harness's block length was decided); `fres
 (thirteenth session, before any change to the gap model was tried).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
-import json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
+import hashlib, inspect, json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.profiler import ExecutionTraceObserver, profile, ProfilerActivity, schedule
 
@@ -1227,16 +1227,69 @@ def capture(out, name, busy):
                 minor_faults_per_iter=faults, profiled_capture_ms=profiled_ms,
                 profiled_iterations=list(range(1, ACTIVE + 1)), replay_iteration=REPLAY_ITERATION,
                 timing_warmup=warmup, timing_iterations=TIMING_ACTIVE, peak_allocated_bytes=peak,
-                peak_over_start_bytes=peak - first)
+                peak_over_start_bytes=peak - first, model_key=model_key(name), machinery_key=machinery_key())
     with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(json.dumps(meta))
 
 
+# ---- cache keys --------------------------------------------------------------------------------
+# A capture is kept while what made it is unchanged: the capture machinery (`machinery_key`: the
+# functions below that run a model and record it, their constants, torch's version) keys the
+# cache directory, and each model's own code (`model_key`: its factory and every function and
+# class of this file it reaches) is written into its meta, so that adding a model, or changing
+# one, captures that model alone. (One key over the whole script recaptured all of them for each
+# model added.)
+
+
+def _sources(obj, seen):
+    """The source of `obj` (a function or class of this file) and of those of this file it names,
+    transitively: what a model's capture depends on besides the machinery."""
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    out = [inspect.getsource(obj)]
+    codes = []
+    if inspect.isclass(obj):
+        codes = [v.__code__ for v in vars(obj).values() if inspect.isfunction(v)]
+    elif inspect.isfunction(obj):
+        codes = [obj.__code__]
+    while codes:
+        c = codes.pop()
+        codes.extend(k for k in c.co_consts if inspect.iscode(k))
+        for n in c.co_names:
+            g = globals().get(n)
+            if (inspect.isfunction(g) or inspect.isclass(g)) and getattr(g, "__module__", None) == __name__:
+                out += _sources(g, seen)
+    return out
+
+
+def _digest(parts):
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def model_key(name):
+    """What a model's captures depend on, besides the machinery: its code."""
+    return _digest(sorted(_sources(MODELS[name][0], set())) + [MODELS[name][1]])
+
+
+def machinery_key():
+    """What every capture depends on: the code that runs and records a model, and its settings."""
+    fns = (train, infer, make, timed, burn, capture)
+    return _digest([inspect.getsource(f) for f in fns] + [repr((ACTIVE, REPLAY_ITERATION, TIMING_WARMUP_MS,
+                    TIMING_WARMUP_MAX, TIMING_ACTIVE)), torch.__version__])
+
+
 def main():
     a = sys.argv[1:]
     if a[:1] == ["list"]:
-        print(json.dumps([dict(name=n, set=s, covers=c) for n, (_, s, c) in MODELS.items()]))
+        machinery = machinery_key()
+        print(json.dumps([dict(name=n, set=s, covers=c, key=model_key(n), machinery=machinery)
+                          for n, (_, s, c) in MODELS.items()]))
     elif a[:1] == ["time"] and len(a) >= 2:
         times, faults = timed(make(a[1]), int(a[2]) if len(a) > 2 else 30)
         print(json.dumps(dict(model=a[1], threads=torch.get_num_threads(), iters=len(times),

@@ -1,8 +1,9 @@
 //! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS']] [--svg PATH]`:
 //! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
-//! Each zoo model is captured twice (cached under the user cache, keyed by the zoo script's
-//! hash): on a quiet host, and with the host made busy during the capture only. Per model, four
+//! Each zoo model is captured twice (cached under the user cache: a directory per version of the
+//! capture machinery, and each model's capture kept while its own code is unchanged, so that a
+//! model added captures alone): on a quiet host, and with the host made busy during the capture only. Per model, four
 //! processes stand side by side and take turns, one block of iterations each per round (about
 //! 50 ms of the original's by default, the order rotating; all four pinned to one core; 1
 //! thread): the original timed uninstrumented (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
@@ -80,6 +81,10 @@ struct Model {
     name: String,
     set: String,
     covers: String,
+    /// What its captures depend on besides the machinery: its code (`zoo.py`'s `model_key`).
+    key: String,
+    /// What every capture depends on: the code that runs and records a model (`machinery_key`).
+    machinery: String,
 }
 
 fn zoo_script(root: &Path) -> PathBuf {
@@ -119,20 +124,35 @@ fn models(root: &Path, torch_py: &Path) -> Result<Vec<Model>> {
             name: m["name"].as_str().unwrap_or_default().into(),
             set: m["set"].as_str().unwrap_or_default().into(),
             covers: m["covers"].as_str().unwrap_or_default().into(),
+            key: m["key"].as_str().unwrap_or_default().into(),
+            machinery: m["machinery"].as_str().unwrap_or_default().into(),
         })
         .collect())
 }
 
-/// The zoo's cache directory for this script (a changed script captures afresh).
-fn zoo_dir(root: &Path, cache: &Path) -> Result<PathBuf> {
-    let mut src = std::fs::read(zoo_script(root))?;
+/// The zoo's cache directory for the capture machinery (its code and settings, `zoo.py`'s
+/// `machinery_key`, and the captures' environment): a change there captures every model afresh.
+/// A model's own code is checked per model ([`ensure_zoo`]), so adding or changing a model
+/// captures that one alone.
+fn zoo_dir(cache: &Path, models: &[Model]) -> Result<PathBuf> {
+    let Some(machinery) = models.first().map(|m| m.machinery.as_str()) else {
+        bail!("zoo.py list: no models");
+    };
+    anyhow::ensure!(
+        !machinery.is_empty()
+            && models
+                .iter()
+                .all(|m| m.machinery == machinery && !m.key.is_empty()),
+        "zoo.py list: every model needs a key and the same machinery key"
+    );
+    let mut src = machinery.as_bytes().to_vec();
     // The captures' environment is part of what they are.
     src.extend_from_slice(WARM_HEAP.as_bytes());
     // FNV-1a: a stable content key, no dependency.
     let h = src.iter().fold(0xcbf29ce484222325u64, |h, b| {
         (h ^ *b as u64).wrapping_mul(0x100000001b3)
     });
-    Ok(cache.join(format!("zoo/torch-2.11.0-{h:016x}")))
+    Ok(cache.join(format!("zoo/torch-2.11.0-m{h:016x}")))
 }
 
 /// Captures whatever of the zoo is missing (quiet and busy).
@@ -140,7 +160,12 @@ fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Res
     for variant in ["quiet", "busy"] {
         for m in models {
             let out = dir.join(variant);
-            if out.join(format!("{}.meta.json", m.name)).exists() {
+            // Captured, and by the model's code as it is now.
+            let meta: Option<serde_json::Value> =
+                std::fs::read(out.join(format!("{}.meta.json", m.name)))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+            if meta.is_some_and(|v| v["model_key"].as_str() == Some(m.key.as_str())) {
                 continue;
             }
             eprintln!("[fidelity] capturing {} ({variant}) ...", m.name);
@@ -459,7 +484,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     if models.is_empty() {
         bail!("no zoo model selected");
     }
-    let dir = zoo_dir(root, cache)?;
+    let dir = zoo_dir(cache, &models)?;
     ensure_zoo(root, &dir, torch_py, &models)?;
     // Paired blocks: the original and the three replays run side by side as four processes
     // that take turns, a block of iterations each (about `block_ms` of the original's), and a
