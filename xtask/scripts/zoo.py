@@ -1243,17 +1243,33 @@ def capture(out, name, busy):
 
 
 def _sources(obj, seen):
-    """The source of `obj` (a function or class of this file) and of those of this file it names,
-    transitively: what a model's capture depends on besides the machinery."""
+    """The source of `obj` (a function or class of this file) and of those of this file it reaches,
+    transitively (through the names its code uses, its methods, static or not, its properties, its
+    base classes and its default arguments): what a model's capture depends on besides the
+    machinery."""
     if id(obj) in seen:
         return []
     seen.add(id(obj))
     out = [inspect.getsource(obj)]
-    codes = []
+    codes, refs = [], []
     if inspect.isclass(obj):
-        codes = [v.__code__ for v in vars(obj).values() if inspect.isfunction(v)]
+        refs += list(obj.__mro__[1:])
+        for v in vars(obj).values():
+            v = getattr(v, "__func__", v)  # staticmethod, classmethod
+            if isinstance(v, property):
+                refs += [f for f in (v.fget, v.fset, v.fdel) if f is not None]
+            elif inspect.isfunction(v):
+                refs.append(v)
     elif inspect.isfunction(obj):
-        codes = [obj.__code__]
+        codes.append(obj.__code__)
+        refs += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+    for r in refs:
+        if inspect.isfunction(r) and r.__module__ == __name__ and not inspect.isclass(obj):
+            out += _sources(r, seen)
+        elif inspect.isfunction(r):
+            codes.append(r.__code__)
+        elif inspect.isclass(r) and r.__module__ == __name__:
+            out += _sources(r, seen)
     while codes:
         c = codes.pop()
         codes.extend(k for k in c.co_consts if inspect.iscode(k))
@@ -1273,15 +1289,32 @@ def _digest(parts):
 
 
 def model_key(name):
-    """What a model's captures depend on, besides the machinery: its code."""
-    return _digest(sorted(_sources(MODELS[name][0], set())) + [MODELS[name][1]])
+    """What a model's captures depend on, besides the machinery: its code (not its set, a label)."""
+    return _digest(sorted(_sources(MODELS[name][0], set())))
+
+
+def _module_settings():
+    """This file's top-level statements other than definitions, its docstring, the model table
+    and the entry point: the imports, `torch.set_num_threads`, the constants. Every capture (and
+    the timed original) runs under them."""
+    import ast
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    keep = []
+    for i, st in enumerate(tree.body):
+        if isinstance(st, (ast.FunctionDef, ast.ClassDef, ast.If)):
+            continue
+        if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
+            continue
+        if isinstance(st, ast.Assign) and any(getattr(t, "id", None) == "MODELS" for t in st.targets):
+            continue
+        keep.append(ast.unparse(st))
+    return keep
 
 
 def machinery_key():
-    """What every capture depends on: the code that runs and records a model, and its settings."""
+    """What every capture depends on: the code that runs and records a model, its settings."""
     fns = (train, infer, make, timed, burn, capture)
-    return _digest([inspect.getsource(f) for f in fns] + [repr((ACTIVE, REPLAY_ITERATION, TIMING_WARMUP_MS,
-                    TIMING_WARMUP_MAX, TIMING_ACTIVE)), torch.__version__])
+    return _digest([inspect.getsource(f) for f in fns] + _module_settings() + [torch.__version__])
 
 
 def main():

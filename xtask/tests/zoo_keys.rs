@@ -91,6 +91,17 @@ fn a_models_key_follows_its_own_code_and_the_machinery_key_the_capture() {
         ),
         &torch,
     );
+    // A setting every capture runs under: the machinery's key moves.
+    let setting = keys(
+        &edited(
+            &dir,
+            &src,
+            "TIMING_ACTIVE = 10",
+            "TIMING_ACTIVE = 11",
+            "setting.py",
+        ),
+        &torch,
+    );
     std::fs::remove_dir_all(&dir).ok();
     for (name, (key, m)) in &base {
         assert_eq!(&vae[name].1, m, "{name}: the machinery did not change");
@@ -101,5 +112,7 @@ fn a_models_key_follows_its_own_code_and_the_machinery_key_the_capture() {
         );
         assert_ne!(&cap[name].1, m, "{name}: the capture changed");
         assert_eq!(&cap[name].0, key, "{name}: its own code did not change");
+        assert_ne!(&setting[name].1, m, "{name}: a setting changed");
+        assert_eq!(&setting[name].0, key, "{name}: its own code did not change");
     }
 }

@@ -513,12 +513,13 @@ impl<'a> Executor<'a> {
     /// nothing). Allocating ops (`empty*`) are skipped: their outputs hold whatever the memory
     /// held.
     ///
-    /// Infinities a model makes on purpose are not a divergence: a step given a non-finite
+    /// Infinities a model makes on purpose are not a divergence: a step given an infinite
     /// number (`full(size, -inf)` for a causal mask, `masked_fill(m, -inf)`), or an input that
-    /// holds such values by design, may hold them in what it writes; those tensors are marked
-    /// (per slot, kept across iterations) and the values they pass on are excused
-    /// only where they still hold non-finite values (a softmax over masked scores is finite
-    /// again, and checked again downstream). Without it a transformer decoder's mask made every
+    /// holds infinities by design, may write infinities; its outputs that hold them are marked
+    /// (per slot, kept across iterations), and excused where they are read while they still
+    /// hold them (a softmax over masked scores is finite again, and checked again downstream).
+    /// A NaN is reported unless the step was given a NaN number: an overflow that meets a mask
+    /// (`inf - inf`) is still a divergence. Without it a transformer decoder's mask made every
     /// replay report NaN/Inf at its first op.
     pub fn produced_nonfinite(&mut self, pos: usize, slots: &[Option<Tensor>]) -> bool {
         let step = &self.plan.steps[pos];
@@ -528,21 +529,26 @@ impl<'a> Executor<'a> {
         let args = self.bound.args(self.plan, pos);
         let inputs: Vec<crate::plan::Slot> = args.iter().flat_map(Arg::slots).collect();
         let by_design = &mut self.by_design;
-        let asked = args.iter().any(Arg::has_nonfinite_number)
+        let nan_asked = args.iter().any(|a| a.passes_number(f64::is_nan));
+        let inf_asked = args.iter().any(|a| a.passes_number(f64::is_infinite))
             || inputs.iter().any(|&s| by_design[s as usize]);
-        let touched = step.out_specs.iter().map(|(s, _)| *s).chain(inputs);
+        let flags =
+            |s: crate::plan::Slot| slots[s as usize].as_ref().map_or((false, false), nan_inf);
         let mut diverged = false;
-        for s in touched {
-            if by_design[s as usize] {
-                continue;
-            }
-            if slots[s as usize].as_ref().is_some_and(nonfinite) {
-                if asked {
-                    by_design[s as usize] = true;
+        for (s, _) in &step.out_specs {
+            let (nan, inf) = flags(*s);
+            diverged |= nan && !nan_asked;
+            if inf && !by_design[*s as usize] {
+                if inf_asked {
+                    by_design[*s as usize] = true;
                 } else {
                     diverged = true;
                 }
             }
+        }
+        for &s in &inputs {
+            let (nan, inf) = flags(s);
+            diverged |= (nan && !nan_asked) || (inf && !inf_asked && !by_design[s as usize]);
         }
         diverged
     }
@@ -684,31 +690,61 @@ pub fn materialise(
     Ok((slots, arena.map_or(0, |a| a.bytes as u64)))
 }
 
+/// A fused attention's log-sum-exp ([`ViewKind::AttentionLogsumexp`]) over query `q` and key
+/// `k` (`[B, H, L, E]`, `[B, H, S, E]`): on CPU the flash kernel's own, run with the key as the
+/// values too (the log-sum-exp does not read them), in O(L) memory; elsewhere
 /// `logsumexp((q @ k^T) * scale, -1)` in float, the upper triangle (key after query) masked
-/// out when `causal`: a fused attention's log-sum-exp ([`ViewKind::AttentionLogsumexp`]).
+/// out when `causal`, as the CPU kernel masks it. An error (never a panic) for other shapes: a
+/// stored plan may hold anything.
 fn attention_logsumexp(
     q: &Tensor,
     k: &Tensor,
     causal: bool,
     scale: Option<f64>,
 ) -> Result<Tensor, tch::TchError> {
+    let (qs, ks) = (q.size(), k.size());
+    if qs.len() != 4 || ks.len() != 4 || qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3] {
+        return Err(tch::TchError::Shape(format!(
+            "attention log-sum-exp of query {qs:?} and key {ks:?}"
+        )));
+    }
+    if q.device() == tch::Device::Cpu {
+        let (_, lse) = Tensor::f_internal_scaled_dot_product_flash_attention_for_cpu(
+            q,
+            k,
+            k,
+            0.0,
+            causal,
+            None::<Tensor>,
+            scale,
+        )?;
+        return Ok(lse);
+    }
     let q = q.f_to_kind(tch::Kind::Float)?;
     let k = k.f_to_kind(tch::Kind::Float)?;
-    let e = *q.size().last().unwrap_or(&1) as f64;
     let scores = q
         .f_matmul(&k.f_transpose(-2, -1)?)?
-        .f_mul_scalar(scale.unwrap_or(1.0 / e.max(1.0).sqrt()))?;
+        .f_mul_scalar(scale.unwrap_or(1.0 / (qs[3].max(1) as f64).sqrt()))?;
     let scores = if causal {
-        let (l, s) = (
-            scores.size()[scores.dim() - 2],
-            scores.size()[scores.dim() - 1],
-        );
-        let above = Tensor::f_ones([l, s], (tch::Kind::Bool, scores.device()))?.f_triu(1)?;
+        let above =
+            Tensor::f_ones([qs[2], ks[2]], (tch::Kind::Bool, scores.device()))?.f_triu(1)?;
         scores.f_masked_fill(&above, f64::NEG_INFINITY)?
     } else {
         scores
     };
     scores.f_logsumexp([-1i64].as_slice(), false)
+}
+
+/// Whether a float tensor holds NaN, and whether it holds an infinity.
+fn nan_inf(t: &Tensor) -> (bool, bool) {
+    if !t.is_floating_point() {
+        return (false, false);
+    }
+    let any = |m: Result<Tensor, tch::TchError>| {
+        m.and_then(|m| m.f_any())
+            .is_ok_and(|a| a.int64_value(&[]) != 0)
+    };
+    (any(t.f_isnan()), any(t.f_isinf()))
 }
 
 /// Whether a float tensor holds NaN or Inf.
@@ -1245,7 +1281,17 @@ fn iteration(
                 });
             }
         }
-        ex.make_views(pos, &mut slots);
+        if plan.steps[pos].views.iter().any(|v| !v.kind.is_strided()) {
+            // Views computed again (a softmax, an attention's log-sum-exp) are work the
+            // original's autograd did not do here (it saved them): out of the timings.
+            let t = timer.host_us();
+            ex.make_views(pos, &mut slots);
+            let spent = timer.host_us() - t;
+            excluded_us += spent;
+            last_op_end += spent;
+        } else {
+            ex.make_views(pos, &mut slots);
+        }
         if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
             spin_running(timer, last_op_end + g.us[pos] * factor);

@@ -229,12 +229,12 @@ impl Arg {
         }
     }
 
-    /// Whether it passes a number that is NaN or infinite (a mask's `-inf` fill): the op's
-    /// result may then hold such values by design.
-    pub fn has_nonfinite_number(&self) -> bool {
+    /// Whether it passes a number for which `bad` holds (`f64::is_nan`, `f64::is_infinite`: a
+    /// mask's `-inf` fill): the op's result may then hold such values by design.
+    pub fn passes_number(&self, bad: fn(f64) -> bool) -> bool {
         match self {
-            Arg::Double(v) | Arg::ScalarDouble(v) => !v.is_finite(),
-            Arg::DoubleList(v) | Arg::ScalarList(v) => v.iter().any(|x| !x.is_finite()),
+            Arg::Double(v) | Arg::ScalarDouble(v) => bad(*v),
+            Arg::DoubleList(v) | Arg::ScalarList(v) => v.iter().any(|x| bad(*x)),
             _ => false,
         }
     }
@@ -400,7 +400,7 @@ pub enum ViewKind {
 }
 
 impl ViewKind {
-    fn is_strided(&self) -> bool {
+    pub(crate) fn is_strided(&self) -> bool {
         matches!(self, ViewKind::Strided)
     }
 }
@@ -437,9 +437,10 @@ impl Plan {
     /// The version [`Plan::version`] has when compiled by this build.
     pub const VERSION: u32 = 4;
     /// The oldest format this build still runs. Format 4 only added
-    /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as a
-    /// random external input). Format 3 only added [`Step::views`] (absent, empty): a format-2 plan is a format-3 plan whose saved views were compiled as external
-    /// inputs, and runs as the build that made it ran it. Format 1 restored rounded scalars and
+    /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as
+    /// a random external input). Format 3 only added [`Step::views`] (absent, empty): a
+    /// format-2 plan is a format-3 plan whose saved views were compiled as external inputs, and
+    /// runs as the build that made it ran it. Format 1 restored rounded scalars and
     /// took autocast differently, so its plans would not replay as they were compiled.
     pub const OLDEST_READABLE: u32 = 2;
 
@@ -926,9 +927,12 @@ struct Builder<'g, 't> {
     by_storage: HashMap<Region, (Slot, Vec<i64>)>,
     /// Views the step being built reads ([`Step::views`]).
     views: Vec<View>,
-    /// The (log-)softmax node (its index) that wrote each region of storage, found once when first asked
-    /// ([`Builder::derived`]).
-    producers: Option<HashMap<Region, usize>>,
+    /// The nodes (their indices, in trace order) of the ops whose outputs [`Builder::derived`]
+    /// can make again ((log-)softmax, a fused attention's log-sum-exp) that wrote each region
+    /// of storage, found once when first asked.
+    producers: Option<HashMap<Region, Vec<usize>>>,
+    /// The trace node of the step being built (its index).
+    node: usize,
     /// The process group of the step being built (its ProcessGroup arguments).
     group: u32,
 }
@@ -1058,7 +1062,7 @@ impl Builder<'_, '_> {
                         }
                         for (v, _) in arg_tensors(t, a) {
                             if let Some(r) = storage_region(t, v) {
-                                m.entry(r).or_insert(k);
+                                m.entry(r).or_insert_with(Vec::new).push(k);
                             }
                         }
                     }
@@ -1066,7 +1070,11 @@ impl Builder<'_, '_> {
             }
             m
         });
-        let node = &t.nodes[*producers.get(&region?)?];
+        // The last such op before this step's node: the allocator reuses a region, and a
+        // trace of several iterations holds one producer of it per iteration.
+        let before = producers.get(&region?)?;
+        let at = before.partition_point(|&k| k < self.node).checked_sub(1)?;
+        let node = &t.nodes[before[at]];
         let name = t.name(node);
         let ins = t.inputs(node);
         if is_fused_attention(name) {
@@ -1703,6 +1711,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
         by_storage: HashMap::new(),
         views: Vec::new(),
         producers: None,
+        node: 0,
         group: 0,
     };
     let groups = process_groups(t);
@@ -1718,6 +1727,7 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
     let mut decays: Vec<(usize, usize)> = Vec::new();
     for (step, &i) in set.ops.iter().enumerate() {
         let node = &t.nodes[i as usize];
+        b.node = i as usize;
         let name = t.name(node).to_string();
         let collective = g.class[i as usize].contains(OpClass::COLLECTIVE);
         let inputs = t.inputs(node);

@@ -980,47 +980,48 @@ fn python_numbers_passed_as_tensors_do_not_promote_the_result() {
 
 /// `check_values` does not report infinities the trace asked for (a causal mask filled with
 /// `-inf`, and what is made of it while it still holds them), and still reports a NaN made
-/// from finite values after them. A transformer decoder's mask made every replay of it report
-/// NaN/Inf at its first op.
+/// from them (`-inf + inf`): an overflow that meets a mask is a divergence. A transformer
+/// decoder's mask made every replay of it report NaN/Inf at its first op.
 #[test]
 fn check_values_leaves_the_infinities_the_trace_asked_for() {
     // full([2], -inf) as the observer records it: the number as a string.
     let mut mask = full(1, 0.0);
     mask.2[1] = (json!("-inf"), json!([]), "Double");
-    let tr = trace(&[
-        mask,
-        (
-            "aten::neg",
-            "aten::neg(Tensor self) -> Tensor",
-            vec![(t(1, 1, 2), json!([2]), "Tensor(float)")],
-            vec![(t(2, 2, 2), json!([2]), "Tensor(float)")],
-        ),
-        full(3, 0.0),
-        full(4, 0.0),
-        (
-            "aten::div",
-            "aten::div.Tensor(Tensor self, Tensor other) -> Tensor",
-            vec![
-                (t(3, 3, 2), json!([2]), "Tensor(float)"),
-                (t(4, 4, 2), json!([2]), "Tensor(float)"),
-            ],
-            vec![(t(5, 5, 2), json!([2]), "Tensor(float)")],
-        ),
-    ]);
-    let g = Graph::new(&tr);
-    let set = g.replay_set(None);
-    let opts = replay::ReplayOptions {
-        iters: 2,
-        warmup: 0,
-        check_values: true,
-        ..Default::default()
+    let neg: OpRec = (
+        "aten::neg",
+        "aten::neg(Tensor self) -> Tensor",
+        vec![(t(1, 1, 2), json!([2]), "Tensor(float)")],
+        vec![(t(2, 2, 2), json!([2]), "Tensor(float)")],
+    );
+    let add: OpRec = (
+        "aten::add",
+        "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+        vec![
+            (t(1, 1, 2), json!([2]), "Tensor(float)"),
+            (t(2, 2, 2), json!([2]), "Tensor(float)"),
+            (json!(1), json!([]), "Int"),
+        ],
+        vec![(t(3, 3, 2), json!([2]), "Tensor(float)")],
+    );
+    let first_nonfinite = |tr: &et_schema::Trace| {
+        let g = Graph::new(tr);
+        let set = g.replay_set(None);
+        let opts = replay::ReplayOptions {
+            iters: 2,
+            warmup: 0,
+            check_values: true,
+            ..Default::default()
+        };
+        let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+        assert_eq!(r.ops_failed, 0);
+        r.first_nonfinite
     };
-    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
-    assert_eq!(r.ops_failed, 0);
-    let f = r
-        .first_nonfinite
-        .expect("0/0 is NaN, the mask's infinities aside");
-    assert_eq!(f.op, "aten::div", "{f:?}");
+    // -inf, then +inf made of it: as asked.
+    let asked = first_nonfinite(&trace(&[mask.clone(), neg.clone()]));
+    assert!(asked.is_none(), "{asked:?}");
+    // Then -inf + inf: NaN, reported at the add.
+    let f = first_nonfinite(&trace(&[mask, neg, add])).expect("-inf + inf is NaN");
+    assert_eq!(f.op, "aten::add", "{f:?}");
 }
 
 const SDPA: &str = "aten::scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor";
