@@ -1253,30 +1253,21 @@ def _sources(obj, seen):
     out = [inspect.getsource(obj)]
     codes, refs = [], []
     if inspect.isclass(obj):
-        refs += list(obj.__mro__[1:])
+        refs = list(obj.__mro__[1:])
         for v in vars(obj).values():
             v = getattr(v, "__func__", v)  # staticmethod, classmethod
-            if isinstance(v, property):
-                refs += [f for f in (v.fget, v.fset, v.fdel) if f is not None]
-            elif inspect.isfunction(v):
-                refs.append(v)
+            fns = (v.fget, v.fset, v.fdel) if isinstance(v, property) else (v,)
+            codes += [f.__code__ for f in fns if inspect.isfunction(f)]
     elif inspect.isfunction(obj):
-        codes.append(obj.__code__)
-        refs += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
-    for r in refs:
-        if inspect.isfunction(r) and r.__module__ == __name__ and not inspect.isclass(obj):
-            out += _sources(r, seen)
-        elif inspect.isfunction(r):
-            codes.append(r.__code__)
-        elif inspect.isclass(r) and r.__module__ == __name__:
-            out += _sources(r, seen)
+        codes = [obj.__code__]
+        refs = list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
     while codes:
         c = codes.pop()
         codes.extend(k for k in c.co_consts if inspect.iscode(k))
-        for n in c.co_names:
-            g = globals().get(n)
-            if (inspect.isfunction(g) or inspect.isclass(g)) and getattr(g, "__module__", None) == __name__:
-                out += _sources(g, seen)
+        refs += [globals().get(n) for n in c.co_names]
+    for r in refs:
+        if (inspect.isfunction(r) or inspect.isclass(r)) and r.__module__ == __name__:
+            out += _sources(r, seen)
     return out
 
 

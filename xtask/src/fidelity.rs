@@ -3,8 +3,8 @@
 //!
 //! Each zoo model is captured twice (cached under the user cache: a directory per version of the
 //! capture machinery, and each model's capture kept while its own code is unchanged, so that a
-//! model added captures alone): on a quiet host, and with the host made busy during the capture only. Per model, four
-//! processes stand side by side and take turns, one block of iterations each per round (about
+//! model added captures alone): on a quiet host, and with the host made busy during the capture
+//! only. Per model, four processes stand side by side and take turns, one block of iterations each per round (about
 //! 50 ms of the original's by default, the order rotating; all four pinned to one core; 1
 //! thread): the original timed uninstrumented (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
 //! gaps from the busy capture (`mystique replay --paced`). The replays replay the clean ET and

@@ -749,10 +749,8 @@ fn nan_inf(t: &Tensor) -> (bool, bool) {
 
 /// Whether a float tensor holds NaN or Inf.
 pub(crate) fn nonfinite(t: &Tensor) -> bool {
-    t.is_floating_point()
-        && t.f_isfinite()
-            .and_then(|f| f.f_all())
-            .is_ok_and(|a| a.int64_value(&[]) == 0)
+    let (nan, inf) = nan_inf(t);
+    nan || inf
 }
 
 /// Marks the plan's grad inputs (the parameters) as requiring grad, as the model's were, each
@@ -1281,16 +1279,15 @@ fn iteration(
                 });
             }
         }
-        if plan.steps[pos].views.iter().any(|v| !v.kind.is_strided()) {
-            // Views computed again (a softmax, an attention's log-sum-exp) are work the
-            // original's autograd did not do here (it saved them): out of the timings.
-            let t = timer.host_us();
-            ex.make_views(pos, &mut slots);
+        // Views computed again (a softmax, an attention's log-sum-exp) are work the original's
+        // autograd did not do here (it saved them): out of the timings.
+        let computed = plan.steps[pos].views.iter().any(|v| !v.kind.is_strided());
+        let t_views = computed.then(|| timer.host_us());
+        ex.make_views(pos, &mut slots);
+        if let Some(t) = t_views {
             let spent = timer.host_us() - t;
             excluded_us += spent;
             last_op_end += spent;
-        } else {
-            ex.make_views(pos, &mut slots);
         }
         if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
