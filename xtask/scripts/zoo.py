@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7 | fresh8), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -27,7 +27,8 @@ once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, adde
 timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
 warm-up and the probed boundary costs (ninth session); `fresh5` likewise (tenth session); `fresh6`
 likewise (twelfth session, before the harness's block length was decided); `fresh7` likewise
-(thirteenth session, before any change to the gap model was tried).
+(thirteenth session, before any change to the gap model was tried); `fresh8` likewise (fourteenth
+session, before any change tried there).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import hashlib, inspect, json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -1048,6 +1049,120 @@ def autocast_bf16_cnn_adamw():
     return step
 
 
+# ---- eighth fresh held-out set (fourteenth session) ------------------------------------------
+
+
+def kd_distill_sgd():
+    teacher = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).eval()
+    student = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 10))
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def loss(m):
+        with torch.no_grad():
+            soft = F.softmax(teacher(x) / 2.0, dim=1)
+        out = m(x)
+        kd = F.kl_div(F.log_softmax(out / 2.0, dim=1), soft, reduction="batchmean") * 4.0
+        return kd + F.cross_entropy(out, y)
+    return train(student, torch.optim.SGD(student.parameters(), lr=0.05, momentum=0.9), loss)
+
+
+class HyperNet(nn.Module):
+    def __init__(self, z=8, d_in=16, d_out=16):
+        super().__init__()
+        self.d_in, self.d_out = d_in, d_out
+        self.task = nn.Parameter(torch.randn(z))
+        self.gen = nn.Sequential(nn.Linear(z, 64), nn.Tanh(), nn.Linear(64, d_in * d_out + d_out))
+        self.head = nn.Linear(d_out, 1)
+
+    def forward(self, x):
+        p = self.gen(self.task)
+        w, b = p[: self.d_in * self.d_out].view(self.d_out, self.d_in), p[self.d_in * self.d_out:]
+        return self.head(F.relu(F.linear(x, w, b))).squeeze(1)
+
+
+def hypernet_adam():
+    m = HyperNet()
+    x, y = torch.randn(64, 16), torch.randn(64)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), y))
+
+
+def scan_sort_infer():
+    x = torch.randn(16, 512)
+
+    @torch.no_grad()
+    def step():
+        c = torch.cumsum(x, 1)
+        mx, _ = torch.cummax(c, 1)
+        s, i = torch.sort(mx - c, dim=1, descending=True)
+        q = torch.quantile(s[:, :64], torch.tensor([0.1, 0.5, 0.9]), dim=1)
+        return torch.gather(c, 1, i[:, :8]).sum() + q.sum() + torch.logcumsumexp(x, 1)[:, -1].mean()
+    return step
+
+
+class Film(nn.Module):
+    def __init__(self, c=16, conds=5):
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+        self.gamma, self.beta = nn.Embedding(conds, c), nn.Embedding(conds, c)
+        self.fc = nn.Linear(c, 6)
+
+    def forward(self, x, cond):
+        h = F.relu(self.conv1(x))
+        h = self.conv2(h) * self.gamma(cond)[:, :, None, None] + self.beta(cond)[:, :, None, None]
+        return self.fc(F.relu(h).mean((2, 3)))
+
+
+def film_cnn_adam():
+    m = Film()
+    x, cond, y = torch.randn(4, 3, 20, 20), torch.randint(0, 5, (4,)), torch.randint(0, 6, (4,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x, cond), y))
+
+
+def focal_mlp_adamax():
+    m = nn.Sequential(nn.Linear(40, 80), nn.SiLU(), nn.Linear(80, 1))
+    x, y = torch.randn(96, 40), torch.randint(0, 2, (96,)).float()
+
+    def loss(m):
+        logit = m(x).squeeze(1)
+        p = torch.sigmoid(logit)
+        pt = p * y + (1 - p) * (1 - y)
+        bce = F.binary_cross_entropy_with_logits(logit, y, reduction="none")
+        return (0.25 * (1 - pt).pow(2.0) * bce).mean()
+    return train(m, torch.optim.Adamax(m.parameters(), lr=2e-3), loss)
+
+
+def weightnorm_mlp_sgd():
+    wn = nn.utils.parametrizations.weight_norm
+    m = nn.Sequential(wn(nn.Linear(32, 64)), nn.ReLU(), wn(nn.Linear(64, 64)), nn.ReLU(), nn.Linear(64, 3))
+    x, y = torch.randn(48, 32), torch.randint(0, 3, (48,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05), lambda m: F.cross_entropy(m(x), y))
+
+
+class BilinearPair(nn.Module):
+    def __init__(self, d=24):
+        super().__init__()
+        self.a, self.b = nn.Linear(12, d), nn.Linear(10, d)
+        self.bil = nn.Bilinear(d, d, 8)
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, u, v):
+        return self.out(torch.tanh(self.bil(torch.tanh(self.a(u)), torch.tanh(self.b(v))))).squeeze(1)
+
+
+def bilinear_adam():
+    m = BilinearPair()
+    u, v, y = torch.randn(64, 12), torch.randn(64, 10), torch.randn(64)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.l1_loss(m(u, v), y))
+
+
+def channels_last_cnn_infer():
+    m = nn.Sequential(nn.Conv2d(3, 24, 3, stride=2, padding=1), nn.BatchNorm2d(24), nn.Hardswish(),
+                      nn.Conv2d(24, 24, 3, padding=1, groups=24), nn.Conv2d(24, 32, 1), nn.BatchNorm2d(32),
+                      nn.Hardswish(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
+    m = m.to(memory_format=torch.channels_last)
+    return infer(m, torch.randn(4, 3, 48, 48).to(memory_format=torch.channels_last))
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1116,6 +1231,14 @@ MODELS = {
     "perceiver_radam": (perceiver_radam, "fresh7", "latent cross-attention (SDPA), layer-norm, GELU, RAdam"),
     "ncf_bpr_adagrad": (ncf_bpr_adagrad, "fresh7", "neural collaborative filtering, BPR loss (logsigmoid), Adagrad"),
     "autocast_bf16_cnn_adamw": (autocast_bf16_cnn_adamw, "fresh7", "CNN under bf16 autocast, AdamW"),
+    "kd_distill_sgd": (kd_distill_sgd, "fresh8", "knowledge distillation: a frozen teacher under no_grad, KL divergence of tempered softmaxes, SGD momentum"),
+    "hypernet_adam": (hypernet_adam, "fresh8", "hypernetwork: weights generated by an MLP, sliced and viewed, F.linear, Adam"),
+    "scan_sort_infer": (scan_sort_infer, "fresh8", "cumsum, cummax, sort, quantile, gather, logcumsumexp, inference"),
+    "film_cnn_adam": (film_cnn_adam, "fresh8", "FiLM-conditioned CNN (embedding scales and shifts broadcast over conv maps), Adam"),
+    "focal_mlp_adamax": (focal_mlp_adamax, "fresh8", "MLP with SiLU and a focal loss (sigmoid, pow, unreduced BCE), Adamax"),
+    "weightnorm_mlp_sgd": (weightnorm_mlp_sgd, "fresh8", "MLP with weight-norm parametrizations (_weight_norm), SGD"),
+    "bilinear_adam": (bilinear_adam, "fresh8", "two tanh towers joined by nn.Bilinear, L1 loss, Adam"),
+    "channels_last_cnn_infer": (channels_last_cnn_infer, "fresh8", "channels_last CNN: strided, depthwise and pointwise convs, batch-norm, hardswish, inference"),
 }
 
 

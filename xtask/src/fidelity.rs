@@ -14,13 +14,14 @@
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
 //! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3`
 //! had been; `fresh5`, in the tenth session; `fresh6`, in the twelfth, before the harness's block
-//! length was decided; `fresh7`, in the thirteenth, before any change to the gap model was tried) are reported apart, with a summary over all
+//! length was decided; `fresh7`, in the thirteenth, before any change to the gap model was tried; `fresh8`, in the fourteenth, likewise) are reported apart, with a summary over all
 //! held-out sets. Held-out models are not used to choose anything, with one exception: the ninth
 //! session's boundary charge was chosen with the first four held-out sets' results in view, and
 //! `fresh4` was written after it as the check on it; and the harness's 50 ms blocks (the twelfth
 //! session) were chosen with `heldout` to `fresh5` in view, and `fresh6` was written and
 //! committed before that choice, as the check on it; `fresh7` was written and committed at the
-//! start of the thirteenth session, before any change tried there.
+//! start of the thirteenth session, before any change tried there, and `fresh8` at the start of the
+//! fourteenth.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -34,7 +35,7 @@ struct HeldOut {
     label: &'static str,
 }
 
-static HELD_OUT: [HeldOut; 8] = [
+static HELD_OUT: [HeldOut; 9] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -74,6 +75,11 @@ static HELD_OUT: [HeldOut; 8] = [
         set: "fresh7",
         title: "SEVENTH FRESH HELD-OUT (added 2026-12-03, thirteenth session)",
         label: "seventh fresh held-out",
+    },
+    HeldOut {
+        set: "fresh8",
+        title: "EIGHTH FRESH HELD-OUT (added 2026-12-04, fourteenth session)",
+        label: "eighth fresh held-out",
     },
 ];
 
