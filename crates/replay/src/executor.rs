@@ -308,6 +308,11 @@ impl<'a> Executor<'a> {
                         attention_logsumexp(base, key, causal, scale)
                             .and_then(|l| l.f_to_kind(kind_of(v.spec.dtype)))
                     }
+                    ViewKind::WeightNormNorms { g, dim } => {
+                        let g = slots[g as usize].as_ref()?;
+                        Tensor::f_internal_weight_norm_interface(base, g, dim)
+                            .and_then(|(_, norms)| norms.f_to_kind(kind_of(v.spec.dtype)))
+                    }
                 }
                 .ok()
             });

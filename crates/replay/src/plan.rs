@@ -397,6 +397,12 @@ pub enum ViewKind {
         causal: bool,
         scale: Option<f64>,
     },
+    /// The norms of `base` (a weight-norm parametrization's direction `v`) over every dim but
+    /// `dim`, in the shape of its magnitude `g`: what `_weight_norm_interface(v, g, dim)`,
+    /// run inside `_weight_norm`, returns second and saves for its backward, which no replayed
+    /// op writes. Filled random instead, `_weight_norm_interface_backward` divided by them and
+    /// its gradients reached Inf (weightnorm_mlp_sgd, fresh8; format 5).
+    WeightNormNorms { g: Slot, dim: i64 },
 }
 
 impl ViewKind {
@@ -435,8 +441,8 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 4;
-    /// The oldest format this build still runs. Format 4 only added
+    pub const VERSION: u32 = 5;
+    /// The oldest format this build still runs. Format 5 only added [`ViewKind::WeightNormNorms`], as format 4 only added
     /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as
     /// a random external input). Format 3 only added [`Step::views`] (absent, empty): a
     /// format-2 plan is a format-3 plan whose saved views were compiled as external inputs, and
@@ -538,6 +544,15 @@ impl Plan {
                     if self.version < 4 {
                         return Err(format!(
                             "plan format {} with an attention log-sum-exp (format 4)",
+                            self.version
+                        ));
+                    }
+                }
+                if let ViewKind::WeightNormNorms { g, .. } = v.kind {
+                    slot(g, "view magnitude", id)?;
+                    if self.version < 5 {
+                        return Err(format!(
+                            "plan format {} with weight-norm norms (format 5)",
                             self.version
                         ));
                     }
@@ -1045,7 +1060,8 @@ impl Builder<'_, '_> {
             let mut m = HashMap::new();
             for (k, n) in t.nodes.iter().enumerate() {
                 let name = t.name(n);
-                let lse = is_fused_attention(name);
+                // Ops whose second output alone is such a value.
+                let lse = is_fused_attention(name) || name == "aten::_weight_norm_interface";
                 if lse
                     || matches!(
                         name,
@@ -1056,7 +1072,8 @@ impl Builder<'_, '_> {
                     )
                 {
                     for (i, a) in t.outputs(n).iter().enumerate() {
-                        // A fused attention's second output, its log-sum-exp.
+                        // A fused attention's second output, its log-sum-exp; weight norm's,
+                        // its norms.
                         if lse && i != 1 {
                             continue;
                         }
@@ -1079,6 +1096,9 @@ impl Builder<'_, '_> {
         let ins = t.inputs(node);
         if is_fused_attention(name) {
             return self.attention_logsumexp(step, node, spec);
+        }
+        if name == "aten::_weight_norm_interface" {
+            return self.weight_norm_norms(step, node, spec);
         }
         let (v, in_spec) = arg_tensors(t, ins.first()?).into_iter().next()?;
         let in_spec = in_spec?;
@@ -1173,6 +1193,48 @@ impl Builder<'_, '_> {
                 causal,
                 scale,
             },
+        });
+        Some(s)
+    }
+
+    /// The norms `_weight_norm_interface(v, g, dim)` (`node`) returned second (`spec`, `g`'s
+    /// shape), made again from its `v` and `g` where both are live with their recorded shapes
+    /// and dtypes. `None` otherwise.
+    fn weight_norm_norms(
+        &mut self,
+        step: usize,
+        node: &et_schema::Node,
+        spec: &TensorSpec,
+    ) -> Option<Slot> {
+        let t = self.g.trace;
+        let ins = t.inputs(node);
+        let live = |b: &Self, i: usize| -> Option<(Slot, Vec<i64>)> {
+            let (v, sp) = arg_tensors(t, ins.get(i)?).into_iter().next()?;
+            let sp = sp?;
+            let s = *b.current.get(&key_of(t, v)?)?;
+            (b.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp.shape))
+        };
+        let (v, _) = live(self, 0)?;
+        let (g, gs) = live(self, 1)?;
+        let dim = match ins.get(2)?.value {
+            Value::Int(d) => d,
+            _ => return None,
+        };
+        if spec.shape != gs || !spec.dtype.is_floating_point() {
+            return None;
+        }
+        self.last_use[v as usize] = step;
+        self.last_use[g as usize] = step;
+        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
+        log::debug!("step {step}: the weight norm's norms made again for its backward");
+        self.views.push(View {
+            slot: s,
+            base: v,
+            spec: TensorSpec {
+                strides: contiguous(&spec.shape),
+                ..spec.clone()
+            },
+            kind: ViewKind::WeightNormNorms { g, dim },
         });
         Some(s)
     }

@@ -1127,3 +1127,77 @@ fn a_fused_attentions_log_sum_exp_is_made_again_for_its_backward() {
     let replayed = s(out_slot(&plan, 1, 0));
     assert!(replayed.allclose(&gq, 1e-4, 1e-5, false));
 }
+
+const WEIGHT_NORM: &str = "aten::_weight_norm(Tensor v, Tensor g, int dim=0) -> Tensor";
+const WEIGHT_NORM_INTERFACE: &str =
+    "aten::_weight_norm_interface(Tensor v, Tensor g, int dim=0) -> (Tensor, Tensor)";
+const WEIGHT_NORM_BACKWARD: &str = "aten::_weight_norm_interface_backward(Tensor grad_w, Tensor saved_v, Tensor saved_g, Tensor saved_norms, int dim) -> (Tensor, Tensor)";
+
+/// The norms `_weight_norm_interface` returns inside `_weight_norm` (which the replay runs
+/// whole) are made again from its `v` and `g` for the backward, not filled random: the
+/// backward's gradients are the kernel's own. Random, a weight-norm MLP's gradients reached
+/// Inf (fresh8's weightnorm_mlp_sgd).
+#[test]
+fn weight_norms_norms_are_made_again_for_its_backward() {
+    let v = (t(1, 1, 24), json!([4, 6]), "Tensor(float)");
+    let g = (t(2, 2, 4), json!([4, 1]), "Tensor(float)");
+    let w = (t(3, 3, 24), json!([4, 6]), "Tensor(float)");
+    let norms = (t(4, 4, 4), json!([4, 1]), "Tensor(float)");
+    let grad_w = (t(5, 5, 24), json!([4, 6]), "Tensor(float)");
+    let dim = || (json!(0), json!([]), "Int");
+    let mut b = TraceBuilder::new();
+    let outer = b
+        .op("aten::_weight_norm", WEIGHT_NORM)
+        .input(v.0.clone(), v.1.clone(), v.2)
+        .input(g.0.clone(), g.1.clone(), g.2)
+        .input(dim().0, dim().1, dim().2)
+        .output(w.0.clone(), w.1.clone(), w.2)
+        .done();
+    b.op("aten::_weight_norm_interface", WEIGHT_NORM_INTERFACE)
+        .parent(outer)
+        .input(v.0.clone(), v.1.clone(), v.2)
+        .input(g.0.clone(), g.1.clone(), g.2)
+        .input(dim().0, dim().1, dim().2)
+        .output(w.0.clone(), w.1.clone(), w.2)
+        .output(norms.0.clone(), norms.1.clone(), norms.2)
+        .done();
+    b.op(
+        "aten::_weight_norm_interface_backward",
+        WEIGHT_NORM_BACKWARD,
+    )
+    .input(grad_w.0, grad_w.1, grad_w.2)
+    .input(v.0, v.1, v.2)
+    .input(g.0, g.1, g.2)
+    .input(norms.0, norms.1, norms.2)
+    .input(dim().0, dim().1, dim().2)
+    .output(t(6, 6, 24), json!([4, 6]), "Tensor(float)")
+    .output(t(7, 7, 4), json!([4, 1]), "Tensor(float)")
+    .done();
+    let tr = b.build();
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(
+        plan.steps.len(),
+        2,
+        "the weight norm whole, then its backward"
+    );
+    let arg = |k: usize| match &plan.args(1)[k] {
+        Arg::Tensor(s) => *s as usize,
+        other => panic!("{other:?}"),
+    };
+    let (grad_w, v, g, norms) = (arg(0), arg(1), arg(2), arg(3));
+    assert!(
+        plan.externals.iter().all(|e| e.0 as usize != norms),
+        "the norms are not an external input"
+    );
+    let s = |i: usize| slots[i].as_ref().unwrap();
+    let (_, want) = Tensor::internal_weight_norm_interface(s(v), s(g), 0);
+    let got = s(norms);
+    assert!(
+        got.allclose(&want, 1e-5, 1e-6, false),
+        "{got:?} vs the kernel's {want:?}"
+    );
+    let (gv, gg) = Tensor::internal_weight_norm_interface_backward(s(grad_w), s(v), s(g), &want, 0);
+    assert!(s(out_slot(&plan, 1, 0)).allclose(&gv, 1e-5, 1e-6, false));
+    assert!(s(out_slot(&plan, 1, 1)).allclose(&gg, 1e-5, 1e-6, false));
+}
