@@ -345,6 +345,139 @@ fn replay(bin: &Path, et: &Path, iters: usize, extra: &[String]) -> Result<serde
     })
 }
 
+/// Processes per round: the original, the plain replay, the replays with gaps from the quiet
+/// and the busy capture, and the anchored ones on each.
+const PROCESSES: usize = 6;
+
+/// Iterations per block: about `block_ms` of the original's quiet iterations (its capture's
+/// timing), the same count for every process so that a block's times compare as they are.
+fn block_iters(meta: &serde_json::Value, block_ms: f64) -> usize {
+    let ms = meta["iter_ms_median"]
+        .as_f64()
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+        .unwrap_or(10.0);
+    ((block_ms / ms).round() as usize).clamp(1, 1000)
+}
+
+/// Rounds of a reference (the original and the plain replay side by side).
+const REFERENCE_ROUNDS: usize = 20;
+
+/// A build's identity (a hash of its bytes): a reference holds the plain replay's time, which
+/// a build that dispatches faster or slower changes.
+fn build_id(bin: &Path) -> Result<String> {
+    use std::hash::Hasher;
+    let bytes = std::fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(&bytes);
+    Ok(format!("{:016x}", h.finish()))
+}
+
+/// Each model's references for the anchored gap model (`mystique replay --reference`), the
+/// quiet capture's and the busy one's: `M.reference.json` beside the capture, timed now where
+/// missing or made by another build or for other code of the model. A reference is what a
+/// user records on the capture host: the original's uninstrumented iteration and this tool's
+/// plain replay of the trace, side by side ([`REFERENCE_ROUNDS`] rounds of paired blocks, as
+/// the fidelity rounds run them). The busy capture's is timed beside a CPU burner on every
+/// core, as that capture was made: a reference on a busier host than the replay's, which the
+/// replay must put on its own host by its plain replay's speed.
+#[allow(clippy::too_many_arguments)]
+fn references(
+    root: &Path,
+    torch_py: &Path,
+    bin: &Path,
+    build: &str,
+    dir: &Path,
+    models: &[Model],
+    block_ms: f64,
+    capture: Capture,
+    glibc_heap_defaults: bool,
+    cores: &[usize],
+) -> Result<Vec<(PathBuf, PathBuf)>> {
+    let mut out = Vec::with_capacity(models.len());
+    for busy in [false, true] {
+        let kind = if busy { "busy" } else { "quiet" };
+        let stale: Vec<&Model> = models
+            .iter()
+            .filter(|m| {
+                let p = dir.join(kind).join(format!("{}.reference.json", m.name));
+                let j: serde_json::Value = std::fs::read(&p)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok())
+                    .unwrap_or_default();
+                j["replay_build"].as_str() != Some(build) || j["model_key"].as_str() != Some(&m.key)
+            })
+            .collect();
+        if !stale.is_empty() {
+            eprintln!(
+                "[fidelity] timing {} {kind} references (the original and the plain replay side by side, {REFERENCE_ROUNDS} rounds{}) ...",
+                stale.len(),
+                if busy { ", beside a CPU burner on every core" } else { "" }
+            );
+        }
+        let _burners = if busy && !stale.is_empty() {
+            Some(Burners::start(cores)?)
+        } else {
+            None
+        };
+        for m in stale {
+            let d = dir.join(kind);
+            let meta: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(dir.join("quiet").join(format!("{}.meta.json", m.name)))
+                    .unwrap_or_default(),
+            )
+            .unwrap_or_default();
+            let (et, one) = match (capture, meta["replay_iteration"].as_u64()) {
+                (Capture::Linked, Some(n)) => (
+                    d.join(format!("{}.linked.et.json", m.name)),
+                    vec!["--iteration".to_string(), n.to_string()],
+                ),
+                _ => (d.join(format!("{}.et.json", m.name)), Vec::new()),
+            };
+            let iters = block_iters(&meta, block_ms);
+            let mut orig = serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?;
+            orig.block()?;
+            let mut plain = serve_replay(bin, &et, None, iters, REFERENCE_ROUNDS + 2, &one)?;
+            plain.block()?;
+            let (mut o, mut r) = (Vec::new(), Vec::new());
+            for round in 0..REFERENCE_ROUNDS {
+                // Alternating which goes first.
+                if round % 2 == 0 {
+                    o.push(orig.block()?.ms / iters as f64);
+                    r.push(plain.block()?.ms / iters as f64);
+                } else {
+                    r.push(plain.block()?.ms / iters as f64);
+                    o.push(orig.block()?.ms / iters as f64);
+                }
+            }
+            drop(orig);
+            let report = plain.finish()?;
+            let (original_ms, replay_ms) = (crate::median(&o), crate::median(&r));
+            // Its share of the iteration in ops, from its own report, on the blocks' time.
+            let share = report["op_ms"]["median"].as_f64().unwrap_or(f64::NAN)
+                / report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+            let j = serde_json::json!({
+                "original_ms": original_ms, "replay_ms": replay_ms,
+                "replay_op_ms": replay_ms * share.min(1.0),
+                "rounds": REFERENCE_ROUNDS, "busy": busy, "replay_build": build,
+                "model_key": m.key, "original_rounds_ms": o, "replay_rounds_ms": r,
+            });
+            std::fs::write(
+                d.join(format!("{}.reference.json", m.name)),
+                serde_json::to_vec_pretty(&j)?,
+            )?;
+            eprintln!(
+                "[fidelity] {:<18} {kind} reference: original {original_ms:.3} ms, plain replay {replay_ms:.3} ms",
+                m.name
+            );
+        }
+    }
+    for m in models {
+        let at = |kind: &str| dir.join(kind).join(format!("{}.reference.json", m.name));
+        out.push((at("quiet"), at("busy")));
+    }
+    Ok(out)
+}
+
 /// Which of a model's captures a replay takes its ops and gaps from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Capture {
@@ -379,11 +512,15 @@ struct Row {
     plain: f64,
     quiet: f64,
     busy: f64,
-    rounds: Vec<[f64; 3]>,
+    /// The anchored gap model's, on the quiet and on the busy capture (each its own reference).
+    anch_quiet: f64,
+    anch_busy: f64,
+    rounds: Vec<[f64; PROCESSES - 1]>,
     /// The original's time per iteration in each round (ms): the host's phase.
     round_original_ms: Vec<f64>,
-    /// The plain, quiet-capture and busy-capture (or A/B) replay processes' own figures.
-    processes: [serde_json::Value; 3],
+    /// The plain, quiet-capture and busy-capture (or A/B), and the two anchored replay
+    /// processes' own figures.
+    processes: [serde_json::Value; PROCESSES - 1],
     busy_speed: f64,
     busy_capture_over_orig: f64,
     /// Minor page faults per iteration: the original's, the plain replay's.
@@ -492,6 +629,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     }
     let dir = zoo_dir(cache, &models)?;
     ensure_zoo(root, &dir, torch_py, &models)?;
+    // Before anything pins this process to one core.
+    let cores = allowed_cores();
     // Paired blocks: the original and the three replays run side by side as four processes
     // that take turns, a block of iterations each (about `block_ms` of the original's), and a
     // round's ratio sets blocks run within a few hundred ms of each other against each other.
@@ -502,10 +641,12 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     // some of them and not others: a sum counts both), and the median over many rounds drops
     // the rounds whose blocks straddled a change of speed.
     println!(
-        "fidelity over the zoo ({}): {rounds} rounds of paired blocks; 1 thread. The original and three replays\n\
+        "fidelity over the zoo ({}): {rounds} rounds of paired blocks; 1 thread. The original and five replays\n\
          run side by side and take turns, a block of about {block_ms} ms of iterations each, the order rotating.\n\
          ratio = replay block / original block in the same round, median over rounds; gaps from the quiet\n\
-         and from the busy capture (the host made busy while capturing only). peak ratio: the replay's\n\
+         and from the busy capture (the host made busy while capturing only), from the profile alone and\n\
+         anchored on each capture's reference (the original and the plain replay timed side by side as the\n\
+         capture found the host: quiet, or beside CPU burners). peak ratio: the replay's\n\
          peak live bytes less its inputs over the original's peak over its start (profile_memory).\n\
          heap: {}",
         dir.display(),
@@ -534,10 +675,36 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 .map_or(String::new(), |d| format!(", of the zoo in {}", d.display())),
         );
     }
+    // One core for the original and every replay (they take turns, each on one thread): on the
+    // VM's two cores the same build's two replays of a model read up to 0.1 apart in one run
+    // (tiny and DLRM-like models most), and a round's blocks followed each other's speed
+    // with a slope of 0.0-0.4; pinned, 0.5-0.8, and the rounds' spread fell by a third.
+    // After the captures (a busy capture's burner must not share the model's core alone); the
+    // burners name their cores (read before this).
+    match metrics::cpu::pin_to_one_core() {
+        Some(core) => println!("pinned: the original and the replays run on core {core}"),
+        None => println!("not pinned (affinity cannot be set here): processes land on any core"),
+    }
+    // Each capture's reference for the anchored gap model, timed on the host as the capture
+    // found it: quiet for the quiet capture, beside the burners for the busy one. Before the
+    // busy host's burners, which would make every reference busy.
+    let build = build_id(bin)?;
+    let refs = references(
+        root,
+        torch_py,
+        bin,
+        &build,
+        &dir,
+        &models,
+        block_ms,
+        capture,
+        glibc_heap_defaults,
+        &cores,
+    )?;
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
     // beside the replays under the same load, so the ratio compares like with like.
     let _burners = if busy_host {
-        let b = Burners::start()?;
+        let b = Burners::start(&cores)?;
         println!(
             "busy host: {} CPU burners, one pinned to each core, run beside every replay and every timing of\n\
              the original (the captures were made without them: replayed on a slower host than they were\n\
@@ -548,18 +715,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     } else {
         None
     };
-    // One core for the original and every replay (they take turns, each on one thread): on the
-    // VM's two cores the same build's two replays of a model read up to 0.1 apart in one run
-    // (tiny and DLRM-like models most), and a round's blocks followed each other's speed
-    // with a slope of 0.0-0.4; pinned, 0.5-0.8, and the rounds' spread fell by a third.
-    // After the captures (a busy capture's burner must not share the model's core alone) and
-    // the burners (each pins itself to a core of its own).
-    match metrics::cpu::pin_to_one_core() {
-        Some(core) => println!("pinned: the original and the replays run on core {core}"),
-        None => println!("not pinned (affinity cannot be set here): processes land on any core"),
-    }
     let mut rows = Vec::new();
-    for m in &models {
+    for (m, (ref_q, ref_b)) in models.iter().zip(&refs) {
         let q = dir.join("quiet");
         let b = dir.join("busy");
         // The capture a replay takes its ops and its gaps from: the clean ET and the profile
@@ -610,13 +767,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         // Iterations per block: about `block_ms` of the original's quiet iterations (its
         // capture's timing), the same count for all four so that a block's times compare as
         // they are.
-        let iters = {
-            let ms = meta["iter_ms_median"]
-                .as_f64()
-                .filter(|ms| ms.is_finite() && *ms > 0.0)
-                .unwrap_or(10.0);
-            ((block_ms / ms).round() as usize).clamp(1, 1000)
-        };
+        let iters = block_iters(&meta, block_ms);
         // Started one at a time, each running its first block (start-up, calibration, warm-up;
         // not counted) before the next starts, so no calibration shares the host with another
         // process's start. Then `rounds` rounds, one block each in turn. A replay is given one
@@ -626,18 +777,27 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         // 1.5-1.7, and a model's only round with `fidelity 1` 1.9-3.3x); the spare block runs
         // when the harness closes its input, after every round.
         let blocks = rounds + 2;
-        let mut procs = Vec::with_capacity(4);
-        for which in 0..4 {
+        let anchored = |r: &Path| -> Vec<String> {
+            one.iter()
+                .cloned()
+                .chain(["--reference".into(), r.display().to_string()])
+                .collect()
+        };
+        let mut procs = Vec::with_capacity(PROCESSES);
+        for which in 0..PROCESSES {
             let mut p = match which {
                 0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
                 1 => serve_replay(bin, &et_q, None, iters, blocks, &one)?,
                 2 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &one)?,
                 // A/B: another build (or arguments) on the quiet capture, paired with this one
                 // in the same rounds (two runs apart sit in different phases of the VM's speed).
-                _ => match &against {
+                3 => match &against {
                     Some(a) => serve_replay(a, &et_a, Some(&kin_a), iters, blocks, &b_args)?,
                     None => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &one)?,
                 },
+                // The anchored gap model, on each capture and its own reference.
+                4 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &anchored(ref_q))?,
+                _ => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &anchored(ref_b))?,
             };
             p.block()?;
             procs.push(p);
@@ -648,28 +808,30 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         for round in 0..rounds {
             // Each process starts a round in each place in turn, forwards and backwards, so
             // none always follows the same one (caches, the host's spells).
-            let mut order = [0usize, 1, 2, 3];
-            order.rotate_left(round % 4);
-            if (round / 4) % 2 == 1 {
+            let mut order: Vec<usize> = (0..PROCESSES).collect();
+            order.rotate_left(round % PROCESSES);
+            if (round / PROCESSES) % 2 == 1 {
                 order.reverse();
             }
             let mut r = [Block {
                 ms: f64::NAN,
                 faults: f64::NAN,
-            }; 4];
+            }; PROCESSES];
             for which in order {
                 r[which] = procs[which].block()?;
             }
             orig.push(r[0].ms / iters as f64);
             orig_faults.push(r[0].faults);
-            per_round.push([r[1].ms / r[0].ms, r[2].ms / r[0].ms, r[3].ms / r[0].ms]);
+            per_round.push(std::array::from_fn(|k| r[k + 1].ms / r[0].ms));
         }
-        // The plain replay's and the busy-capture replay's reports, at their end.
-        let [original, plain, quiet, busy]: [Paced; 4] = procs
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("four paced processes"))?;
+        // The replays' reports, at their end.
+        let [original, plain, quiet, busy, anch_q, anch_b]: [Paced; PROCESSES] =
+            procs
+                .try_into()
+                .map_err(|_| anyhow::anyhow!("{PROCESSES} paced processes"))?;
         drop(original);
         let (plain, quiet, busy) = (plain.finish()?, quiet.finish()?, busy.finish()?);
+        let (anch_q, anch_b) = (anch_q.finish()?, anch_b.finish()?);
         // What each replay process ran: its gap model's total (and its calibrations') and its
         // own medians of op and iteration time, to tell a model's ratio apart into ops and gaps.
         let process = |r: &serde_json::Value| {
@@ -678,9 +840,16 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "emulated_ms": r["gap_model"]["emulated_ms"],
                 "calibrations_ms": r["gap_model"]["calibrations_ms"],
                 "speed": r["gap_model"]["speed"], "gap_pace": r["gap_pace"],
+                "anchored": r["gap_model"]["anchored"],
             })
         };
-        let processes = [process(&plain), process(&quiet), process(&busy)];
+        let processes = [
+            process(&plain),
+            process(&quiet),
+            process(&busy),
+            process(&anch_q),
+            process(&anch_b),
+        ];
         // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
         let check: Vec<String> = one
             .iter()
@@ -705,6 +874,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             plain: col(0),
             quiet: col(1),
             busy: col(2),
+            anch_quiet: col(3),
+            anch_busy: col(4),
             busy_speed: busy["gap_model"]["speed"].as_f64().unwrap_or(f64::NAN),
             busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"]
                 .as_f64()
@@ -743,8 +914,9 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             format!("{:.2}-{:.2}", at(0.25), at(0.75))
         };
         eprintln!(
-            "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy); rounds' quartiles {}, {}, {}",
-            row.model, row.orig_ms, row.plain, row.quiet, row.busy, quartiles(0), quartiles(1), quartiles(2)
+            "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy), anchored {:.3} {:.3}; rounds' quartiles {}, {}, {}, {}, {}",
+            row.model, row.orig_ms, row.plain, row.quiet, row.busy, row.anch_quiet, row.anch_busy,
+            quartiles(0), quartiles(1), quartiles(2), quartiles(3), quartiles(4)
         );
         rows.push((row, m.covers.clone()));
     }
@@ -775,13 +947,15 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 .unwrap_or(0)
                 .max("model".len());
             println!(
-                "\n{} set\n{:<w$} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}  NaN/Inf",
+                "\n{} set\n{:<w$} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7} {:>11}  NaN/Inf",
                 title,
                 "model",
                 "orig ms",
                 "plain",
                 "+gaps",
                 "+gaps",
+                "anchored",
+                "anchored",
                 "busy gaps",
                 "busy",
                 "failed",
@@ -789,17 +963,30 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "page faults",
             );
             println!(
-                "{:<w$} {:>8} {:>7} {:>7} {:>7} {:>9} {:>9} {:>6} {:>7} {:>11}",
-                "", "", "ratio", "quiet", "busy", "/orig", "speed", "ops", "ratio", "orig/replay"
+                "{:<w$} {:>8} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7} {:>11}",
+                "",
+                "",
+                "ratio",
+                "quiet",
+                "busy",
+                "quiet",
+                "busy",
+                "/orig",
+                "speed",
+                "ops",
+                "ratio",
+                "orig/replay"
             );
             for (r, _) in &in_set {
                 println!(
-                    "{:<w$} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>9.2} {:>9.3} {:>6} {:>7.2} {:>11}  {}",
+                    "{:<w$} {:>8.3} {:>7.3} {:>7.3} {:>7.3} {:>8.3} {:>8.3} {:>9.2} {:>9.3} {:>6} {:>7.2} {:>11}  {}",
                     r.model,
                     r.orig_ms,
                     r.plain,
                     r.quiet,
                     r.busy,
+                    r.anch_quiet,
+                    r.anch_busy,
                     r.busy_capture_over_orig,
                     r.busy_speed,
                     r.failed,
@@ -824,12 +1011,20 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             within(&|r| r.busy, 0.8, 1.25),
             within(&|r| r.plain, 0.9, 1.1),
         );
+        println!(
+            "summary ({set}, {n} models): anchored, within [0.90, 1.10]: {} quiet, {} busy; within [0.80, 1.25]: {} quiet, {} busy",
+            within(&|r| r.anch_quiet, 0.9, 1.1),
+            within(&|r| r.anch_busy, 0.9, 1.1),
+            within(&|r| r.anch_quiet, 0.8, 1.25),
+            within(&|r| r.anch_busy, 0.8, 1.25),
+        );
     }
     let json = serde_json::json!(rows
         .iter()
         .map(|(r, covers)| serde_json::json!({
             "model": r.model, "set": r.set, "covers": covers, "original_ms": r.orig_ms,
             "ratio_plain": r.plain, "ratio_gaps_quiet": r.quiet, "ratio_gaps_busy": r.busy,
+            "ratio_anchored_quiet": r.anch_quiet, "ratio_anchored_busy": r.anch_busy,
             "rounds": r.rounds, "round_original_ms": r.round_original_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
             "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
@@ -887,20 +1082,41 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
 /// One CPU-bound process per core (a Python spin loop), killed when dropped: a busy host.
 struct Burners(Vec<std::process::Child>);
 
+/// The cores this process may run on, read before it pins itself to one (Linux's
+/// `Cpus_allowed_list`; elsewhere, or unreadable, the first `available_parallelism`).
+fn allowed_cores() -> Vec<usize> {
+    let listed = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?;
+            let mut cores = Vec::new();
+            for part in line.split(':').nth(1)?.trim().split(',') {
+                let (a, b) = part.split_once('-').unwrap_or((part, part));
+                cores.extend(a.trim().parse::<usize>().ok()?..=b.trim().parse::<usize>().ok()?);
+            }
+            Some(cores)
+        })
+        .filter(|c| !c.is_empty());
+    listed.unwrap_or_else(|| {
+        (0..std::thread::available_parallelism().map_or(2, |n| n.get())).collect()
+    })
+}
+
 impl Burners {
-    fn start() -> Result<Burners> {
-        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+    /// One burner pinned to each of `cores` (the harness may already be pinned to one: the
+    /// cores are named, not read from the burner's own affinity).
+    fn start(cores: &[usize]) -> Result<Burners> {
         let mut b = Burners(Vec::new());
         // Pinned, one to each core this process may run on: left to the scheduler, two could share a core and leave
         // another free, and whichever process landed there would run unslowed (a lottery
         // between the original and the replay, not a busy host).
-        for core in 0..n {
+        for core in cores {
             b.0.push(
                 Command::new(crate::python())
                     .args([
                         "-c",
                         &format!(
-                            "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[{core}]}})\nwhile True: pass"
+                            "import os\nif hasattr(os, 'sched_setaffinity'): os.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
                         ),
                     ])
                     .spawn()

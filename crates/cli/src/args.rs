@@ -203,6 +203,15 @@ pub struct ReplayArgs {
     /// outside the op's event (ARCHITECTURE.md, ninth session).
     #[arg(long, requires = "emulate_gaps")]
     pub replay_boundary_costs: bool,
+    /// With --emulate-gaps: anchor the gaps' total on a reference timed on the capture host, a
+    /// JSON file with `original_ms` (the original's uninstrumented iteration), `replay_ms` and
+    /// `replay_op_ms` (this tool's plain replay of the same trace timed beside it: the
+    /// `iter_ms` and `op_ms` medians of `mystique replay TRACE --json`): the replay with gaps
+    /// then takes the original's time there put on this host by the plain replay's own ratio,
+    /// with the gaps shaped as the profile shows them. No instrumentation
+    /// enters the total (ARCHITECTURE.md, fourteenth session).
+    #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
+    pub reference: Option<PathBuf>,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,

@@ -327,6 +327,105 @@ pub struct GapModel {
     /// the replay follows the host's speed from (empty: gaps spun as they are).
     #[serde(skip)]
     pub base_step_us: Vec<f64>,
+    /// Where the gaps' total was anchored on a [`Reference`] ([`anchor`]): what it came from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anchored: Option<Anchored>,
+}
+
+/// The original's uninstrumented iteration and the plain replay's (no gaps), timed side by
+/// side on the host that captured the trace (ms): what the original takes beyond the replay's
+/// ops there, measured without any instrumentation.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Reference {
+    pub original_ms: f64,
+    /// The plain replay's iteration.
+    pub replay_ms: f64,
+    /// The time in its ops (the rest, `replay_ms - replay_op_ms`, its bookkeeping between them).
+    pub replay_op_ms: f64,
+}
+
+/// How an anchored gap model ([`anchor`]) came out.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Anchored {
+    /// The reference it was anchored on.
+    pub reference: Reference,
+    /// The plain replay's op time on this host now (ms; the calibration's plain iterations).
+    pub replay_op_ms: f64,
+    /// This host's speed against the reference's, like for like: `replay_op_ms` over the
+    /// reference's (below 1: faster here).
+    pub host_ratio: f64,
+    /// The iteration the gaps make up to (ms): the reference original's, times `host_ratio`.
+    pub target_ms: f64,
+    /// What the gap model from the profile alone emulated (ms), before anchoring.
+    pub profiled_ms: f64,
+    /// The factor its gaps were scaled by (0: the plain replay already takes the target's
+    /// time or more here; the gaps are then not spun).
+    pub scale: f64,
+}
+
+/// Anchors `model`'s gaps on a `reference`: their shape (which gap holds how much) stays the
+/// profile's, their total becomes what the original took beyond the plain replay on the
+/// capture host, put on this host by the plain replay's own ratio. With `O` the reference's
+/// plain replay's op time, `T` its original and `o` this host's plain op time (the model's
+/// `base_step_us`, the time base its gaps follow), the replay with gaps takes `T * o / O`
+/// (op times, not iterations: a calibration's plain iterations hold its per-step timing,
+/// about 1 µs a step, where a replay's hold 0.1): the instrumentation never enters (both references are uninstrumented), and
+/// neither does how slow a profiled capture ran, nor how the capture's cold ops set against
+/// the replay's warm ones (ARCHITECTURE.md, fourteenth session). What the ratio assumes is
+/// the bottom-up model's own: that the original's time outside ops follows this host's speed
+/// as its ops do. The executor spins each gap from the end of the op before, the replay's
+/// bookkeeping inside it (the reference's, `R - O` over the steps, put on this host), so the
+/// scale solves `sum(max(scale * e_i, between)) = target - o`. A model
+/// with no gaps to shape it spreads the time over every step evenly. Bounded: nothing is
+/// spun where the plain replay is already as slow as the target, and a reference that asks
+/// for more than a thousand times the profile's gaps is taken as it is but reported.
+pub fn anchor(model: &mut GapModel, reference: Reference) {
+    let ops_us: f64 = model.base_step_us.iter().filter(|b| b.is_finite()).sum();
+    let ok = |x: f64| x.is_finite() && x > 0.0;
+    let r = reference;
+    if !(ok(r.original_ms) && ok(r.replay_op_ms) && ok(ops_us) && r.replay_ms >= r.replay_op_ms) {
+        return;
+    }
+    let n = model.gaps_us.len();
+    let host_ratio = ops_us / (r.replay_op_ms * 1e3);
+    let target_us = r.original_ms * 1e3 * host_ratio;
+    let between = (r.replay_ms - r.replay_op_ms) * 1e3 * host_ratio / n.max(1) as f64;
+    let mut shape: Vec<f64> = model.gaps_us.iter().map(|g| g.max(0.0)).collect();
+    if shape.iter().sum::<f64>() <= 0.0 {
+        shape.iter_mut().for_each(|g| *g = 1.0);
+    }
+    let outside = target_us - ops_us;
+    let spun = |scale: f64| -> f64 { shape.iter().map(|w| (scale * w).max(between)).sum() };
+    let scale = if n == 0 || outside <= spun(0.0) {
+        0.0
+    } else {
+        // `spun` is continuous and non-decreasing in the scale: bisection.
+        let mut hi = outside / shape.iter().sum::<f64>();
+        while spun(hi) < outside && hi.is_finite() {
+            hi *= 2.0;
+        }
+        let mut lo = 0.0;
+        for _ in 0..60 {
+            let mid = 0.5 * (lo + hi);
+            if spun(mid) < outside {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        hi
+    };
+    let profiled_ms = model.emulated_ms;
+    model.gaps_us = shape.iter().map(|w| scale * w).collect();
+    model.emulated_ms = model.gaps_us.iter().sum::<f64>() / 1e3;
+    model.anchored = Some(Anchored {
+        reference,
+        replay_op_ms: ops_us / 1e3,
+        host_ratio,
+        target_ms: target_us / 1e3,
+        profiled_ms,
+        scale,
+    });
 }
 
 /// The least time a descheduled process loses (µs): Linux's minimum scheduling granularity is
@@ -672,6 +771,7 @@ pub fn gap_model(
         local_speed: shared_cpu,
         calibrations_ms: Vec::new(),
         base_step_us: r.plain_us.to_vec(),
+        anchored: None,
     }
 }
 
@@ -844,6 +944,98 @@ pub fn compare_ops(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model(gaps: &[f64], base: &[f64]) -> GapModel {
+        GapModel {
+            gaps_us: gaps.to_vec(),
+            emulated_ms: gaps.iter().sum::<f64>() / 1e3,
+            base_step_us: base.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// What the executor spins over an iteration for `gaps` (each from the end of the op
+    /// before, `between` of bookkeeping inside it), ops included.
+    fn iteration_us(m: &GapModel, between: f64) -> f64 {
+        m.base_step_us.iter().sum::<f64>() + m.gaps_us.iter().map(|g| g.max(between)).sum::<f64>()
+    }
+
+    #[test]
+    fn an_anchored_replay_takes_the_references_original_on_this_hosts_speed() {
+        // Ops 100 µs here; at the reference 200 µs of ops in a 220 µs plain replay (20 µs of
+        // bookkeeping over 4 steps) beside a 500 µs original: this host is twice as fast, so
+        // the replay takes 250 µs, its gaps shaped 1:3 as the profile's.
+        let mut m = model(&[0.0, 10.0, 0.0, 30.0], &[25.0; 4]);
+        let r = Reference {
+            original_ms: 0.5,
+            replay_ms: 0.22,
+            replay_op_ms: 0.2,
+        };
+        anchor(&mut m, r);
+        let a = m.anchored.clone().expect("anchored");
+        assert!((a.host_ratio - 0.5).abs() < 1e-12);
+        assert!((a.target_ms - 0.25).abs() < 1e-12);
+        assert!((a.profiled_ms - 0.04).abs() < 1e-12);
+        // 2.5 µs of bookkeeping a step here.
+        assert!((iteration_us(&m, 2.5) - 250.0).abs() < 1e-6, "{m:?}");
+        assert!((m.gaps_us[3] / m.gaps_us[1] - 3.0).abs() < 1e-9);
+        assert_eq!((m.gaps_us[0], m.gaps_us[2]), (0.0, 0.0));
+        assert!((m.emulated_ms - m.gaps_us.iter().sum::<f64>() / 1e3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn an_anchored_model_spins_nothing_where_the_plain_replay_is_already_as_slow() {
+        // The original took no longer than the plain replay at the reference.
+        let mut m = model(&[5.0, 5.0], &[50.0, 50.0]);
+        let r = Reference {
+            original_ms: 0.1,
+            replay_ms: 0.11,
+            replay_op_ms: 0.1,
+        };
+        anchor(&mut m, r);
+        assert_eq!(m.anchored.as_ref().map(|a| a.scale), Some(0.0));
+        assert_eq!(m.gaps_us, vec![0.0, 0.0]);
+        assert_eq!(m.emulated_ms, 0.0);
+    }
+
+    #[test]
+    fn an_anchored_model_without_profiled_gaps_spreads_its_time_evenly() {
+        let mut m = model(&[0.0, 0.0, 0.0], &[10.0; 3]);
+        let r = Reference {
+            original_ms: 0.06,
+            replay_ms: 0.03,
+            replay_op_ms: 0.03,
+        };
+        anchor(&mut m, r);
+        assert_eq!(m.gaps_us, vec![10.0, 10.0, 10.0]);
+    }
+
+    #[test]
+    fn a_reference_that_is_not_a_time_leaves_the_profiles_gaps() {
+        for r in [
+            Reference {
+                original_ms: f64::NAN,
+                replay_ms: 0.2,
+                replay_op_ms: 0.1,
+            },
+            Reference {
+                original_ms: 1.0,
+                replay_ms: 0.2,
+                replay_op_ms: 0.0,
+            },
+            // More in ops than in the whole iteration.
+            Reference {
+                original_ms: 1.0,
+                replay_ms: 0.1,
+                replay_op_ms: 0.2,
+            },
+        ] {
+            let mut m = model(&[5.0, 7.0], &[10.0, 10.0]);
+            anchor(&mut m, r);
+            assert!(m.anchored.is_none());
+            assert_eq!(m.gaps_us, vec![5.0, 7.0]);
+        }
+    }
 
     #[test]
     fn least_skips_what_is_not_finite() {

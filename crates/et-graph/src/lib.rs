@@ -30,8 +30,9 @@ pub mod summary;
 
 pub use class::OpClass;
 pub use fidelity::{
-    cap_gaps, compare_ops, gap_model, least, original_timing, typical_timing, weighted_median,
-    Comparison, GapModel, Instrumentation, OpComparison, OriginalTiming, ReplayTimes, SLICE_MIN_US,
+    anchor, cap_gaps, compare_ops, gap_model, least, original_timing, typical_timing,
+    weighted_median, Anchored, Comparison, GapModel, Instrumentation, OpComparison, OriginalTiming,
+    Reference, ReplayTimes, SLICE_MIN_US,
 };
 pub use gpu::{gpu_activity, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};

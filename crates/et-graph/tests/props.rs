@@ -201,3 +201,46 @@ proptest! {
         prop_assert!(tc.edges.iter().all(|e| (e.from < half) == (e.to < half)));
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Whatever the profile's gaps and the reference, an anchored replay's iteration (its ops
+    /// and its spun gaps, the bookkeeping inside them) is the reference original's on this
+    /// host's speed, or its plain time where that is already longer; no gap is negative, and
+    /// the profile's shape is kept.
+    #[test]
+    fn an_anchored_iteration_is_the_references_original_on_this_hosts_speed(
+        gaps in proptest::collection::vec(prop_oneof![Just(0.0), 0.0f64..500.0], 1..40),
+        op_us in 1.0f64..200.0,
+        original_ms in 0.01f64..50.0,
+        replay_op_ms in 0.01f64..20.0,
+        bookkeeping in 0.0f64..1.0,
+    ) {
+        let n = gaps.len();
+        let mut m = et_graph::GapModel {
+            gaps_us: gaps.clone(),
+            base_step_us: vec![op_us; n],
+            ..Default::default()
+        };
+        let r = et_graph::Reference {
+            original_ms,
+            replay_ms: replay_op_ms * (1.0 + bookkeeping),
+            replay_op_ms,
+        };
+        et_graph::anchor(&mut m, r);
+        let a = m.anchored.clone().unwrap();
+        let ops = op_us * n as f64;
+        let between = (r.replay_ms - r.replay_op_ms) * 1e3 * a.host_ratio / n as f64;
+        let iteration = ops + m.gaps_us.iter().map(|g| g.max(between)).sum::<f64>();
+        let want = (a.target_ms * 1e3).max(ops + between * n as f64);
+        prop_assert!((iteration - want).abs() <= 1e-6 * want.max(1.0), "{} vs {}", iteration, want);
+        prop_assert!(m.gaps_us.iter().all(|g| *g >= 0.0 && g.is_finite()));
+        let total: f64 = gaps.iter().sum();
+        if total > 0.0 && a.scale > 0.0 {
+            for (g, w) in m.gaps_us.iter().zip(&gaps) {
+                prop_assert!((g - a.scale * w).abs() <= 1e-9 * g.abs().max(1.0));
+            }
+        }
+    }
+}

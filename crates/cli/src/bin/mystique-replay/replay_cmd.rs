@@ -1,6 +1,6 @@
 //! `replay` and `compare`: argument plumbing around the replay crate, and printing.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use et_graph::{Graph, Selection};
 use mystique_cli::args::{CompareArgs, ReplayArgs, RunArgs};
 use mystique_cli::inspect::human_bytes;
@@ -81,6 +81,7 @@ fn calibrated_gaps(
     device: replay::Device,
     autograd: bool,
     probed_costs: bool,
+    reference: Option<et_graph::Reference>,
 ) -> Result<et_graph::GapModel> {
     // About half a second under instrumentation (the capture's span is its instrumented
     // iteration), at least 3 iterations and at most 15: medians over more of them steady the
@@ -159,7 +160,65 @@ fn calibrated_gaps(
     models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
     let mut model = models.swap_remove(models.len() / 2);
     model.calibrations_ms = all;
+    if let Some(reference) = reference {
+        // On the chosen calibration's plain op times, the time base its gaps follow.
+        et_graph::anchor(&mut model, reference);
+        match &model.anchored {
+            Some(a) => log::info!(
+                "gap model anchored: {:.3} ms original over {:.3} ms of plain replay ops at the \
+                 reference, {:.3} ms of ops here (x{:.3}): {:.3} ms per iteration, {:.3} ms \
+                 emulated (the profile alone: {:.3} ms)",
+                reference.original_ms,
+                reference.replay_op_ms,
+                a.replay_op_ms,
+                a.host_ratio,
+                a.target_ms,
+                model.emulated_ms,
+                a.profiled_ms
+            ),
+            None => eprintln!(
+                "warning: the reference ({} ms original, {} ms replay, {} ms of it in ops) or \
+                 this host's plain op time is not a positive time: the gaps are the profile's \
+                 alone",
+                reference.original_ms, reference.replay_ms, reference.replay_op_ms
+            ),
+        }
+    }
     Ok(model)
+}
+
+/// A reference file (`--reference`): `original_ms`, `replay_ms` and `replay_op_ms`, all
+/// positive, the replay's op time no more than its iteration.
+pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the reference {}", path.display()))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("the reference {} is not JSON", path.display()))?;
+    let ms = |k: &str| -> Result<f64> {
+        let v = j[k].as_f64().filter(|v| v.is_finite() && *v > 0.0);
+        v.with_context(|| {
+            format!(
+                "the reference {}: `{k}` must be a positive number of ms (the original's \
+                 uninstrumented iteration, the plain replay's and its time in ops, timed side \
+                 by side on the capture host)",
+                path.display()
+            )
+        })
+    };
+    let r = et_graph::Reference {
+        original_ms: ms("original_ms")?,
+        replay_ms: ms("replay_ms")?,
+        replay_op_ms: ms("replay_op_ms")?,
+    };
+    anyhow::ensure!(
+        r.replay_op_ms <= r.replay_ms,
+        "the reference {}: `replay_op_ms` ({}) is more than `replay_ms` ({}): the plain \
+         replay's time in ops is part of its iteration",
+        path.display(),
+        r.replay_op_ms,
+        r.replay_ms
+    );
+    Ok(r)
 }
 
 /// Calibrations per gap model: at least, at most (both odd: the median is one of them).
@@ -299,6 +358,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         iterations: a.iteration.clone(),
         ..Default::default()
     })?;
+    let reference = a.reference.as_deref().map(read_reference).transpose()?;
     let gap_model = match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
             let linked = Linked::new(&g, &set, k, !a.gaps_of_one_iteration)?;
@@ -309,6 +369,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 device,
                 !a.run.no_autograd,
                 !a.replay_boundary_costs,
+                reference,
             )?)
         }
         _ => None,
@@ -767,6 +828,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             device,
             !a.run.no_autograd,
             false,
+            None,
         )?)
     } else {
         None
