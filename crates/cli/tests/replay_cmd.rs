@@ -384,3 +384,67 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     // Every linked op found again in the replay's own profile.
     assert_eq!(c["instrumented"]["ops"], c["linked"]);
 }
+
+/// With a reference (`--reference`), the gaps' total is anchored on it: the report says from
+/// what, and the gap replay's iteration is the reference original's on this host's speed. A
+/// reference that is not one is refused, naming the file and the field.
+#[test]
+fn gaps_anchored_on_a_reference() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let dir = std::env::temp_dir().join(format!("mystique-reference-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let reference = dir.join("ref.json");
+    let replay = |r: &std::path::Path| {
+        let mut c = bin();
+        c.arg("replay")
+            .arg(data.join("steps.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.timing.json.gz"))
+            .arg("--emulate-gaps")
+            .arg("--reference")
+            .arg(r)
+            .args(["--json", "--threads", "1", "--iters", "2"]);
+        c
+    };
+    std::fs::write(
+        &reference,
+        r#"{"original_ms": 5.0, "replay_ms": 1.1, "replay_op_ms": 1.0}"#,
+    )
+    .unwrap();
+    let r = json(&mut replay(&reference));
+    assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    let a = &r["gap_model"]["anchored"];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    // The target is 5x the plain replay's op time here, the gaps most of it.
+    assert!(
+        (f(&a["target_ms"]) - 5.0 * f(&a["replay_op_ms"])).abs() < 1e-9,
+        "{a}"
+    );
+    assert!(f(&a["scale"]) > 0.0, "{a}");
+    assert!(
+        f(&r["gap_model"]["emulated_ms"]) > 3.0 * f(&a["replay_op_ms"]),
+        "{a}"
+    );
+    for (text, field) in [
+        (r#"{"original_ms": 5.0, "replay_ms": 1.1}"#, "replay_op_ms"),
+        (
+            r#"{"original_ms": -1, "replay_ms": 1.1, "replay_op_ms": 1.0}"#,
+            "original_ms",
+        ),
+        (
+            r#"{"original_ms": 5.0, "replay_ms": 1.0, "replay_op_ms": 1.1}"#,
+            "replay_op_ms",
+        ),
+        ("not json", "not JSON"),
+    ] {
+        std::fs::write(&reference, text).unwrap();
+        let out = replay(&reference).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("ref.json") && err.contains(field),
+            "{text}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

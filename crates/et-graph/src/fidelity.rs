@@ -369,16 +369,16 @@ pub struct Anchored {
 /// plain replay's op time, `T` its original and `o` this host's plain op time (the model's
 /// `base_step_us`, the time base its gaps follow), the replay with gaps takes `T * o / O`
 /// (op times, not iterations: a calibration's plain iterations hold its per-step timing,
-/// about 1 µs a step, where a replay's hold 0.1): the instrumentation never enters (both references are uninstrumented), and
-/// neither does how slow a profiled capture ran, nor how the capture's cold ops set against
-/// the replay's warm ones (ARCHITECTURE.md, fourteenth session). What the ratio assumes is
-/// the bottom-up model's own: that the original's time outside ops follows this host's speed
-/// as its ops do. The executor spins each gap from the end of the op before, the replay's
-/// bookkeeping inside it (the reference's, `R - O` over the steps, put on this host), so the
-/// scale solves `sum(max(scale * e_i, between)) = target - o`. A model
-/// with no gaps to shape it spreads the time over every step evenly. Bounded: nothing is
-/// spun where the plain replay is already as slow as the target, and a reference that asks
-/// for more than a thousand times the profile's gaps is taken as it is but reported.
+/// about 1 µs a step, where a replay's hold 0.1). The instrumentation never enters (both
+/// references are uninstrumented), and neither does how slow a profiled capture ran, nor how
+/// the capture's cold ops set against the replay's warm ones (ARCHITECTURE.md, fourteenth
+/// session). What the ratio assumes is the bottom-up model's own: that the original's time
+/// outside ops follows this host's speed as its ops do. The executor spins each gap from the
+/// end of the op before, the replay's bookkeeping inside it (the reference's, `R - O` over
+/// the steps, put on this host), so the scale solves `sum(max(scale * e_i, between)) =
+/// target - o`. A model with no gaps to shape it spreads the time over every step evenly.
+/// Nothing is spun where the plain replay is already as slow as the target; above, the
+/// reference's total is taken as it is (no cap), and `Anchored::scale` reports the factor.
 pub fn anchor(model: &mut GapModel, reference: Reference) {
     let ops_us: f64 = model.base_step_us.iter().filter(|b| b.is_finite()).sum();
     let ok = |x: f64| x.is_finite() && x > 0.0;

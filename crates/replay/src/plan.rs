@@ -1100,8 +1100,7 @@ impl Builder<'_, '_> {
         if name == "aten::_weight_norm_interface" {
             return self.weight_norm_norms(step, node, spec);
         }
-        let (v, in_spec) = arg_tensors(t, ins.first()?).into_iter().next()?;
-        let in_spec = in_spec?;
+        let (base, in_spec) = self.live_input(node, 0)?;
         let dim = match ins.get(1)?.value {
             Value::Int(d) => d,
             _ => return None,
@@ -1110,18 +1109,40 @@ impl Builder<'_, '_> {
         if in_spec.shape != spec.shape || in_spec.dtype != spec.dtype {
             return None;
         }
-        let base = *self.current.get(&key_of(t, v)?)?;
-        if self.slot_meta[base as usize] != Some((spec.shape.clone(), spec.dtype)) {
-            return None;
-        }
-        self.last_use[base as usize] = step;
-        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         let kind = if name.contains("log_softmax") {
             ViewKind::LogSoftmax { dim }
         } else {
             ViewKind::Softmax { dim }
         };
         log::debug!("step {step}: {name} of slot {base} made again for its backward");
+        Some(self.computed_view(step, base, &[], spec, kind))
+    }
+
+    /// Input `i` of `node` where it is live in a slot with the shape and dtype the trace
+    /// recorded for it: the slot and that spec.
+    fn live_input(&self, node: &et_schema::Node, i: usize) -> Option<(Slot, TensorSpec)> {
+        let t = self.g.trace;
+        let (v, sp) = arg_tensors(t, t.inputs(node).get(i)?).into_iter().next()?;
+        let sp = sp?;
+        let s = *self.current.get(&key_of(t, v)?)?;
+        (self.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp))
+    }
+
+    /// A new slot made at `step` of `base` (and the other slots it `reads`) as `kind` says,
+    /// contiguous with `spec`'s shape and dtype: a value a composite run whole made inside it
+    /// and saved for a backward, which no replayed op writes.
+    fn computed_view(
+        &mut self,
+        step: usize,
+        base: Slot,
+        reads: &[Slot],
+        spec: &TensorSpec,
+        kind: ViewKind,
+    ) -> Slot {
+        for &r in std::iter::once(&base).chain(reads) {
+            self.last_use[r as usize] = step;
+        }
+        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         self.views.push(View {
             slot: s,
             base,
@@ -1131,7 +1152,7 @@ impl Builder<'_, '_> {
             },
             kind,
         });
-        Some(s)
+        s
     }
 
     /// The log-sum-exp a fused attention `node` returned (its second output, `spec`), made
@@ -1146,16 +1167,14 @@ impl Builder<'_, '_> {
     ) -> Option<Slot> {
         let t = self.g.trace;
         let ins = t.inputs(node);
-        let live = |b: &Self, i: usize| -> Option<(Slot, Vec<i64>)> {
-            let (v, sp) = arg_tensors(t, ins.get(i)?).into_iter().next()?;
-            let sp = sp?;
-            let s = *b.current.get(&key_of(t, v)?)?;
-            (b.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp.shape))
+        let (q, qs) = self.live_input(node, 0)?;
+        let (k, ks) = self.live_input(node, 1)?;
+        let [b, h, l, e] = qs.shape[..] else {
+            return None;
         };
-        let (q, qs) = live(self, 0)?;
-        let (k, ks) = live(self, 1)?;
-        let [b, h, l, e] = qs[..] else { return None };
-        let [b2, h2, _, e2] = ks[..] else { return None };
+        let [b2, h2, _, e2] = ks.shape[..] else {
+            return None;
+        };
         if (b, h, e) != (b2, h2, e2) || spec.shape != [b, h, l] || !spec.dtype.is_floating_point() {
             return None;
         }
@@ -1174,27 +1193,16 @@ impl Builder<'_, '_> {
             Some(v) if !is_none(t, v) => Some(t.as_f64(v)?),
             _ => None,
         };
-        self.last_use[q as usize] = step;
-        self.last_use[k as usize] = step;
-        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         log::debug!(
             "step {step}: the log-sum-exp of {} made again for its backward",
             t.name(node)
         );
-        self.views.push(View {
-            slot: s,
-            base: q,
-            spec: TensorSpec {
-                strides: contiguous(&spec.shape),
-                ..spec.clone()
-            },
-            kind: ViewKind::AttentionLogsumexp {
-                key: k,
-                causal,
-                scale,
-            },
-        });
-        Some(s)
+        let kind = ViewKind::AttentionLogsumexp {
+            key: k,
+            causal,
+            scale,
+        };
+        Some(self.computed_view(step, q, &[k], spec, kind))
     }
 
     /// The norms `_weight_norm_interface(v, g, dim)` (`node`) returned second (`spec`, `g`'s
@@ -1206,37 +1214,17 @@ impl Builder<'_, '_> {
         node: &et_schema::Node,
         spec: &TensorSpec,
     ) -> Option<Slot> {
-        let t = self.g.trace;
-        let ins = t.inputs(node);
-        let live = |b: &Self, i: usize| -> Option<(Slot, Vec<i64>)> {
-            let (v, sp) = arg_tensors(t, ins.get(i)?).into_iter().next()?;
-            let sp = sp?;
-            let s = *b.current.get(&key_of(t, v)?)?;
-            (b.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp.shape))
-        };
-        let (v, _) = live(self, 0)?;
-        let (g, gs) = live(self, 1)?;
-        let dim = match ins.get(2)?.value {
+        let (v, _) = self.live_input(node, 0)?;
+        let (g, gs) = self.live_input(node, 1)?;
+        let dim = match self.g.trace.inputs(node).get(2)?.value {
             Value::Int(d) => d,
             _ => return None,
         };
-        if spec.shape != gs || !spec.dtype.is_floating_point() {
+        if spec.shape != gs.shape || !spec.dtype.is_floating_point() {
             return None;
         }
-        self.last_use[v as usize] = step;
-        self.last_use[g as usize] = step;
-        let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
         log::debug!("step {step}: the weight norm's norms made again for its backward");
-        self.views.push(View {
-            slot: s,
-            base: v,
-            spec: TensorSpec {
-                strides: contiguous(&spec.shape),
-                ..spec.clone()
-            },
-            kind: ViewKind::WeightNormNorms { g, dim },
-        });
-        Some(s)
+        Some(self.computed_view(step, v, &[g], spec, ViewKind::WeightNormNorms { g, dim }))
     }
 
     /// The slot is a floating-point external input (a parameter, if anything requires grad).

@@ -79,6 +79,14 @@ fn run(tr: &et_schema::Trace) -> (Vec<Option<Tensor>>, Vec<(String, String)>, Pl
     (slots, failures, Planned { plan, bound })
 }
 
+/// The slot step `step` reads as its `k`th argument, a tensor.
+fn arg_slot(plan: &Planned, step: usize, k: usize) -> usize {
+    match &plan.args(step)[k] {
+        Arg::Tensor(s) => *s as usize,
+        other => panic!("{other:?}"),
+    }
+}
+
 fn out_slot(plan: &Plan, step: usize, k: usize) -> usize {
     match &plan.steps[step].outs[k] {
         Out::Tensor(s) => *s as usize,
@@ -1088,10 +1096,7 @@ fn a_fused_attentions_log_sum_exp_is_made_again_for_its_backward() {
         2,
         "the attention whole, then its backward"
     );
-    let arg = |k: usize| match &plan.args(1)[k] {
-        Arg::Tensor(s) => *s as usize,
-        other => panic!("{other:?}"),
-    };
+    let arg = |k: usize| arg_slot(&plan, 1, k);
     let (grad_out, q, k, v, out, lse) = (arg(0), arg(1), arg(2), arg(3), arg(4), arg(5));
     assert!(
         plan.externals.iter().all(|e| e.0 as usize != lse),
@@ -1181,10 +1186,7 @@ fn weight_norms_norms_are_made_again_for_its_backward() {
         2,
         "the weight norm whole, then its backward"
     );
-    let arg = |k: usize| match &plan.args(1)[k] {
-        Arg::Tensor(s) => *s as usize,
-        other => panic!("{other:?}"),
-    };
+    let arg = |k: usize| arg_slot(&plan, 1, k);
     let (grad_w, v, g, norms) = (arg(0), arg(1), arg(2), arg(3));
     assert!(
         plan.externals.iter().all(|e| e.0 as usize != norms),
