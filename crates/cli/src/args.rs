@@ -212,6 +212,16 @@ pub struct ReplayArgs {
     /// enters the total (ARCHITECTURE.md, fourteenth session).
     #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
     pub reference: Option<PathBuf>,
+    /// On the capture host: write the reference that `--reference` reads, this plain replay's
+    /// `iter_ms` and `op_ms` medians beside the original's uninstrumented iteration
+    /// (`--original-ms`, or `iter_ms_median` of a `NAME.meta.json` beside the trace). Time the
+    /// original just before or after, on the same host in the same state: the reference is
+    /// the pair's ratio there.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["emulate_gaps", "ranks"])]
+    pub reference_out: Option<PathBuf>,
+    /// With --reference-out: the original's uninstrumented iteration (ms) on this host.
+    #[arg(long, value_name = "MS", requires = "reference_out")]
+    pub original_ms: Option<f64>,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,

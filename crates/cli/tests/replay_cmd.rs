@@ -425,6 +425,7 @@ fn gaps_anchored_on_a_reference() {
         f(&r["gap_model"]["emulated_ms"]) > 3.0 * f(&a["replay_op_ms"]),
         "{a}"
     );
+    let big = format!("[{}0]", "0, ".repeat(400_000));
     for (text, field) in [
         (r#"{"original_ms": 5.0, "replay_ms": 1.1}"#, "replay_op_ms"),
         (
@@ -436,6 +437,8 @@ fn gaps_anchored_on_a_reference() {
             "replay_op_ms",
         ),
         ("not json", "not JSON"),
+        // A trace given where the reference goes: refused by its size, not read whole.
+        (big.as_str(), "not a reference file"),
     ] {
         std::fs::write(&reference, text).unwrap();
         let out = replay(&reference).output().unwrap();
@@ -446,5 +449,70 @@ fn gaps_anchored_on_a_reference() {
             "{text}: {err}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--reference-out` writes, from a plain replay and the original's time, the reference that
+/// `--reference` reads back; without the original's time it refuses before replaying and
+/// writes nothing.
+#[test]
+fn a_reference_is_written_on_the_capture_host() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let dir = std::env::temp_dir().join(format!("mystique-reference-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let reference = dir.join("ref.json");
+    let r = json(
+        bin()
+            .arg("replay")
+            .arg(data.join("steps.et.json.gz"))
+            .arg("--reference-out")
+            .arg(&reference)
+            .args([
+                "--original-ms",
+                "7.5",
+                "--json",
+                "--threads",
+                "1",
+                "--iters",
+                "3",
+            ]),
+    );
+    let w: serde_json::Value = serde_json::from_slice(&std::fs::read(&reference).unwrap()).unwrap();
+    assert_eq!(w["original_ms"], 7.5);
+    assert_eq!(w["original_from"], "--original-ms");
+    // The replay's own medians, as its report gives them.
+    assert_eq!(w["replay_ms"], r["iter_ms"]["median"], "{w}");
+    let op = w["replay_op_ms"].as_f64().unwrap();
+    assert!(op > 0.0 && op <= w["replay_ms"].as_f64().unwrap(), "{w}");
+    // Read back by --reference: the anchored report names it.
+    let a = json(
+        bin()
+            .arg("replay")
+            .arg(data.join("steps.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.timing.json.gz"))
+            .arg("--emulate-gaps")
+            .arg("--reference")
+            .arg(&reference)
+            .args(["--json", "--threads", "1", "--iters", "2"]),
+    );
+    assert_eq!(
+        a["gap_model"]["anchored"]["reference"]["original_ms"], 7.5,
+        "{}",
+        a["gap_model"]
+    );
+    // No original time: refused up front, nothing written.
+    let missing = dir.join("none.json");
+    let out = bin()
+        .arg("replay")
+        .arg(data.join("steps.et.json.gz"))
+        .arg("--reference-out")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--original-ms"), "{err}");
+    assert!(!missing.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

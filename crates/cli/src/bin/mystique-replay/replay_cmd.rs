@@ -190,8 +190,23 @@ fn calibrated_gaps(
 /// A reference file (`--reference`): `original_ms`, `replay_ms` and `replay_op_ms`, all
 /// positive, the replay's op time no more than its iteration.
 pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
-    let text = std::fs::read_to_string(path)
+    // A reference is three numbers and a few fields of provenance: read at most this much, so
+    // that a wrong path (a trace, a device file) is refused instead of read whole.
+    const MAX_REFERENCE_BYTES: u64 = 1 << 20;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            use std::io::Read;
+            f.take(MAX_REFERENCE_BYTES + 1).read_to_string(&mut text)
+        })
         .with_context(|| format!("reading the reference {}", path.display()))?;
+    anyhow::ensure!(
+        text.len() as u64 <= MAX_REFERENCE_BYTES,
+        "the reference {} is over {} KiB: not a reference file (it holds `original_ms`, \
+         `replay_ms` and `replay_op_ms`)",
+        path.display(),
+        MAX_REFERENCE_BYTES >> 10
+    );
     let j: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("the reference {} is not JSON", path.display()))?;
     let ms = |k: &str| -> Result<f64> {
@@ -219,6 +234,36 @@ pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
         r.replay_ms
     );
     Ok(r)
+}
+
+/// `--reference-out`: what [`read_reference`] reads, and where it came from.
+fn write_reference(
+    p: &Path,
+    r: &replay::Report,
+    original_ms: f64,
+    from: &str,
+    source: &str,
+) -> Result<()> {
+    let (replay_ms, op_ms) = (r.iter_ms.median, r.op_ms.median);
+    anyhow::ensure!(
+        replay_ms.is_finite() && replay_ms > 0.0 && op_ms.is_finite() && op_ms > 0.0,
+        "--reference-out: the replay's iteration ({replay_ms} ms) or its time in ops \
+         ({op_ms} ms) is not a positive time; no reference written"
+    );
+    let j = serde_json::json!({
+        "original_ms": original_ms,
+        "replay_ms": replay_ms,
+        // Medians of two series: the op time's can exceed the iteration's by a hair.
+        "replay_op_ms": op_ms.min(replay_ms),
+        "original_from": from,
+        "trace": source,
+        "iters": r.iters,
+        "created_by": concat!("mystique ", env!("CARGO_PKG_VERSION")),
+    });
+    mystique_cli::output::write_atomic(p, |w| {
+        serde_json::to_writer_pretty(&mut *w, &j)?;
+        Ok(writeln!(w)?)
+    })
 }
 
 /// Calibrations per gap model: at least, at most (both odd: the median is one of them).
@@ -332,9 +377,31 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     };
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
     // Outputs are checked before the long work, so a bad path does not lose the report.
-    for p in [&a.trace_out, &a.gpu_svg].into_iter().flatten() {
+    for p in [&a.trace_out, &a.gpu_svg, &a.reference_out]
+        .into_iter()
+        .flatten()
+    {
         mystique_cli::output::check(p, &[path.as_path()])?;
     }
+    // The original's time for --reference-out is known before the replay, or the replay is
+    // not worth running.
+    let reference_original = match (&a.reference_out, a.original_ms) {
+        (None, _) => None,
+        (Some(_), Some(ms)) => {
+            anyhow::ensure!(
+                ms.is_finite() && ms > 0.0,
+                "--original-ms must be a positive number of ms (got {ms})"
+            );
+            Some((ms, "--original-ms".to_string()))
+        }
+        (Some(_), None) => Some(meta_original_ms(path).with_context(|| {
+            format!(
+                "--reference-out needs the original's uninstrumented iteration: --original-ms \
+                 MS, or a NAME.meta.json with `iter_ms_median` beside {}",
+                path.display()
+            )
+        })?),
+    };
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
     for lib in &a.load_library {
@@ -430,6 +497,9 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         }
     }
     a.run.warn_values(&report);
+    if let (Some(p), Some((original_ms, from))) = (&a.reference_out, &reference_original) {
+        write_reference(p, &report, *original_ms, from, &trace.source)?;
+    }
     let mut out = std::io::stdout().lock();
     if json {
         let mut j = serde_json::to_value(&report)?;
