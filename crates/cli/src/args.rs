@@ -301,6 +301,15 @@ pub struct GenerateArgs {
     /// The original's iteration time (ms), when no Kineto trace is at hand.
     #[arg(long)]
     pub original_ms: Option<f64>,
+    /// Package the --kineto profile (taken as `replay --emulate-gaps` takes it) so that `run`
+    /// reproduces the original's time between ops, calibrated on the host that runs it. Its
+    /// event names are the model's own: not with --anonymize.
+    #[arg(long, requires = "kineto", conflicts_with = "anonymize")]
+    pub emulate_gaps: bool,
+    /// With --emulate-gaps: the capture host's reference (`replay --reference-out`), which the
+    /// gaps' total is anchored on wherever the package runs.
+    #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
+    pub reference: Option<PathBuf>,
     /// Replace annotation, module, file and attribute names by keyed hashes.
     #[arg(long)]
     pub anonymize: bool,
@@ -350,4 +359,8 @@ pub struct RunPackageArgs {
     /// Seconds a rank waits for the others (multi-rank packages).
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Run the ops back to back, without the gaps a package generated with --emulate-gaps
+    /// carries.
+    #[arg(long)]
+    pub no_gaps: bool,
 }

@@ -48,6 +48,10 @@ pub struct Manifest {
     pub ops_from: Vec<String>,
     /// The original run's time, when a linked Kineto trace or `--original-ms` was given.
     pub original: Option<Original>,
+    /// With `generate --emulate-gaps`: what `run` emulates the original's time between ops
+    /// from. Absent from packages made without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gaps: Option<Gaps>,
     /// With `--anonymize`: how many names of each kind were replaced by hashes.
     pub anonymized: Option<BTreeMap<String, usize>>,
     /// Every other file of the package and its SHA-256.
@@ -83,6 +87,26 @@ pub struct Original {
     pub ops_ms: Option<f64>,
     /// `kineto` or `--original-ms`.
     pub from: String,
+}
+
+/// The gaps of a single-rank package: the capture's profile and, when given, the reference
+/// their total is anchored on (`mystique replay --reference`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Gaps {
+    /// The packaged Kineto profile (`rank0.timing.json.gz`).
+    pub profile: String,
+    pub reference: Option<Reference>,
+}
+
+/// The original's uninstrumented iteration and the plain replay's, timed on the capture host
+/// (ms); what `mystique replay --reference-out` writes.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Reference {
+    pub original_ms: f64,
+    pub replay_ms: f64,
+    pub replay_op_ms: f64,
 }
 
 /// What `mystique run` writes: the machine, and per rank the replay report, per op signature
@@ -173,6 +197,30 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
                     r.rank
                 );
             }
+        }
+    }
+    if let Some(g) = &m.gaps {
+        check_name(&g.profile)?;
+        anyhow::ensure!(
+            m.files.contains_key(&g.profile),
+            "the manifest names the profile {:?} but records no hash for it",
+            g.profile
+        );
+        anyhow::ensure!(
+            m.ranks.len() == 1,
+            "the manifest carries gaps for a package of {} ranks: only a single rank's are made",
+            m.ranks.len()
+        );
+        if let Some(r) = &g.reference {
+            let ok = |v: f64| v.is_finite() && v > 0.0;
+            anyhow::ensure!(
+                ok(r.original_ms)
+                    && ok(r.replay_ms)
+                    && ok(r.replay_op_ms)
+                    && r.replay_op_ms <= r.replay_ms,
+                "the manifest's reference is not positive times with the replay's op time \
+                 within its iteration: {r:?}"
+            );
         }
     }
     for (name, hash) in &m.files {

@@ -253,3 +253,94 @@ fn what_if_packages_record_their_edits_and_run() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("DIM:FACTOR"));
 }
+
+/// `generate --emulate-gaps` packages the profile (and the reference, when given); `run`
+/// calibrates the gaps on its host from them, anchored on the reference, unless `--no-gaps`.
+/// A changed profile is refused; the profile's names cannot be anonymised, so `--anonymize`
+/// with it is refused.
+#[test]
+fn packages_with_gaps_emulate_them_where_they_run() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let reference = tmp("gaps.ref.json");
+    std::fs::write(
+        &reference,
+        r#"{"original_ms": 5.0, "replay_ms": 1.1, "replay_op_ms": 1.0}"#,
+    )
+    .unwrap();
+    let pkg = tmp("gaps.pkg");
+    let profile = data.join("steps.timing.json.gz");
+    generate(
+        &[data.join("steps.et.json.gz")],
+        &pkg,
+        &[
+            "--kineto",
+            profile.to_str().unwrap(),
+            "--emulate-gaps",
+            "--reference",
+            reference.to_str().unwrap(),
+        ],
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    let name = m["gaps"]["profile"].as_str().unwrap();
+    assert!(m["files"][name].is_string(), "{m}");
+    assert_eq!(m["gaps"]["reference"]["original_ms"], 5.0, "{m}");
+    assert_eq!(m["original"]["iter_ms"], 5.0, "{m}");
+    assert_eq!(m["original"]["from"], "reference", "{m}");
+
+    let r = run(&pkg, &tmp("gaps.result.json"));
+    let rep = &r["ranks"][0]["report"];
+    assert_eq!(rep["ops_failed"], 0, "{}", rep["failures"]);
+    let gm = &rep["gap_model"];
+    let a = &gm["anchored"];
+    assert_eq!(a["reference"]["original_ms"], 5.0, "{gm}");
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    // Anchored: 5x this host's plain op time, the gaps most of it.
+    assert!(
+        (f(&a["target_ms"]) - 5.0 * f(&a["replay_op_ms"])).abs() < 1e-9,
+        "{a}"
+    );
+    assert!(f(&gm["emulated_ms"]) > 3.0 * f(&a["replay_op_ms"]), "{gm}");
+
+    let plain = json(
+        bin()
+            .arg("run")
+            .arg(&pkg)
+            .args([
+                "--json",
+                "--iters",
+                "2",
+                "--threads",
+                "1",
+                "--no-gaps",
+                "-o",
+            ])
+            .arg(tmp("gaps.plain.json")),
+    );
+    assert!(plain["ranks"][0]["report"]["gap_model"].is_null());
+
+    // Anonymising would leave the profile's names: refused.
+    let o = bin()
+        .arg("generate")
+        .arg(data.join("steps.et.json.gz"))
+        .args(["--kineto", profile.to_str().unwrap(), "--emulate-gaps"])
+        .arg("--anonymize")
+        .arg("-o")
+        .arg(tmp("gaps.anon.pkg"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--anonymize"));
+
+    // A profile changed after packaging is refused.
+    std::fs::write(pkg.join(name), b"{}").unwrap();
+    let o = bin()
+        .arg("run")
+        .arg(&pkg)
+        .arg("-o")
+        .arg(tmp("gaps.tampered.json"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(name));
+}

@@ -501,6 +501,28 @@ fn a_reference_is_written_on_the_capture_host() {
         "{}",
         a["gap_model"]
     );
+    // The table says so too, with the reference's original.
+    let out = bin()
+        .arg("replay")
+        .arg(data.join("steps.et.json.gz"))
+        .arg("--kineto")
+        .arg(data.join("steps.timing.json.gz"))
+        .arg("--emulate-gaps")
+        .arg("--reference")
+        .arg(&reference)
+        .args(["--threads", "1", "--iters", "2"])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains("anchored   on the reference") && table.contains("original's 7.500 ms"),
+        "{table}"
+    );
     // No original time: refused up front, nothing written.
     let missing = dir.join("none.json");
     let out = bin()

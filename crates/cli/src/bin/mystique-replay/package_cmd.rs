@@ -29,6 +29,9 @@ const LIBTORCH_NAMESPACES: &[&str] = &[
     "record_param_comms",
 ];
 
+/// The packaged profile of `generate --emulate-gaps`.
+const PROFILE: &str = "rank0.timing.json.gz";
+
 fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     e.write_all(bytes)?;
@@ -64,6 +67,16 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         a.kineto.is_none() || a.traces.len() == 1,
         "--kineto takes the Kineto trace of a single-rank package"
     );
+    let reference = a
+        .reference
+        .as_deref()
+        .map(crate::replay_cmd::read_reference)
+        .transpose()?
+        .map(|r| package::Reference {
+            original_ms: r.original_ms,
+            replay_ms: r.replay_ms,
+            replay_op_ms: r.replay_op_ms,
+        });
     let sel = a.filters.selection()?;
     // What-if edits, checked before any work.
     let scale = a
@@ -147,6 +160,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         let mut ops_from = BTreeSet::new();
         let mut devices = BTreeSet::new();
         let mut original = None;
+        let mut gaps = None;
         let mut schema = String::new();
         for (rank, (path, sha, t)) in loaded.iter().enumerate() {
             let g = Graph::new(t);
@@ -194,6 +208,35 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
                     ops_from.insert(ns.to_string());
                 }
             }
+            if let (0, true, Some(k)) = (rank, a.emulate_gaps, &a.kineto) {
+                // `run` links the profile to the packaged trace, as here: a profile that would
+                // not link there is refused now.
+                crate::replay_cmd::Linked::of(
+                    &pg,
+                    &pg.replay_set(None),
+                    mystique_cli::read_kineto(k)?,
+                    true,
+                )
+                .with_context(|| {
+                    format!(
+                        "--emulate-gaps: the profile {} does not link to the packaged ops \
+                         (package whole iterations of the ET it was taken with)",
+                        k.display()
+                    )
+                })?;
+                let raw = std::fs::read(k).with_context(|| format!("reading {}", k.display()))?;
+                let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
+                    raw
+                } else {
+                    gzip(&raw)?
+                };
+                files.insert(PROFILE.to_string(), package::sha256_hex(&bytes));
+                std::fs::write(tmp.join(PROFILE), &bytes)?;
+                gaps = Some(package::Gaps {
+                    profile: PROFILE.into(),
+                    reference,
+                });
+            }
             let plan_name = format!("rank{rank}.plan.json.gz");
             for (file, bytes) in [
                 (&trace_name, gzip(&text)?),
@@ -213,6 +256,14 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
                 plan: plan_name,
                 source_sha256: sha.clone(),
                 ops: plan.steps.len(),
+            });
+        }
+        if let Some(r) = reference {
+            // The original's iteration uninstrumented, where the profile's was not.
+            original = Some(Original {
+                iter_ms: r.original_ms,
+                ops_ms: original.and_then(|o: Original| o.ops_ms),
+                from: "reference".into(),
             });
         }
         if let Some(ms) = a.original_ms {
@@ -244,6 +295,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
             iters: a.iters,
             ops_from: ops_from.into_iter().collect(),
             original,
+            gaps,
             anonymized: a.anonymize.then(|| anon.replaced.clone()),
             files,
         };
@@ -329,6 +381,10 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         .map_err(|e| anyhow::anyhow!("the package's {}: {e}", entry.plan))?;
     let device = replay::Device::parse(&a.device)?;
     tch::manual_seed(m.seed as i64);
+    let gap_model = match (&m.gaps, a.no_gaps) {
+        (Some(gaps), false) => Some(package_gaps(dir, entry, gaps, device, plan.steps.len())?),
+        _ => None,
+    };
     let bound = replay::bind(&plan, &device);
     let timeout = std::time::Duration::from_secs(a.timeout);
     let opts = replay::ReplayOptions {
@@ -339,6 +395,8 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         progress: true,
         force: a.force,
         dist: replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?,
+        gaps_us: gap_model.as_ref().map(|g| g.gaps_us.clone()),
+        gaps_base_us: gap_model.as_ref().map(|g| g.base_step_us.clone()),
         ..Default::default()
     };
     let (report, _) = replay::executor::run(&plan, &bound, &opts)?;
@@ -360,12 +418,55 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
     }
     let mut signatures: Vec<Signature> = sigs.into_values().collect();
     signatures.sort_by(|x, y| y.total_ms.total_cmp(&x.total_ms));
+    let mut report_json = serde_json::to_value(&report)?;
+    if let (Some(g), Some(o)) = (&gap_model, report_json.as_object_mut()) {
+        o.insert("gap_model".into(), serde_json::to_value(g)?);
+    }
     Ok(RankResult {
         rank,
         iterations_ms: report.iter_samples_ms.clone(),
         signatures,
-        report: serde_json::to_value(&report)?,
+        report: report_json,
     })
+}
+
+/// A package's gaps calibrated on this host, as `replay --emulate-gaps` calibrates them: its
+/// own trace and profile, anchored on its reference when it carries one.
+fn package_gaps(
+    dir: &Path,
+    entry: &RankEntry,
+    gaps: &package::Gaps,
+    device: replay::Device,
+    steps: usize,
+) -> Result<et_graph::GapModel> {
+    let t = et_schema::parse_trace(
+        &package::read_file(dir, &entry.trace)?,
+        &entry.trace,
+        &Default::default(),
+    )?;
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let k =
+        et_schema::kineto::parse_kineto(&package::read_file(dir, &gaps.profile)?, &gaps.profile)
+            .with_context(|| format!("the package's {}", gaps.profile))?;
+    for w in &k.warnings {
+        eprintln!("warning: the package's {}: {w}", gaps.profile);
+    }
+    let linked = crate::replay_cmd::Linked::of(&g, &set, k, true)
+        .with_context(|| format!("the package's {} does not link to its trace", gaps.profile))?;
+    let reference = gaps.reference.map(|r| et_graph::Reference {
+        original_ms: r.original_ms,
+        replay_ms: r.replay_ms,
+        replay_op_ms: r.replay_op_ms,
+    });
+    let model =
+        crate::replay_cmd::calibrated_gaps(&g, &set, &linked, device, true, true, reference)?;
+    anyhow::ensure!(
+        model.gaps_us.len() == steps,
+        "the package's gaps ({} boundaries) do not fit its plan ({steps} steps)",
+        model.gaps_us.len()
+    );
+    Ok(model)
 }
 
 pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
@@ -421,6 +522,9 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
             if a.force {
                 cmd.arg("--force");
             }
+            if a.no_gaps {
+                cmd.arg("--no-gaps");
+            }
             for l in &a.load_library {
                 cmd.arg("--load-library").arg(l);
             }
@@ -452,12 +556,23 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         for r in &result.ranks {
             writeln!(
                 o,
-                "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms",
+                "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms{}",
                 r.rank,
                 r.report["ops_replayed"],
                 r.report["ops_selected"],
                 r.report["ops_failed"],
-                r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN)
+                r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN),
+                match r.report["gap_model"]["emulated_ms"].as_f64() {
+                    Some(ms) => format!(
+                        " ({ms:.3} ms of it the original's time between ops, emulated{})",
+                        if r.report["gap_model"]["anchored"].is_object() {
+                            ", anchored on the capture's reference"
+                        } else {
+                            ""
+                        }
+                    ),
+                    None => String::new(),
+                }
             )?;
         }
         if let Some(o2) = &m.original {

@@ -74,7 +74,7 @@ impl RunOptions for RunArgs {
 /// host, plain and then one iteration under the capture's instrumentation, measures this host's
 /// speed relative to the capture and what the instrumentation costs here; the capture's gaps
 /// are scaled and corrected by those. Returns the model (gaps and every quantity behind them).
-fn calibrated_gaps(
+pub(crate) fn calibrated_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
     kineto: &Linked,
@@ -341,7 +341,7 @@ fn calibrate_once(
 }
 
 /// A Kineto trace linked to a replay set, with the original run's timing.
-struct Linked {
+pub(crate) struct Linked {
     kineto: et_schema::kineto::KinetoTrace,
     link: et_graph::Link,
     original: et_graph::OriginalTiming,
@@ -351,7 +351,15 @@ impl Linked {
     /// `typical`: the timing typical of the trace's iterations like the set's
     /// (`et_graph::typical_timing`), else the set's own.
     fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path, typical: bool) -> Result<Linked> {
-        let kineto = mystique_cli::read_kineto(path)?;
+        Linked::of(g, set, mystique_cli::read_kineto(path)?, typical)
+    }
+
+    pub(crate) fn of(
+        g: &Graph,
+        set: &et_graph::ReplaySet,
+        kineto: et_schema::kineto::KinetoTrace,
+        typical: bool,
+    ) -> Result<Linked> {
         // A profile of several iterations taken without the execution trace observer links
         // by order, one of its iterations at a time (its gaps typical of them all).
         let link = et_graph::timing_link(g, set, &kineto)?;
@@ -596,6 +604,22 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us
     )?;
+    if let Some(a) = &m.anchored {
+        // The total is the reference's, not the line above's: say so first.
+        writeln!(
+            out,
+            "anchored   on the reference: {:.3} ms per iteration, the original's {:.3} ms there \
+             x this host's plain op time {:.3} ms / {:.3} ms there (x{:.3}); the gaps x{:.3} \
+             of the profile's shape ({:.3} ms from the profile alone)",
+            a.target_ms,
+            a.reference.original_ms,
+            a.replay_op_ms,
+            a.reference.replay_op_ms,
+            a.host_ratio,
+            a.scale,
+            a.profiled_ms
+        )?;
+    }
     writeln!(
         out,
         "           captured under the {}: the calibration replay ran under the same",
