@@ -161,6 +161,46 @@ fn zoo_dir(cache: &Path, models: &[Model]) -> Result<PathBuf> {
     Ok(cache.join(format!("zoo/torch-2.11.0-m{h:016x}")))
 }
 
+/// The files a capture writes for model `M`: `M.<suffix>`.
+const CAPTURE_SUFFIXES: &[&str] = &[
+    "et.json",
+    "timing.json",
+    "linked.et.json",
+    "kineto.json",
+    "meta.json",
+    "reference.json",
+];
+
+/// Removes the captures of models no longer in the zoo (`names`: all of it), so that nothing
+/// that reads the cache's directories (the zoo tests) replays a model the zoo has dropped.
+fn prune_zoo(dir: &Path, names: &[String]) -> Result<()> {
+    let mut gone = std::collections::BTreeSet::new();
+    for variant in ["quiet", "busy"] {
+        let Ok(entries) = std::fs::read_dir(dir.join(variant)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let Some((stem, suffix)) = file.split_once('.') else {
+                continue;
+            };
+            if CAPTURE_SUFFIXES.contains(&suffix) && !names.iter().any(|n| n == stem) {
+                std::fs::remove_file(e.path())
+                    .with_context(|| format!("removing {}", e.path().display()))?;
+                gone.insert(stem.to_string());
+            }
+        }
+    }
+    if !gone.is_empty() {
+        eprintln!(
+            "[fidelity] removed the captures of {} model(s) no longer in the zoo: {}",
+            gone.len(),
+            gone.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Captures whatever of the zoo is missing (quiet and busy).
 fn ensure_zoo(root: &Path, dir: &Path, torch_py: &Path, models: &[Model]) -> Result<()> {
     for variant in ["quiet", "busy"] {
@@ -620,6 +660,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         "--against-capture needs --against BIN (which may be this build's mystique)"
     );
     let all = models(root, torch_py)?;
+    let names: Vec<String> = all.iter().map(|m| m.name.clone()).collect();
     let models: Vec<Model> = all
         .into_iter()
         .filter(|m| only.as_ref().is_none_or(|o| o.contains(&m.name)))
@@ -628,6 +669,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         bail!("no zoo model selected");
     }
     let dir = zoo_dir(cache, &models)?;
+    // Against the whole zoo, never the --models subset.
+    prune_zoo(&dir, &names)?;
     ensure_zoo(root, &dir, torch_py, &models)?;
     // Before anything pins this process to one core.
     let cores = allowed_cores();
@@ -1135,5 +1178,41 @@ impl Drop for Burners {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only capture files of models outside the zoo go, matched on the whole name (a model
+    /// whose name another's begins with keeps its own).
+    #[test]
+    fn pruning_removes_only_dropped_models_captures() {
+        let dir = std::env::temp_dir().join(format!("xtask-prune-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for v in ["quiet", "busy"] {
+            std::fs::create_dir_all(dir.join(v)).unwrap();
+            for f in [
+                "mlp.et.json",
+                "mlp.reference.json",
+                "mlp_old.et.json",
+                "mlp_old.meta.json",
+                "notes.txt",
+            ] {
+                std::fs::write(dir.join(v).join(f), b"{}").unwrap();
+            }
+        }
+        prune_zoo(&dir, &["mlp".to_string()]).unwrap();
+        for v in ["quiet", "busy"] {
+            let mut left: Vec<String> = std::fs::read_dir(dir.join(v))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            left.sort();
+            assert_eq!(left, ["mlp.et.json", "mlp.reference.json", "notes.txt"]);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
