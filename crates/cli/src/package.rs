@@ -109,6 +109,41 @@ pub struct Reference {
     pub replay_op_ms: f64,
 }
 
+impl Reference {
+    /// Every time positive and finite, and the replay's op time within its iteration; the
+    /// error names the field that is not.
+    pub fn check(&self) -> Result<()> {
+        for (k, v) in [
+            ("original_ms", self.original_ms),
+            ("replay_ms", self.replay_ms),
+            ("replay_op_ms", self.replay_op_ms),
+        ] {
+            anyhow::ensure!(
+                v.is_finite() && v > 0.0,
+                "`{k}` must be a positive number of ms (got {v})"
+            );
+        }
+        anyhow::ensure!(
+            self.replay_op_ms <= self.replay_ms,
+            "`replay_op_ms` ({}) is more than `replay_ms` ({}): the plain replay's time in ops \
+             is part of its iteration",
+            self.replay_op_ms,
+            self.replay_ms
+        );
+        Ok(())
+    }
+}
+
+impl From<Reference> for et_graph::Reference {
+    fn from(r: Reference) -> Self {
+        et_graph::Reference {
+            original_ms: r.original_ms,
+            replay_ms: r.replay_ms,
+            replay_op_ms: r.replay_op_ms,
+        }
+    }
+}
+
 /// What `mystique run` writes: the machine, and per rank the replay report, per op signature
 /// and per iteration times. Stable field names; `format` changes when they do.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -212,15 +247,7 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
             m.ranks.len()
         );
         if let Some(r) = &g.reference {
-            let ok = |v: f64| v.is_finite() && v > 0.0;
-            anyhow::ensure!(
-                ok(r.original_ms)
-                    && ok(r.replay_ms)
-                    && ok(r.replay_op_ms)
-                    && r.replay_op_ms <= r.replay_ms,
-                "the manifest's reference is not positive times with the replay's op time \
-                 within its iteration: {r:?}"
-            );
+            r.check().context("the manifest's reference")?;
         }
     }
     for (name, hash) in &m.files {

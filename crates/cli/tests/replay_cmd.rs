@@ -332,6 +332,20 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     assert_eq!(typical["ops_selected"], own["ops_selected"]);
 }
 
+/// `replay` of the bundled four-step trace with gaps from its profile (taken without the
+/// observer), on one thread for two measured iterations; the caller adds the rest.
+fn steps_with_gaps() -> std::process::Command {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let mut c = bin();
+    c.arg("replay")
+        .arg(data.join("steps.et.json.gz"))
+        .arg("--kineto")
+        .arg(data.join("steps.timing.json.gz"))
+        .arg("--emulate-gaps")
+        .args(["--threads", "1", "--iters", "2"]);
+    c
+}
+
 /// A clean ET replayed with gaps from a profile taken without the execution trace observer:
 /// linked by order, gaps the least over its four steps, and the calibration run under what the
 /// profile was taken with (the profiler alone, with shapes), which the report says. `compare`
@@ -340,15 +354,7 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
 fn gaps_from_a_profile_taken_without_the_observer() {
     let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
     let args = ["--json", "--threads", "1", "--iters", "2"];
-    let r = json(
-        bin()
-            .arg("replay")
-            .arg(data.join("steps.et.json.gz"))
-            .arg("--kineto")
-            .arg(data.join("steps.timing.json.gz"))
-            .arg("--emulate-gaps")
-            .args(args),
-    );
+    let r = json(steps_with_gaps().arg("--json"));
     assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
     let m = &r["gap_model"];
     assert_eq!(
@@ -390,20 +396,12 @@ fn gaps_from_a_profile_taken_without_the_observer() {
 /// reference that is not one is refused, naming the file and the field.
 #[test]
 fn gaps_anchored_on_a_reference() {
-    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
     let dir = std::env::temp_dir().join(format!("mystique-reference-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let reference = dir.join("ref.json");
     let replay = |r: &std::path::Path| {
-        let mut c = bin();
-        c.arg("replay")
-            .arg(data.join("steps.et.json.gz"))
-            .arg("--kineto")
-            .arg(data.join("steps.timing.json.gz"))
-            .arg("--emulate-gaps")
-            .arg("--reference")
-            .arg(r)
-            .args(["--json", "--threads", "1", "--iters", "2"]);
+        let mut c = steps_with_gaps();
+        c.arg("--reference").arg(r).arg("--json");
         c
     };
     std::fs::write(
@@ -486,15 +484,10 @@ fn a_reference_is_written_on_the_capture_host() {
     assert!(op > 0.0 && op <= w["replay_ms"].as_f64().unwrap(), "{w}");
     // Read back by --reference: the anchored report names it.
     let a = json(
-        bin()
-            .arg("replay")
-            .arg(data.join("steps.et.json.gz"))
-            .arg("--kineto")
-            .arg(data.join("steps.timing.json.gz"))
-            .arg("--emulate-gaps")
+        steps_with_gaps()
             .arg("--reference")
             .arg(&reference)
-            .args(["--json", "--threads", "1", "--iters", "2"]),
+            .arg("--json"),
     );
     assert_eq!(
         a["gap_model"]["anchored"]["reference"]["original_ms"], 7.5,
@@ -502,15 +495,9 @@ fn a_reference_is_written_on_the_capture_host() {
         a["gap_model"]
     );
     // The table says so too, with the reference's original.
-    let out = bin()
-        .arg("replay")
-        .arg(data.join("steps.et.json.gz"))
-        .arg("--kineto")
-        .arg(data.join("steps.timing.json.gz"))
-        .arg("--emulate-gaps")
+    let out = steps_with_gaps()
         .arg("--reference")
         .arg(&reference)
-        .args(["--threads", "1", "--iters", "2"])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);

@@ -71,12 +71,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         .reference
         .as_deref()
         .map(crate::replay_cmd::read_reference)
-        .transpose()?
-        .map(|r| package::Reference {
-            original_ms: r.original_ms,
-            replay_ms: r.replay_ms,
-            replay_op_ms: r.replay_op_ms,
-        });
+        .transpose()?;
     let sel = a.filters.selection()?;
     // What-if edits, checked before any work.
     let scale = a
@@ -165,10 +160,14 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         for (rank, (path, sha, t)) in loaded.iter().enumerate() {
             let g = Graph::new(t);
             let set = g.select(&sel)?;
-            if let (0, Some(k)) = (rank, &a.kineto) {
-                let kt = mystique_cli::read_kineto(k)?;
-                let link = et_graph::link(&g, &set, &kt)?;
-                let o = et_graph::typical_timing(&g, &set, &kt, &link);
+            // Rank 0's profile, read once: its timing here, its gaps' link below.
+            let mut kineto = match (rank, &a.kineto) {
+                (0, Some(k)) => Some((k, mystique_cli::read_kineto(k)?)),
+                _ => None,
+            };
+            if let Some((_, kt)) = &kineto {
+                let link = et_graph::link(&g, &set, kt)?;
+                let o = et_graph::typical_timing(&g, &set, kt, &link);
                 original = Some(Original {
                     iter_ms: o.span_us / 1000.0,
                     ops_ms: Some(o.op_us.iter().flatten().sum::<f64>() / 1000.0),
@@ -208,22 +207,18 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
                     ops_from.insert(ns.to_string());
                 }
             }
-            if let (0, true, Some(k)) = (rank, a.emulate_gaps, &a.kineto) {
+            if let (true, Some((k, kt))) = (a.emulate_gaps, kineto.take()) {
                 // `run` links the profile to the packaged trace, as here: a profile that would
                 // not link there is refused now.
-                crate::replay_cmd::Linked::of(
-                    &pg,
-                    &pg.replay_set(None),
-                    mystique_cli::read_kineto(k)?,
-                    true,
-                )
-                .with_context(|| {
-                    format!(
-                        "--emulate-gaps: the profile {} does not link to the packaged ops \
+                crate::replay_cmd::Linked::of(&pg, &pg.replay_set(None), kt, true).with_context(
+                    || {
+                        format!(
+                            "--emulate-gaps: the profile {} does not link to the packaged ops \
                          (package whole iterations of the ET it was taken with)",
-                        k.display()
-                    )
-                })?;
+                            k.display()
+                        )
+                    },
+                )?;
                 let raw = std::fs::read(k).with_context(|| format!("reading {}", k.display()))?;
                 let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
                     raw
@@ -454,11 +449,7 @@ fn package_gaps(
     }
     let linked = crate::replay_cmd::Linked::of(&g, &set, k, true)
         .with_context(|| format!("the package's {} does not link to its trace", gaps.profile))?;
-    let reference = gaps.reference.map(|r| et_graph::Reference {
-        original_ms: r.original_ms,
-        replay_ms: r.replay_ms,
-        replay_op_ms: r.replay_op_ms,
-    });
+    let reference = gaps.reference.map(et_graph::Reference::from);
     let model =
         crate::replay_cmd::calibrated_gaps(&g, &set, &linked, device, true, true, reference)?;
     anyhow::ensure!(

@@ -189,7 +189,7 @@ pub(crate) fn calibrated_gaps(
 
 /// A reference file (`--reference`): `original_ms`, `replay_ms` and `replay_op_ms`, all
 /// positive, the replay's op time no more than its iteration.
-pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
+pub fn read_reference(path: &Path) -> Result<mystique_cli::package::Reference> {
     // A reference is three numbers and a few fields of provenance: read at most this much, so
     // that a wrong path (a trace, a device file) is refused instead of read whole.
     const MAX_REFERENCE_BYTES: u64 = 1 << 20;
@@ -210,8 +210,7 @@ pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
     let j: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("the reference {} is not JSON", path.display()))?;
     let ms = |k: &str| -> Result<f64> {
-        let v = j[k].as_f64().filter(|v| v.is_finite() && *v > 0.0);
-        v.with_context(|| {
+        j[k].as_f64().with_context(|| {
             format!(
                 "the reference {}: `{k}` must be a positive number of ms (the original's \
                  uninstrumented iteration, the plain replay's and its time in ops, timed side \
@@ -220,19 +219,13 @@ pub fn read_reference(path: &Path) -> Result<et_graph::Reference> {
             )
         })
     };
-    let r = et_graph::Reference {
+    let r = mystique_cli::package::Reference {
         original_ms: ms("original_ms")?,
         replay_ms: ms("replay_ms")?,
         replay_op_ms: ms("replay_op_ms")?,
     };
-    anyhow::ensure!(
-        r.replay_op_ms <= r.replay_ms,
-        "the reference {}: `replay_op_ms` ({}) is more than `replay_ms` ({}): the plain \
-         replay's time in ops is part of its iteration",
-        path.display(),
-        r.replay_op_ms,
-        r.replay_ms
-    );
+    r.check()
+        .with_context(|| format!("the reference {}", path.display()))?;
     Ok(r)
 }
 
@@ -433,7 +426,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         iterations: a.iteration.clone(),
         ..Default::default()
     })?;
-    let reference = a.reference.as_deref().map(read_reference).transpose()?;
+    let reference = a
+        .reference
+        .as_deref()
+        .map(read_reference)
+        .transpose()?
+        .map(et_graph::Reference::from);
     let gap_model = match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
             let linked = Linked::new(&g, &set, k, !a.gaps_of_one_iteration)?;
