@@ -330,6 +330,28 @@ pub struct GapModel {
     /// Where the gaps' total was anchored on a [`Reference`] ([`anchor`]): what it came from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub anchored: Option<Anchored>,
+    /// Where [`GapModel::base_step_us`] was measured again with the gaps in place: the plain
+    /// time base it replaced, and the new one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_base: Option<TimeBase>,
+}
+
+/// The time base a gap model's replay follows the host's speed from, taken with the model's
+/// gaps spun between the ops rather than with the ops back to back. The replay measures its
+/// ops' speed between spun gaps and sets it against the base (`GapPace`): against a plain
+/// base, the difference between ops back to back and ops between gaps read as a change of
+/// the host's speed, and stretched the gaps by it. On a busy host the difference is large
+/// (the fifteenth session's runs beside CPU burners: ops between spun gaps 15-20% slower than
+/// back to back, and the gaps stretched by a median 1.13-1.15 for it); measured the way the
+/// replay runs, the base leaves only the host's own changes to follow.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct TimeBase {
+    /// The plain base's op time per iteration (ms): the calibration's, ops back to back.
+    pub plain_ms: f64,
+    /// The op time per iteration with the gaps in place (ms): the base now.
+    pub with_gaps_ms: f64,
+    /// The iterations it was measured over (each step's median over them).
+    pub iterations: usize,
 }
 
 /// The original's uninstrumented iteration and the plain replay's (no gaps), timed side by
@@ -361,6 +383,38 @@ pub struct Anchored {
     /// The factor its gaps were scaled by (0: the plain replay already takes the target's
     /// time or more here; the gaps are then not spun).
     pub scale: f64,
+}
+
+impl GapModel {
+    /// Takes `with_gaps_us` (each step's time measured with the gaps in place, over
+    /// `iterations`) as the time base the replay follows the host's speed from ([`TimeBase`]).
+    /// A step without a usable time there (not finite, negative: it failed or was left out)
+    /// keeps its plain time. Returns false, changing nothing, where the two do not cover the
+    /// same steps or the new base holds no time.
+    pub fn rebase(&mut self, with_gaps_us: &[f64], iterations: usize) -> bool {
+        if with_gaps_us.len() != self.base_step_us.len() {
+            return false;
+        }
+        let usable = |x: f64| x.is_finite() && x >= 0.0;
+        let base: Vec<f64> = with_gaps_us
+            .iter()
+            .zip(&self.base_step_us)
+            .map(|(&w, &p)| if usable(w) { w } else { p })
+            .collect();
+        let total = |v: &[f64]| v.iter().filter(|x| usable(**x)).sum::<f64>() / 1e3;
+        let with_gaps_ms = total(&base);
+        // A sum of finite times: never NaN.
+        if with_gaps_ms <= 0.0 {
+            return false;
+        }
+        self.time_base = Some(TimeBase {
+            plain_ms: total(&self.base_step_us),
+            with_gaps_ms,
+            iterations,
+        });
+        self.base_step_us = base;
+        true
+    }
 }
 
 /// Anchors `model`'s gaps on a `reference`: their shape (which gap holds how much) stays the
@@ -772,6 +826,7 @@ pub fn gap_model(
         calibrations_ms: Vec::new(),
         base_step_us: r.plain_us.to_vec(),
         anchored: None,
+        time_base: None,
     }
 }
 
@@ -981,6 +1036,41 @@ mod tests {
         assert!((m.gaps_us[3] / m.gaps_us[1] - 3.0).abs() < 1e-9);
         assert_eq!((m.gaps_us[0], m.gaps_us[2]), (0.0, 0.0));
         assert!((m.emulated_ms - m.gaps_us.iter().sum::<f64>() / 1e3).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_base_with_the_gaps_in_place_replaces_the_plain_one_and_moves_the_anchor() {
+        // Ops 25 µs each back to back, 30 between the gaps (a busy host's cache): the anchor's
+        // host ratio and target follow the ops as the replay will run them.
+        let mut m = model(&[0.0, 10.0, 0.0, 30.0], &[25.0; 4]);
+        // The third step failed in the run with the gaps: it keeps its plain time.
+        assert!(m.rebase(&[30.0, 30.0, f64::NAN, 30.0], 7));
+        assert_eq!(m.base_step_us, vec![30.0, 30.0, 25.0, 30.0]);
+        let b = m.time_base.expect("a time base");
+        assert!((b.plain_ms - 0.1).abs() < 1e-12 && (b.with_gaps_ms - 0.115).abs() < 1e-12);
+        assert_eq!(b.iterations, 7);
+        let r = Reference {
+            original_ms: 0.5,
+            replay_ms: 0.2,
+            replay_op_ms: 0.2,
+        };
+        anchor(&mut m, r);
+        let a = m.anchored.clone().expect("anchored");
+        assert!((a.replay_op_ms - 0.115).abs() < 1e-12);
+        assert!((a.target_ms - 0.5 * 0.115 / 0.2).abs() < 1e-12);
+        assert!((iteration_us(&m, 0.0) - 287.5).abs() < 1e-6, "{m:?}");
+    }
+
+    #[test]
+    fn a_base_that_does_not_fit_the_steps_or_holds_no_time_is_refused() {
+        let mut m = model(&[1.0, 2.0], &[10.0, 10.0]);
+        assert!(!m.rebase(&[10.0], 5));
+        let mut zero = model(&[1.0, 2.0], &[0.0, 0.0]);
+        assert!(!zero.rebase(&[f64::NAN, -1.0], 5));
+        for m in [&m, &zero] {
+            assert!(m.time_base.is_none());
+        }
+        assert_eq!(m.base_step_us, vec![10.0, 10.0]);
     }
 
     #[test]

@@ -160,9 +160,35 @@ pub(crate) fn calibrated_gaps(
     models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
     let mut model = models.swap_remove(models.len() / 2);
     model.calibrations_ms = all;
+    // The time base again, with the gaps in place (`et_graph::TimeBase`): the gaps to spin
+    // for it are the model's as the replay will spin them, anchored on the calibration's plain
+    // base first where there is a reference; then the profile's model is anchored again on
+    // the new base (the ops' time between the gaps, as the replay's pace reads it).
+    let profiled = model.clone();
     if let Some(reference) = reference {
-        // On the chosen calibration's plain op times, the time base its gaps follow.
         et_graph::anchor(&mut model, reference);
+    }
+    match base_with_gaps(g, set, device, autograd, &model) {
+        Ok((steps_us, iterations)) => {
+            let mut rebased = profiled;
+            if rebased.rebase(&steps_us, iterations) {
+                if let Some(reference) = reference {
+                    et_graph::anchor(&mut rebased, reference);
+                }
+                model = rebased;
+            } else {
+                eprintln!(
+                    "warning: the replay with the gaps in place timed no op: the gaps follow the \
+                     calibration's plain time base"
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "warning: the replay with the gaps in place failed ({e:#}): the gaps follow the \
+             calibration's plain time base"
+        ),
+    }
+    if let Some(reference) = reference {
         match &model.anchored {
             Some(a) => log::info!(
                 "gap model anchored: {:.3} ms original over {:.3} ms of plain replay ops at the \
@@ -185,6 +211,42 @@ pub(crate) fn calibrated_gaps(
         }
     }
     Ok(model)
+}
+
+/// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
+/// (no pace: as given; no run-delay reads around the steps, which the replay does not make
+/// either), and the iterations it was taken over: about 0.3 s of them, 5 to 30.
+fn base_with_gaps(
+    g: &Graph,
+    set: &et_graph::ReplaySet,
+    device: replay::Device,
+    autograd: bool,
+    model: &et_graph::GapModel,
+) -> Result<(Vec<f64>, usize)> {
+    let ops_ms: f64 = model
+        .base_step_us
+        .iter()
+        .filter(|b| b.is_finite())
+        .sum::<f64>()
+        / 1e3;
+    let iter_ms = ops_ms + model.emulated_ms.max(0.0);
+    let iters = if iter_ms > 0.0 {
+        ((300.0 / iter_ms) as usize).clamp(5, 30)
+    } else {
+        5
+    };
+    let opts = replay::ReplayOptions {
+        device,
+        autograd,
+        warmup: 1,
+        iters,
+        per_step: true,
+        gaps_us: Some(model.gaps_us.clone()),
+        ..Default::default()
+    };
+    eprintln!("[replay] timing the ops with the gaps in place ({iters} iterations) ...");
+    let (r, _) = replay::replay(g, set, &opts)?;
+    Ok((r.steps.iter().map(|s| s.launch_us).collect(), iters))
 }
 
 /// A reference file (`--reference`): `original_ms`, `replay_ms` and `replay_op_ms`, all
@@ -607,15 +669,29 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         writeln!(
             out,
             "anchored   on the reference: {:.3} ms per iteration, the original's {:.3} ms there \
-             x this host's plain op time {:.3} ms / {:.3} ms there (x{:.3}); the gaps x{:.3} \
-             of the profile's shape ({:.3} ms from the profile alone)",
+             x this host's op time {:.3} ms{} / the plain replay's {:.3} ms there (x{:.3}); the \
+             gaps x{:.3} of the profile's shape ({:.3} ms from the profile alone)",
             a.target_ms,
             a.reference.original_ms,
             a.replay_op_ms,
+            if m.time_base.is_some() {
+                " (between the gaps)"
+            } else {
+                ""
+            },
             a.reference.replay_op_ms,
             a.host_ratio,
             a.scale,
             a.profiled_ms
+        )?;
+    }
+    if let Some(b) = &m.time_base {
+        writeln!(
+            out,
+            "time base  the ops take {:.3} ms per iteration between the gaps, {:.3} ms back to \
+             back (median of {} iterations each step): the gaps follow this host's speed from \
+             the first",
+            b.with_gaps_ms, b.plain_ms, b.iterations
         )?;
     }
     writeln!(
