@@ -203,6 +203,14 @@ pub struct ReplayArgs {
     /// outside the op's event (ARCHITECTURE.md, ninth session).
     #[arg(long, requires = "emulate_gaps")]
     pub replay_boundary_costs: bool,
+    /// With --emulate-gaps: measure the time base the gaps follow the host's speed from with
+    /// the gaps in place (a short replay spinning them; an anchored model is anchored on it)
+    /// instead of with the ops back to back. Not the default: on a busy replay host it brought
+    /// the anchored model on quiet references from 41 to 51 of 67 held-out models within 10%,
+    /// but the profile's model from 45 to 36 and busy references from 34 to 30 (two runs, not
+    /// paired; ARCHITECTURE.md, sixteenth session). For A/B runs.
+    #[arg(long, requires = "emulate_gaps")]
+    pub time_base_with_gaps: bool,
     /// With --emulate-gaps: anchor the gaps' total on a reference timed on the capture host, a
     /// JSON file with `original_ms` (the original's uninstrumented iteration), `replay_ms` and
     /// `replay_op_ms` (this tool's plain replay of the same trace timed beside it: the

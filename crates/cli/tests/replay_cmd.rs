@@ -391,6 +391,34 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     assert_eq!(c["instrumented"]["ops"], c["linked"]);
 }
 
+/// `--time-base-with-gaps` measures the pace's time base with the gaps spun and says so in the
+/// report (the plain base beside it); by default the base is the calibration's, ops back to back,
+/// and the report has no `time_base`.
+#[test]
+fn the_time_base_is_taken_with_the_gaps_only_when_asked() {
+    let plain = json(steps_with_gaps().arg("--json"));
+    assert!(
+        plain["gap_model"]["time_base"].is_null(),
+        "{}",
+        plain["gap_model"]
+    );
+    let r = json(steps_with_gaps().args(["--json", "--time-base-with-gaps"]));
+    assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    let b = &r["gap_model"]["time_base"];
+    let ms = |k: &str| b[k].as_f64().unwrap_or(f64::NAN);
+    assert!(ms("with_gaps_ms") > 0.0 && ms("plain_ms") > 0.0, "{b}");
+    assert!(b["iterations"].as_u64().unwrap_or(0) >= 5, "{b}");
+    // Without --emulate-gaps the flag has nothing to act on: refused.
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let out = bin()
+        .arg("replay")
+        .arg(data.join("steps.et.json.gz"))
+        .arg("--time-base-with-gaps")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
 /// With a reference (`--reference`), the gaps' total is anchored on it: the report says from
 /// what, and the gap replay's iteration is the reference original's on this host's speed. A
 /// reference that is not one is refused, naming the file and the field.

@@ -450,8 +450,9 @@ fn package_gaps(
     let linked = crate::replay_cmd::Linked::of(&g, &set, k, true)
         .with_context(|| format!("the package's {} does not link to its trace", gaps.profile))?;
     let reference = gaps.reference.map(et_graph::Reference::from);
-    let model =
-        crate::replay_cmd::calibrated_gaps(&g, &set, &linked, device, true, true, reference)?;
+    let model = crate::replay_cmd::calibrated_gaps(
+        &g, &set, &linked, device, true, true, reference, false,
+    )?;
     anyhow::ensure!(
         model.gaps_us.len() == steps,
         "the package's gaps ({} boundaries) do not fit its plan ({steps} steps)",

@@ -82,6 +82,7 @@ pub(crate) fn calibrated_gaps(
     autograd: bool,
     probed_costs: bool,
     reference: Option<et_graph::Reference>,
+    time_base_with_gaps: bool,
 ) -> Result<et_graph::GapModel> {
     // About half a second under instrumentation (the capture's span is its instrumented
     // iteration), at least 3 iterations and at most 15: medians over more of them steady the
@@ -160,7 +161,8 @@ pub(crate) fn calibrated_gaps(
     models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
     let mut model = models.swap_remove(models.len() / 2);
     model.calibrations_ms = all;
-    // The time base again, with the gaps in place (`et_graph::TimeBase`): the gaps to spin
+    // With --time-base-with-gaps, the time base again with the gaps in place
+    // (`et_graph::TimeBase`; not the default, ARCHITECTURE.md, sixteenth session): the gaps to spin
     // for it are the model's as the replay will spin them, anchored on the calibration's plain
     // base first where there is a reference; then the profile's model is anchored again on
     // the new base (the ops' time between the gaps, as the replay's pace reads it).
@@ -168,8 +170,12 @@ pub(crate) fn calibrated_gaps(
     if let Some(reference) = reference {
         et_graph::anchor(&mut model, reference);
     }
-    match base_with_gaps(g, set, device, autograd, &model) {
-        Ok((steps_us, iterations)) => {
+    match time_base_with_gaps
+        .then(|| base_with_gaps(g, set, device, autograd, &model))
+        .transpose()
+    {
+        Ok(None) => {}
+        Ok(Some((steps_us, iterations))) => {
             let mut rebased = profiled;
             if rebased.rebase(&steps_us, iterations) {
                 if let Some(reference) = reference {
@@ -505,6 +511,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 !a.run.no_autograd,
                 !a.replay_boundary_costs,
                 reference,
+                a.time_base_with_gaps,
             )?)
         }
         _ => None,
@@ -997,6 +1004,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             !a.run.no_autograd,
             false,
             None,
+            false,
         )?)
     } else {
         None
