@@ -451,7 +451,16 @@ fn package_gaps(
         .with_context(|| format!("the package's {} does not link to its trace", gaps.profile))?;
     let reference = gaps.reference.map(et_graph::Reference::from);
     let model = crate::replay_cmd::calibrated_gaps(
-        &g, &set, &linked, device, true, true, reference, false,
+        &g,
+        &set,
+        &linked,
+        device,
+        true,
+        crate::replay_cmd::GapChoices {
+            probed_costs: true,
+            reference,
+            time_base_with_gaps: false,
+        },
     )?;
     anyhow::ensure!(
         model.gaps_us.len() == steps,

@@ -70,6 +70,18 @@ impl RunOptions for RunArgs {
     }
 }
 
+/// How [`calibrated_gaps`] makes its model.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GapChoices {
+    /// Charge each boundary what the instrumentation adds to a probed op call (the default),
+    /// not the calibration's own time between steps (`--replay-boundary-costs`).
+    pub probed_costs: bool,
+    /// Anchor the gaps' total on it (`--reference`).
+    pub reference: Option<et_graph::Reference>,
+    /// `--time-base-with-gaps`.
+    pub time_base_with_gaps: bool,
+}
+
 /// Gaps to emulate (`et_graph::gap_model`): a short calibration replay of the same ops on this
 /// host, plain and then one iteration under the capture's instrumentation, measures this host's
 /// speed relative to the capture and what the instrumentation costs here; the capture's gaps
@@ -80,10 +92,13 @@ pub(crate) fn calibrated_gaps(
     kineto: &Linked,
     device: replay::Device,
     autograd: bool,
-    probed_costs: bool,
-    reference: Option<et_graph::Reference>,
-    time_base_with_gaps: bool,
+    choices: GapChoices,
 ) -> Result<et_graph::GapModel> {
+    let GapChoices {
+        probed_costs,
+        reference,
+        time_base_with_gaps,
+    } = choices;
     // About half a second under instrumentation (the capture's span is its instrumented
     // iteration), at least 3 iterations and at most 15: medians over more of them steady the
     // measured speed and costs, which small models' gaps are most sensitive to.
@@ -509,9 +524,11 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 &linked,
                 device,
                 !a.run.no_autograd,
-                !a.replay_boundary_costs,
-                reference,
-                a.time_base_with_gaps,
+                GapChoices {
+                    probed_costs: !a.replay_boundary_costs,
+                    reference,
+                    time_base_with_gaps: a.time_base_with_gaps,
+                },
             )?)
         }
         _ => None,
@@ -1002,9 +1019,11 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             &linked,
             device,
             !a.run.no_autograd,
-            false,
-            None,
-            false,
+            GapChoices {
+                probed_costs: false,
+                reference: None,
+                time_base_with_gaps: false,
+            },
         )?)
     } else {
         None
