@@ -1,4 +1,4 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS']] [--svg PATH]`:
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS', where {reference} is each model's quiet reference]] [--svg PATH]`:
 //! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache: a directory per version of the
@@ -413,6 +413,9 @@ fn replay(bin: &Path, et: &Path, iters: usize, extra: &[String]) -> Result<serde
         )
     })
 }
+
+/// In `--against-args`, replaced by each model's quiet capture's reference file.
+const AGAINST_REFERENCE: &str = "{reference}";
 
 /// Processes per round: the original, the plain replay, the replays with gaps from the quiet
 /// and the busy capture, and the anchored ones on each.
@@ -836,6 +839,18 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 .cloned()
                 .collect()
         };
+        // `{reference}` stands for this model's quiet capture's reference, so that an A/B can
+        // run the anchored model (`--against-args '--reference {reference} ...'`).
+        let b_args: Vec<String> = b_args
+            .into_iter()
+            .map(|a| {
+                if a == AGAINST_REFERENCE {
+                    ref_q.display().to_string()
+                } else {
+                    a
+                }
+            })
+            .collect();
         let (et_q, kin_q) = pair(&q, capture);
         let (et_b, kin_b) = pair(&b, capture);
         // The --against replays may take another zoo's captures (another capture procedure's).
