@@ -1263,6 +1263,24 @@ impl Drop for Burners {
 mod tests {
     use super::*;
 
+    /// A process's CPU time, read from its threads' schedstat, grows by about what it spun (it
+    /// may have been descheduled meanwhile: only at least half is asked), and a process that is
+    /// not there reads as unknown.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_processs_cpu_time_is_read_from_its_threads() {
+        let me = std::process::id();
+        let before = cpu_ns(me).expect("this process's schedstat");
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let spun = cpu_ns(me).expect("this process's schedstat") - before;
+        assert!(spun >= 25_000_000, "{spun} ns");
+        assert_eq!(cpu_ns(u32::MAX), None);
+    }
+
     /// Only capture files of models outside the zoo go, matched on the whole name (a model
     /// whose name another's begins with keeps its own).
     #[test]
