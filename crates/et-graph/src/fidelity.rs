@@ -386,6 +386,12 @@ pub struct Anchored {
 }
 
 impl GapModel {
+    /// The time base's op time per iteration (µs): its steps' finite times summed (a step
+    /// that failed in the calibration has none).
+    pub fn base_op_us(&self) -> f64 {
+        self.base_step_us.iter().filter(|b| b.is_finite()).sum()
+    }
+
     /// Takes `with_gaps_us` (each step's time measured with the gaps in place, over
     /// `iterations`) as the time base the replay follows the host's speed from ([`TimeBase`]).
     /// A step without a usable time there (not finite, negative: it failed or was left out)
@@ -434,7 +440,7 @@ impl GapModel {
 /// Nothing is spun where the plain replay is already as slow as the target; above, the
 /// reference's total is taken as it is (no cap), and `Anchored::scale` reports the factor.
 pub fn anchor(model: &mut GapModel, reference: Reference) {
-    let ops_us: f64 = model.base_step_us.iter().filter(|b| b.is_finite()).sum();
+    let ops_us = model.base_op_us();
     let ok = |x: f64| x.is_finite() && x > 0.0;
     let r = reference;
     if !(ok(r.original_ms) && ok(r.replay_op_ms) && ok(ops_us) && r.replay_ms >= r.replay_op_ms) {

@@ -102,12 +102,7 @@ pub(crate) fn calibrated_gaps(
     // About half a second under instrumentation (the capture's span is its instrumented
     // iteration), at least 3 iterations and at most 15: medians over more of them steady the
     // measured speed and costs, which small models' gaps are most sensitive to.
-    let span_s = kineto.original.span_us / 1e6;
-    let instrument_iters = if span_s > 0.0 {
-        ((0.5 / span_s) as usize).clamp(3, 15)
-    } else {
-        3
-    };
+    let instrument_iters = iterations_within(0.5, kineto.original.span_us / 1e6, (3, 15));
     let calib = replay::ReplayOptions {
         device,
         autograd,
@@ -166,7 +161,7 @@ pub(crate) fn calibrated_gaps(
     );
     let all: Vec<f64> = models.iter().map(|m| m.emulated_ms).collect();
     let per_base = |m: &et_graph::GapModel| {
-        let base: f64 = m.base_step_us.iter().filter(|b| b.is_finite()).sum();
+        let base = m.base_op_us();
         if base > 0.0 {
             m.emulated_ms / base
         } else {
@@ -181,33 +176,27 @@ pub(crate) fn calibrated_gaps(
     // for it are the model's as the replay will spin them, anchored on the calibration's plain
     // base first where there is a reference; then the profile's model is anchored again on
     // the new base (the ops' time between the gaps, as the replay's pace reads it).
-    let profiled = model.clone();
+    let profiled = time_base_with_gaps.then(|| model.clone());
     if let Some(reference) = reference {
         et_graph::anchor(&mut model, reference);
     }
-    match time_base_with_gaps
-        .then(|| base_with_gaps(g, set, device, autograd, &model))
-        .transpose()
-    {
-        Ok(None) => {}
-        Ok(Some((steps_us, iterations))) => {
-            let mut rebased = profiled;
-            if rebased.rebase(&steps_us, iterations) {
+    if let Some(mut rebased) = profiled {
+        match base_with_gaps(g, set, device, autograd, &model) {
+            Ok((steps_us, iterations)) if rebased.rebase(&steps_us, iterations) => {
                 if let Some(reference) = reference {
                     et_graph::anchor(&mut rebased, reference);
                 }
                 model = rebased;
-            } else {
-                eprintln!(
-                    "warning: the replay with the gaps in place timed no op: the gaps follow the \
-                     calibration's plain time base"
-                );
             }
+            Ok(_) => eprintln!(
+                "warning: the replay with the gaps in place timed no op: the gaps follow the \
+                 calibration's plain time base"
+            ),
+            Err(e) => eprintln!(
+                "warning: the replay with the gaps in place failed ({e:#}): the gaps follow the \
+                 calibration's plain time base"
+            ),
         }
-        Err(e) => eprintln!(
-            "warning: the replay with the gaps in place failed ({e:#}): the gaps follow the \
-             calibration's plain time base"
-        ),
     }
     if let Some(reference) = reference {
         match &model.anchored {
@@ -234,6 +223,16 @@ pub(crate) fn calibrated_gaps(
     Ok(model)
 }
 
+/// How many iterations of `each_s` seconds fit in `budget_s`, within `bounds`; the least
+/// where an iteration's time is not known (not positive).
+fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usize {
+    if each_s > 0.0 {
+        ((budget_s / each_s) as usize).clamp(bounds.0, bounds.1)
+    } else {
+        bounds.0
+    }
+}
+
 /// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
 /// (no pace: as given; no run-delay reads around the steps, which the replay does not make
 /// either), and the iterations it was taken over: about 0.3 s of them, 5 to 30.
@@ -244,18 +243,8 @@ fn base_with_gaps(
     autograd: bool,
     model: &et_graph::GapModel,
 ) -> Result<(Vec<f64>, usize)> {
-    let ops_ms: f64 = model
-        .base_step_us
-        .iter()
-        .filter(|b| b.is_finite())
-        .sum::<f64>()
-        / 1e3;
-    let iter_ms = ops_ms + model.emulated_ms.max(0.0);
-    let iters = if iter_ms > 0.0 {
-        ((300.0 / iter_ms) as usize).clamp(5, 30)
-    } else {
-        5
-    };
+    let iter_s = (model.base_op_us() / 1e3 + model.emulated_ms.max(0.0)) / 1e3;
+    let iters = iterations_within(0.3, iter_s, (5, 30));
     let opts = replay::ReplayOptions {
         device,
         autograd,
@@ -406,7 +395,7 @@ fn calibrate_once(
         "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated over {:.3} ms of plain op time (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
         model.capture_gaps_ms,
         model.emulated_ms,
-        model.base_step_us.iter().filter(|b| b.is_finite()).sum::<f64>() / 1e3,
+        model.base_op_us() / 1e3,
         model.speed,
         model.speed_ops,
         model.per_event_us,
