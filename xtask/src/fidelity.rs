@@ -612,6 +612,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut only: Option<Vec<String>> = None;
     let mut svg: Option<PathBuf> = None;
     let mut busy_host = false;
+    let mut throttled_host = false;
     let mut glibc_heap_defaults = false;
     let mut against: Option<PathBuf> = None;
     let mut against_args: Vec<String> = Vec::new();
@@ -639,6 +640,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             }
             "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
             "--busy-host" => busy_host = true,
+            "--throttled-host" => throttled_host = true,
             "--glibc-heap-defaults" => glibc_heap_defaults = true,
             "--against" => {
                 let p = PathBuf::from(
@@ -684,6 +686,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
         }
     }
+    anyhow::ensure!(
+        !(busy_host && throttled_host),
+        "--busy-host and --throttled-host are two replay hosts: run them one at a time"
+    );
     anyhow::ensure!(
         against.is_some() || against_args.is_empty(),
         "--against-args needs --against BIN (which may be this build's mystique)"
@@ -792,6 +798,23 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             b.0.len()
         );
         Some(b)
+    } else {
+        None
+    };
+    // The other reverse: a replay host whose CPU time is rationed (a container's CPU limit),
+    // not shared with a burner. Taken after the references, like the burners.
+    let _throttle = if throttled_host {
+        let t = Throttle::start(THROTTLE_PERIOD_US, THROTTLE_QUOTA_US)?;
+        t.enter(std::process::id())?;
+        println!(
+            "throttled host: this harness, the original and every replay run in the cgroup {} under a CPU\n\
+             quota of {} ms per {} ms period (CFS bandwidth control, as a container's CPU limit): each runs at\n\
+             full speed until the period's quota is spent, then waits for the next period.",
+            t.dir.display(),
+            THROTTLE_QUOTA_US / 1000,
+            THROTTLE_PERIOD_US / 1000
+        );
+        Some(t)
     } else {
         None
     };
@@ -1157,7 +1180,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     // so neither overwrites the full run's figures.
     let stem = format!(
         "{}{}{}",
-        if busy_host { "zoo-busy-host" } else { "zoo" },
+        if busy_host {
+            "zoo-busy-host"
+        } else if throttled_host {
+            "zoo-throttled-host"
+        } else {
+            "zoo"
+        },
         if against.is_some() { "-ab" } else { "" },
         if only.is_some() { "-subset" } else { "" }
     );
@@ -1202,6 +1231,101 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
 
 /// One CPU-bound process per core (a Python spin loop), killed when dropped: a busy host.
 struct Burners(Vec<std::process::Child>);
+
+/// `--throttled-host`'s CFS period: 10 ms, shorter than the kernel's and Kubernetes' 100 ms so
+/// that a 50 ms block spans several periods (with 100 ms, a block would run whole or wait
+/// half its length by where it fell in the period: a coin toss per block, not a slower host).
+const THROTTLE_PERIOD_US: u64 = 10_000;
+/// Half of one core per period: the harness is pinned to one core, so the processes get half
+/// of what the quiet host gives them.
+const THROTTLE_QUOTA_US: u64 = 5_000;
+
+/// A CPU cgroup of this run's own with a CFS bandwidth quota, for the processes put in it (and
+/// those they start after); when dropped, this process goes back and the cgroup is removed. cgroup v2 (`cpu.max`)
+/// where the unified hierarchy has the cpu controller, else v1 (`cpu.cfs_quota_us`).
+struct Throttle {
+    dir: PathBuf,
+    /// The cgroup this process was in (its `cgroup.procs`), to return to.
+    parent_procs: PathBuf,
+}
+
+impl Throttle {
+    fn start(period_us: u64, quota_us: u64) -> Result<Throttle> {
+        let name = format!("mystique-fidelity-{}", std::process::id());
+        let v2 = Path::new("/sys/fs/cgroup");
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        let (parent, files): (PathBuf, Vec<(&str, String)>) =
+            if std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpu"))
+            {
+                (
+                    v2.to_path_buf(),
+                    vec![("cpu.max", format!("{quota_us} {period_us}"))],
+                )
+            } else if v1.join("cpu.cfs_quota_us").is_file() {
+                (
+                    v1.to_path_buf(),
+                    vec![
+                        ("cpu.cfs_period_us", period_us.to_string()),
+                        ("cpu.cfs_quota_us", quota_us.to_string()),
+                    ],
+                )
+            } else {
+                bail!(
+                    "--throttled-host needs a CPU cgroup controller (cgroup v2 with `cpu` in \
+                 /sys/fs/cgroup/cgroup.subtree_control, or v1 at /sys/fs/cgroup/cpu): none here"
+                );
+            };
+        let dir = parent.join(&name);
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!(
+                "--throttled-host: creating the cgroup {} (needs root or a delegated cgroup)",
+                dir.display()
+            )
+        })?;
+        let t = Throttle {
+            dir,
+            parent_procs: parent.join("cgroup.procs"),
+        };
+        for (file, value) in files {
+            std::fs::write(t.dir.join(file), &value)
+                .with_context(|| format!("--throttled-host: writing {value:?} to {file}"))?;
+        }
+        Ok(t)
+    }
+
+    /// Moves process `pid` (all its threads) into the cgroup; the processes it starts after
+    /// are born there.
+    fn enter(&self, pid: u32) -> Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("--throttled-host: moving process {pid} into its cgroup"))
+    }
+
+    /// How many periods found the cgroup's quota spent (`nr_throttled` of its `cpu.stat`).
+    #[cfg(test)]
+    fn periods_throttled(&self) -> Option<u64> {
+        let stat = std::fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+        stat.lines()
+            .find_map(|l| l.strip_prefix("nr_throttled "))?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        // This process back to where it was (if it entered), so that the cgroup is empty and
+        // can go (a child still in it keeps it, harmlessly, until it exits).
+        if std::fs::read_to_string(self.dir.join("cgroup.procs")).is_ok_and(|p| {
+            p.lines()
+                .any(|l| l.trim() == std::process::id().to_string())
+        }) {
+            let _ = std::fs::write(&self.parent_procs, std::process::id().to_string());
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
 
 /// The cores this process may run on, read before it pins itself to one (Linux's
 /// `Cpus_allowed_list`; elsewhere, or unreadable, the first `available_parallelism`).
@@ -1279,6 +1403,33 @@ mod tests {
         let spun = cpu_ns(me).expect("this process's schedstat") - before;
         assert!(spun >= 25_000_000, "{spun} ns");
         assert_eq!(cpu_ns(u32::MAX), None);
+    }
+
+    /// A process spinning in the throttle's cgroup is held to its quota: the cgroup reports
+    /// periods that found the quota spent. Where no CPU cgroup can be made (not root, no
+    /// controller), there is nothing to check, and the test says so.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_throttled_process_is_held_to_its_quota() {
+        let t = match Throttle::start(THROTTLE_PERIOD_US, THROTTLE_QUOTA_US) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("skipped: {e:#}");
+                return;
+            }
+        };
+        let mut spinner = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .expect("sh");
+        let entered = t.enter(spinner.id());
+        // Ten periods' worth of spinning: each finds the half-period quota spent.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let throttled = t.periods_throttled();
+        let _ = spinner.kill();
+        let _ = spinner.wait();
+        entered.expect("moving the spinner into the cgroup");
+        assert!(throttled.is_some_and(|n| n > 0), "{throttled:?}");
     }
 
     /// Only capture files of models outside the zoo go, matched on the whole name (a model
