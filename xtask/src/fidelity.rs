@@ -595,6 +595,9 @@ struct Row {
     rounds_cpu: Vec<[f64; PROCESSES - 1]>,
     /// The original's time per iteration in each round (ms): the host's phase.
     round_original_ms: Vec<f64>,
+    /// The original's CPU time per iteration in each round's block (ms): with the wall-clock
+    /// time, how much of the core it had, and with the ratios in CPU time, each replay's.
+    round_original_cpu_ms: Vec<f64>,
     /// The plain, quiet-capture and busy-capture (or A/B), and the two anchored replay
     /// processes' own figures.
     processes: [serde_json::Value; PROCESSES - 1],
@@ -920,6 +923,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let mut per_round = Vec::with_capacity(rounds);
         let mut per_round_cpu = Vec::with_capacity(rounds);
         let mut orig = Vec::with_capacity(rounds);
+        let mut orig_cpu = Vec::with_capacity(rounds);
         let mut orig_faults = Vec::with_capacity(rounds);
         for round in 0..rounds {
             // Each process starts a round in each place in turn, forwards and backwards, so
@@ -938,6 +942,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 r[which] = procs[which].block()?;
             }
             orig.push(r[0].ms / iters as f64);
+            orig_cpu.push(r[0].cpu_ms / iters as f64);
             orig_faults.push(r[0].faults);
             per_round.push(std::array::from_fn(|k| r[k + 1].ms / r[0].ms));
             per_round_cpu.push(std::array::from_fn(|k| r[k + 1].cpu_ms / r[0].cpu_ms));
@@ -1028,6 +1033,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             cpu,
             rounds_cpu: per_round_cpu,
             round_original_ms: orig,
+            round_original_cpu_ms: orig_cpu,
             processes,
         };
         let quartiles = |k: usize| {
@@ -1169,7 +1175,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "ratio_cpu": {"plain": r.cpu[0], "gaps_quiet": r.cpu[1], "gaps_busy": r.cpu[2],
                 "anchored_quiet": r.cpu[3], "anchored_busy": r.cpu[4]},
             "rounds_cpu": r.rounds_cpu,
-            "rounds": r.rounds, "round_original_ms": r.round_original_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
+            "rounds": r.rounds, "round_original_ms": r.round_original_ms, "round_original_cpu_ms": r.round_original_cpu_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
             "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
         }))
