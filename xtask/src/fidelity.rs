@@ -1289,9 +1289,27 @@ impl Throttle {
                 dir.display()
             )
         })?;
+        // Back to the cgroup this process is in now (a systemd slice, say), not the root.
+        let v2_named = parent == v2;
+        let here = std::fs::read_to_string("/proc/self/cgroup")
+            .ok()
+            .and_then(|c| {
+                c.lines().find_map(|l| {
+                    let mut f = l.splitn(3, ':');
+                    let (id, controllers, path) = (f.next()?, f.next()?, f.next()?);
+                    let ours = if v2_named {
+                        id == "0" && controllers.is_empty()
+                    } else {
+                        controllers.split(',').any(|c| c == "cpu")
+                    };
+                    ours.then(|| parent.join(path.trim_start_matches('/')))
+                })
+            })
+            .filter(|d| d.join("cgroup.procs").is_file())
+            .unwrap_or_else(|| parent.clone());
         let t = Throttle {
             dir,
-            parent_procs: parent.join("cgroup.procs"),
+            parent_procs: here.join("cgroup.procs"),
         };
         for (file, value) in files {
             std::fs::write(t.dir.join(file), &value)
