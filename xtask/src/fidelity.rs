@@ -1,4 +1,4 @@
-//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS', where {reference} is each model's quiet reference]] [--svg PATH]`:
+//! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS', where {reference} is each model's quiet reference]] [--svg PATH]`:
 //! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
 //! Each zoo model is captured twice (cached under the user cache: a directory per version of the
@@ -614,8 +614,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let mut rounds = 100usize;
     let mut only: Option<Vec<String>> = None;
     let mut svg: Option<PathBuf> = None;
-    let mut busy_host = false;
-    let mut throttled_host = false;
+    let mut host = ReplayHost::Quiet;
     let mut glibc_heap_defaults = false;
     let mut against: Option<PathBuf> = None;
     let mut against_args: Vec<String> = Vec::new();
@@ -642,8 +641,18 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 )
             }
             "--svg" => svg = Some(PathBuf::from(it.next().context("--svg PATH")?)),
-            "--busy-host" => busy_host = true,
-            "--throttled-host" => throttled_host = true,
+            flag @ ("--busy-host" | "--throttled-host") => {
+                let h = if flag == "--busy-host" {
+                    ReplayHost::Busy
+                } else {
+                    ReplayHost::Throttled
+                };
+                anyhow::ensure!(
+                    host == ReplayHost::Quiet || host == h,
+                    "--busy-host and --throttled-host are two replay hosts: run them one at a time"
+                );
+                host = h;
+            }
             "--glibc-heap-defaults" => glibc_heap_defaults = true,
             "--against" => {
                 let p = PathBuf::from(
@@ -689,10 +698,6 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             n => rounds = n.parse().with_context(|| format!("rounds: {n:?}"))?,
         }
     }
-    anyhow::ensure!(
-        !(busy_host && throttled_host),
-        "--busy-host and --throttled-host are two replay hosts: run them one at a time"
-    );
     anyhow::ensure!(
         against.is_some() || against_args.is_empty(),
         "--against-args needs --against BIN (which may be this build's mystique)"
@@ -792,7 +797,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     )?;
     // The reverse of a busy capture: the replay host is the busy one. The original is timed
     // beside the replays under the same load, so the ratio compares like with like.
-    let _burners = if busy_host {
+    let _burners = if host == ReplayHost::Busy {
         let b = Burners::start(&cores)?;
         println!(
             "busy host: {} CPU burners, one pinned to each core, run beside every replay and every timing of\n\
@@ -806,7 +811,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     };
     // The other reverse: a replay host whose CPU time is rationed (a container's CPU limit),
     // not shared with a burner. Taken after the references, like the burners.
-    let _throttle = if throttled_host {
+    let _throttle = if host == ReplayHost::Throttled {
         let t = Throttle::start(THROTTLE_PERIOD_US, THROTTLE_QUOTA_US)?;
         t.enter(std::process::id())?;
         println!(
@@ -1186,12 +1191,10 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     // so neither overwrites the full run's figures.
     let stem = format!(
         "{}{}{}",
-        if busy_host {
-            "zoo-busy-host"
-        } else if throttled_host {
-            "zoo-throttled-host"
-        } else {
-            "zoo"
+        match host {
+            ReplayHost::Quiet => "zoo",
+            ReplayHost::Busy => "zoo-busy-host",
+            ReplayHost::Throttled => "zoo-throttled-host",
         },
         if against.is_some() { "-ab" } else { "" },
         if only.is_some() { "-subset" } else { "" }
@@ -1235,6 +1238,17 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     Ok(())
 }
 
+/// The host the replays and the original's timing run on (the references are always timed as
+/// their capture found the host).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReplayHost {
+    Quiet,
+    /// `--busy-host`: beside a CPU burner on every core ([`Burners`]).
+    Busy,
+    /// `--throttled-host`: under a CPU quota ([`Throttle`]).
+    Throttled,
+}
+
 /// One CPU-bound process per core (a Python spin loop), killed when dropped: a busy host.
 struct Burners(Vec<std::process::Child>);
 
@@ -1260,17 +1274,19 @@ impl Throttle {
         let name = format!("mystique-fidelity-{}", std::process::id());
         let v2 = Path::new("/sys/fs/cgroup");
         let v1 = Path::new("/sys/fs/cgroup/cpu");
-        let (parent, files): (PathBuf, Vec<(&str, String)>) =
+        let (parent, is_v2, files): (PathBuf, bool, Vec<(&str, String)>) =
             if std::fs::read_to_string(v2.join("cgroup.subtree_control"))
                 .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpu"))
             {
                 (
                     v2.to_path_buf(),
+                    true,
                     vec![("cpu.max", format!("{quota_us} {period_us}"))],
                 )
             } else if v1.join("cpu.cfs_quota_us").is_file() {
                 (
                     v1.to_path_buf(),
+                    false,
                     vec![
                         ("cpu.cfs_period_us", period_us.to_string()),
                         ("cpu.cfs_quota_us", quota_us.to_string()),
@@ -1290,14 +1306,13 @@ impl Throttle {
             )
         })?;
         // Back to the cgroup this process is in now (a systemd slice, say), not the root.
-        let v2_named = parent == v2;
         let here = std::fs::read_to_string("/proc/self/cgroup")
             .ok()
             .and_then(|c| {
                 c.lines().find_map(|l| {
                     let mut f = l.splitn(3, ':');
                     let (id, controllers, path) = (f.next()?, f.next()?, f.next()?);
-                    let ours = if v2_named {
+                    let ours = if is_v2 {
                         id == "0" && controllers.is_empty()
                     } else {
                         controllers.split(',').any(|c| c == "cpu")
