@@ -10,8 +10,11 @@
 //!   (`mystique env`), the GPU tests (the CUDA variants of `test_device!`, CUDA events), the
 //!   public GPU traces replayed on `cuda` (coverage of compute ops, CUDA-event times beside
 //!   launch times, NVML summary, allocator figures), and `compare --device cuda` of a trace
-//!   with its Kineto (per-op GPU event times vs the original's kernels). One summary; with
-//!   `$OUT` set, `gpu-check.json` and the NVML SVGs land there.
+//!   with its Kineto (per-op GPU event times vs the original's kernels), two ranks on cuda,
+//!   and, where a zoo was captured on the preparing machine, every zoo trace replayed on cuda
+//!   with its values checked (no failed op, no NaN/Inf). `GPU_CHECK_BUDGET_S` bounds the whole
+//!   run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
+//!   land there.
 //!
 //! Plain `cargo xtask gpu-check` on a GPU machine with cargo does both.
 
@@ -143,11 +146,42 @@ fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
             .with_context(|| format!("copying {f} from {}", shared.display()))?;
         }
     }
-    // What the device tests replay.
-    std::fs::copy(
-        shared.join("cpu/mlp.et.json"),
-        dir.join("traces/cpu/mlp.et.json"),
-    )?;
+    // What the device tests replay, and the two ranks of stage 4.
+    for f in [
+        "mlp.et.json",
+        "dist_mlp_w2.rank0.et.json",
+        "dist_mlp_w2.rank1.et.json",
+    ] {
+        std::fs::copy(shared.join("cpu").join(f), dir.join("traces/cpu").join(f))
+            .with_context(|| format!("copying {f} from {}", shared.display()))?;
+    }
+    // The zoo's quiet captures (CPU traces, bf16/fp16, attention, optimizers), gzipped: stage 6
+    // replays each on cuda with its values checked. Only where a zoo was captured here.
+    match zoo_captures() {
+        Some(zoo) => {
+            std::fs::create_dir_all(dir.join("traces/zoo"))?;
+            let mut n = 0;
+            for et in walk(&zoo) {
+                let name = et.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                if !name.ends_with(".et.json") || name.ends_with(".linked.et.json") {
+                    continue;
+                }
+                let gz = std::fs::File::create(dir.join("traces/zoo").join(format!("{name}.gz")))?;
+                let ok = Command::new("gzip")
+                    .arg("-c")
+                    .arg(&et)
+                    .stdout(gz)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                anyhow::ensure!(ok, "gzip -c {} failed", et.display());
+                n += 1;
+            }
+            eprintln!("[gpu-check] {n} zoo traces from {}", zoo.display());
+        }
+        None => eprintln!(
+            "[gpu-check] no zoo captured here (cargo xtask fidelity captures it): stage 6 will not run"
+        ),
+    }
     let size: u64 = walk(&dir)
         .iter()
         .map(|p| p.metadata().map_or(0, |m| m.len()))
@@ -163,6 +197,21 @@ fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
         bail!("the bundle is over 60 MiB: it will not travel (64 MiB with the checkout)");
     }
     Ok(())
+}
+
+/// The newest zoo capture's quiet directory in this user's cache, if any holds traces.
+fn zoo_captures() -> Option<PathBuf> {
+    let zoo = crate::cache_dir().join("zoo");
+    std::fs::read_dir(zoo)
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("quiet"))
+        .filter(|q| {
+            walk(q)
+                .iter()
+                .any(|p| p.to_string_lossy().ends_with(".et.json"))
+        })
+        .max_by_key(|q| q.metadata().and_then(|m| m.modified()).ok())
 }
 
 fn walk(d: &Path) -> Vec<PathBuf> {
@@ -253,7 +302,13 @@ fn run(dir: &Path) -> Result<()> {
     let t0 = Instant::now();
     // One budget for everything (a device call may run 10 minutes in all): each step gets what
     // it needs at most and what is left at least; steps past the budget are reported, not run.
-    let deadline = t0 + Duration::from_secs(480);
+    let deadline = t0
+        + Duration::from_secs(
+            std::env::var("GPU_CHECK_BUDGET_S")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(480),
+        );
     let limit = |secs: u64| {
         Duration::from_secs(secs).min(deadline.saturating_duration_since(Instant::now()))
     };
@@ -383,9 +438,11 @@ fn run(dir: &Path) -> Result<()> {
             100.0 * r["cuda_memory"]["fragmentation"].as_f64().unwrap_or(0.0),
         );
         println!(
-            "   NVML: {} samples; SM util mean {:.0}% max {:.0}%; power mean {:.0} W max {:.0} W; \
+            "   NVML: {} samples, {} in the measured iterations (a short run may have none: \
+             NaN); SM util mean {:.0}% max {:.0}%; power mean {:.0} W max {:.0} W; \
              SM clock p50 {:.0} MHz; memory used max {:.0} MiB{}",
             r["gpu"]["samples"].as_u64().unwrap_or(0),
+            r["gpu"]["measured"]["samples"].as_u64().unwrap_or(0),
             m("sm_util", "mean"),
             m("sm_util", "max"),
             m("power", "mean"),
@@ -536,6 +593,127 @@ fn run(dir: &Path) -> Result<()> {
         compares.push(serde_json::json!({"trace": stem, "exit": code, "report": j}));
     }
     summary.insert("compares".into(), serde_json::Value::Array(compares));
+    save(&summary, &failures);
+
+    // 6. The zoo on cuda: CPU captures (bf16 and fp16 paths, fused attention, every optimizer)
+    // replayed on the GPU with their values checked: no failed op, no NaN/Inf.
+    let mut zoo: Vec<PathBuf> = walk(&traces.join("zoo"));
+    zoo.sort();
+    if cuda && !zoo.is_empty() {
+        let t = Instant::now();
+        let mut rows = Vec::new();
+        // A few at a time: one GPU, many cores, and each process spends most of its time
+        // starting CUDA and materialising inputs.
+        for batch in zoo.chunks(4) {
+            if limit(60) < Duration::from_secs(30) {
+                failures.push(format!(
+                    "zoo on cuda: {} of {} traces not run, out of time",
+                    zoo.len() - rows.len(),
+                    zoo.len()
+                ));
+                break;
+            }
+            let results: Vec<_> = std::thread::scope(|s| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|et| {
+                        let mut c = Command::new(&bin);
+                        c.arg("replay").arg(et).args([
+                            "--device",
+                            "cuda",
+                            "--json",
+                            "--check-values",
+                            "--warmup",
+                            "1",
+                            "--iters",
+                            "2",
+                            "--nvml-period",
+                            "0",
+                        ]);
+                        with_env(&mut c);
+                        let l = limit(60);
+                        s.spawn(move || run_limited(&mut c, l))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join()).collect()
+            });
+            for (et, res) in batch.iter().zip(results) {
+                let name = et
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .trim_end_matches(".et.json.gz")
+                    .to_string();
+                let (code, out, err) = match res {
+                    Ok(Ok(r)) => r,
+                    _ => (None, String::new(), "could not run".into()),
+                };
+                let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+                let failed = r["ops_failed"].as_u64();
+                let nonfinite = &r["first_nonfinite"];
+                let reasons: Vec<String> = r["failures"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .take(3)
+                    .map(|f| {
+                        format!(
+                            "{}x {}: {}",
+                            f["count"],
+                            f["op"].as_str().unwrap_or(""),
+                            f["reason"].as_str().unwrap_or("")
+                        )
+                    })
+                    .collect();
+                println!(
+                    "   {name:<28} {}/{} ops, {} failed, iter {:.2} ms{}{}",
+                    r["ops_replayed"],
+                    r["ops_selected"],
+                    failed.map_or("?".into(), |f| f.to_string()),
+                    r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN),
+                    if nonfinite.is_null() {
+                        String::new()
+                    } else {
+                        format!(", NaN/Inf first at {nonfinite}")
+                    },
+                    if reasons.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n      {}", reasons.join("\n      "))
+                    }
+                );
+                if r.is_null() {
+                    failures.push(format!(
+                        "zoo {name} on cuda: no report (exit {code:?}): {}",
+                        tail(&err, 8)
+                    ));
+                } else if failed != Some(0) || !nonfinite.is_null() {
+                    failures.push(format!(
+                        "zoo {name} on cuda: {} failed ops{}",
+                        failed.unwrap_or(0),
+                        if nonfinite.is_null() { "" } else { ", NaN/Inf" }
+                    ));
+                }
+                rows.push(serde_json::json!({
+                    "model": name, "exit": code, "ops_failed": failed,
+                    "ops_replayed": r["ops_replayed"], "ops_selected": r["ops_selected"],
+                    "first_nonfinite": nonfinite, "iter_ms": r["iter_ms"]["median"],
+                    "failures": reasons,
+                }));
+            }
+            summary.insert("zoo".into(), serde_json::Value::Array(rows.clone()));
+            save(&summary, &failures);
+        }
+        let clean = rows
+            .iter()
+            .filter(|r| r["ops_failed"] == 0 && r["first_nonfinite"].is_null())
+            .count();
+        println!(
+            "== zoo on cuda ({:.0} s): {clean} of {} traces with no failed op and no NaN/Inf",
+            t.elapsed().as_secs_f64(),
+            zoo.len()
+        );
+    }
     summary.insert("failures".into(), serde_json::json!(failures));
     summary.insert(
         "seconds".into(),

@@ -13,6 +13,7 @@ use crate::recorder::{GpuSamples, Recorder, Timed};
 use crate::report::{NonFinite, Report};
 use metrics::Timeline;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 pub(crate) fn kind_of(d: et_schema::DType) -> Kind {
@@ -107,13 +108,32 @@ fn instrumented(opts: &ReplayOptions) -> usize {
     }
 }
 
+/// How a step's op ran: as recorded, or by a detour the replay device needs (reported per op).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Via {
+    /// The op's own kernel on the replay device.
+    Kernel,
+    /// In float32: the device has no half-precision kernel for it.
+    Float32,
+    /// On the CPU: the op has no kernel on the replay device at all (a CPU trace's
+    /// `_scaled_dot_product_flash_attention_for_cpu_backward`, `mkldnn_rnn_layer_backward` on a
+    /// CUDA replay). Its inputs are copied to the CPU, its outputs back, and what it writes in
+    /// place is written back.
+    Cpu,
+    /// As `aten::reshape`: a `view` whose input the replay device's kernels laid out otherwise
+    /// than the trace's device (attention outputs), where a view of those strides cannot exist.
+    /// The original's `.contiguous()` before it was a no-op there and is not in the trace;
+    /// here it copies, as it would have on this device.
+    Reshape,
+}
+
 /// How one step went.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The op ran; `upcast`: in float32, the device having no half-precision kernel for it;
-    /// `grad_refused`: plain, autograd having refused to record it (why).
+    /// The op ran (`via`: how); `grad_refused`: plain, autograd having refused to record it
+    /// (why).
     Ran {
-        upcast: bool,
+        via: Via,
         grad_refused: Option<String>,
     },
     /// Passed through without a call (a no-op on this device, or left out by `--only`).
@@ -129,6 +149,11 @@ pub struct Executor<'a> {
     stack: Stack,
     /// Steps whose autograd recording libtorch refused: they run plain from then on.
     no_grad: Vec<bool>,
+    /// Per step, the detour ([`Via::Cpu`], [`Via::Reshape`]) its first call needed: later calls
+    /// take it at once instead of failing first.
+    detour: Vec<Via>,
+    /// `aten::reshape`, found on the first [`Via::Reshape`].
+    reshape: Option<Arc<ffi::Op>>,
     externals: Vec<Option<Tensor>>,
     /// Outputs of steps left out by `--only`, synthesised once and kept like external inputs,
     /// so that leaving a step out costs its dependants nothing per iteration.
@@ -147,6 +172,109 @@ pub struct Executor<'a> {
     /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which
     /// `--check-values` does not report ([`Executor::produced_nonfinite`]).
     by_design: Vec<bool>,
+}
+
+/// Tensor arguments libtorch requires on the CPU whatever the device, `(op, position)`: a
+/// packed sequence's lengths and batch sizes (`lstm.data` and its kin take the batch sizes
+/// second; their `input` overloads have a list there, left alone). A CPU trace records them
+/// on the CPU like everything else; on another device the external inputs in these places stay
+/// there, as the original's did (its `_pack_padded_sequence` failed on CUDA lengths).
+const HOST_ARGS: &[(&str, usize)] = &[
+    ("aten::_pack_padded_sequence", 1),
+    ("aten::_pad_packed_sequence", 1),
+    ("aten::_pack_padded_sequence_backward", 2),
+    ("aten::lstm", 1),
+    ("aten::gru", 1),
+    ("aten::rnn_tanh", 1),
+    ("aten::rnn_relu", 1),
+];
+
+/// A normalization's saved statistics, `(backward op, positions)`, which the CPU keeps in a
+/// half-precision input's own dtype and CUDA in its accumulation type (float): a CPU trace's
+/// bf16 `native_layer_norm_backward` stopped on CUDA at "expected scalar type Float but found
+/// BFloat16" (gpt_bf16, the first GPU check). Such external inputs become float32 there.
+const ACC_STATS: &[(&str, &[usize])] = &[
+    ("aten::native_layer_norm_backward", &[3, 4]),
+    ("aten::native_group_norm_backward", &[2, 3]),
+    ("aten::native_batch_norm_backward", &[5, 6]),
+];
+
+/// Ops whose output is on their first argument's device when no device argument is given
+/// (`lengths.to(torch.int64)` before `pack_padded_sequence`): a host argument made by them
+/// stays on the CPU if their input does.
+const KEEP_DEVICE: &[&str] = &[
+    "aten::to",
+    "aten::_to_copy",
+    "aten::contiguous",
+    "aten::clone",
+    "aten::detach",
+    "aten::alias",
+    "aten::view",
+    "aten::reshape",
+];
+
+/// Moves the external inputs of [`HOST_ARGS`] (or those they are made of through
+/// [`KEEP_DEVICE`] ops) to the CPU and makes those of [`ACC_STATS`] float32: what a replay on
+/// a device other than the CPU needs of a CPU trace's inputs.
+fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
+    let mut producer: HashMap<crate::plan::Slot, usize> = HashMap::new();
+    for (pos, step) in plan.steps.iter().enumerate() {
+        for o in &step.outs {
+            if let Out::Tensor(s) = o {
+                producer.insert(*s, pos);
+            }
+        }
+    }
+    // The external a slot is made of on its device, if any.
+    let source = |mut slot: crate::plan::Slot| {
+        for _ in 0..8 {
+            if externals.get(slot as usize).is_some_and(Option::is_some) {
+                return Some(slot as usize);
+            }
+            let step = &plan.steps[*producer.get(&slot)?];
+            if !KEEP_DEVICE.contains(&step.name.as_str())
+                || step.args.iter().any(|a| matches!(a, Arg::Device))
+            {
+                return None;
+            }
+            match step.args.first() {
+                Some(Arg::Tensor(s)) => slot = *s,
+                _ => return None,
+            }
+        }
+        None
+    };
+    let mut to_host = Vec::new();
+    let mut to_float = Vec::new();
+    for step in &plan.steps {
+        let name = step.name.as_str();
+        let at = |k: usize| match step.args.get(k) {
+            Some(Arg::Tensor(s)) => Some(*s),
+            _ => None,
+        };
+        for (_, k) in HOST_ARGS.iter().filter(|(n, _)| *n == name) {
+            to_host.extend(at(*k).and_then(source));
+        }
+        for (_, ks) in ACC_STATS.iter().filter(|(n, _)| *n == name) {
+            to_float.extend(ks.iter().filter_map(|&k| at(k)).map(|s| s as usize));
+        }
+    }
+    for s in to_host {
+        if let Some(t) = externals[s].as_mut() {
+            if let Ok(c) = t.f_to_device(tch::Device::Cpu) {
+                *t = c;
+            }
+        }
+    }
+    for s in to_float {
+        if let Some(t) = externals.get_mut(s).and_then(Option::as_mut) {
+            if matches!(t.kind(), Kind::Half | Kind::BFloat16) {
+                if let Ok(c) = t.f_to_kind(Kind::Float) {
+                    *t = c;
+                }
+            }
+        }
+    }
 }
 
 /// Outputs of `empty*` ops small enough to be Python scalars made tensors
@@ -207,6 +335,9 @@ impl<'a> Executor<'a> {
             needed
         });
         let (mut externals, arena_bytes) = materialise(plan, &bound.device, needed.as_deref())?;
+        if bound.device != Device::Cpu {
+            place_for_device(plan, &mut externals);
+        }
         if autograd {
             require_grad(plan, &mut externals);
         }
@@ -215,6 +346,8 @@ impl<'a> Executor<'a> {
             bound,
             stack: Stack::default(),
             no_grad: vec![false; plan.steps.len()],
+            detour: vec![Via::Kernel; plan.steps.len()],
+            reshape: None,
             stand_ins: (0..plan.n_slots).map(|_| None).collect(),
             comm: None,
             timeout: std::time::Duration::from_secs(60),
@@ -340,18 +473,18 @@ impl<'a> Executor<'a> {
             Err(e) if grad => {
                 self.stack.clear();
                 match self.call(pos, op, slots, false) {
-                    Ok(upcast) => {
+                    Ok(via) => {
                         self.no_grad[pos] = true;
                         Outcome::Ran {
-                            upcast,
+                            via,
                             grad_refused: Some(first_line(&e.message)),
                         }
                     }
                     Err(e) => Outcome::Failed(e),
                 }
             }
-            Ok(upcast) => Outcome::Ran {
-                upcast,
+            Ok(via) => Outcome::Ran {
+                via,
                 grad_refused: None,
             },
             Err(e) => Outcome::Failed(e),
@@ -420,16 +553,27 @@ impl<'a> Executor<'a> {
         }
     }
 
-    /// One call of step `pos`. When the device has no kernel for the op's half-precision
-    /// inputs it runs in float32 (those inputs cast up, outputs cast back to the recorded
-    /// dtype); returns whether that fallback was used.
+    /// One call of step `pos`, by the detour it needs where the device cannot run it as
+    /// recorded ([`Via`]): an op with no kernel on the device runs on the CPU; one with no
+    /// kernel for its half-precision inputs runs in float32 (those inputs cast up, outputs cast
+    /// back to the recorded dtype); a `view` the device's layouts cannot make runs as
+    /// `reshape`. Returns how it ran.
     fn call(
         &mut self,
         pos: usize,
         op: &ffi::Op,
         slots: &mut [Option<Tensor>],
         grad: bool,
-    ) -> Result<bool, CallError> {
+    ) -> Result<Via, CallError> {
+        match self.detour[pos] {
+            Via::Cpu => return self.call_on_cpu(pos, op, slots, grad).map(|()| Via::Cpu),
+            Via::Reshape => {
+                return self
+                    .call_as_reshape(pos, slots, grad)
+                    .map(|()| Via::Reshape)
+            }
+            Via::Kernel | Via::Float32 => {}
+        }
         let args = self.bound.args(self.plan, pos);
         let comm = self.comm.as_ref();
         let collective = self.plan.steps[pos].kind.is_collective();
@@ -472,7 +616,31 @@ impl<'a> Executor<'a> {
                 if !take_outputs(&self.stack, &self.plan.steps[pos].outs, slots) {
                     self.fill_missing_outputs(pos, slots);
                 }
-                Ok(false)
+                Ok(Via::Kernel)
+            }
+            // No kernel on this device at all ("Could not run 'aten::X' with arguments from
+            // the 'CUDA' backend"): a CPU-only op of a CPU trace. The CPU has one.
+            Err(e)
+                if self.bound.device != Device::Cpu
+                    && e.kind == ErrorKind::NotImplemented
+                    && e.message.contains("backend")
+                    && !collective =>
+            {
+                self.stack.clear();
+                self.call_on_cpu(pos, op, slots, grad)
+                    .map_err(|e2| CallError::new(e.kind, format!("{e} (and on the CPU: {e2})")))?;
+                self.detour[pos] = Via::Cpu;
+                Ok(Via::Cpu)
+            }
+            Err(e)
+                if self.plan.steps[pos].name == "aten::view"
+                    && e.message.contains("view size is not compatible") =>
+            {
+                self.stack.clear();
+                self.call_as_reshape(pos, slots, grad)
+                    .map_err(|e2| CallError::new(e.kind, format!("{e} (and as reshape: {e2})")))?;
+                self.detour[pos] = Via::Reshape;
+                Ok(Via::Reshape)
             }
             // No kernel for this dtype (NotImplemented), or linear algebra's check that refuses
             // low precision (a plain error): worth a float32 try only when the step has
@@ -507,10 +675,95 @@ impl<'a> Executor<'a> {
                     }
                 }
                 self.fill_missing_outputs(pos, slots);
-                Ok(true)
+                Ok(Via::Float32)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Step `pos` on the CPU ([`Via::Cpu`]): its tensor arguments copied there, its outputs
+    /// copied back to the device, and the arguments its schema writes (`Tensor(a!)`) written
+    /// back into the device's tensors.
+    fn call_on_cpu(
+        &mut self,
+        pos: usize,
+        op: &ffi::Op,
+        slots: &mut [Option<Tensor>],
+        grad: bool,
+    ) -> Result<(), CallError> {
+        let args = self.bound.args(self.plan, pos);
+        let fail = |e: tch::TchError| CallError::new(ErrorKind::Other, e.to_string());
+        let mut view: Vec<Option<Tensor>> = (0..slots.len()).map(|_| None).collect();
+        for s in args.iter().flat_map(Arg::slots) {
+            if let Some(t) = &slots[s as usize] {
+                view[s as usize] = Some(t.f_to_device(tch::Device::Cpu).map_err(fail)?);
+            }
+        }
+        push_args(&mut self.stack, args, &view, op, &Device::Cpu, None)?;
+        self.stack.call(op, grad)?;
+        let mut outs: Vec<Option<Tensor>> = (0..slots.len()).map(|_| None).collect();
+        take_outputs(&self.stack, &self.plan.steps[pos].outs, &mut outs);
+        self.stack.clear();
+        // What the op wrote in place goes back where the rest of the replay reads it.
+        let writes: Vec<usize> = et_schema::OpSchema::parse(&op.schema())
+            .map(|sc| {
+                sc.args
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.ty.is_write())
+                    .map(|(k, _)| k)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _guard = tch::no_grad_guard();
+        for k in writes {
+            for s in args.get(k).into_iter().flat_map(Arg::slots) {
+                if let (Some(dst), Some(src)) = (&mut slots[s as usize], &view[s as usize]) {
+                    dst.f_copy_(src).map_err(fail)?;
+                }
+            }
+        }
+        let dev = self.bound.device.tch();
+        for (s, _) in &self.plan.steps[pos].out_specs {
+            if let Some(t) = outs[*s as usize].take() {
+                // An output that is an argument written in place is that argument's tensor.
+                let same = args.iter().flat_map(Arg::slots).find(|&a| {
+                    view[a as usize]
+                        .as_ref()
+                        .is_some_and(|v| v.data_ptr() == t.data_ptr() && v.size() == t.size())
+                });
+                slots[*s as usize] = Some(match same.and_then(|a| slots[a as usize].as_ref()) {
+                    Some(d) => d.shallow_clone(),
+                    None => t.f_to_device(dev).map_err(fail)?,
+                });
+            }
+        }
+        self.fill_missing_outputs(pos, slots);
+        Ok(())
+    }
+
+    /// Step `pos`, an `aten::view`, as `aten::reshape` of the same arguments ([`Via::Reshape`]).
+    fn call_as_reshape(
+        &mut self,
+        pos: usize,
+        slots: &mut [Option<Tensor>],
+        grad: bool,
+    ) -> Result<(), CallError> {
+        let op = match &self.reshape {
+            Some(op) => op.clone(),
+            None => {
+                let op = Arc::new(ffi::Op::find("aten::reshape", "")?);
+                self.reshape = Some(op.clone());
+                op
+            }
+        };
+        let args = self.bound.args(self.plan, pos);
+        push_args(&mut self.stack, args, slots, &op, &self.bound.device, None)?;
+        self.stack.call(&op, grad)?;
+        if !take_outputs(&self.stack, &self.plan.steps[pos].outs, slots) {
+            self.fill_missing_outputs(pos, slots);
+        }
+        Ok(())
     }
 
     /// Whether a float tensor step `pos` touched holds NaN/Inf after it that the trace did not
@@ -1323,7 +1576,7 @@ fn iteration(
         }
         if matches!(ex.bound.steps[pos].exec, Exec::PassThrough) {
             ex.pass_through(pos, &mut slots);
-            rec.ran(it, pos, false, None);
+            rec.ran(it, pos, Via::Kernel, None);
             ex.free(pos, &mut slots);
             // The original ran this op between its two gaps: the next gap counts from here, or
             // the time spun for this one would count toward it too.
@@ -1354,11 +1607,8 @@ fn iteration(
         }
         ex.settle(pos, &mut slots, &outcome);
         match outcome {
-            Outcome::Ran {
-                upcast,
-                grad_refused,
-            } => rec.ran(it, pos, upcast, grad_refused),
-            Outcome::PassedThrough => rec.ran(it, pos, false, None),
+            Outcome::Ran { via, grad_refused } => rec.ran(it, pos, via, grad_refused),
+            Outcome::PassedThrough => rec.ran(it, pos, Via::Kernel, None),
             Outcome::Failed(e) => {
                 // A failed collective leaves the ranks out of step: every later one would hang.
                 if let (Some((rank, _)), true) = (ex.rank(), step.kind.is_collective()) {

@@ -6,7 +6,7 @@ use crate::bind::Bound;
 use crate::device::Device;
 use crate::device::{Mark, Timer};
 use crate::error::{CallError, ErrorKind};
-use crate::executor::{first_line, nonfinite, Phase};
+use crate::executor::{first_line, nonfinite, Phase, Via};
 use crate::ffi::Profile;
 use crate::options::ReplayOptions;
 use crate::plan::{Plan, StepKind};
@@ -43,7 +43,8 @@ pub(crate) struct Recorder<'a> {
     /// start to its last one's end, [`Recorder::close_measured`]), with the faults at its start.
     measuring: Option<Option<u64>>,
     failures: BTreeMap<(String, ErrorKind, String), usize>,
-    dtype_fallbacks: BTreeMap<String, usize>,
+    /// Ops that ran by a detour (not as recorded on this device), per op and detour.
+    detours: BTreeMap<(String, Via), usize>,
     /// Ops autograd refused to record (they ran plain from then on): calls and why.
     grad_refused: BTreeMap<String, (usize, String)>,
     peak: u64,
@@ -113,7 +114,7 @@ impl<'a> Recorder<'a> {
             faults: None,
             measuring: None,
             failures: BTreeMap::new(),
-            dtype_fallbacks: BTreeMap::new(),
+            detours: BTreeMap::new(),
             grad_refused: BTreeMap::new(),
             peak: 0,
             slices: Vec::new(),
@@ -184,7 +185,7 @@ impl<'a> Recorder<'a> {
 
     /// A step ran (or passed through as a no-op on this device).
     #[inline]
-    pub fn ran(&mut self, it: usize, pos: usize, upcast: bool, grad_refused: Option<String>) {
+    pub fn ran(&mut self, it: usize, pos: usize, via: Via, grad_refused: Option<String>) {
         self.current.0 += 1;
         if let Some(why) = grad_refused {
             self.grad_refused
@@ -192,10 +193,10 @@ impl<'a> Recorder<'a> {
                 .or_insert_with(|| (0, why))
                 .0 += 1;
         }
-        if upcast && it == 0 {
+        if via != Via::Kernel && it == 0 {
             *self
-                .dtype_fallbacks
-                .entry(self.plan.steps[pos].name.clone())
+                .detours
+                .entry((self.plan.steps[pos].name.clone(), via))
                 .or_default() += 1;
         }
     }
@@ -544,18 +545,25 @@ impl<'a> Recorder<'a> {
         let fallbacks = planned
             .into_iter()
             .map(|((op, ran_as), count)| Fallback { op, count, ran_as })
-            .chain(
-                self.dtype_fallbacks
-                    .into_iter()
-                    .map(|(op, count)| Fallback {
-                        op,
-                        count,
-                        ran_as: format!(
-                            "in float32: no half-precision kernel on {}",
-                            device.name()
-                        ),
-                    }),
-            )
+            .chain(self.detours.into_iter().map(|((op, via), count)| Fallback {
+                op,
+                count,
+                ran_as: match via {
+                    Via::Float32 => {
+                        format!("in float32: no half-precision kernel on {}", device.name())
+                    }
+                    Via::Cpu => format!(
+                        "on the CPU: no {} kernel (inputs copied there, outputs back)",
+                        device.name().to_uppercase()
+                    ),
+                    Via::Reshape => format!(
+                        "as aten::reshape: {}'s kernels laid its input out otherwise than \
+                                 the trace's device, and no view of it has these sizes",
+                        device.name().to_uppercase()
+                    ),
+                    Via::Kernel => String::new(),
+                },
+            }))
             .chain(
                 self.grad_refused
                     .into_iter()

@@ -1203,3 +1203,54 @@ fn weight_norms_norms_are_made_again_for_its_backward() {
     assert!(s(out_slot(&plan, 1, 0)).allclose(&gv, 1e-5, 1e-6, false));
     assert!(s(out_slot(&plan, 1, 1)).allclose(&gg, 1e-5, 1e-6, false));
 }
+
+/// A `view` whose input is laid out so that no view has the recorded sizes (another device's
+/// kernels made it: a CPU trace's attention output on CUDA) runs as `reshape`, reported as a
+/// fallback, instead of failing: the original's `.contiguous()` before it was a no-op on the
+/// capture's device and is not in the trace.
+#[test]
+fn a_view_the_layout_cannot_make_runs_as_reshape() {
+    let mut b = TraceBuilder::new();
+    b.node("aten::view")
+        .id(2)
+        .attr(
+            "op_schema",
+            "string",
+            "aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)".to_string(),
+        )
+        // A transposed [2, 3]: strides (1, 2).
+        .input_strided(t(10, 10, 6), json!([2, 3]), json!([1, 2]), "Tensor(float)")
+        .input(json!([6]), json!([[]]), "GenericList[Int]")
+        .output(t(11, 10, 6), json!([6]), "Tensor(float)")
+        .done();
+    let tr = b.build();
+    let g = Graph::new(&tr);
+    let set = g.replay_set(None);
+    let opts = replay::ReplayOptions {
+        iters: 2,
+        warmup: 1,
+        ..Default::default()
+    };
+    let report = replay::replay(&g, &set, &opts).unwrap().0;
+    assert_eq!(report.ops_failed, 0, "{:?}", report.failures);
+    let f = report
+        .fallbacks
+        .iter()
+        .find(|f| f.op == "aten::view")
+        .expect("the view is reported as a fallback");
+    assert!(f.ran_as.contains("reshape"), "{}", f.ran_as);
+    // Without the detour the same call fails: the test would catch its loss.
+    let x = Tensor::from_slice(&[0f32, 1., 2., 3., 4., 5.])
+        .reshape([3, 2])
+        .transpose(0, 1);
+    assert!(x.f_view([6]).is_err());
+    // The output holds the input's elements in its logical order.
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    let input = slots[arg_slot(&plan, 0, 0)].as_ref().unwrap();
+    assert_eq!(input.stride(), vec![1, 2], "the recorded layout");
+    assert_eq!(
+        values(slots[out_slot(&plan, 0, 0)].as_ref().unwrap()),
+        values(&input.reshape([6]))
+    );
+}

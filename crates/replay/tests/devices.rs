@@ -110,6 +110,95 @@ fn timer_marks_are_ordered(device: &replay::Device) {
     }
 }
 
+/// A CPU trace's own ops replay on every device: on CUDA an op with no kernel there
+/// (`_scaled_dot_product_flash_attention_for_cpu`) runs on the CPU and is reported so, a packed
+/// sequence's lengths stay on the CPU (libtorch requires them there), and a bf16 layer norm's
+/// saved statistics are made float32, the dtype CUDA's kernel reads them in (the CPU's keeps
+/// bf16). Each of the three failed on CUDA before (the first GPU check, zoo traces).
+fn cpu_trace_ops_replay_on_the_device(device: &replay::Device) {
+    use et_schema::testkit::{tensor, TraceBuilder};
+    use serde_json::json;
+    let f = |id, numel| tensor(id, id, 0, numel, 4, "cpu");
+    let h = |id, numel| tensor(id, id, 0, numel, 2, "cpu");
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, \
+         float dropout_p=0., bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) \
+         -> (Tensor output, Tensor logsumexp)",
+    )
+    .input(f(1, 64), json!([1, 2, 4, 8]), "Tensor(float)")
+    .input(f(2, 64), json!([1, 2, 4, 8]), "Tensor(float)")
+    .input(f(3, 64), json!([1, 2, 4, 8]), "Tensor(float)")
+    .input(json!(0.0), json!([]), "Double")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!("<None>"), json!([]), "None")
+    .input(json!("<None>"), json!([]), "None")
+    .output(f(4, 64), json!([1, 2, 4, 8]), "Tensor(float)")
+    .output(f(5, 8), json!([1, 2, 4]), "Tensor(float)")
+    .done();
+    // `lengths.to(torch.int64)`: the lengths reach the packing through a copy.
+    b.op(
+        "aten::to",
+        "aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, \
+         MemoryFormat? memory_format=None) -> Tensor(a)",
+    )
+    .input(tensor(7, 7, 0, 2, 4, "cpu"), json!([2]), "Tensor(int)")
+    .input(json!(4), json!([]), "Int")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!("<None>"), json!([]), "None")
+    .output(tensor(19, 19, 0, 2, 8, "cpu"), json!([2]), "Tensor(long int)")
+    .done();
+    b.op(
+        "aten::_pack_padded_sequence",
+        "aten::_pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first) -> (Tensor, Tensor)",
+    )
+    .input(f(6, 24), json!([3, 2, 4]), "Tensor(float)")
+    .input(tensor(19, 19, 0, 2, 8, "cpu"), json!([2]), "Tensor(long int)")
+    .input(json!(false), json!([]), "Bool")
+    .output(f(8, 20), json!([5, 4]), "Tensor(float)")
+    .output(tensor(9, 9, 0, 3, 8, "cpu"), json!([3]), "Tensor(long int)")
+    .done();
+    b.op(
+        "aten::native_layer_norm_backward",
+        "aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, \
+         Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) \
+         -> (Tensor, Tensor, Tensor)",
+    )
+    .input(h(10, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+    .input(h(11, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+    .input(json!([8]), json!([[]]), "GenericList[Int]")
+    .input(h(12, 2), json!([2, 1]), "Tensor(c10::BFloat16)")
+    .input(h(13, 2), json!([2, 1]), "Tensor(c10::BFloat16)")
+    .input(h(14, 8), json!([8]), "Tensor(c10::BFloat16)")
+    .input(h(15, 8), json!([8]), "Tensor(c10::BFloat16)")
+    .input(json!([true, true, true]), json!([[], [], []]), "GenericList[Bool]")
+    .output(h(16, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+    .output(h(17, 8), json!([8]), "Tensor(c10::BFloat16)")
+    .output(h(18, 8), json!([8]), "Tensor(c10::BFloat16)")
+    .done();
+    let tr = b.build();
+    let g = et_graph::Graph::new(&tr);
+    let set = g.replay_set(None);
+    let opts = replay::ReplayOptions {
+        device: *device,
+        warmup: 1,
+        iters: 2,
+        check_values: true,
+        ..Default::default()
+    };
+    let (r, _) = replay::replay(&g, &set, &opts).unwrap();
+    assert_eq!((r.ops_failed, r.ops_replayed), (0, 4), "{:?}", r.failures);
+    assert!(r.first_nonfinite.is_none(), "{:?}", r.first_nonfinite);
+    let on_cpu = r
+        .fallbacks
+        .iter()
+        .any(|f| f.op.ends_with("_for_cpu") && f.ran_as.starts_with("on the CPU"));
+    assert_eq!(on_cpu, *device != replay::Device::Cpu, "{:?}", r.fallbacks);
+}
+
+replay::test_device!(cpu_trace_ops, cpu_trace_ops_replay_on_the_device);
 replay::test_device!(mlp_replays, mlp_replays_completely);
 replay::test_device!(timer, timer_marks_are_ordered);
 replay::test_device!(externals, externals_outlive_their_executor);
