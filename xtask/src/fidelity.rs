@@ -435,12 +435,18 @@ fn block_iters(meta: &serde_json::Value, block_ms: f64) -> usize {
 const REFERENCE_ROUNDS: usize = 20;
 
 /// A build's identity (a hash of its bytes): a reference holds the plain replay's time, which
-/// a build that dispatches faster or slower changes.
+/// a build that dispatches faster or slower changes. `mystique` runs `replay` in the
+/// `mystique-replay` executable beside it, which holds the replay's code: both are hashed (the
+/// front's bytes alone stay the same when only the replay changes, and a reference timed by
+/// an older replay was kept).
 fn build_id(bin: &Path) -> Result<String> {
     use std::hash::Hasher;
-    let bytes = std::fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(&bytes);
+    let replay = bin.with_file_name("mystique-replay");
+    for p in [bin, replay.as_path()] {
+        let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        h.write(&bytes);
+    }
     Ok(format!("{:016x}", h.finish()))
 }
 
@@ -1469,6 +1475,26 @@ mod tests {
         let _ = spinner.wait();
         entered.expect("moving the spinner into the cgroup");
         assert!(throttled.is_some_and(|n| n > 0), "{throttled:?}");
+    }
+
+    /// A build's id changes with the replay executable as with the front: references timed
+    /// by an older replay are timed again.
+    #[test]
+    fn a_build_is_the_front_and_the_replay_executable() {
+        let dir = std::env::temp_dir().join(format!("xtask-build-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (front, replay) = (dir.join("mystique"), dir.join("mystique-replay"));
+        std::fs::write(&front, b"front").unwrap();
+        assert!(build_id(&front).is_err(), "no replay beside it: no id");
+        std::fs::write(&replay, b"replay 1").unwrap();
+        let one = build_id(&front).unwrap();
+        assert_eq!(one, build_id(&front).unwrap());
+        std::fs::write(&replay, b"replay 2").unwrap();
+        let two = build_id(&front).unwrap();
+        std::fs::write(&front, b"front 2").unwrap();
+        let three = build_id(&front).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(one != two && two != three, "{one} {two} {three}");
     }
 
     /// Only capture files of models outside the zoo go, matched on the whole name (a model
