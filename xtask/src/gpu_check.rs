@@ -12,7 +12,9 @@
 //!   launch times, NVML summary, allocator figures), and `compare --device cuda` of a trace
 //!   with its Kineto (per-op GPU event times vs the original's kernels), two ranks on cuda,
 //!   and, where a zoo was captured on the preparing machine, every zoo trace replayed on cuda
-//!   with its values checked (no failed op, no NaN/Inf). `GPU_CHECK_BUDGET_S` bounds the whole
+//!   with its values checked (no failed op, no NaN/Inf), and a few models captured on that GPU
+//!   in the same run (`scripts/gpu_zoo.py`) replayed there, plain and with the profile's gaps,
+//!   their ratios to the original reported. `GPU_CHECK_BUDGET_S` bounds the whole
 //!   run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
 //!   land there.
 //!
@@ -155,6 +157,12 @@ fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
         std::fs::copy(shared.join("cpu").join(f), dir.join("traces/cpu").join(f))
             .with_context(|| format!("copying {f} from {}", shared.display()))?;
     }
+    // Stage 7's capture script.
+    std::fs::create_dir_all(dir.join("scripts"))?;
+    std::fs::copy(
+        root.join("xtask/scripts/gpu_zoo.py"),
+        dir.join("scripts/gpu_zoo.py"),
+    )?;
     // The zoo's quiet captures (CPU traces, bf16/fp16, attention, optimizers), gzipped: stage 6
     // replays each on cuda with its values checked. Only where a zoo was captured here.
     match zoo_captures() {
@@ -713,6 +721,90 @@ fn run(dir: &Path) -> Result<()> {
             t.elapsed().as_secs_f64(),
             zoo.len()
         );
+    }
+    save(&summary, &failures);
+
+    // 7. Captured on this GPU, replayed on it: a few models (`scripts/gpu_zoo.py`, tuned on by
+    // nothing) captured as a user captures them, their uninstrumented iteration timed in the
+    // same run, then replayed plain and with the profile's gaps. Ratios are reported, not
+    // judged; failed ops and missing reports fail the check. (Added 2026-12-04 after the
+    // session's two GPU runs, when no machine was lent for a third: the script and the replays
+    // of its captures ran on the CPU here (`GPU_ZOO_DEVICE=cpu`), this stage not yet on a GPU.)
+    let script = dir.join("scripts/gpu_zoo.py");
+    if cuda && script.exists() && limit(240) >= Duration::from_secs(60) {
+        let cap = std::env::temp_dir().join("mq-gpu-zoo");
+        let _ = std::fs::remove_dir_all(&cap);
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(&cap).env("PYTHONWARNINGS", "ignore");
+        let t = Instant::now();
+        let (code, out, err) = run_limited(&mut c, limit(150))?;
+        let metas: Vec<serde_json::Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        println!(
+            "== captured on this GPU ({:.0} s, exit {code:?}): {} models",
+            t.elapsed().as_secs_f64(),
+            metas.len()
+        );
+        if metas.is_empty() {
+            failures.push(format!("gpu_zoo.py captured nothing: {}", tail(&err, 10)));
+        }
+        let mut rows = Vec::new();
+        for meta in &metas {
+            let name = meta["model"].as_str().unwrap_or_default().to_string();
+            let original = meta["iter_ms_median"].as_f64().unwrap_or(f64::NAN);
+            let mut row = serde_json::json!({"model": name, "original_ms": original});
+            for (label, et, gaps) in [
+                ("plain", format!("{name}.et.json"), false),
+                ("gaps", format!("{name}.linked.et.json"), true),
+            ] {
+                if limit(60) < Duration::from_secs(15) {
+                    failures.push(format!("{name} {label} on cuda: not run, out of time"));
+                    continue;
+                }
+                let mut c = Command::new(&bin);
+                c.arg("replay").arg(cap.join(&et)).args([
+                    "--device",
+                    "cuda",
+                    "--json",
+                    "--warmup",
+                    "5",
+                    "--iters",
+                    "30",
+                    "--nvml-period",
+                    "0",
+                ]);
+                if gaps {
+                    c.arg("--kineto")
+                        .arg(cap.join(format!("{name}.kineto.json")))
+                        .arg("--emulate-gaps");
+                }
+                with_env(&mut c);
+                let (code, out, err) = run_limited(&mut c, limit(60))?;
+                let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+                let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                if r.is_null() || r["ops_failed"] != 0 {
+                    failures.push(format!(
+                        "{name} {label} on cuda (exit {code:?}): {} failed ops {}",
+                        r["ops_failed"],
+                        tail(&err, 6)
+                    ));
+                }
+                row[label] = serde_json::json!({
+                    "iter_ms": ms, "ratio": ms / original, "ops_failed": r["ops_failed"],
+                    "ops_replayed": r["ops_replayed"], "gaps_ms": r["gaps_ms"],
+                    "fallbacks": r["fallbacks"],
+                });
+            }
+            println!(
+                "   {name:<18} original {original:>8.3} ms   replay/original plain {:>6.3}   with gaps {:>6.3}",
+                row["plain"]["ratio"].as_f64().unwrap_or(f64::NAN),
+                row["gaps"]["ratio"].as_f64().unwrap_or(f64::NAN),
+            );
+            rows.push(row);
+        }
+        summary.insert("captured_here".into(), serde_json::Value::Array(rows));
     }
     summary.insert("failures".into(), serde_json::json!(failures));
     summary.insert(

@@ -178,7 +178,8 @@ pub struct Executor<'a> {
 /// packed sequence's lengths and batch sizes (`lstm.data` and its kin take the batch sizes
 /// second; their `input` overloads have a list there, left alone). A CPU trace records them
 /// on the CPU like everything else; on another device the external inputs in these places stay
-/// there, as the original's did (its `_pack_padded_sequence` failed on CUDA lengths).
+/// there, as a model on that device keeps them (made on the device, the replay's
+/// `_pack_padded_sequence` failed: "'lengths' argument should be a 1D CPU int64 tensor").
 const HOST_ARGS: &[(&str, usize)] = &[
     ("aten::_pack_padded_sequence", 1),
     ("aten::_pad_packed_sequence", 1),
