@@ -716,11 +716,15 @@ impl<'a> Executor<'a> {
                     .collect()
             })
             .unwrap_or_default();
-        let _guard = tch::no_grad_guard();
-        for k in writes {
-            for s in args.get(k).into_iter().flat_map(Arg::slots) {
-                if let (Some(dst), Some(src)) = (&mut slots[s as usize], &view[s as usize]) {
-                    dst.f_copy_(src).map_err(fail)?;
+        {
+            // A write-back, not a step of the model's graph; the outputs' copies below stay
+            // differentiable, as the op's own outputs were.
+            let _guard = tch::no_grad_guard();
+            for k in writes {
+                for s in args.get(k).into_iter().flat_map(Arg::slots) {
+                    if let (Some(dst), Some(src)) = (&mut slots[s as usize], &view[s as usize]) {
+                        dst.f_copy_(src).map_err(fail)?;
+                    }
                 }
             }
         }
