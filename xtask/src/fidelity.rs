@@ -442,7 +442,12 @@ const REFERENCE_ROUNDS: usize = 20;
 fn build_id(bin: &Path) -> Result<String> {
     use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    let replay = bin.with_file_name("mystique-replay");
+    // Where `mystique` finds it: `$MYSTIQUE_REPLAY`, else beside it.
+    let replay = std::env::var_os("MYSTIQUE_REPLAY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            bin.with_file_name(format!("mystique-replay{}", std::env::consts::EXE_SUFFIX))
+        });
     for p in [bin, replay.as_path()] {
         let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
         h.write(&bytes);

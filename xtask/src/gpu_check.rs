@@ -737,7 +737,8 @@ fn run(dir: &Path) -> Result<()> {
         let mut c = Command::new("python3");
         c.arg(&script).arg(&cap).env("PYTHONWARNINGS", "ignore");
         let t = Instant::now();
-        let (code, out, err) = run_limited(&mut c, limit(150))?;
+        let (code, out, err) = run_limited(&mut c, limit(150))
+            .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
         let metas: Vec<serde_json::Value> = out
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
@@ -781,7 +782,8 @@ fn run(dir: &Path) -> Result<()> {
                         .arg("--emulate-gaps");
                 }
                 with_env(&mut c);
-                let (code, out, err) = run_limited(&mut c, limit(60))?;
+                let (code, out, err) = run_limited(&mut c, limit(60))
+                    .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
                 let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
                 let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
                 if r.is_null() || r["ops_failed"] != 0 {

@@ -174,20 +174,21 @@ pub struct Executor<'a> {
     by_design: Vec<bool>,
 }
 
-/// Tensor arguments libtorch requires on the CPU whatever the device, `(op, position)`: a
-/// packed sequence's lengths and batch sizes (`lstm.data` and its kin take the batch sizes
-/// second; their `input` overloads have a list there, left alone). A CPU trace records them
+/// Tensor arguments libtorch requires on the CPU whatever the device, `(op, overload,
+/// position)`: a packed sequence's lengths and batch sizes (`lstm.data` and its kin take the
+/// batch sizes second; their `input` overloads have `hx` there, which stays on the device,
+/// hence the overload). A CPU trace records them
 /// on the CPU like everything else; on another device the external inputs in these places stay
 /// there, as a model on that device keeps them (made on the device, the replay's
 /// `_pack_padded_sequence` failed: "'lengths' argument should be a 1D CPU int64 tensor").
-const HOST_ARGS: &[(&str, usize)] = &[
-    ("aten::_pack_padded_sequence", 1),
-    ("aten::_pad_packed_sequence", 1),
-    ("aten::_pack_padded_sequence_backward", 2),
-    ("aten::lstm", 1),
-    ("aten::gru", 1),
-    ("aten::rnn_tanh", 1),
-    ("aten::rnn_relu", 1),
+const HOST_ARGS: &[(&str, &str, usize)] = &[
+    ("aten::_pack_padded_sequence", "", 1),
+    ("aten::_pad_packed_sequence", "", 1),
+    ("aten::_pack_padded_sequence_backward", "", 2),
+    ("aten::lstm", "data", 1),
+    ("aten::gru", "data", 1),
+    ("aten::rnn_tanh", "data", 1),
+    ("aten::rnn_relu", "data", 1),
 ];
 
 /// A normalization's saved statistics, `(backward op, positions)`, which the CPU keeps in a
@@ -253,7 +254,11 @@ fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
             Some(Arg::Tensor(s)) => Some(*s),
             _ => None,
         };
-        for (_, k) in HOST_ARGS.iter().filter(|(n, _)| *n == name) {
+        let overload = plan.op_of(step).map_or("", |o| o.overload.as_str());
+        for (_, _, k) in HOST_ARGS
+            .iter()
+            .filter(|(n, o, _)| *n == name && *o == overload)
+        {
             to_host.extend(at(*k).and_then(source));
         }
         for (_, ks) in ACC_STATS.iter().filter(|(n, _)| *n == name) {
@@ -622,9 +627,9 @@ impl<'a> Executor<'a> {
             // No kernel on this device at all ("Could not run 'aten::X' with arguments from
             // the 'CUDA' backend"): a CPU-only op of a CPU trace. The CPU has one.
             Err(e)
-                if self.bound.device != Device::Cpu
+                if matches!(self.bound.device, Device::Cuda(_))
                     && e.kind == ErrorKind::NotImplemented
-                    && e.message.contains("backend")
+                    && e.message.contains("'CUDA' backend")
                     && !collective =>
             {
                 self.stack.clear();
@@ -733,9 +738,12 @@ impl<'a> Executor<'a> {
             if let Some(t) = outs[*s as usize].take() {
                 // An output that is an argument written in place is that argument's tensor.
                 let same = args.iter().flat_map(Arg::slots).find(|&a| {
-                    view[a as usize]
-                        .as_ref()
-                        .is_some_and(|v| v.data_ptr() == t.data_ptr() && v.size() == t.size())
+                    view[a as usize].as_ref().is_some_and(|v| {
+                        t.numel() > 0
+                            && v.data_ptr() == t.data_ptr()
+                            && v.size() == t.size()
+                            && v.stride() == t.stride()
+                    })
                 });
                 slots[*s as usize] = Some(match same.and_then(|a| slots[a as usize].as_ref()) {
                     Some(d) => d.shallow_clone(),
