@@ -215,10 +215,10 @@ const KEEP_DEVICE: &[&str] = &[
     "aten::reshape",
 ];
 
-/// Moves the external inputs of [`HOST_ARGS`] (or those they are made of through
-/// [`KEEP_DEVICE`] ops) to the CPU and makes those of [`ACC_STATS`] float32: what a replay on
-/// a device other than the CPU needs of a CPU trace's inputs.
-fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
+/// The external inputs (by slot) a replay on a device other than the CPU keeps on the CPU
+/// ([`HOST_ARGS`], or those they are made of through [`KEEP_DEVICE`] ops), and those it makes
+/// float32 ([`ACC_STATS`]); `is_external`: whether a slot holds an external input.
+fn device_placement(plan: &Plan, is_external: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     let mut producer: HashMap<crate::plan::Slot, usize> = HashMap::new();
     for (pos, step) in plan.steps.iter().enumerate() {
         for o in &step.outs {
@@ -230,7 +230,7 @@ fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
     // The external a slot is made of on its device, if any.
     let source = |mut slot: crate::plan::Slot| {
         for _ in 0..8 {
-            if externals.get(slot as usize).is_some_and(Option::is_some) {
+            if is_external(slot as usize) {
                 return Some(slot as usize);
             }
             let step = &plan.steps[*producer.get(&slot)?];
@@ -262,9 +262,21 @@ fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
             to_host.extend(at(*k).and_then(source));
         }
         for (_, ks) in ACC_STATS.iter().filter(|(n, _)| *n == name) {
-            to_float.extend(ks.iter().filter_map(|&k| at(k)).map(|s| s as usize));
+            to_float.extend(
+                ks.iter()
+                    .filter_map(|&k| at(k))
+                    .map(|s| s as usize)
+                    .filter(|&s| is_external(s)),
+            );
         }
     }
+    (to_host, to_float)
+}
+
+/// Applies [`device_placement`] to the materialised external inputs.
+fn place_for_device(plan: &Plan, externals: &mut [Option<Tensor>]) {
+    let (to_host, to_float) =
+        device_placement(plan, &|s| externals.get(s).is_some_and(Option::is_some));
     for s in to_host {
         if let Some(t) = externals[s].as_mut() {
             if let Ok(c) = t.f_to_device(tch::Device::Cpu) {
@@ -1753,6 +1765,113 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+
+    /// Off the CPU: packed-sequence lengths (made by `to(int64)` of an external) stay on the
+    /// CPU, a `gru.input`'s `hx` (second, as `gru.data`'s batch sizes are) does not, and a
+    /// bf16 layer norm backward's saved statistics become float32.
+    #[test]
+    fn device_placement_picks_host_lengths_and_float_statistics() {
+        use et_schema::testkit::{tensor, TraceBuilder};
+        use serde_json::json;
+        let f = |id, numel| tensor(id, id, 0, numel, 4, "cpu");
+        let h = |id, numel| tensor(id, id, 0, numel, 2, "cpu");
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::to",
+            "aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, \
+             bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
+        )
+        .input(tensor(7, 7, 0, 2, 4, "cpu"), json!([2]), "Tensor(int)")
+        .input(json!(4), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!("<None>"), json!([]), "None")
+        .output(
+            tensor(19, 19, 0, 2, 8, "cpu"),
+            json!([2]),
+            "Tensor(long int)",
+        )
+        .done();
+        b.op(
+            "aten::_pack_padded_sequence",
+            "aten::_pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first) \
+             -> (Tensor, Tensor)",
+        )
+        .input(f(6, 24), json!([3, 2, 4]), "Tensor(float)")
+        .input(
+            tensor(19, 19, 0, 2, 8, "cpu"),
+            json!([2]),
+            "Tensor(long int)",
+        )
+        .input(json!(false), json!([]), "Bool")
+        .output(f(8, 20), json!([5, 4]), "Tensor(float)")
+        .output(tensor(9, 9, 0, 3, 8, "cpu"), json!([3]), "Tensor(long int)")
+        .done();
+        b.op(
+            "aten::gru",
+            "aten::gru.input(Tensor input, Tensor hx, Tensor[] params, bool has_biases, \
+             int num_layers, float dropout, bool train, bool bidirectional, bool batch_first) \
+             -> (Tensor, Tensor)",
+        )
+        .input(f(20, 24), json!([3, 2, 4]), "Tensor(float)")
+        .input(f(21, 10), json!([1, 2, 5]), "Tensor(float)")
+        .input(
+            json!([f(22, 60), f(23, 75)]),
+            json!([[15, 4], [15, 5]]),
+            "GenericList[Tensor(float),Tensor(float)]",
+        )
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(0.0), json!([]), "Double")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .output(f(24, 30), json!([3, 2, 5]), "Tensor(float)")
+        .output(f(25, 10), json!([1, 2, 5]), "Tensor(float)")
+        .done();
+        b.op(
+            "aten::native_layer_norm_backward",
+            "aten::native_layer_norm_backward(Tensor grad_out, Tensor input, \
+             SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, \
+             bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+        )
+        .input(h(10, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+        .input(h(11, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+        .input(json!([8]), json!([[]]), "GenericList[Int]")
+        .input(h(12, 2), json!([2, 1]), "Tensor(c10::BFloat16)")
+        .input(h(13, 2), json!([2, 1]), "Tensor(c10::BFloat16)")
+        .input(h(14, 8), json!([8]), "Tensor(c10::BFloat16)")
+        .input(h(15, 8), json!([8]), "Tensor(c10::BFloat16)")
+        .input(
+            json!([true, true, true]),
+            json!([[], [], []]),
+            "GenericList[Bool]",
+        )
+        .output(h(16, 16), json!([2, 8]), "Tensor(c10::BFloat16)")
+        .output(h(17, 8), json!([8]), "Tensor(c10::BFloat16)")
+        .output(h(18, 8), json!([8]), "Tensor(c10::BFloat16)")
+        .done();
+        let tr = b.build();
+        let g = et_graph::Graph::new(&tr);
+        let plan = crate::plan::compile(&g, &g.replay_set(None));
+        let slot = |step: usize, k: usize| match plan.steps[step].args[k] {
+            Arg::Tensor(s) => s as usize,
+            ref a => panic!("step {step} argument {k}: {a:?}"),
+        };
+        let ext: std::collections::HashSet<usize> =
+            plan.externals.iter().map(|(s, _, _)| *s as usize).collect();
+        let (host, float) = device_placement(&plan, &|s| ext.contains(&s));
+        assert_eq!(
+            host,
+            vec![slot(0, 0)],
+            "the lengths behind the to(int64) only"
+        );
+        assert!(
+            !host.contains(&slot(2, 1)),
+            "gru.input's hx stays on the device"
+        );
+        assert_eq!(float, vec![slot(3, 3), slot(3, 4)]);
+    }
 
     #[test]
     fn an_emulated_gap_is_spun_in_running_time() {
