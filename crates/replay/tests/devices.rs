@@ -3,6 +3,8 @@
 
 mod common;
 use common::replay_with;
+use et_schema::testkit::{tensor, TraceBuilder};
+use serde_json::json;
 
 /// A shared CPU trace replays completely on the device, and the report names it.
 fn mlp_replays_completely(device: &replay::Device) {
@@ -115,12 +117,11 @@ fn timer_marks_are_ordered(device: &replay::Device) {
 /// sequence's lengths stay on the CPU (libtorch requires them there), and a bf16 layer norm's
 /// saved statistics are made float32, the dtype CUDA's kernel reads them in (the CPU's keeps
 /// bf16). Each of the three failed on CUDA before (the first GPU check, zoo traces).
-fn cpu_trace_ops_replay_on_the_device(device: &replay::Device) {
-    use et_schema::testkit::{tensor, TraceBuilder};
-    use serde_json::json;
+/// A CPU trace's ops that need a detour or a placement off the CPU: a CPU-only attention, a
+/// packed sequence whose lengths come through `to(int64)`, a bf16 layer norm backward.
+fn cpu_only_ops(b: &mut TraceBuilder) {
     let f = |id, numel| tensor(id, id, 0, numel, 4, "cpu");
     let h = |id, numel| tensor(id, id, 0, numel, 2, "cpu");
-    let mut b = TraceBuilder::new();
     b.op(
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_flash_attention_for_cpu(Tensor query, Tensor key, Tensor value, \
@@ -178,6 +179,11 @@ fn cpu_trace_ops_replay_on_the_device(device: &replay::Device) {
     .output(h(17, 8), json!([8]), "Tensor(c10::BFloat16)")
     .output(h(18, 8), json!([8]), "Tensor(c10::BFloat16)")
     .done();
+}
+
+fn cpu_trace_ops_replay_on_the_device(device: &replay::Device) {
+    let mut b = TraceBuilder::new();
+    cpu_only_ops(&mut b);
     let tr = b.build();
     let g = et_graph::Graph::new(&tr);
     let set = g.replay_set(None);
@@ -199,6 +205,66 @@ fn cpu_trace_ops_replay_on_the_device(device: &replay::Device) {
 }
 
 replay::test_device!(cpu_trace_ops, cpu_trace_ops_replay_on_the_device);
+
+/// Off the CPU: packed-sequence lengths (made by `to(int64)` of an external) stay on the CPU,
+/// a `gru.input`'s `hx` (second, as `gru.data`'s batch sizes are) does not, and a bf16 layer
+/// norm backward's saved statistics become float32. The plan's analysis, checked without a GPU.
+#[test]
+fn device_placement_picks_host_lengths_and_float_statistics() {
+    let f = |id, numel| tensor(id, id, 0, numel, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    cpu_only_ops(&mut b);
+    b.op(
+        "aten::gru",
+        "aten::gru.input(Tensor input, Tensor hx, Tensor[] params, bool has_biases, \
+         int num_layers, float dropout, bool train, bool bidirectional, bool batch_first) \
+         -> (Tensor, Tensor)",
+    )
+    .input(f(20, 24), json!([3, 2, 4]), "Tensor(float)")
+    .input(f(21, 10), json!([1, 2, 5]), "Tensor(float)")
+    .input(
+        json!([f(22, 60), f(23, 75)]),
+        json!([[15, 4], [15, 5]]),
+        "GenericList[Tensor(float),Tensor(float)]",
+    )
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(1), json!([]), "Int")
+    .input(json!(0.0), json!([]), "Double")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .output(f(24, 30), json!([3, 2, 5]), "Tensor(float)")
+    .output(f(25, 10), json!([1, 2, 5]), "Tensor(float)")
+    .done();
+    let tr = b.build();
+    let g = et_graph::Graph::new(&tr);
+    let plan = replay::plan::compile(&g, &g.replay_set(None));
+    let step = |name: &str| {
+        plan.steps
+            .iter()
+            .position(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name} step"))
+    };
+    let slot = |step: usize, k: usize| match plan.steps[step].args[k] {
+        replay::plan::Arg::Tensor(s) => s as usize,
+        ref a => panic!("step {step} argument {k}: {a:?}"),
+    };
+    let ext: std::collections::HashSet<usize> =
+        plan.externals.iter().map(|(s, _, _)| *s as usize).collect();
+    let (host, float) = plan.device_placement(&|s| ext.contains(&s));
+    assert_eq!(
+        host,
+        vec![slot(step("aten::to"), 0)],
+        "the lengths behind the to(int64) only"
+    );
+    let gru = step("aten::gru");
+    assert!(
+        !host.contains(&slot(gru, 1)),
+        "gru.input's hx stays on the device"
+    );
+    let ln = step("aten::native_layer_norm_backward");
+    assert_eq!(float, vec![slot(ln, 3), slot(ln, 4)]);
+}
 replay::test_device!(mlp_replays, mlp_replays_completely);
 replay::test_device!(timer, timer_marks_are_ordered);
 replay::test_device!(externals, externals_outlive_their_executor);
