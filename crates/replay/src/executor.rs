@@ -154,6 +154,8 @@ pub struct Executor<'a> {
     detour: Vec<Via>,
     /// `aten::reshape`, found on the first [`Via::Reshape`].
     reshape: Option<Arc<ffi::Op>>,
+    /// Per step on the [`Via::Cpu`] detour, the argument positions its schema writes.
+    cpu_writes: HashMap<usize, Vec<usize>>,
     externals: Vec<Option<Tensor>>,
     /// Outputs of steps left out by `--only`, synthesised once and kept like external inputs,
     /// so that leaving a step out costs its dependants nothing per iteration.
@@ -267,6 +269,7 @@ impl<'a> Executor<'a> {
             no_grad: vec![false; plan.steps.len()],
             detour: vec![Via::Kernel; plan.steps.len()],
             reshape: None,
+            cpu_writes: HashMap::new(),
             stand_ins: (0..plan.n_slots).map(|_| None).collect(),
             comm: None,
             timeout: std::time::Duration::from_secs(60),
@@ -624,16 +627,23 @@ impl<'a> Executor<'a> {
         take_outputs(&self.stack, &self.plan.steps[pos].outs, &mut outs);
         self.stack.clear();
         // What the op wrote in place goes back where the rest of the replay reads it.
-        let writes: Vec<usize> = et_schema::OpSchema::parse(&op.schema())
-            .map(|sc| {
-                sc.args
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, a)| a.ty.is_write())
-                    .map(|(k, _)| k)
-                    .collect()
+        // The schema's written arguments, read once per step (the detour runs every iteration).
+        let writes = self
+            .cpu_writes
+            .entry(pos)
+            .or_insert_with(|| {
+                et_schema::OpSchema::parse(&op.schema())
+                    .map(|sc| {
+                        sc.args
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, a)| a.ty.is_write())
+                            .map(|(k, _)| k)
+                            .collect()
+                    })
+                    .unwrap_or_default()
             })
-            .unwrap_or_default();
+            .clone();
         {
             // A write-back, not a step of the model's graph; the outputs' copies below stay
             // differentiable, as the op's own outputs were.
