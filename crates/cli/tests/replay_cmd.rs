@@ -392,18 +392,21 @@ fn gaps_from_a_profile_taken_without_the_observer() {
 }
 
 /// `--time-base-with-gaps` measures the pace's time base with the gaps spun and says so in the
-/// report (the plain base beside it); by default the base is the calibration's, ops back to back,
-/// and the report has no `time_base`.
+/// report (the plain base beside it); by default the base is the calibration's times how much
+/// slower the ops ran between the gaps in iterations that alternated (`ops_between_gaps`), and
+/// the report has no `time_base`.
 #[test]
 fn the_time_base_is_taken_with_the_gaps_only_when_asked() {
     let plain = json(steps_with_gaps().arg("--json"));
-    assert!(
-        plain["gap_model"]["time_base"].is_null(),
-        "{}",
-        plain["gap_model"]
-    );
+    let m = &plain["gap_model"];
+    assert!(m["time_base"].is_null(), "{m}");
+    let between = &m["ops_between_gaps"];
+    let factor = between["factor"].as_f64().unwrap_or(f64::NAN);
+    assert!((0.5..=2.0).contains(&factor), "{m}");
+    assert!(between["pairs"].as_u64().unwrap_or(0) >= 1, "{m}");
     let r = json(steps_with_gaps().args(["--json", "--time-base-with-gaps"]));
     assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    assert!(r["gap_model"]["ops_between_gaps"].is_null());
     let b = &r["gap_model"]["time_base"];
     let ms = |k: &str| b[k].as_f64().unwrap_or(f64::NAN);
     assert!(ms("with_gaps_ms") > 0.0 && ms("plain_ms") > 0.0, "{b}");
@@ -450,6 +453,15 @@ fn gaps_anchored_on_a_reference() {
     assert!(
         f(&r["gap_model"]["emulated_ms"]) > 3.0 * f(&a["replay_op_ms"]),
         "{a}"
+    );
+    // The host is set by the ops back to back (`replay_op_ms`); the target is filled with them
+    // as they run between the gaps, `factor` times slower: the gaps hold no more than the rest.
+    let factor = f(&r["gap_model"]["ops_between_gaps"]["factor"]);
+    assert!(
+        f(&r["gap_model"]["emulated_ms"])
+            <= f(&a["target_ms"]) - factor * f(&a["replay_op_ms"]) + 1e-9,
+        "{}",
+        r["gap_model"]
     );
     let big = format!("[{}0]", "0, ".repeat(400_000));
     for (text, field) in [

@@ -334,6 +334,70 @@ pub struct GapModel {
     /// time base it replaced, and the new one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_base: Option<TimeBase>,
+    /// How much slower the ops run between the spun gaps than back to back, measured on this
+    /// host in iterations that alternate ([`OpsBetweenGaps`]); the time base holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ops_between_gaps: Option<OpsBetweenGaps>,
+}
+
+/// The replay's ops between spun gaps against the same ops back to back, on this host, in one
+/// replay whose iterations alternate (with the gaps, without; each pair a few milliseconds
+/// apart, so a VM's slow spell moves both): the median over the pairs of the ratio of their op
+/// times. The ops between gaps run slower (their caches and predictors cool while the gap is
+/// spun, and on a busy host a core shared with another process is taken more often inside
+/// them): 1.03-1.10 on a quiet host, up to 1.2 beside a CPU burner (ARCHITECTURE.md,
+/// nineteenth session). The gap model's time base is multiplied by it, so that `GapPace`
+/// reads only the host's own changes (not the gaps' effect on the ops as a slower host), and
+/// an anchor ([`anchor`]) puts the reference on this host by the ops back to back, as the
+/// reference's plain replay ran them, then fills the target with the ops as they run between
+/// the gaps: the original's ops were as cold after its Python, and the reference's original
+/// time holds that already; counting the replay's cooling on top would count it twice.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct OpsBetweenGaps {
+    /// Op time between the gaps over op time back to back (the pairs' median).
+    pub factor: f64,
+    /// The pairs of adjacent iterations it is the median of.
+    pub pairs: usize,
+}
+
+impl OpsBetweenGaps {
+    /// A factor outside this is not the gaps' effect but a broken measurement (the replay's
+    /// pace bounds its factor the same way).
+    pub const BOUNDS: (f64, f64) = (0.5, 2.0);
+
+    /// From each measured iteration's op time (ms) in a replay that spun the gaps in the
+    /// iterations with `with_gaps(k)` true and ran the others back to back: every iteration
+    /// with gaps against each neighbour without. `None` without a usable pair or where the
+    /// median falls outside [`OpsBetweenGaps::BOUNDS`].
+    pub fn of(op_ms: &[f64], with_gaps: impl Fn(usize) -> bool) -> Option<OpsBetweenGaps> {
+        let ok = |x: f64| x.is_finite() && x > 0.0;
+        let mut ratios = Vec::new();
+        for (k, &g) in op_ms.iter().enumerate() {
+            if !with_gaps(k) || !ok(g) {
+                continue;
+            }
+            for j in [k.checked_sub(1), Some(k + 1)].into_iter().flatten() {
+                if let Some(&p) = op_ms.get(j) {
+                    if !with_gaps(j) && ok(p) {
+                        ratios.push(g / p);
+                    }
+                }
+            }
+        }
+        if ratios.is_empty() {
+            return None;
+        }
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let factor = if n % 2 == 1 {
+            ratios[n / 2]
+        } else {
+            0.5 * (ratios[n / 2 - 1] + ratios[n / 2])
+        };
+        (Self::BOUNDS.0..=Self::BOUNDS.1)
+            .contains(&factor)
+            .then_some(OpsBetweenGaps { factor, pairs: n })
+    }
 }
 
 /// The time base a gap model's replay follows the host's speed from, taken with the model's
@@ -392,6 +456,24 @@ impl GapModel {
         self.base_step_us.iter().filter(|b| b.is_finite()).sum()
     }
 
+    /// Multiplies the time base by how much slower the ops run between the gaps
+    /// ([`OpsBetweenGaps`]), and records it. Where the model was anchored, anchor it again
+    /// ([`anchor`]): its host ratio then divides the factor back out.
+    pub fn set_ops_between_gaps(&mut self, m: OpsBetweenGaps) {
+        // Again on a model that has one: the base is the plain one times the new factor.
+        let old = self.ops_between_gaps.map_or(1.0, |o| o.factor);
+        for b in &mut self.base_step_us {
+            *b *= m.factor / old;
+        }
+        self.ops_between_gaps = Some(m);
+    }
+
+    /// The time base's op time per iteration as the ops run back to back (µs):
+    /// [`GapModel::base_op_us`] without the gaps' effect on them.
+    pub fn plain_op_us(&self) -> f64 {
+        self.base_op_us() / self.ops_between_gaps.map_or(1.0, |o| o.factor)
+    }
+
     /// Takes `with_gaps_us` (each step's time measured with the gaps in place, over
     /// `iterations`) as the time base the replay follows the host's speed from ([`TimeBase`]).
     /// A step without a usable time there (not finite, negative: it failed or was left out)
@@ -432,7 +514,9 @@ impl GapModel {
 /// about 1 µs a step, where a replay's hold 0.1). The instrumentation never enters (both
 /// references are uninstrumented), and neither does how slow a profiled capture ran, nor how
 /// the capture's cold ops set against the replay's warm ones (ARCHITECTURE.md, fourteenth
-/// session). What the ratio assumes is the bottom-up model's own: that the original's time
+/// session). Where the model knows how much slower its ops run between the gaps
+/// ([`OpsBetweenGaps`]), `o` is the ops back to back (as the reference's `O` ran), and the
+/// target is filled with the ops as they run between the gaps (nineteenth session). What the ratio assumes is the bottom-up model's own: that the original's time
 /// outside ops follows this host's speed as its ops do. The executor spins each gap from the
 /// end of the op before, the replay's bookkeeping inside it (the reference's, `R - O` over
 /// the steps, put on this host), so the scale solves `sum(max(scale * e_i, between)) =
@@ -447,7 +531,8 @@ pub fn anchor(model: &mut GapModel, reference: Reference) {
         return;
     }
     let n = model.gaps_us.len();
-    let host_ratio = ops_us / (r.replay_op_ms * 1e3);
+    // Like for like: the reference's plain replay ran its ops back to back.
+    let host_ratio = model.plain_op_us() / (r.replay_op_ms * 1e3);
     let target_us = r.original_ms * 1e3 * host_ratio;
     let between = (r.replay_ms - r.replay_op_ms) * 1e3 * host_ratio / n.max(1) as f64;
     let mut shape: Vec<f64> = model.gaps_us.iter().map(|g| g.max(0.0)).collect();
@@ -480,7 +565,7 @@ pub fn anchor(model: &mut GapModel, reference: Reference) {
     model.emulated_ms = model.gaps_us.iter().sum::<f64>() / 1e3;
     model.anchored = Some(Anchored {
         reference,
-        replay_op_ms: ops_us / 1e3,
+        replay_op_ms: model.plain_op_us() / 1e3,
         host_ratio,
         target_ms: target_us / 1e3,
         profiled_ms,
@@ -833,6 +918,7 @@ pub fn gap_model(
         base_step_us: r.plain_us.to_vec(),
         anchored: None,
         time_base: None,
+        ops_between_gaps: None,
     }
 }
 
@@ -1065,6 +1151,59 @@ mod tests {
         assert!((a.replay_op_ms - 0.115).abs() < 1e-12);
         assert!((a.target_ms - 0.5 * 0.115 / 0.2).abs() < 1e-12);
         assert!((iteration_us(&m, 0.0) - 287.5).abs() < 1e-6, "{m:?}");
+    }
+
+    #[test]
+    fn the_ops_slowdown_between_gaps_is_the_median_over_adjacent_pairs() {
+        // Even iterations spun the gaps: 1.1x their neighbours, one pair broken by a slow
+        // spell that moved both (still 1.1) and one op time lost (NaN, no pair).
+        let op = [1.1, 1.0, 2.2, 2.0, 1.1, f64::NAN, 1.1, 1.0];
+        let m = OpsBetweenGaps::of(&op, |k| k % 2 == 0).expect("pairs");
+        assert!((m.factor - 1.1).abs() < 1e-9, "{m:?}");
+        // (0,1) (2,1) (2,3) (4,3) (6,7): the NaN's two pairs are left out.
+        assert_eq!(m.pairs, 5);
+        // No iteration without gaps: no pair; a factor out of bounds: a broken measurement.
+        assert!(OpsBetweenGaps::of(&op, |_| true).is_none());
+        assert!(OpsBetweenGaps::of(&[3.0, 1.0, 3.0], |k| k != 1).is_none());
+        // The last iteration pairs with the one before only; an even count of ratios takes
+        // the mean of the middle two.
+        let m = OpsBetweenGaps::of(&[1.0, 1.3], |k| k == 1).expect("pairs");
+        assert!((m.factor - 1.3).abs() < 1e-12 && m.pairs == 1);
+        let m = OpsBetweenGaps::of(&[1.0, 1.2, 1.0, 1.0], |k| k == 1).expect("pairs");
+        assert!((m.factor - 1.2).abs() < 1e-12 && m.pairs == 2);
+    }
+
+    #[test]
+    fn an_anchor_sets_the_host_by_the_ops_back_to_back_and_fills_the_target_between_gaps() {
+        // Back to back the ops take 100 µs here, as at the reference (host ratio 1); between
+        // the gaps 110. The replay takes the reference's original, 500 µs: 390 µs of gaps,
+        // not 450 (its ops' cooling is in the original's time already) nor 550 (the cooling
+        // taken for a slower host).
+        let mut m = model(&[0.0, 10.0, 0.0, 30.0], &[25.0; 4]);
+        m.set_ops_between_gaps(OpsBetweenGaps {
+            factor: 1.1,
+            pairs: 9,
+        });
+        assert!((m.base_op_us() - 110.0).abs() < 1e-9);
+        assert!((m.plain_op_us() - 100.0).abs() < 1e-9);
+        let r = Reference {
+            original_ms: 0.5,
+            replay_ms: 0.1,
+            replay_op_ms: 0.1,
+        };
+        anchor(&mut m, r);
+        let a = m.anchored.clone().expect("anchored");
+        assert!((a.host_ratio - 1.0).abs() < 1e-12, "{a:?}");
+        assert!((a.replay_op_ms - 0.1).abs() < 1e-12);
+        assert!((a.target_ms - 0.5).abs() < 1e-12);
+        assert!((iteration_us(&m, 0.0) - 500.0).abs() < 1e-6, "{m:?}");
+        assert!((m.emulated_ms - 0.39).abs() < 1e-9);
+        // Set again: from the plain base, not on top of the first factor.
+        m.set_ops_between_gaps(OpsBetweenGaps {
+            factor: 1.2,
+            pairs: 9,
+        });
+        assert!((m.base_op_us() - 120.0).abs() < 1e-9);
     }
 
     #[test]

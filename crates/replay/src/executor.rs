@@ -1257,7 +1257,8 @@ pub fn run(
             &mut timer,
             it,
             phase,
-            gaps.as_mut(),
+            gaps.as_mut()
+                .filter(|_| !opts.gaps_every_other || it % 2 == 0),
             opts,
         )?;
         if let Some((pace, Some(n))) = pacing {

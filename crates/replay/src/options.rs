@@ -22,6 +22,10 @@ pub struct ReplayOptions {
     /// calibration that fell in a spell of its own left a whole run's gaps off (the same
     /// build's two replays of one model read up to 0.2 apart in one run).
     pub gaps_base_us: Option<Vec<f64>>,
+    /// With `gaps_us`: spin them only in the iterations of even index (counting from the first
+    /// warm-up iteration), the others back to back. Pairs of adjacent iterations then tell how
+    /// much slower the ops run between the gaps on this host (`et_graph::OpsBetweenGaps`).
+    pub gaps_every_other: bool,
     /// Record the median time of every step in the report.
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
@@ -168,6 +172,7 @@ impl Default for ReplayOptions {
             trace_out: None,
             gaps_us: None,
             gaps_base_us: None,
+            gaps_every_other: false,
             per_step: false,
             progress: false,
             instrument: false,

@@ -658,6 +658,7 @@ impl<'a> Recorder<'a> {
             iter_ms: iter,
             iter_samples_ms: self.iter_ms.clone(),
             op_ms: opsum,
+            op_samples_ms: self.op_ms.clone(),
             overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
             peak_bytes: self.peak,
             page_faults_per_iter: self.faults.map(|f| f as f64 / n_iters),

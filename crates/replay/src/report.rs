@@ -57,6 +57,9 @@ pub struct Report {
     pub iter_samples_ms: Vec<f64>,
     /// Sum of op times per measured iteration.
     pub op_ms: metrics::Stats,
+    /// Each measured iteration's op time (ms), in order (not in the JSON: `op_ms` sums them up).
+    #[serde(skip)]
+    pub op_samples_ms: Vec<f64>,
     /// Replay bookkeeping per op: (iteration - sum of ops) / ops.
     pub overhead_us_per_op: f64,
     /// Peak bytes of live storages during the first iteration.

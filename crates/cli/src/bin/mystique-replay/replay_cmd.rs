@@ -176,6 +176,29 @@ pub(crate) fn calibrated_gaps(
     // for it are the model's as the replay will spin them, anchored on the calibration's plain
     // base first where there is a reference; then the profile's model is anchored again on
     // the new base (the ops' time between the gaps, as the replay's pace reads it).
+    // How much slower the ops run between the gaps, measured with the gaps as the replay will
+    // spin them (anchored, where there is a reference), in iterations that alternate
+    // (`et_graph::OpsBetweenGaps`); not with --time-base-with-gaps, which takes the base with
+    // the gaps its own way.
+    if !time_base_with_gaps {
+        let mut spun = model.clone();
+        if let Some(reference) = reference {
+            et_graph::anchor(&mut spun, reference);
+        }
+        match ops_between_gaps(g, set, device, autograd, &spun) {
+            Ok(Some(m)) => model.set_ops_between_gaps(m),
+            Ok(None) => eprintln!(
+                "warning: no pair of iterations with and without the gaps timed their ops \
+                 within x{:.1}-x{:.1} of each other: the gaps follow the ops back to back",
+                et_graph::OpsBetweenGaps::BOUNDS.0,
+                et_graph::OpsBetweenGaps::BOUNDS.1
+            ),
+            Err(e) => eprintln!(
+                "warning: the replay alternating the gaps failed ({e:#}): the gaps follow the \
+                 ops back to back"
+            ),
+        }
+    }
     let profiled = time_base_with_gaps.then(|| model.clone());
     if let Some(reference) = reference {
         et_graph::anchor(&mut model, reference);
@@ -231,6 +254,41 @@ fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usiz
     } else {
         bounds.0
     }
+}
+
+/// How much slower the ops run between `model`'s gaps than back to back on this host: a replay
+/// of about half a second (8 to 40 iterations, an even count) that spins the gaps in every
+/// other iteration (no pace: as given), each iteration with the gaps set against its
+/// neighbours without ([`et_graph::OpsBetweenGaps::of`]).
+fn ops_between_gaps(
+    g: &Graph,
+    set: &et_graph::ReplaySet,
+    device: replay::Device,
+    autograd: bool,
+    model: &et_graph::GapModel,
+) -> Result<Option<et_graph::OpsBetweenGaps>> {
+    let ops_s = model.base_op_us() / 1e6;
+    let pair_s = 2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3;
+    let iters = 2 * iterations_within(0.5, pair_s, (4, 20));
+    // Even, so that a measured iteration's index has its own iteration's parity.
+    let warmup = 2;
+    let opts = replay::ReplayOptions {
+        device,
+        autograd,
+        warmup,
+        iters,
+        gaps_us: Some(model.gaps_us.clone()),
+        gaps_every_other: true,
+        ..Default::default()
+    };
+    eprintln!(
+        "[replay] timing the ops between the gaps and back to back ({iters} alternating \
+         iterations) ..."
+    );
+    let (r, _) = replay::replay(g, set, &opts)?;
+    Ok(et_graph::OpsBetweenGaps::of(&r.op_samples_ms, |k| {
+        (k + warmup) % 2 == 0
+    }))
 }
 
 /// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
@@ -696,6 +754,15 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
             a.host_ratio,
             a.scale,
             a.profiled_ms
+        )?;
+    }
+    if let Some(b) = &m.ops_between_gaps {
+        writeln!(
+            out,
+            "time base  the ops run x{:.3} their time back to back between the gaps here \
+             (median of {} pairs of iterations, with and without): the gaps follow this \
+             host's speed from there",
+            b.factor, b.pairs
         )?;
     }
     if let Some(b) = &m.time_base {
