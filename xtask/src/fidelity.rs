@@ -980,6 +980,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 "calibrations_ms": r["gap_model"]["calibrations_ms"],
                 "speed": r["gap_model"]["speed"], "gap_pace": r["gap_pace"],
                 "anchored": r["gap_model"]["anchored"],
+                "ops_between_gaps": r["gap_model"]["ops_between_gaps"],
             })
         };
         let processes = [

@@ -341,9 +341,8 @@ pub struct GapModel {
 }
 
 /// The replay's ops between spun gaps against the same ops back to back, on this host, in one
-/// replay whose iterations alternate (with the gaps, without; each pair a few milliseconds
-/// apart, so a VM's slow spell moves both): the median over the pairs of the ratio of their op
-/// times. The ops between gaps run slower (their caches and predictors cool while the gap is
+/// replay whose iterations alternate (with the gaps, without; each a few milliseconds from
+/// the next, so a VM's slow spell moves both kinds): the ratio of the steps' medians. The ops between gaps run slower (their caches and predictors cool while the gap is
 /// spun, and on a busy host a core shared with another process is taken more often inside
 /// them): 1.03-1.10 on a quiet host, up to 1.2 beside a CPU burner (ARCHITECTURE.md,
 /// nineteenth session). The gap model's time base is multiplied by it, so that `GapPace`
@@ -354,10 +353,10 @@ pub struct GapModel {
 /// time holds that already; counting the replay's cooling on top would count it twice.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct OpsBetweenGaps {
-    /// Op time between the gaps over op time back to back (the pairs' median).
+    /// Op time between the gaps over op time back to back.
     pub factor: f64,
-    /// The pairs of adjacent iterations it is the median of.
-    pub pairs: usize,
+    /// The iterations of each kind (with the gaps, back to back) it was measured over.
+    pub iterations: usize,
 }
 
 impl OpsBetweenGaps {
@@ -365,38 +364,28 @@ impl OpsBetweenGaps {
     /// pace bounds its factor the same way).
     pub const BOUNDS: (f64, f64) = (0.5, 2.0);
 
-    /// From each measured iteration's op time (ms) in a replay that spun the gaps in the
-    /// iterations with `with_gaps(k)` true and ran the others back to back: every iteration
-    /// with gaps against each neighbour without. `None` without a usable pair or where the
-    /// median falls outside [`OpsBetweenGaps::BOUNDS`].
-    pub fn of(op_ms: &[f64], with_gaps: impl Fn(usize) -> bool) -> Option<OpsBetweenGaps> {
-        let ok = |x: f64| x.is_finite() && x > 0.0;
-        let mut ratios = Vec::new();
-        for (k, &g) in op_ms.iter().enumerate() {
-            if !with_gaps(k) || !ok(g) {
-                continue;
-            }
-            for j in [k.checked_sub(1), Some(k + 1)].into_iter().flatten() {
-                if let Some(&p) = op_ms.get(j) {
-                    if !with_gaps(j) && ok(p) {
-                        ratios.push(g / p);
-                    }
-                }
-            }
-        }
-        if ratios.is_empty() {
+    /// From each step's median time in the iterations that spun the gaps (`with_gaps_us`) and
+    /// in those that ran back to back (`plain_us`), `iterations` of each, alternating: the
+    /// ratio of the two sums over the steps timed in both. Per-step medians, so that the time
+    /// slice another process took inside an op in a few iterations, or a VM's slow spell, is
+    /// left out (both kinds of iteration sampled the same spells, one after the other), where a
+    /// ratio of iterations' op sums kept it whenever one fell in an iteration (on a busy host,
+    /// most iterations of a model with many small ops). `None` without a step timed in both,
+    /// or where the ratio falls outside [`OpsBetweenGaps::BOUNDS`].
+    pub fn of(with_gaps_us: &[f64], plain_us: &[f64], iterations: usize) -> Option<OpsBetweenGaps> {
+        let ok = |x: f64| x.is_finite() && x >= 0.0;
+        let (g, p) = with_gaps_us
+            .iter()
+            .zip(plain_us)
+            .filter(|(g, p)| ok(**g) && ok(**p))
+            .fold((0.0, 0.0), |(sg, sp), (g, p)| (sg + g, sp + p));
+        if p <= 0.0 {
             return None;
         }
-        ratios.sort_by(f64::total_cmp);
-        let n = ratios.len();
-        let factor = if n % 2 == 1 {
-            ratios[n / 2]
-        } else {
-            0.5 * (ratios[n / 2 - 1] + ratios[n / 2])
-        };
+        let factor = g / p;
         (Self::BOUNDS.0..=Self::BOUNDS.1)
             .contains(&factor)
-            .then_some(OpsBetweenGaps { factor, pairs: n })
+            .then_some(OpsBetweenGaps { factor, iterations })
     }
 }
 
@@ -1154,23 +1143,21 @@ mod tests {
     }
 
     #[test]
-    fn the_ops_slowdown_between_gaps_is_the_median_over_adjacent_pairs() {
-        // Even iterations spun the gaps: 1.1x their neighbours, one pair broken by a slow
-        // spell that moved both (still 1.1) and one op time lost (NaN, no pair).
-        let op = [1.1, 1.0, 2.2, 2.0, 1.1, f64::NAN, 1.1, 1.0];
-        let m = OpsBetweenGaps::of(&op, |k| k % 2 == 0).expect("pairs");
-        assert!((m.factor - 1.1).abs() < 1e-9, "{m:?}");
-        // (0,1) (2,1) (2,3) (4,3) (6,7): the NaN's two pairs are left out.
-        assert_eq!(m.pairs, 5);
-        // No iteration without gaps: no pair; a factor out of bounds: a broken measurement.
-        assert!(OpsBetweenGaps::of(&op, |_| true).is_none());
-        assert!(OpsBetweenGaps::of(&[3.0, 1.0, 3.0], |k| k != 1).is_none());
-        // The last iteration pairs with the one before only; an even count of ratios takes
-        // the mean of the middle two.
-        let m = OpsBetweenGaps::of(&[1.0, 1.3], |k| k == 1).expect("pairs");
-        assert!((m.factor - 1.3).abs() < 1e-12 && m.pairs == 1);
-        let m = OpsBetweenGaps::of(&[1.0, 1.2, 1.0, 1.0], |k| k == 1).expect("pairs");
-        assert!((m.factor - 1.2).abs() < 1e-12 && m.pairs == 2);
+    fn the_ops_slowdown_between_gaps_is_the_ratio_of_the_steps_medians() {
+        // Three steps 10% slower between the gaps; the fourth failed in the plain iterations
+        // (NaN) and is left out of both sums.
+        let m = OpsBetweenGaps::of(
+            &[11.0, 22.0, 110.0, 50.0],
+            &[10.0, 20.0, 100.0, f64::NAN],
+            8,
+        )
+        .expect("timed");
+        assert!((m.factor - 1.1).abs() < 1e-12, "{m:?}");
+        assert_eq!(m.iterations, 8);
+        // Nothing timed in both, or a ratio out of bounds: no measurement.
+        assert!(OpsBetweenGaps::of(&[1.0, f64::NAN], &[f64::NAN, 1.0], 8).is_none());
+        assert!(OpsBetweenGaps::of(&[0.0], &[0.0], 8).is_none());
+        assert!(OpsBetweenGaps::of(&[3.0, 3.0], &[1.0, 1.0], 8).is_none());
     }
 
     #[test]
@@ -1182,7 +1169,7 @@ mod tests {
         let mut m = model(&[0.0, 10.0, 0.0, 30.0], &[25.0; 4]);
         m.set_ops_between_gaps(OpsBetweenGaps {
             factor: 1.1,
-            pairs: 9,
+            iterations: 9,
         });
         assert!((m.base_op_us() - 110.0).abs() < 1e-9);
         assert!((m.plain_op_us() - 100.0).abs() < 1e-9);
@@ -1201,7 +1188,7 @@ mod tests {
         // Set again: from the plain base, not on top of the first factor.
         m.set_ops_between_gaps(OpsBetweenGaps {
             factor: 1.2,
-            pairs: 9,
+            iterations: 9,
         });
         assert!((m.base_op_us() - 120.0).abs() < 1e-9);
     }

@@ -1521,7 +1521,11 @@ fn iteration(
             continue;
         }
         // Read outside the marks: the reads' own cost is the replay's, between steps.
-        let waited0 = rec.waited_us();
+        let read_waits = opts
+            .running_time_steps
+            .as_ref()
+            .is_none_or(|m| m.get(pos).copied().unwrap_or(true));
+        let waited0 = if read_waits { rec.waited_us() } else { None };
         let t0 = timer.mark();
         let outcome = ex.step(pos, &mut slots, opts.autograd);
         let t1 = timer.mark();

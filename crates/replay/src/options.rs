@@ -55,6 +55,13 @@ pub struct ReplayOptions {
     /// iterations, and its median would take them for a slower CPU. Costs two reads of the run
     /// delay (about 1 µs each) around every step, outside its time.
     pub running_time: bool,
+    /// With `running_time`: the steps whose waits are read (`None`: every step). The reads
+    /// are system calls between the ops, which slow the small ops after them (a calibration's
+    /// plain op time read 4-20% above a plain replay's on small-op models, ARCHITECTURE.md,
+    /// nineteenth session): a measurement of the ops as the replay runs them reads the waits
+    /// only around the steps long enough to lose a time slice in many iterations, and leaves
+    /// the rare slice inside a short one to the steps' medians.
+    pub running_time_steps: Option<Vec<bool>>,
     /// Replay the ops the original recorded for autograd (its forward) with autograd on, the
     /// parameters requiring grad: graph nodes are built and tensors saved as in the original,
     /// and composite ops take their differentiable paths.
@@ -181,6 +188,7 @@ impl Default for ReplayOptions {
             probe_mechanisms: false,
             probe_op: false,
             running_time: false,
+            running_time_steps: None,
             autograd: true,
             check_values: false,
             dist: None,

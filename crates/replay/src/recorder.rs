@@ -36,6 +36,9 @@ pub(crate) struct Recorder<'a> {
     step_launch_samples: Vec<Vec<f64>>,
     /// Per step, every measured time (with `per_step`).
     step_us: Vec<Vec<f64>>,
+    /// With `per_step` and `gaps_every_other`: per step, the host times of the iterations that
+    /// spun the gaps ([0]) and of those that ran back to back ([1]).
+    alternating: Option<[Vec<Vec<f64>>; 2]>,
     iter_ms: Vec<f64>,
     op_ms: Vec<f64>,
     faults: Option<u64>,
@@ -109,6 +112,8 @@ impl<'a> Recorder<'a> {
             } else {
                 Vec::new()
             },
+            alternating: (opts.per_step && opts.gaps_every_other)
+                .then(|| [vec![Vec::new(); n], vec![Vec::new(); n]]),
             iter_ms: Vec::new(),
             op_ms: Vec::new(),
             faults: None,
@@ -287,6 +292,12 @@ impl<'a> Recorder<'a> {
             if self.opts.per_step {
                 self.step_us[pos].push(d);
                 self.step_launch_samples[pos].push(launch);
+            }
+            if let Some(a) = &mut self.alternating {
+                // The executor spins the gaps in the iterations of even index counted from the
+                // first warm-up one; this is measured iteration `iter_ms.len()`.
+                let plain = (self.opts.warmup + self.iter_ms.len()) % 2;
+                a[plain][pos].push(launch);
             }
             if last && self.opts.trace_out.is_some() {
                 let step = &self.plan.steps[pos];
@@ -718,6 +729,20 @@ impl<'a> Recorder<'a> {
                     launch_us: Stats::of(h).median,
                 })
                 .collect(),
+            steps_alternating_us: self.alternating.as_ref().map(|a| {
+                a.each_ref().map(|by_step| {
+                    by_step
+                        .iter()
+                        .map(|v| {
+                            if v.is_empty() {
+                                f64::NAN
+                            } else {
+                                Stats::of(v).median
+                            }
+                        })
+                        .collect()
+                })
+            }),
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error,
             gpu_activity: self.gpu_activity,

@@ -122,6 +122,11 @@ pub struct Report {
     /// Median time of each step (with `per_step`), in replay-set order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTiming>,
+    /// With `per_step` and `gaps_every_other`: each step's median host time in the iterations
+    /// that spun the gaps ([0]) and in those that ran back to back ([1]), in replay-set order
+    /// (NaN where it has none).
+    #[serde(skip)]
+    pub steps_alternating_us: Option<[Vec<f64>; 2]>,
     /// With `instrument`: each step's profiled window, in replay-set order (`None` for steps
     /// not dispatched or not found among the profiler's events).
     #[serde(skip_serializing_if = "Vec::is_empty")]

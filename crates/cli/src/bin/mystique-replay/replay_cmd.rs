@@ -258,8 +258,12 @@ fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usiz
 
 /// How much slower the ops run between `model`'s gaps than back to back on this host: a replay
 /// of about half a second (8 to 40 iterations, an even count) that spins the gaps in every
-/// other iteration (no pace: as given), each iteration with the gaps set against its
-/// neighbours without ([`et_graph::OpsBetweenGaps::of`]).
+/// other iteration (no pace: as given), each step's median over the iterations of each kind
+/// ([`et_graph::OpsBetweenGaps::of`]). The time the thread waited for a CPU is taken out
+/// around the steps the calibration timed at a fifth of the least time slice or more
+/// ([`et_graph::SLICE_MIN_US`]): a longer op loses whole slices on a busy host in many
+/// iterations, which its median would keep; a shorter one has a slice's end inside it in few,
+/// which its median leaves out, and the reads around it would cool it as the gaps do.
 fn ops_between_gaps(
     g: &Graph,
     set: &et_graph::ReplaySet,
@@ -269,26 +273,33 @@ fn ops_between_gaps(
 ) -> Result<Option<et_graph::OpsBetweenGaps>> {
     let ops_s = model.base_op_us() / 1e6;
     let pair_s = 2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3;
-    let iters = 2 * iterations_within(0.5, pair_s, (4, 20));
-    // Even, so that a measured iteration's index has its own iteration's parity.
-    let warmup = 2;
+    let pairs = iterations_within(0.5, pair_s, (4, 20));
     let opts = replay::ReplayOptions {
         device,
         autograd,
-        warmup,
-        iters,
+        warmup: 2,
+        iters: 2 * pairs,
+        per_step: true,
         gaps_us: Some(model.gaps_us.clone()),
         gaps_every_other: true,
+        running_time: true,
+        running_time_steps: Some(
+            model
+                .base_step_us
+                .iter()
+                .map(|&b| b >= et_graph::SLICE_MIN_US / 5.0)
+                .collect(),
+        ),
         ..Default::default()
     };
     eprintln!(
-        "[replay] timing the ops between the gaps and back to back ({iters} alternating \
-         iterations) ..."
+        "[replay] timing the ops between the gaps and back to back ({} alternating \
+         iterations) ...",
+        2 * pairs
     );
     let (r, _) = replay::replay(g, set, &opts)?;
-    Ok(et_graph::OpsBetweenGaps::of(&r.op_samples_ms, |k| {
-        (k + warmup) % 2 == 0
-    }))
+    Ok(r.steps_alternating_us
+        .and_then(|[with_gaps, plain]| et_graph::OpsBetweenGaps::of(&with_gaps, &plain, pairs)))
 }
 
 /// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
@@ -760,9 +771,9 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         writeln!(
             out,
             "time base  the ops run x{:.3} their time back to back between the gaps here \
-             (median of {} pairs of iterations, with and without): the gaps follow this \
+             ({} iterations of each, alternating; each step's median): the gaps follow this \
              host's speed from there",
-            b.factor, b.pairs
+            b.factor, b.iterations
         )?;
     }
     if let Some(b) = &m.time_base {
