@@ -206,8 +206,12 @@ fn an_instrumented_iteration_profiles_every_op() {
         let plain = r.instrumented_event_us.expect("probed");
         let (backward, per_tensor) = r.instrumented_backward_event_us.expect("probed");
         assert!(plain.is_finite() && plain > 0.0, "{plain}");
-        assert!(backward.is_finite() && backward > 0.0, "{backward}");
+        // Two differences of timings floored at 0 (`backward_costs`): either may be 0 on a
+        // noisy host (the four-tensor probe slow enough to take the whole one-tensor cost as
+        // per tensor), not both.
+        assert!(backward.is_finite() && backward >= 0.0, "{backward}");
         assert!(per_tensor.is_finite() && per_tensor >= 0.0, "{per_tensor}");
+        assert!(backward + per_tensor > 0.0, "{backward} {per_tensor}");
     }
     let leftovers = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
