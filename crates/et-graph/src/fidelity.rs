@@ -342,10 +342,12 @@ pub struct GapModel {
 
 /// The replay's ops between spun gaps against the same ops back to back, on this host, in one
 /// replay whose iterations alternate (with the gaps, without; each a few milliseconds from
-/// the next, so a VM's slow spell moves both kinds): the ratio of the steps' medians. The ops between gaps run slower (their caches and predictors cool while the gap is
-/// spun, and on a busy host a core shared with another process is taken more often inside
-/// them): 1.03-1.10 on a quiet host, up to 1.2 beside a CPU burner (ARCHITECTURE.md,
-/// nineteenth session). The gap model's time base is multiplied by it, so that `GapPace`
+/// the next, so a VM's slow spell moves both kinds): the ratio of the steps' medians. The ops
+/// between gaps run slower (their caches and predictors cool while the gap is spun, and on a
+/// busy host a core shared with another process is taken more often inside them): 1.03-1.10
+/// on a quiet host and up to 1.2 beside a CPU burner in the harness's paced blocks, where each
+/// block starts after the other processes ran; measured this way, inside one replay, a median
+/// of 1.007 (0.94-1.14) over one busy-host run's replays (ARCHITECTURE.md, nineteenth session). The gap model's time base is multiplied by it, so that `GapPace`
 /// reads only the host's own changes (not the gaps' effect on the ops as a slower host), and
 /// an anchor ([`anchor`]) puts the reference on this host by the ops back to back, as the
 /// reference's plain replay ran them, then fills the target with the ops as they run between
