@@ -1260,21 +1260,35 @@ def timed(step, iters):
     return times, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(iters, 1)
 
 
+def run_delay_ms():
+    """How long this thread has waited for a CPU so far (ms): the kernel's run delay, the second
+    field of /proc/thread-self/schedstat (ns); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def serve(step, iters):
     """Blocks of `iters` iterations on request: a harness interleaves them with a replay's blocks,
-    so that both run in the same spells of the host's speed."""
+    so that both run in the same spells of the host's speed. Each answer holds the block's wall
+    time and, where the kernel says, the time of it the model waited for a CPU (`wait_ms`)."""
     for _ in range(5):
         step()
     for line in sys.stdin:
         if not line.strip():
             continue
+        waited = run_delay_ms()
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t = time.perf_counter()
         for _ in range(iters):
             step()
         ms = (time.perf_counter() - t) * 1e3
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-        print(json.dumps(dict(block_ms=ms, iters=iters, minor_faults=faults)), flush=True)
+        now = run_delay_ms()
+        wait = None if waited is None or now is None else min(max(now - waited, 0.0), ms)
+        print(json.dumps(dict(block_ms=ms, iters=iters, minor_faults=faults, wait_ms=wait)), flush=True)
 
 
 def burn(stop):

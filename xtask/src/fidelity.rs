@@ -254,6 +254,10 @@ struct Block {
     /// The CPU time the process ran for over the block (ms; NaN where the kernel does not say):
     /// its threads' time on a CPU, read by the harness while it waited before and after.
     cpu_ms: f64,
+    /// The time the process waited for a CPU in the block (ms; the kernel's run delay of the
+    /// thread that ran it, read by the process itself: 0 where it does not say, as a build
+    /// from before it did).
+    wait_ms: f64,
 }
 
 /// The time `pid`'s threads have run on a CPU (ns; `/proc/PID/task/*/schedstat`, the
@@ -317,6 +321,10 @@ impl Paced {
                         faults: j["minor_faults"].as_f64().unwrap_or(f64::NAN)
                             / j["iters"].as_f64().unwrap_or(f64::NAN),
                         cpu_ms,
+                        wait_ms: j["wait_ms"]
+                            .as_f64()
+                            .filter(|w| w.is_finite() && *w >= 0.0)
+                            .map_or(0.0, |w| w.min(ms)),
                     });
                 }
             }
@@ -462,7 +470,11 @@ fn build_id(bin: &Path) -> Result<String> {
 /// plain replay of the trace, side by side ([`REFERENCE_ROUNDS`] rounds of paired blocks, as
 /// the fidelity rounds run them). The busy capture's is timed beside a CPU burner on every
 /// core, as that capture was made: a reference on a busier host than the replay's, which the
-/// replay must put on its own host by its plain replay's speed.
+/// replay must put on its own host by its plain replay's speed. Each program's wait for a CPU
+/// is recorded with its time (`original_wait_ms`, `replay_wait_ms`; read by each process for
+/// its own thread): beside the burners the scheduler gave the original and the replay
+/// different shares of the core (the originals slowed x1.9-3.0 against their quiet
+/// references, the replays x1.8-2.4), and the anchor takes both in running time.
 #[allow(clippy::too_many_arguments)]
 fn references(
     root: &Path,
@@ -487,7 +499,9 @@ fn references(
                     .ok()
                     .and_then(|b| serde_json::from_slice(&b).ok())
                     .unwrap_or_default();
-                j["replay_build"].as_str() != Some(build) || j["model_key"].as_str() != Some(&m.key)
+                j["replay_build"].as_str() != Some(build)
+                    || j["model_key"].as_str() != Some(&m.key)
+                    || j["original_wait_ms"].is_null()
             })
             .collect();
         if !stale.is_empty() {
@@ -521,26 +535,40 @@ fn references(
             orig.block()?;
             let mut plain = serve_replay(bin, &et, None, iters, REFERENCE_ROUNDS + 2, &one)?;
             plain.block()?;
+            // Per round, each program's time per iteration and the part of it it waited for
+            // a CPU (each process reads its own thread's wait).
             let (mut o, mut r) = (Vec::new(), Vec::new());
+            let per_iter = |b: Block| (b.ms / iters as f64, b.wait_ms / iters as f64);
             for round in 0..REFERENCE_ROUNDS {
                 // Alternating which goes first.
                 if round % 2 == 0 {
-                    o.push(orig.block()?.ms / iters as f64);
-                    r.push(plain.block()?.ms / iters as f64);
+                    o.push(per_iter(orig.block()?));
+                    r.push(per_iter(plain.block()?));
                 } else {
-                    r.push(plain.block()?.ms / iters as f64);
-                    o.push(orig.block()?.ms / iters as f64);
+                    r.push(per_iter(plain.block()?));
+                    o.push(per_iter(orig.block()?));
                 }
             }
             drop(orig);
             let report = plain.finish()?;
-            let (original_ms, replay_ms) = (crate::median(&o), crate::median(&r));
+            // The medians of the wall time and of the running time (the wall time less the
+            // wait): the wait recorded is their difference, so that the reference's running
+            // time is the rounds' median.
+            let medians = |v: &[(f64, f64)]| {
+                let wall: Vec<f64> = v.iter().map(|x| x.0).collect();
+                let running: Vec<f64> = v.iter().map(|x| x.0 - x.1).collect();
+                let (w, run) = (crate::median(&wall), crate::median(&running));
+                (w, (w - run).clamp(0.0, 0.99 * w), wall)
+            };
+            let (original_ms, original_wait_ms, o) = medians(&o);
+            let (replay_ms, replay_wait_ms, r) = medians(&r);
             // Its share of the iteration in ops, from its own report, on the blocks' time.
             let share = report["op_ms"]["median"].as_f64().unwrap_or(f64::NAN)
                 / report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
             let j = serde_json::json!({
                 "original_ms": original_ms, "replay_ms": replay_ms,
                 "replay_op_ms": replay_ms * share.min(1.0),
+                "original_wait_ms": original_wait_ms, "replay_wait_ms": replay_wait_ms,
                 "rounds": REFERENCE_ROUNDS, "busy": busy, "replay_build": build,
                 "model_key": m.key, "original_rounds_ms": o, "replay_rounds_ms": r,
             });
@@ -549,7 +577,8 @@ fn references(
                 serde_json::to_vec_pretty(&j)?,
             )?;
             eprintln!(
-                "[fidelity] {:<18} {kind} reference: original {original_ms:.3} ms, plain replay {replay_ms:.3} ms",
+                "[fidelity] {:<18} {kind} reference: original {original_ms:.3} ms (waited \
+                 {original_wait_ms:.3}), plain replay {replay_ms:.3} ms (waited {replay_wait_ms:.3})",
                 m.name
             );
         }
@@ -609,6 +638,8 @@ struct Row {
     /// The original's CPU time per iteration in each round's block (ms): with the wall-clock
     /// time, how much of the core it had, and with the ratios in CPU time, each replay's.
     round_original_cpu_ms: Vec<f64>,
+    /// The time the original waited for a CPU per iteration, each round.
+    round_original_wait_ms: Vec<f64>,
     /// The plain, quiet-capture and busy-capture (or A/B), and the two anchored replay
     /// processes' own figures.
     processes: [serde_json::Value; PROCESSES - 1],
@@ -940,6 +971,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         let mut per_round_cpu = Vec::with_capacity(rounds);
         let mut orig = Vec::with_capacity(rounds);
         let mut orig_cpu = Vec::with_capacity(rounds);
+        let mut orig_wait = Vec::with_capacity(rounds);
         let mut orig_faults = Vec::with_capacity(rounds);
         for round in 0..rounds {
             // Each process starts a round in each place in turn, forwards and backwards, so
@@ -953,12 +985,14 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 ms: f64::NAN,
                 faults: f64::NAN,
                 cpu_ms: f64::NAN,
+                wait_ms: f64::NAN,
             }; PROCESSES];
             for which in order {
                 r[which] = procs[which].block()?;
             }
             orig.push(r[0].ms / iters as f64);
             orig_cpu.push(r[0].cpu_ms / iters as f64);
+            orig_wait.push(r[0].wait_ms / iters as f64);
             orig_faults.push(r[0].faults);
             per_round.push(std::array::from_fn(|k| r[k + 1].ms / r[0].ms));
             per_round_cpu.push(std::array::from_fn(|k| r[k + 1].cpu_ms / r[0].cpu_ms));
@@ -1051,6 +1085,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             rounds_cpu: per_round_cpu,
             round_original_ms: orig,
             round_original_cpu_ms: orig_cpu,
+            round_original_wait_ms: orig_wait,
             processes,
         };
         let quartiles = |k: usize| {
@@ -1192,7 +1227,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "ratio_cpu": {"plain": r.cpu[0], "gaps_quiet": r.cpu[1], "gaps_busy": r.cpu[2],
                 "anchored_quiet": r.cpu[3], "anchored_busy": r.cpu[4]},
             "rounds_cpu": r.rounds_cpu,
-            "rounds": r.rounds, "round_original_ms": r.round_original_ms, "round_original_cpu_ms": r.round_original_cpu_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
+            "rounds": r.rounds, "round_original_ms": r.round_original_ms, "round_original_cpu_ms": r.round_original_cpu_ms, "round_original_wait_ms": r.round_original_wait_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
             "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
         }))

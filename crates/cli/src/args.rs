@@ -217,7 +217,9 @@ pub struct ReplayArgs {
     /// `iter_ms` and `op_ms` medians of `mystique replay TRACE --json`): the replay with gaps
     /// then takes the original's time there put on this host by the plain replay's own ratio,
     /// with the gaps shaped as the profile shows them. No instrumentation
-    /// enters the total (ARCHITECTURE.md, fourteenth session).
+    /// enters the total (ARCHITECTURE.md, fourteenth session). Optional `original_wait_ms`
+    /// and `replay_wait_ms`, the time each waited for a CPU on a shared capture host, are
+    /// taken out of its time (the anchor works in running time; twentieth session).
     #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
     pub reference: Option<PathBuf>,
     /// On the capture host: write the reference that `--reference` reads, this plain replay's
@@ -230,10 +232,18 @@ pub struct ReplayArgs {
     /// With --reference-out: the original's uninstrumented iteration (ms) on this host.
     #[arg(long, value_name = "MS", requires = "reference_out")]
     pub original_ms: Option<f64>,
+    /// With --reference-out, on a shared capture host: of the original's iteration, the time
+    /// it waited for a CPU (ms per iteration; on Linux the second field of
+    /// `/proc/thread-self/schedstat`, in ns, read before and after the timed iterations).
+    /// The anchor then takes both programs in running time: the plain replay records its own
+    /// wait. Omit it on a quiet host.
+    #[arg(long, value_name = "MS", requires = "reference_out")]
+    pub original_wait_ms: Option<f64>,
     /// For a harness that compares programs side by side: run the measured iterations in
     /// blocks of N, each when a line arrives on stdin (end of input: the rest run back to
     /// back), and answer each block with one JSON line on stdout (`block_ms`, `iters`,
-    /// `minor_faults`) before the report.
+    /// `minor_faults`, and `wait_ms`: the time the replay waited for a CPU in the block, where
+    /// the kernel says) before the report.
     #[arg(long, value_name = "N", conflicts_with = "ranks")]
     pub paced: Option<usize>,
 }

@@ -272,6 +272,11 @@ fn a_paced_replay_runs_a_block_per_line_and_answers_each() {
     for b in &blocks {
         assert!(b["block_ms"].as_f64().unwrap() > 0.0, "{b}");
         assert!(b["minor_faults"].as_u64().is_some(), "{b}");
+        // The time the replay waited for a CPU in the block: part of it (Linux accounts it).
+        if cfg!(target_os = "linux") {
+            let w = b["wait_ms"].as_f64().unwrap();
+            assert!(w >= 0.0 && w <= b["block_ms"].as_f64().unwrap(), "{b}");
+        }
     }
     assert_eq!(report["iter_ms"]["n"], 5);
     // One line, then the end of input: the other three run unpaced, and the report is whole.
@@ -474,6 +479,14 @@ fn gaps_anchored_on_a_reference() {
             r#"{"original_ms": 5.0, "replay_ms": 1.0, "replay_op_ms": 1.1}"#,
             "replay_op_ms",
         ),
+        (
+            r#"{"original_ms": 5.0, "replay_ms": 1.1, "replay_op_ms": 1.0, "replay_wait_ms": "x"}"#,
+            "replay_wait_ms",
+        ),
+        (
+            r#"{"original_ms": 5.0, "replay_ms": 1.1, "replay_op_ms": 1.0, "original_wait_ms": 5.0}"#,
+            "original_wait_ms",
+        ),
         ("not json", "not JSON"),
         // A trace given where the reference goes: refused by its size, not read whole.
         (big.as_str(), "not a reference file"),
@@ -522,6 +535,16 @@ fn a_reference_is_written_on_the_capture_host() {
     assert_eq!(w["replay_ms"], r["iter_ms"]["median"], "{w}");
     let op = w["replay_op_ms"].as_f64().unwrap();
     assert!(op > 0.0 && op <= w["replay_ms"].as_f64().unwrap(), "{w}");
+    // What the replay waited for a CPU, part of its iteration (Linux accounts it); the
+    // original's only when given.
+    if cfg!(target_os = "linux") {
+        let wait = w["replay_wait_ms"].as_f64().unwrap();
+        assert!(
+            wait >= 0.0 && wait < w["replay_ms"].as_f64().unwrap(),
+            "{w}"
+        );
+    }
+    assert!(w.get("original_wait_ms").is_none(), "{w}");
     // Read back by --reference: the anchored report names it.
     let a = json(
         steps_with_gaps()
@@ -550,6 +573,42 @@ fn a_reference_is_written_on_the_capture_host() {
         table.contains("anchored   on the reference") && table.contains("original's 7.500 ms"),
         "{table}"
     );
+    // On a shared capture host, the original's wait for a CPU: the anchor takes the original
+    // in running time.
+    let waited = dir.join("waited.json");
+    let base = || {
+        let mut c = bin();
+        c.arg("replay")
+            .arg(data.join("steps.et.json.gz"))
+            .arg("--reference-out")
+            .arg(&waited)
+            .args(["--original-ms", "7.5", "--threads", "1", "--iters", "3"]);
+        c
+    };
+    let out = base().args(["--original-wait-ms", "2.5"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = json(
+        steps_with_gaps()
+            .arg("--reference")
+            .arg(&waited)
+            .arg("--json"),
+    );
+    assert_eq!(
+        a["gap_model"]["anchored"]["reference"]["original_ms"], 5.0,
+        "{}",
+        a["gap_model"]
+    );
+    // A wait as long as the original's iteration is refused, and nothing written.
+    std::fs::remove_file(&waited).unwrap();
+    let out = base().args(["--original-wait-ms", "7.5"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--original-wait-ms"), "{err}");
+    assert!(!waited.exists());
     // No original time: refused up front, nothing written.
     let missing = dir.join("none.json");
     let out = bin()

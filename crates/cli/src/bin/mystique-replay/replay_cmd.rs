@@ -360,22 +360,45 @@ pub fn read_reference(path: &Path) -> Result<mystique_cli::package::Reference> {
             )
         })
     };
+    // Optional: what each program waited for a CPU (a reference from before they were
+    // recorded has neither), a number where present.
+    let wait = |k: &str| -> Result<Option<f64>> {
+        match &j[k] {
+            serde_json::Value::Null => Ok(None),
+            v => v.as_f64().map(Some).with_context(|| {
+                format!(
+                    "the reference {}: `{k}` must be a number of ms (the time waited for a CPU, \
+                     per iteration)",
+                    path.display()
+                )
+            }),
+        }
+    };
     let r = mystique_cli::package::Reference {
         original_ms: ms("original_ms")?,
         replay_ms: ms("replay_ms")?,
         replay_op_ms: ms("replay_op_ms")?,
+        original_wait_ms: wait("original_wait_ms")?,
+        replay_wait_ms: wait("replay_wait_ms")?,
     };
     r.check()
         .with_context(|| format!("the reference {}", path.display()))?;
     Ok(r)
 }
 
+/// The original's side of `--reference-out`: its iteration, where that came from, and the
+/// time of it spent waiting for a CPU (`--original-wait-ms`).
+struct ReferenceOriginal {
+    ms: f64,
+    from: String,
+    wait_ms: Option<f64>,
+}
+
 /// `--reference-out`: what [`read_reference`] reads, and where it came from.
 fn write_reference(
     p: &Path,
     r: &replay::Report,
-    original_ms: f64,
-    from: &str,
+    original: ReferenceOriginal,
     source: &str,
 ) -> Result<()> {
     let (replay_ms, op_ms) = (r.iter_ms.median, r.op_ms.median);
@@ -384,16 +407,31 @@ fn write_reference(
         "--reference-out: the replay's iteration ({replay_ms} ms) or its time in ops \
          ({op_ms} ms) is not a positive time; no reference written"
     );
-    let j = serde_json::json!({
-        "original_ms": original_ms,
+    let mut j = serde_json::json!({
+        "original_ms": original.ms,
         "replay_ms": replay_ms,
         // Medians of two series: the op time's can exceed the iteration's by a hair.
         "replay_op_ms": op_ms.min(replay_ms),
-        "original_from": from,
+        "original_from": original.from,
         "trace": source,
         "iters": r.iters,
         "created_by": concat!("mystique ", env!("CARGO_PKG_VERSION")),
     });
+    // What the replay waited for a CPU, as its share of the measured iterations' mean (the
+    // sampler reads it once over them all) put on the median the reference holds; none
+    // where the kernel does not account it.
+    let wait = r
+        .cpu
+        .as_ref()
+        .and_then(|c| c.waited_for_cpu_ms)
+        .filter(|w| w.is_finite() && *w >= 0.0 && r.iter_ms.mean > 0.0)
+        .map(|w| replay_ms * (w / r.iter_ms.mean).min(0.99));
+    if let Some(w) = wait {
+        j["replay_wait_ms"] = w.into();
+    }
+    if let Some(w) = original.wait_ms {
+        j["original_wait_ms"] = w.into();
+    }
     mystique_cli::output::write_atomic(p, |w| {
         serde_json::to_writer_pretty(&mut *w, &j)?;
         Ok(writeln!(w)?)
@@ -543,7 +581,22 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                 path.display()
             )
         })?),
-    };
+    }
+    .map(|(ms, from)| -> Result<ReferenceOriginal> {
+        if let Some(w) = a.original_wait_ms {
+            anyhow::ensure!(
+                w.is_finite() && w >= 0.0 && w < ms,
+                "--original-wait-ms must be from 0 up to less than the original's iteration \
+                 ({ms} ms from {from}; got {w})"
+            );
+        }
+        Ok(ReferenceOriginal {
+            ms,
+            from,
+            wait_ms: a.original_wait_ms,
+        })
+    })
+    .transpose()?;
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
     for lib in &a.load_library {
@@ -647,8 +700,8 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         }
     }
     a.run.warn_values(&report);
-    if let (Some(p), Some((original_ms, from))) = (&a.reference_out, &reference_original) {
-        write_reference(p, &report, *original_ms, from, &trace.source)?;
+    if let (Some(p), Some(original)) = (&a.reference_out, reference_original) {
+        write_reference(p, &report, original, &trace.source)?;
     }
     let mut out = std::io::stdout().lock();
     if json {
@@ -668,10 +721,19 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
 }
 
 /// `--paced`: a block starts when a line arrives on stdin and is answered by a JSON line on
-/// stdout with its wall time and the page faults taken in it.
+/// stdout with its wall time, the page faults taken in it and the time the replaying thread
+/// waited for a CPU in it (`wait_ms`, where the kernel accounts it: a harness on a shared host
+/// reads the replay in running time, as the calibration does).
 #[derive(Default)]
 struct StdioPacer {
-    started: std::sync::Mutex<Option<(std::time::Instant, Option<u64>)>>,
+    started: std::sync::Mutex<Option<Block>>,
+}
+
+/// A running block: when it started, the page faults and the replaying thread's wait by then.
+struct Block {
+    at: std::time::Instant,
+    faults: Option<u64>,
+    waited: Option<(metrics::cpu::RunDelay, f64)>,
 }
 
 impl replay::Pacer for StdioPacer {
@@ -679,9 +741,15 @@ impl replay::Pacer for StdioPacer {
         let mut line = String::new();
         match std::io::stdin().read_line(&mut line) {
             Ok(n) if n > 0 => {
+                // Opened here, on the thread that replays (a thread's own counter).
+                let waited = metrics::cpu::RunDelay::of_this_thread()
+                    .and_then(|d| d.read_us().map(|us| (d, us)));
                 let faults = metrics::minor_page_faults();
-                *self.started.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((std::time::Instant::now(), faults));
+                *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Block {
+                    at: std::time::Instant::now(),
+                    faults,
+                    waited,
+                });
                 true
             }
             _ => false,
@@ -689,7 +757,7 @@ impl replay::Pacer for StdioPacer {
     }
 
     fn end(&self, iters: usize) {
-        let Some((t, faults)) = self
+        let Some(Block { at, faults, waited }) = self
             .started
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -697,14 +765,19 @@ impl replay::Pacer for StdioPacer {
         else {
             return;
         };
-        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let ms = at.elapsed().as_secs_f64() * 1e3;
+        let wait_ms = waited
+            .and_then(|(d, us)| d.read_us().map(|now| (now - us).max(0.0) / 1e3))
+            .map(|w| w.min(ms));
         let faults = faults.zip(metrics::minor_page_faults()).map(|(a, b)| b - a);
         let mut out = std::io::stdout().lock();
         // A harness that went away leaves nothing to tell; the replay still ends normally.
         let _ = writeln!(
             out,
             "{}",
-            serde_json::json!({"block_ms": ms, "iters": iters, "minor_faults": faults})
+            serde_json::json!({
+                "block_ms": ms, "iters": iters, "minor_faults": faults, "wait_ms": wait_ms
+            })
         )
         .and_then(|_| out.flush());
     }
