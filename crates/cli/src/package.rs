@@ -169,6 +169,14 @@ impl Reference {
         Ok(())
     }
 
+    /// The larger share of its time either program waited for a CPU (0 without recorded
+    /// waits): how shared the capture host was.
+    pub fn waited_share(&self) -> f64 {
+        let share = |w: Option<f64>, t: f64| w.map_or(0.0, |w| w / t);
+        share(self.original_wait_ms, self.original_ms)
+            .max(share(self.replay_wait_ms, self.replay_ms))
+    }
+
     /// The reference in running time: each program's time less what it waited for a CPU, the
     /// plain replay's ops by the same share as its iteration (the waits fall where the time
     /// goes). Without recorded waits, the times as they are.
@@ -378,6 +386,10 @@ mod tests {
         assert_eq!(old, reference(None, None));
         let back: Reference = serde_json::from_value(serde_json::to_value(busy).unwrap()).unwrap();
         assert_eq!(back, busy);
+        // How shared the host was: the larger of the two shares.
+        assert_eq!(busy.waited_share(), 0.5);
+        assert_eq!(reference(None, Some(1.0)).waited_share(), 0.25);
+        assert_eq!(reference(None, None).waited_share(), 0.0);
     }
 
     #[test]

@@ -468,6 +468,28 @@ fn gaps_anchored_on_a_reference() {
         "{}",
         r["gap_model"]
     );
+    // Timed on a shared host: taken in running time (the original's 5 ms less the 2.5 it
+    // waited), with a warning that a quiet host's reference is the better one.
+    std::fs::write(
+        &reference,
+        r#"{"original_ms": 5.0, "replay_ms": 1.1, "replay_op_ms": 1.0, "original_wait_ms": 2.5, "replay_wait_ms": 0.0}"#,
+    )
+    .unwrap();
+    let out = replay(&reference).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shared: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let a = &shared["gap_model"]["anchored"];
+    assert_eq!(a["reference"]["original_ms"], 2.5, "{a}");
+    assert!(
+        (f(&a["target_ms"]) - 2.5 * f(&a["replay_op_ms"])).abs() < 1e-9,
+        "{a}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("shared host") && err.contains("50%"), "{err}");
     let big = format!("[{}0]", "0, ".repeat(400_000));
     for (text, field) in [
         (r#"{"original_ms": 5.0, "replay_ms": 1.1}"#, "replay_op_ms"),

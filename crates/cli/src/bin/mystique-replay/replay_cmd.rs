@@ -383,7 +383,28 @@ pub fn read_reference(path: &Path) -> Result<mystique_cli::package::Reference> {
     };
     r.check()
         .with_context(|| format!("the reference {}", path.display()))?;
+    warn_shared_host(&r, &path.display().to_string());
     Ok(r)
+}
+
+/// Above this share of its time waiting for a CPU, a reference was timed on a shared host.
+const SHARED_HOST_WAIT: f64 = 0.05;
+
+/// Says when a reference was timed on a shared host: its running time is used, yet programs
+/// slow differently beside other work even in running time (the zoo's originals x1.0-1.56
+/// beside a CPU burner on every core, their plain replays x1.0-1.27; ARCHITECTURE.md,
+/// twentieth session), so a quiet host's reference is the better one.
+fn warn_shared_host(r: &mystique_cli::package::Reference, what: &str) {
+    if r.waited_share() > SHARED_HOST_WAIT {
+        eprintln!(
+            "warning: the reference {what} was timed on a shared host (the original waited {:.0}% \
+             of its time for a CPU, the plain replay {:.0}%): both are taken in running time, but \
+             a program's running time grows too beside other work, not by the same factor for \
+             the original and the replay; time the reference on a quiet host where you can",
+            100.0 * r.original_wait_ms.unwrap_or(0.0) / r.original_ms,
+            100.0 * r.replay_wait_ms.unwrap_or(0.0) / r.replay_ms
+        );
+    }
 }
 
 /// The original's side of `--reference-out`: its iteration, where that came from, and the
@@ -432,6 +453,14 @@ fn write_reference(
     if let Some(w) = original.wait_ms {
         j["original_wait_ms"] = w.into();
     }
+    let written = mystique_cli::package::Reference {
+        original_ms: original.ms,
+        replay_ms,
+        replay_op_ms: op_ms.min(replay_ms),
+        original_wait_ms: original.wait_ms,
+        replay_wait_ms: wait,
+    };
+    warn_shared_host(&written, &p.display().to_string());
     mystique_cli::output::write_atomic(p, |w| {
         serde_json::to_writer_pretty(&mut *w, &j)?;
         Ok(writeln!(w)?)
