@@ -392,8 +392,9 @@ const SHARED_HOST_WAIT: f64 = 0.05;
 
 /// Says when a reference was timed on a shared host: its running time is used, yet programs
 /// slow differently beside other work even in running time (the zoo's originals x1.0-1.56
-/// beside a CPU burner on every core, their plain replays x1.0-1.27; ARCHITECTURE.md,
-/// twentieth session), so a quiet host's reference is the better one.
+/// beside a CPU burner on every core, their plain replays x1.0-1.27, and the same model's
+/// growth moved from x1.44 to x1.03 between two sittings; ARCHITECTURE.md, twentieth
+/// session), so a quiet host's reference is the better one.
 fn warn_shared_host(r: &mystique_cli::package::Reference, what: &str) {
     if r.waited_share() > SHARED_HOST_WAIT {
         eprintln!(
