@@ -347,8 +347,9 @@ pub struct GapModel {
 /// busy host a core shared with another process is taken more often inside them): 1.03-1.10
 /// on a quiet host and up to 1.2 beside a CPU burner in the harness's paced blocks, where each
 /// block starts after the other processes ran; measured this way, inside one replay, a median
-/// of 1.007 (0.94-1.14) over one busy-host run's replays (ARCHITECTURE.md, nineteenth session). The gap model's time base is multiplied by it, so that `GapPace`
-/// reads only the host's own changes (not the gaps' effect on the ops as a slower host), and
+/// of 1.007 (0.94-1.14) over one busy-host run's replays (ARCHITECTURE.md, nineteenth
+/// session). The gap model's time base is multiplied by it, so that `GapPace` reads only the
+/// host's own changes (not the gaps' effect on the ops as a slower host), and
 /// an anchor ([`anchor`]) puts the reference on this host by the ops back to back, as the
 /// reference's plain replay ran them, then fills the target with the ops as they run between
 /// the gaps: the original's ops were as cold after its Python, and the reference's original
@@ -507,8 +508,9 @@ impl GapModel {
 /// the capture's cold ops set against the replay's warm ones (ARCHITECTURE.md, fourteenth
 /// session). Where the model knows how much slower its ops run between the gaps
 /// ([`OpsBetweenGaps`]), `o` is the ops back to back (as the reference's `O` ran), and the
-/// target is filled with the ops as they run between the gaps (nineteenth session). What the ratio assumes is the bottom-up model's own: that the original's time
-/// outside ops follows this host's speed as its ops do. The executor spins each gap from the
+/// target is filled with the ops as they run between the gaps (nineteenth session). What the
+/// ratio assumes is the bottom-up model's own: that the original's time outside ops follows
+/// this host's speed as its ops do. The executor spins each gap from the
 /// end of the op before, the replay's bookkeeping inside it (the reference's, `R - O` over
 /// the steps, put on this host), so the scale solves `sum(max(scale * e_i, between)) =
 /// target - o`. A model with no gaps to shape it spreads the time over every step evenly.

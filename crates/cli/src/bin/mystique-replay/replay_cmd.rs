@@ -429,38 +429,36 @@ fn write_reference(
         "--reference-out: the replay's iteration ({replay_ms} ms) or its time in ops \
          ({op_ms} ms) is not a positive time; no reference written"
     );
-    let mut j = serde_json::json!({
-        "original_ms": original.ms,
-        "replay_ms": replay_ms,
-        // Medians of two series: the op time's can exceed the iteration's by a hair.
-        "replay_op_ms": op_ms.min(replay_ms),
-        "original_from": original.from,
-        "trace": source,
-        "iters": r.iters,
-        "created_by": concat!("mystique ", env!("CARGO_PKG_VERSION")),
-    });
     // What the replay waited for a CPU, as its share of the measured iterations' mean (the
     // sampler reads it once over them all) put on the median the reference holds; none
     // where the kernel does not account it.
-    let wait = r
+    let replay_wait_ms = r
         .cpu
         .as_ref()
         .and_then(|c| c.waited_for_cpu_ms)
         .filter(|w| w.is_finite() && *w >= 0.0 && r.iter_ms.mean > 0.0)
         .map(|w| replay_ms * (w / r.iter_ms.mean).min(0.99));
-    if let Some(w) = wait {
-        j["replay_wait_ms"] = w.into();
-    }
-    if let Some(w) = original.wait_ms {
-        j["original_wait_ms"] = w.into();
-    }
     let written = mystique_cli::package::Reference {
         original_ms: original.ms,
         replay_ms,
+        // Medians of two series: the op time's can exceed the iteration's by a hair.
         replay_op_ms: op_ms.min(replay_ms),
         original_wait_ms: original.wait_ms,
-        replay_wait_ms: wait,
+        replay_wait_ms,
     };
+    // The reference's own fields (the waits only where recorded), and where it came from.
+    let mut j = serde_json::to_value(written)?;
+    for (k, v) in [
+        ("original_from", serde_json::json!(original.from)),
+        ("trace", serde_json::json!(source)),
+        ("iters", serde_json::json!(r.iters)),
+        (
+            "created_by",
+            serde_json::json!(concat!("mystique ", env!("CARGO_PKG_VERSION"))),
+        ),
+    ] {
+        j[k] = v;
+    }
     warn_shared_host(&written, &p.display().to_string());
     mystique_cli::output::write_atomic(p, |w| {
         serde_json::to_writer_pretty(&mut *w, &j)?;
