@@ -425,6 +425,41 @@ fn replay(bin: &Path, et: &Path, iters: usize, extra: &[String]) -> Result<serde
 /// In `--against-args`, replaced by each model's quiet capture's reference file.
 const AGAINST_REFERENCE: &str = "{reference}";
 
+/// Models whose rounds interleave (the fidelity rounds and the references): a round of each in
+/// turn, so that each model's rounds spread over the group's time. Each model holds its
+/// processes meanwhile (six for the rounds, 0.2-0.6 GB each), which bounds the group.
+const SPREAD_MODELS: usize = 4;
+
+/// The order `n` takers (a round's processes, a group's models) go in at `round`: each starts
+/// a round in each place in turn, forwards and then backwards, so none always follows the
+/// same one (caches, the host's spells).
+fn turn_order(n: usize, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    if n > 0 {
+        order.rotate_left(round % n);
+        if (round / n) % 2 == 1 {
+            order.reverse();
+        }
+    }
+    order
+}
+
+/// One model's fidelity processes and its rounds so far.
+struct Run<'a> {
+    m: &'a Model,
+    iters: usize,
+    et_q: PathBuf,
+    one: Vec<String>,
+    meta: serde_json::Value,
+    procs: Vec<Paced>,
+    per_round: Vec<[f64; PROCESSES - 1]>,
+    per_round_cpu: Vec<[f64; PROCESSES - 1]>,
+    orig: Vec<f64>,
+    orig_cpu: Vec<f64>,
+    orig_wait: Vec<f64>,
+    orig_faults: Vec<f64>,
+}
+
 /// Processes per round: the original, the plain replay, the replays with gaps from the quiet
 /// and the busy capture, and the anchored ones on each.
 const PROCESSES: usize = 6;
@@ -440,7 +475,10 @@ fn block_iters(meta: &serde_json::Value, block_ms: f64) -> usize {
 }
 
 /// Rounds of a reference (the original and the plain replay side by side).
-const REFERENCE_ROUNDS: usize = 20;
+const REFERENCE_ROUNDS: usize = 30;
+
+/// Models whose references are timed together, their rounds interleaved (two processes each).
+const REFERENCE_SPREAD: usize = 8;
 
 /// A build's identity (a hash of its bytes): a reference holds the plain replay's time, which
 /// a build that dispatches faster or slower changes. `mystique` runs `replay` in the
@@ -468,7 +506,8 @@ fn build_id(bin: &Path) -> Result<String> {
 /// missing or made by another build or for other code of the model. A reference is what a
 /// user records on the capture host: the original's uninstrumented iteration and this tool's
 /// plain replay of the trace, side by side ([`REFERENCE_ROUNDS`] rounds of paired blocks, as
-/// the fidelity rounds run them). The busy capture's is timed beside a CPU burner on every
+/// the fidelity rounds run them, in groups of [`REFERENCE_SPREAD`] models whose rounds
+/// interleave). The busy capture's is timed beside a CPU burner on every
 /// core, as that capture was made: a reference on a busier host than the replay's, which the
 /// replay must put on its own host by its plain replay's speed. Each program's wait for a CPU
 /// is recorded with its time (`original_wait_ms`, `replay_wait_ms`; read by each process for
@@ -502,6 +541,8 @@ fn references(
                 j["replay_build"].as_str() != Some(build)
                     || j["model_key"].as_str() != Some(&m.key)
                     || j["original_wait_ms"].is_null()
+                    || j["rounds"].as_u64() != Some(REFERENCE_ROUNDS as u64)
+                    || j["spread_over"].is_null()
             })
             .collect();
         if !stale.is_empty() {
@@ -516,71 +557,100 @@ fn references(
         } else {
             None
         };
-        for m in stale {
-            let d = dir.join(kind);
-            let meta: serde_json::Value = serde_json::from_slice(
-                &std::fs::read(dir.join("quiet").join(format!("{}.meta.json", m.name)))
-                    .unwrap_or_default(),
-            )
-            .unwrap_or_default();
-            let (et, one) = match (capture, meta["replay_iteration"].as_u64()) {
-                (Capture::Linked, Some(n)) => (
-                    d.join(format!("{}.linked.et.json", m.name)),
-                    vec!["--iteration".to_string(), n.to_string()],
-                ),
-                _ => (d.join(format!("{}.et.json", m.name)), Vec::new()),
-            };
-            let iters = block_iters(&meta, block_ms);
-            let mut orig = serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?;
-            orig.block()?;
-            let mut plain = serve_replay(bin, &et, None, iters, REFERENCE_ROUNDS + 2, &one)?;
-            plain.block()?;
-            // Per round, each program's time per iteration and the part of it it waited for
-            // a CPU (each process reads its own thread's wait).
-            let (mut o, mut r) = (Vec::new(), Vec::new());
-            let per_iter = |b: Block| (b.ms / iters as f64, b.wait_ms / iters as f64);
+        // Timed in groups, round-robin (as the fidelity rounds): each model's rounds spread
+        // over its group's time, half a minute or more, not the few seconds of its own. Back to
+        // back, one model's `T / O` beside the burners moved by up to 16% from one reference
+        // to the next a minute apart (film_cnn_adam 0.84-1.01 of its quiet one): the host's
+        // spells, in which the original's Python and the replay do not slow alike, last tens
+        // of seconds.
+        for group in stale.chunks(REFERENCE_SPREAD) {
+            struct Timing {
+                iters: usize,
+                orig: Paced,
+                plain: Paced,
+                // Per round, each program's time per iteration and the part of it it waited
+                // for a CPU (each process reads its own thread's wait).
+                o: Vec<(f64, f64)>,
+                r: Vec<(f64, f64)>,
+            }
+            let mut t = Vec::with_capacity(group.len());
+            for m in group {
+                let d = dir.join(kind);
+                let meta: serde_json::Value = serde_json::from_slice(
+                    &std::fs::read(dir.join("quiet").join(format!("{}.meta.json", m.name)))
+                        .unwrap_or_default(),
+                )
+                .unwrap_or_default();
+                let (et, one) = match (capture, meta["replay_iteration"].as_u64()) {
+                    (Capture::Linked, Some(n)) => (
+                        d.join(format!("{}.linked.et.json", m.name)),
+                        vec!["--iteration".to_string(), n.to_string()],
+                    ),
+                    _ => (d.join(format!("{}.et.json", m.name)), Vec::new()),
+                };
+                let iters = block_iters(&meta, block_ms);
+                let mut orig = serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?;
+                orig.block()?;
+                let mut plain = serve_replay(bin, &et, None, iters, REFERENCE_ROUNDS + 2, &one)?;
+                plain.block()?;
+                t.push(Timing {
+                    iters,
+                    orig,
+                    plain,
+                    o: Vec::with_capacity(REFERENCE_ROUNDS),
+                    r: Vec::with_capacity(REFERENCE_ROUNDS),
+                });
+            }
             for round in 0..REFERENCE_ROUNDS {
-                // Alternating which goes first.
-                if round % 2 == 0 {
-                    o.push(per_iter(orig.block()?));
-                    r.push(per_iter(plain.block()?));
-                } else {
-                    r.push(per_iter(plain.block()?));
-                    o.push(per_iter(orig.block()?));
+                for at in turn_order(t.len(), round) {
+                    let x = &mut t[at];
+                    let per_iter = |b: Block| (b.ms / x.iters as f64, b.wait_ms / x.iters as f64);
+                    // Alternating which goes first.
+                    if round % 2 == 0 {
+                        x.o.push(per_iter(x.orig.block()?));
+                        x.r.push(per_iter(x.plain.block()?));
+                    } else {
+                        x.r.push(per_iter(x.plain.block()?));
+                        x.o.push(per_iter(x.orig.block()?));
+                    }
                 }
             }
-            drop(orig);
-            let report = plain.finish()?;
-            // The medians of the wall time and of the running time (the wall time less the
-            // wait): the wait recorded is their difference, so that the reference's running
-            // time is the rounds' median.
-            let medians = |v: &[(f64, f64)]| {
-                let wall: Vec<f64> = v.iter().map(|x| x.0).collect();
-                let running: Vec<f64> = v.iter().map(|x| x.0 - x.1).collect();
-                let (w, run) = (crate::median(&wall), crate::median(&running));
-                (w, (w - run).clamp(0.0, 0.99 * w), wall)
-            };
-            let (original_ms, original_wait_ms, o) = medians(&o);
-            let (replay_ms, replay_wait_ms, r) = medians(&r);
-            // Its share of the iteration in ops, from its own report, on the blocks' time.
-            let share = report["op_ms"]["median"].as_f64().unwrap_or(f64::NAN)
-                / report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
-            let j = serde_json::json!({
-                "original_ms": original_ms, "replay_ms": replay_ms,
-                "replay_op_ms": replay_ms * share.min(1.0),
-                "original_wait_ms": original_wait_ms, "replay_wait_ms": replay_wait_ms,
-                "rounds": REFERENCE_ROUNDS, "busy": busy, "replay_build": build,
-                "model_key": m.key, "original_rounds_ms": o, "replay_rounds_ms": r,
-            });
-            std::fs::write(
-                d.join(format!("{}.reference.json", m.name)),
-                serde_json::to_vec_pretty(&j)?,
-            )?;
-            eprintln!(
-                "[fidelity] {:<18} {kind} reference: original {original_ms:.3} ms (waited \
-                 {original_wait_ms:.3}), plain replay {replay_ms:.3} ms (waited {replay_wait_ms:.3})",
-                m.name
-            );
+            for (m, x) in group.iter().zip(t) {
+                let d = dir.join(kind);
+                drop(x.orig);
+                let report = x.plain.finish()?;
+                // The medians of the wall time and of the running time (the wall time less the
+                // wait): the wait recorded is their difference, so that the reference's running
+                // time is the rounds' median.
+                let medians = |v: &[(f64, f64)]| {
+                    let wall: Vec<f64> = v.iter().map(|x| x.0).collect();
+                    let running: Vec<f64> = v.iter().map(|x| x.0 - x.1).collect();
+                    let (w, run) = (crate::median(&wall), crate::median(&running));
+                    (w, (w - run).clamp(0.0, 0.99 * w), wall)
+                };
+                let (original_ms, original_wait_ms, o) = medians(&x.o);
+                let (replay_ms, replay_wait_ms, r) = medians(&x.r);
+                // Its share of the iteration in ops, from its own report, on the blocks' time.
+                let share = report["op_ms"]["median"].as_f64().unwrap_or(f64::NAN)
+                    / report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                let j = serde_json::json!({
+                    "original_ms": original_ms, "replay_ms": replay_ms,
+                    "replay_op_ms": replay_ms * share.min(1.0),
+                    "original_wait_ms": original_wait_ms, "replay_wait_ms": replay_wait_ms,
+                    "rounds": REFERENCE_ROUNDS, "spread_over": group.len(), "busy": busy,
+                    "replay_build": build, "model_key": m.key,
+                    "original_rounds_ms": o, "replay_rounds_ms": r,
+                });
+                std::fs::write(
+                    d.join(format!("{}.reference.json", m.name)),
+                    serde_json::to_vec_pretty(&j)?,
+                )?;
+                eprintln!(
+                    "[fidelity] {:<18} {kind} reference: original {original_ms:.3} ms (waited \
+                     {original_wait_ms:.3}), plain replay {replay_ms:.3} ms (waited {replay_wait_ms:.3})",
+                    m.name
+                );
+            }
         }
     }
     for m in models {
@@ -778,7 +848,8 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     // the rounds whose blocks straddled a change of speed.
     println!(
         "fidelity over the zoo ({}): {rounds} rounds of paired blocks; 1 thread. The original and five replays\n\
-         run side by side and take turns, a block of about {block_ms} ms of iterations each, the order rotating.\n\
+         run side by side and take turns, a block of about {block_ms} ms of iterations each, the order rotating;\n\
+         models in groups of {SPREAD_MODELS}, a round of each in turn (references: groups of {REFERENCE_SPREAD}, {REFERENCE_ROUNDS} rounds).\n\
          ratio = replay block / original block in the same round, median over rounds; gaps from the quiet\n\
          and from the busy capture (the host made busy while capturing only), from the profile alone and\n\
          anchored on each capture's reference (the original and the plain replay timed side by side as the\n\
@@ -869,247 +940,280 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         None
     };
     let mut rows = Vec::new();
-    for (m, (ref_q, ref_b)) in models.iter().zip(&refs) {
-        let q = dir.join("quiet");
-        let b = dir.join("busy");
-        // The capture a replay takes its ops and its gaps from: the clean ET and the profile
-        // taken without the observer (linked by order, gaps typical of its five iterations),
-        // or the linked pair (ET + Kineto of the same iterations, replaying the one the
-        // capture names).
-        let pair = |d: &Path, c: Capture| -> (PathBuf, PathBuf) {
-            match c {
-                Capture::Timing => (
-                    d.join(format!("{}.et.json", m.name)),
-                    d.join(format!("{}.timing.json", m.name)),
-                ),
-                Capture::Linked => (
-                    d.join(format!("{}.linked.et.json", m.name)),
-                    d.join(format!("{}.kineto.json", m.name)),
-                ),
-            }
-        };
-        // The quiet capture's record: its timing and its peak memory.
-        let meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
-        )
-        .unwrap_or_default();
-        // A capture of several profiled iterations: the replay replays the one the capture
-        // names (its gaps typical of all of them).
-        let iteration_of = |c: Capture| -> Vec<String> {
-            match (c, meta["replay_iteration"].as_u64()) {
-                (Capture::Linked, Some(n)) => vec!["--iteration".into(), n.to_string()],
-                _ => Vec::new(),
-            }
-        };
-        let one = iteration_of(capture);
-        // The --against build's arguments may choose another iteration.
-        let b_args: Vec<String> = if against_args.iter().any(|a| a.starts_with("--iteration")) {
-            against_args.clone()
-        } else {
-            iteration_of(against_capture)
-                .iter()
-                .chain(&against_args)
-                .cloned()
-                .collect()
-        };
-        // `{reference}` stands for this model's quiet capture's reference, so that an A/B can
-        // run the anchored model (`--against-args '--reference {reference} ...'`).
-        let b_args: Vec<String> = b_args
-            .into_iter()
-            .map(|a| {
-                if a == AGAINST_REFERENCE {
-                    ref_q.display().to_string()
-                } else {
-                    a
+    // Models take their rounds in groups of [`SPREAD_MODELS`], round-robin: a round of one
+    // model, then one of the next, so a model's rounds spread over the group's whole time
+    // rather than the few seconds its own would take. The host's spells (another tenant, the
+    // vCPU's sibling) last tens of seconds, and the original's Python and the replay do not
+    // slow alike in them: back to back, a model's rounds could all sit in one.
+    let chosen: Vec<(&Model, &(PathBuf, PathBuf))> = models.iter().zip(&refs).collect();
+    for group in chosen.chunks(SPREAD_MODELS) {
+        let mut runs: Vec<Run> = Vec::with_capacity(group.len());
+        for &(m, (ref_q, ref_b)) in group {
+            let q = dir.join("quiet");
+            let b = dir.join("busy");
+            // The capture a replay takes its ops and its gaps from: the clean ET and the profile
+            // taken without the observer (linked by order, gaps typical of its five iterations),
+            // or the linked pair (ET + Kineto of the same iterations, replaying the one the
+            // capture names).
+            let pair = |d: &Path, c: Capture| -> (PathBuf, PathBuf) {
+                match c {
+                    Capture::Timing => (
+                        d.join(format!("{}.et.json", m.name)),
+                        d.join(format!("{}.timing.json", m.name)),
+                    ),
+                    Capture::Linked => (
+                        d.join(format!("{}.linked.et.json", m.name)),
+                        d.join(format!("{}.kineto.json", m.name)),
+                    ),
                 }
-            })
-            .collect();
-        let (et_q, kin_q) = pair(&q, capture);
-        let (et_b, kin_b) = pair(&b, capture);
-        // The --against replays may take another zoo's captures (another capture procedure's).
-        let q_a = against_zoo.as_ref().map_or(q.clone(), |d| d.join("quiet"));
-        let (et_a, kin_a) = pair(&q_a, against_capture);
-        // Iterations per block: about `block_ms` of the original's quiet iterations (its
-        // capture's timing), the same count for all four so that a block's times compare as
-        // they are.
-        let iters = block_iters(&meta, block_ms);
-        // Started one at a time, each running its first block (start-up, calibration, warm-up;
-        // not counted) before the next starts, so no calibration shares the host with another
-        // process's start. Then `rounds` rounds, one block each in turn. A replay is given one
-        // block more than it runs here: on its last block it goes on to its end (the report,
-        // its profiled iterations) at once, which shared the core with the next process's
-        // block when that was the last round's (that round's original read 4.04 ms against
-        // 1.5-1.7, and a model's only round with `fidelity 1` 1.9-3.3x); the spare block runs
-        // when the harness closes its input, after every round.
-        let blocks = rounds + 2;
-        let anchored = |r: &Path| -> Vec<String> {
-            one.iter()
-                .cloned()
-                .chain(["--reference".into(), r.display().to_string()])
-                .collect()
-        };
-        let mut procs = Vec::with_capacity(PROCESSES);
-        for which in 0..PROCESSES {
-            let mut p = match which {
-                0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
-                1 => serve_replay(bin, &et_q, None, iters, blocks, &one)?,
-                2 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &one)?,
-                // A/B: another build (or arguments) on the quiet capture, paired with this one
-                // in the same rounds (two runs apart sit in different phases of the VM's speed).
-                3 => match &against {
-                    Some(a) => serve_replay(a, &et_a, Some(&kin_a), iters, blocks, &b_args)?,
-                    None => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &one)?,
-                },
-                // The anchored gap model, on each capture and its own reference.
-                4 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &anchored(ref_q))?,
-                _ => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &anchored(ref_b))?,
             };
-            p.block()?;
-            procs.push(p);
+            // The quiet capture's record: its timing and its peak memory.
+            let meta: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
+            )
+            .unwrap_or_default();
+            // A capture of several profiled iterations: the replay replays the one the capture
+            // names (its gaps typical of all of them).
+            let iteration_of = |c: Capture| -> Vec<String> {
+                match (c, meta["replay_iteration"].as_u64()) {
+                    (Capture::Linked, Some(n)) => vec!["--iteration".into(), n.to_string()],
+                    _ => Vec::new(),
+                }
+            };
+            let one = iteration_of(capture);
+            // The --against build's arguments may choose another iteration.
+            let b_args: Vec<String> = if against_args.iter().any(|a| a.starts_with("--iteration")) {
+                against_args.clone()
+            } else {
+                iteration_of(against_capture)
+                    .iter()
+                    .chain(&against_args)
+                    .cloned()
+                    .collect()
+            };
+            // `{reference}` stands for this model's quiet capture's reference, so that an A/B can
+            // run the anchored model (`--against-args '--reference {reference} ...'`).
+            let b_args: Vec<String> = b_args
+                .into_iter()
+                .map(|a| {
+                    if a == AGAINST_REFERENCE {
+                        ref_q.display().to_string()
+                    } else {
+                        a
+                    }
+                })
+                .collect();
+            let (et_q, kin_q) = pair(&q, capture);
+            let (et_b, kin_b) = pair(&b, capture);
+            // The --against replays may take another zoo's captures (another capture procedure's).
+            let q_a = against_zoo.as_ref().map_or(q.clone(), |d| d.join("quiet"));
+            let (et_a, kin_a) = pair(&q_a, against_capture);
+            // Iterations per block: about `block_ms` of the original's quiet iterations (its
+            // capture's timing), the same count for all four so that a block's times compare as
+            // they are.
+            let iters = block_iters(&meta, block_ms);
+            // Started one at a time, each running its first block (start-up, calibration, warm-up;
+            // not counted) before the next starts, so no calibration shares the host with another
+            // process's start. Then `rounds` rounds, one block each in turn. A replay is given one
+            // block more than it runs here: on its last block it goes on to its end (the report,
+            // its profiled iterations) at once, which shared the core with the next process's
+            // block when that was the last round's (that round's original read 4.04 ms against
+            // 1.5-1.7, and a model's only round with `fidelity 1` 1.9-3.3x); the spare block runs
+            // when the harness closes its input, after every round.
+            let blocks = rounds + 2;
+            let anchored = |r: &Path| -> Vec<String> {
+                one.iter()
+                    .cloned()
+                    .chain(["--reference".into(), r.display().to_string()])
+                    .collect()
+            };
+            let mut procs = Vec::with_capacity(PROCESSES);
+            for which in 0..PROCESSES {
+                let mut p = match which {
+                    0 => serve_original(root, torch_py, &m.name, iters, glibc_heap_defaults)?,
+                    1 => serve_replay(bin, &et_q, None, iters, blocks, &one)?,
+                    2 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &one)?,
+                    // A/B: another build (or arguments) on the quiet capture, paired with this one
+                    // in the same rounds (two runs apart sit in different phases of the VM's speed).
+                    3 => match &against {
+                        Some(a) => serve_replay(a, &et_a, Some(&kin_a), iters, blocks, &b_args)?,
+                        None => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &one)?,
+                    },
+                    // The anchored gap model, on each capture and its own reference.
+                    4 => serve_replay(bin, &et_q, Some(&kin_q), iters, blocks, &anchored(ref_q))?,
+                    _ => serve_replay(bin, &et_b, Some(&kin_b), iters, blocks, &anchored(ref_b))?,
+                };
+                p.block()?;
+                procs.push(p);
+            }
+            runs.push(Run {
+                m,
+                iters,
+                et_q,
+                one,
+                meta,
+                procs,
+                per_round: Vec::with_capacity(rounds),
+                per_round_cpu: Vec::with_capacity(rounds),
+                orig: Vec::with_capacity(rounds),
+                orig_cpu: Vec::with_capacity(rounds),
+                orig_wait: Vec::with_capacity(rounds),
+                orig_faults: Vec::with_capacity(rounds),
+            });
         }
-        let mut per_round = Vec::with_capacity(rounds);
-        let mut per_round_cpu = Vec::with_capacity(rounds);
-        let mut orig = Vec::with_capacity(rounds);
-        let mut orig_cpu = Vec::with_capacity(rounds);
-        let mut orig_wait = Vec::with_capacity(rounds);
-        let mut orig_faults = Vec::with_capacity(rounds);
         for round in 0..rounds {
-            // Each process starts a round in each place in turn, forwards and backwards, so
-            // none always follows the same one (caches, the host's spells).
-            let mut order: Vec<usize> = (0..PROCESSES).collect();
-            order.rotate_left(round % PROCESSES);
-            if (round / PROCESSES) % 2 == 1 {
-                order.reverse();
+            for at in turn_order(runs.len(), round) {
+                let run = &mut runs[at];
+                // Each process starts a round in each place in turn, forwards and backwards, so
+                // none always follows the same one (caches, the host's spells).
+                let mut r = [Block {
+                    ms: f64::NAN,
+                    faults: f64::NAN,
+                    cpu_ms: f64::NAN,
+                    wait_ms: f64::NAN,
+                }; PROCESSES];
+                for which in turn_order(PROCESSES, round) {
+                    r[which] = run.procs[which].block()?;
+                }
+                let iters = run.iters as f64;
+                run.orig.push(r[0].ms / iters);
+                run.orig_cpu.push(r[0].cpu_ms / iters);
+                run.orig_wait.push(r[0].wait_ms / iters);
+                run.orig_faults.push(r[0].faults);
+                run.per_round
+                    .push(std::array::from_fn(|k| r[k + 1].ms / r[0].ms));
+                run.per_round_cpu
+                    .push(std::array::from_fn(|k| r[k + 1].cpu_ms / r[0].cpu_ms));
             }
-            let mut r = [Block {
-                ms: f64::NAN,
-                faults: f64::NAN,
-                cpu_ms: f64::NAN,
-                wait_ms: f64::NAN,
-            }; PROCESSES];
-            for which in order {
-                r[which] = procs[which].block()?;
-            }
-            orig.push(r[0].ms / iters as f64);
-            orig_cpu.push(r[0].cpu_ms / iters as f64);
-            orig_wait.push(r[0].wait_ms / iters as f64);
-            orig_faults.push(r[0].faults);
-            per_round.push(std::array::from_fn(|k| r[k + 1].ms / r[0].ms));
-            per_round_cpu.push(std::array::from_fn(|k| r[k + 1].cpu_ms / r[0].cpu_ms));
         }
-        // The replays' reports, at their end.
-        let [original, plain, quiet, busy, anch_q, anch_b]: [Paced; PROCESSES] =
-            procs
+        for run in runs {
+            let Run {
+                m,
+                iters: _,
+                et_q,
+                one,
+                meta,
+                procs,
+                per_round,
+                per_round_cpu,
+                orig,
+                orig_cpu,
+                orig_wait,
+                orig_faults,
+            } = run;
+            // The replays' reports, at their end.
+            let [original, plain, quiet, busy, anch_q, anch_b]: [Paced; PROCESSES] = procs
                 .try_into()
                 .map_err(|_| anyhow::anyhow!("{PROCESSES} paced processes"))?;
-        drop(original);
-        let (plain, quiet, busy) = (plain.finish()?, quiet.finish()?, busy.finish()?);
-        let (anch_q, anch_b) = (anch_q.finish()?, anch_b.finish()?);
-        // What each replay process ran: its gap model's total (and its calibrations') and its
-        // own medians of op and iteration time, to tell a model's ratio apart into ops and gaps.
-        let process = |r: &serde_json::Value| {
-            serde_json::json!({
-                "iter_ms": r["iter_ms"]["median"], "op_ms": r["op_ms"]["median"],
-                "emulated_ms": r["gap_model"]["emulated_ms"],
-                "calibrations_ms": r["gap_model"]["calibrations_ms"],
-                "speed": r["gap_model"]["speed"], "gap_pace": r["gap_pace"],
-                "anchored": r["gap_model"]["anchored"],
-                "ops_between_gaps": r["gap_model"]["ops_between_gaps"],
-            })
-        };
-        let processes = [
-            process(&plain),
-            process(&quiet),
-            process(&busy),
-            process(&anch_q),
-            process(&anch_b),
-        ];
-        // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
-        let check: Vec<String> = one
-            .iter()
-            .cloned()
-            .chain(["--check-values".into()])
-            .collect();
-        let checked = replay(bin, &et_q, 30, &check)?;
-        let nonfinite = match &checked["first_nonfinite"] {
-            serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
-            v => format!(
-                "{} ({})",
-                v["op"].as_str().unwrap_or("?"),
-                checked["nonfinite_externals"]
-            ),
-        };
-        let orig_ms = crate::median(&orig);
-        let col = |k: usize| crate::median(&per_round.iter().map(|r| r[k]).collect::<Vec<_>>());
-        let cpu: [f64; PROCESSES - 1] = std::array::from_fn(|k| {
-            let v: Vec<f64> = per_round_cpu
-                .iter()
-                .map(|r| r[k])
-                .filter(|x| x.is_finite())
-                .collect();
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                crate::median(&v)
-            }
-        });
-        let row = Row {
-            model: m.name.clone(),
-            set: m.set.clone(),
-            orig_ms,
-            plain: col(0),
-            quiet: col(1),
-            busy: col(2),
-            anch_quiet: col(3),
-            anch_busy: col(4),
-            busy_speed: busy["gap_model"]["speed"].as_f64().unwrap_or(f64::NAN),
-            busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"]
-                .as_f64()
-                .unwrap_or(f64::NAN)
-                / orig_ms,
-            faults: (
-                crate::median(&orig_faults),
-                plain["page_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
-            ),
-            failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
-            nonfinite,
-            // Like for like: the original's profile counts what was allocated while it ran
-            // (its peak over its start: intermediates, grads, new optimizer state), not the
-            // parameters and inputs that lived before; the replay's inputs (externals) are its
-            // counterpart of those, so they come off its peak.
-            peak_ratio: (plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
-                - plain["external_bytes"].as_f64().unwrap_or(f64::NAN))
-                / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
-            rounds: per_round,
-            cpu,
-            rounds_cpu: per_round_cpu,
-            round_original_ms: orig,
-            round_original_cpu_ms: orig_cpu,
-            round_original_wait_ms: orig_wait,
-            processes,
-        };
-        let quartiles = |k: usize| {
-            let mut v: Vec<f64> = row
-                .rounds
-                .iter()
-                .map(|r| r[k])
-                .filter(|x| x.is_finite())
-                .collect();
-            v.sort_by(f64::total_cmp);
-            let at = |q: f64| {
-                v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-                    .copied()
-                    .unwrap_or(f64::NAN)
+            drop(original);
+            let (plain, quiet, busy) = (plain.finish()?, quiet.finish()?, busy.finish()?);
+            let (anch_q, anch_b) = (anch_q.finish()?, anch_b.finish()?);
+            // What each replay process ran: its gap model's total (and its calibrations') and its
+            // own medians of op and iteration time, to tell a model's ratio apart into ops and gaps.
+            let process = |r: &serde_json::Value| {
+                serde_json::json!({
+                    "iter_ms": r["iter_ms"]["median"], "op_ms": r["op_ms"]["median"],
+                    "emulated_ms": r["gap_model"]["emulated_ms"],
+                    "calibrations_ms": r["gap_model"]["calibrations_ms"],
+                    "speed": r["gap_model"]["speed"], "gap_pace": r["gap_pace"],
+                    "anchored": r["gap_model"]["anchored"],
+                    "ops_between_gaps": r["gap_model"]["ops_between_gaps"],
+                })
             };
-            format!("{:.2}-{:.2}", at(0.25), at(0.75))
-        };
-        eprintln!(
+            let processes = [
+                process(&plain),
+                process(&quiet),
+                process(&busy),
+                process(&anch_q),
+                process(&anch_b),
+            ];
+            // Values: every op runs and nothing goes NaN/Inf (checked on every op's outputs).
+            let check: Vec<String> = one
+                .iter()
+                .cloned()
+                .chain(["--check-values".into()])
+                .collect();
+            let checked = replay(bin, &et_q, 30, &check)?;
+            let nonfinite = match &checked["first_nonfinite"] {
+                serde_json::Value::Null => format!("{}", checked["nonfinite_externals"]),
+                v => format!(
+                    "{} ({})",
+                    v["op"].as_str().unwrap_or("?"),
+                    checked["nonfinite_externals"]
+                ),
+            };
+            let orig_ms = crate::median(&orig);
+            let col = |k: usize| crate::median(&per_round.iter().map(|r| r[k]).collect::<Vec<_>>());
+            let cpu: [f64; PROCESSES - 1] = std::array::from_fn(|k| {
+                let v: Vec<f64> = per_round_cpu
+                    .iter()
+                    .map(|r| r[k])
+                    .filter(|x| x.is_finite())
+                    .collect();
+                if v.is_empty() {
+                    f64::NAN
+                } else {
+                    crate::median(&v)
+                }
+            });
+            let row = Row {
+                model: m.name.clone(),
+                set: m.set.clone(),
+                orig_ms,
+                plain: col(0),
+                quiet: col(1),
+                busy: col(2),
+                anch_quiet: col(3),
+                anch_busy: col(4),
+                busy_speed: busy["gap_model"]["speed"].as_f64().unwrap_or(f64::NAN),
+                busy_capture_over_orig: busy["gap_model"]["capture_gaps_ms"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+                    / orig_ms,
+                faults: (
+                    crate::median(&orig_faults),
+                    plain["page_faults_per_iter"].as_f64().unwrap_or(f64::NAN),
+                ),
+                failed: checked["ops_failed"].as_u64().unwrap_or(u64::MAX),
+                nonfinite,
+                // Like for like: the original's profile counts what was allocated while it ran
+                // (its peak over its start: intermediates, grads, new optimizer state), not the
+                // parameters and inputs that lived before; the replay's inputs (externals) are its
+                // counterpart of those, so they come off its peak.
+                peak_ratio: (plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
+                    - plain["external_bytes"].as_f64().unwrap_or(f64::NAN))
+                    / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
+                rounds: per_round,
+                cpu,
+                rounds_cpu: per_round_cpu,
+                round_original_ms: orig,
+                round_original_cpu_ms: orig_cpu,
+                round_original_wait_ms: orig_wait,
+                processes,
+            };
+            let quartiles = |k: usize| {
+                let mut v: Vec<f64> = row
+                    .rounds
+                    .iter()
+                    .map(|r| r[k])
+                    .filter(|x| x.is_finite())
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                let at = |q: f64| {
+                    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                        .copied()
+                        .unwrap_or(f64::NAN)
+                };
+                format!("{:.2}-{:.2}", at(0.25), at(0.75))
+            };
+            eprintln!(
             "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy), anchored {:.3} {:.3}; rounds' quartiles {}, {}, {}, {}, {}; in CPU time {:.3}, {:.3} {:.3}, {:.3} {:.3}",
             row.model, row.orig_ms, row.plain, row.quiet, row.busy, row.anch_quiet, row.anch_busy,
             quartiles(0), quartiles(1), quartiles(2), quartiles(3), quartiles(4),
             row.cpu[0], row.cpu[1], row.cpu[2], row.cpu[3], row.cpu[4]
         );
-        rows.push((row, m.covers.clone()));
+            rows.push((row, m.covers.clone()));
+        }
     }
     // The tuning set's table, each held-out set's, and a summary over all held-out sets: (name
     // in the summary, the zoo sets it covers, the table's title; none: summary only).
@@ -1472,6 +1576,27 @@ impl Drop for Burners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every round is a permutation of the takers, and over `2 n` rounds each goes first twice
+    /// and last twice (no process, no model always follows the same one).
+    #[test]
+    fn turns_rotate_and_reverse() {
+        for n in [1usize, 2, 4, 6, 8] {
+            let mut first = vec![0; n];
+            let mut last = vec![0; n];
+            for round in 0..2 * n {
+                let o = turn_order(n, round);
+                let mut sorted = o.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..n).collect::<Vec<_>>(), "n {n} round {round}");
+                first[o[0]] += 1;
+                last[o[n - 1]] += 1;
+            }
+            assert!(first.iter().all(|&c| c == 2), "n {n}: firsts {first:?}");
+            assert!(last.iter().all(|&c| c == 2), "n {n}: lasts {last:?}");
+        }
+        assert!(turn_order(0, 3).is_empty());
+    }
 
     /// A process's CPU time, read from its threads' schedstat, grows by about what it spun (it
     /// may have been descheduled meanwhile: only at least half is asked), and a process that is
