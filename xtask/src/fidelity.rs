@@ -4,24 +4,30 @@
 //! Each zoo model is captured twice (cached under the user cache: a directory per version of the
 //! capture machinery, and each model's capture kept while its own code is unchanged, so that a
 //! model added captures alone): on a quiet host, and with the host made busy during the capture
-//! only. Per model, four processes stand side by side and take turns, one block of iterations each per round (about
-//! 50 ms of the original's by default, the order rotating; all four pinned to one core; 1
-//! thread): the original timed uninstrumented (`zoo.py serve`), the plain replay, the replay with gaps from the quiet capture, and with
-//! gaps from the busy capture (`mystique replay --paced`). The replays replay the clean ET and
+//! only. Per model, six processes stand side by side and take turns, one block of iterations
+//! each per round (about 50 ms of the original's by default, the order rotating; all pinned to
+//! one core; 1 thread): the original timed uninstrumented (`zoo.py serve`), the plain replay,
+//! the replays with gaps from the quiet and from the busy capture, and the anchored gap model on
+//! each capture's reference (`mystique replay --paced`). Models take their rounds in groups of
+//! four, a round of each in turn, so that a model's rounds spread over the group's time. The replays replay the clean ET and
 //! take their gaps from the profile taken without the execution trace observer (`--capture
 //! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /
 //! original block), then the median over rounds. The tuning set and the held-out sets
 //! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
 //! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3`
 //! had been; `fresh5`, in the tenth session; `fresh6`, in the twelfth, before the harness's block
-//! length was decided; `fresh7`, in the thirteenth, before any change to the gap model was tried; `fresh8`, in the fourteenth, likewise) are reported apart, with a summary over all
+//! length was decided; `fresh7`, in the thirteenth, before any change to the gap model was tried; `fresh8`, in the fourteenth, likewise; `fresh9`, in the twenty-first) are reported apart, with a summary over all
 //! held-out sets. Held-out models are not used to choose anything, with one exception: the ninth
 //! session's boundary charge was chosen with the first four held-out sets' results in view, and
 //! `fresh4` was written after it as the check on it; and the harness's 50 ms blocks (the twelfth
 //! session) were chosen with `heldout` to `fresh5` in view, and `fresh6` was written and
 //! committed before that choice, as the check on it; `fresh7` was written and committed at the
 //! start of the thirteenth session, before any change tried there, and `fresh8` at the start of the
-//! fourteenth.
+//! fourteenth. The twenty-first session's grouped rounds and references (a change to the
+//! harness, not to the replay) were chosen after five references of four held-out models
+//! (film_cnn_adam, perceiver_radam, mixer_adamw, lenet_nadam) were timed back to back beside the
+//! burners, and after its first full run; `fresh9` was written during that session, before any
+//! of its models had been replayed, as the check on it.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -35,7 +41,7 @@ struct HeldOut {
     label: &'static str,
 }
 
-static HELD_OUT: [HeldOut; 9] = [
+static HELD_OUT: [HeldOut; 10] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -80,6 +86,11 @@ static HELD_OUT: [HeldOut; 9] = [
         set: "fresh8",
         title: "EIGHTH FRESH HELD-OUT (added 2026-12-04, fourteenth session)",
         label: "eighth fresh held-out",
+    },
+    HeldOut {
+        set: "fresh9",
+        title: "NINTH FRESH HELD-OUT (added 2026-12-05, twenty-first session)",
+        label: "ninth fresh held-out",
     },
 ];
 
@@ -430,6 +441,23 @@ const AGAINST_REFERENCE: &str = "{reference}";
 /// processes meanwhile (six for the rounds, 0.2-0.6 GB each), which bounds the group.
 const SPREAD_MODELS: usize = 4;
 
+/// `items` in groups of at most `most`, as even as can be (sizes differ by one at most): 74
+/// models in fours are 17 fours and 2 threes, not 18 fours and a two. A group of one would
+/// time its model back to back, as the groups are there to avoid; it happens only for a
+/// single item.
+fn balanced_groups<T>(items: &[T], most: usize) -> Vec<&[T]> {
+    let groups = items.len().div_ceil(most.max(1));
+    let mut out = Vec::with_capacity(groups);
+    let mut rest = items;
+    for g in 0..groups {
+        // What is left, spread over the groups left.
+        let (here, later) = rest.split_at(rest.len().div_ceil(groups - g));
+        out.push(here);
+        rest = later;
+    }
+    out
+}
+
 /// The order `n` takers (a round's processes, a group's models) go in at `round`: each starts
 /// a round in each place in turn, forwards and then backwards, so none always follows the
 /// same one (caches, the host's spells).
@@ -563,7 +591,7 @@ fn references(
         // to the next a minute apart (film_cnn_adam 0.84-1.01 of its quiet one): the host's
         // spells, in which the original's Python and the replay do not slow alike, last tens
         // of seconds.
-        for group in stale.chunks(REFERENCE_SPREAD) {
+        for group in balanced_groups(&stale, REFERENCE_SPREAD) {
             struct Timing {
                 iters: usize,
                 orig: Paced,
@@ -946,7 +974,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     // vCPU's sibling) last tens of seconds, and the original's Python and the replay do not
     // slow alike in them: back to back, a model's rounds could all sit in one.
     let chosen: Vec<(&Model, &(PathBuf, PathBuf))> = models.iter().zip(&refs).collect();
-    for group in chosen.chunks(SPREAD_MODELS) {
+    for group in balanced_groups(&chosen, SPREAD_MODELS) {
         let mut runs: Vec<Run> = Vec::with_capacity(group.len());
         for &(m, (ref_q, ref_b)) in group {
             let q = dir.join("quiet");
@@ -1009,12 +1037,13 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             let q_a = against_zoo.as_ref().map_or(q.clone(), |d| d.join("quiet"));
             let (et_a, kin_a) = pair(&q_a, against_capture);
             // Iterations per block: about `block_ms` of the original's quiet iterations (its
-            // capture's timing), the same count for all four so that a block's times compare as
+            // capture's timing), the same count for all six so that a block's times compare as
             // they are.
             let iters = block_iters(&meta, block_ms);
             // Started one at a time, each running its first block (start-up, calibration, warm-up;
             // not counted) before the next starts, so no calibration shares the host with another
-            // process's start. Then `rounds` rounds, one block each in turn. A replay is given one
+            // process's start. Then `rounds` rounds, one block each in turn (each round of this model
+            // between one of each other model of its group). A replay is given one
             // block more than it runs here: on its last block it goes on to its end (the report,
             // its profiled iterations) at once, which shared the core with the next process's
             // block when that was the last round's (that round's original read 4.04 ms against
@@ -1576,6 +1605,30 @@ impl Drop for Burners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Groups cover the items in order, at most `most` each, their sizes within one of each other.
+    #[test]
+    fn groups_are_balanced() {
+        for n in 0..40usize {
+            for most in 1..10usize {
+                let items: Vec<usize> = (0..n).collect();
+                let g = balanced_groups(&items, most);
+                assert_eq!(g.len(), n.div_ceil(most), "n {n} most {most}");
+                assert_eq!(g.concat(), items, "n {n} most {most}");
+                let (lo, hi) = (
+                    g.iter().map(|x| x.len()).min().unwrap_or(0),
+                    g.iter().map(|x| x.len()).max().unwrap_or(0),
+                );
+                assert!(hi <= most && hi - lo <= 1, "n {n} most {most}: {lo}..{hi}");
+            }
+        }
+        let models: Vec<usize> = (0..74).collect();
+        let sizes: Vec<usize> = balanced_groups(&models, 4)
+            .iter()
+            .map(|g| g.len())
+            .collect();
+        assert_eq!(sizes.iter().filter(|&&k| k == 3).count(), 2, "{sizes:?}");
+    }
 
     /// Every round is a permutation of the takers, and over `2 n` rounds each goes first twice
     /// and last twice (no process, no model always follows the same one).
