@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7 | fresh8), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7 | fresh8 | fresh9), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -28,7 +28,8 @@ timing profile taken without the observer; `fresh4` likewise, added with the tim
 warm-up and the probed boundary costs (ninth session); `fresh5` likewise (tenth session); `fresh6`
 likewise (twelfth session, before the harness's block length was decided); `fresh7` likewise
 (thirteenth session, before any change to the gap model was tried); `fresh8` likewise (fourteenth
-session, before any change tried there).
+session, before any change tried there); `fresh9` likewise (twenty-first session, written before
+any of its models was replayed, as the check on that session's grouped rounds and references).
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import hashlib, inspect, json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -1163,6 +1164,193 @@ def channels_last_cnn_infer():
     return infer(m, torch.randn(4, 3, 48, 48).to(memory_format=torch.channels_last))
 
 
+# ---- fresh9: written in the twenty-first session, before its harness change was run on them --
+
+class ConformerConv(nn.Module):
+    def __init__(self, d=32, k=7):
+        super().__init__()
+        self.ff1, self.ff2 = nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d)), \
+            nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
+        self.ln = nn.LayerNorm(d)
+        self.pw1, self.dw, self.pw2 = nn.Conv1d(d, 2 * d, 1), nn.Conv1d(d, d, k, padding=k // 2, groups=d), nn.Conv1d(d, d, 1)
+        self.bn = nn.BatchNorm1d(d)
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x):
+        x = x + 0.5 * self.ff1(x)
+        h = self.ln(x).transpose(1, 2)
+        h = self.pw2(F.silu(self.bn(self.dw(F.glu(self.pw1(h), dim=1)))))
+        x = x + h.transpose(1, 2)
+        x = x + 0.5 * self.ff2(x)
+        return self.head(x.mean(1))
+
+
+def conformer_conv_adamw():
+    m = ConformerConv()
+    x, y = torch.randn(4, 40, 32), torch.randint(0, 5, (4,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3, amsgrad=True), lambda m: F.cross_entropy(m(x), y))
+
+
+class WindowAttn(nn.Module):
+    def __init__(self, c=32, win=4, heads=2):
+        super().__init__()
+        self.c, self.win, self.heads = c, win, heads
+        self.qkv, self.proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.bias = nn.Parameter(torch.randn(heads, (2 * win - 1) ** 2) * 0.02)
+        ij = torch.stack(torch.meshgrid(torch.arange(win), torch.arange(win), indexing="ij")).flatten(1)
+        rel = (ij[:, :, None] - ij[:, None, :]).permute(1, 2, 0) + (win - 1)
+        self.register_buffer("index", rel[..., 0] * (2 * win - 1) + rel[..., 1])
+
+    def forward(self, x, shift):
+        b, h, w, c = x.shape
+        if shift:
+            x = torch.roll(x, (-self.win // 2, -self.win // 2), (1, 2))
+        win = self.win
+        t = x.view(b, h // win, win, w // win, win, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, win * win, c)
+        q, k, v = self.qkv(t).view(t.shape[0], win * win, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        bias = self.bias[:, self.index.view(-1)].view(self.heads, win * win, win * win)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(-1, win * win, c)
+        o = self.proj(o).view(b, h // win, w // win, win, win, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        if shift:
+            o = torch.roll(o, (win // 2, win // 2), (1, 2))
+        return o
+
+
+def window_attn_infer():
+    a, b = WindowAttn().eval(), WindowAttn().eval()
+    ln = nn.LayerNorm(32)
+    x = torch.randn(2, 16, 16, 32)
+
+    @torch.no_grad()
+    def step():
+        h = x + a(ln(x), False)
+        return h + b(ln(h), True)
+    return step
+
+
+class DeepCross(nn.Module):
+    def __init__(self, fields=6, vocab=500, d=8, layers=3):
+        super().__init__()
+        self.emb = nn.Embedding(fields * vocab, d)
+        self.register_buffer("offsets", torch.arange(fields) * vocab)
+        n = fields * d + 4
+        self.cross = nn.ModuleList(nn.Linear(n, n) for _ in range(layers))
+        self.deep = nn.Sequential(nn.Linear(n, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU())
+        self.out = nn.Linear(n + 32, 1)
+
+    def forward(self, ids, dense):
+        x0 = torch.cat([self.emb(ids + self.offsets).flatten(1), dense], 1)
+        x = x0
+        for c in self.cross:
+            x = x0 * c(x) + x
+        return self.out(torch.cat([x, self.deep(x0)], 1)).squeeze(1)
+
+
+def dcn_cross_sgd():
+    m = DeepCross()
+    ids, dense, y = torch.randint(0, 500, (128, 6)), torch.randn(128, 4), torch.randint(0, 2, (128,)).float()
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-5)
+    return train(m, opt, lambda m: F.binary_cross_entropy_with_logits(m(ids, dense), y))
+
+
+class STN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Sequential(nn.Conv2d(1, 8, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Conv2d(8, 8, 5), nn.AdaptiveAvgPool2d(2),
+                                 nn.Flatten(), nn.Linear(32, 6))
+        nn.init.zeros_(self.loc[-1].weight)
+        with torch.no_grad():
+            self.loc[-1].bias.copy_(torch.tensor([1.0, 0, 0, 0, 1.0, 0]))
+        self.cls = nn.Sequential(nn.Conv2d(1, 10, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten(), nn.LazyLinear(10))
+
+    def forward(self, x):
+        theta = self.loc(x).view(-1, 2, 3)
+        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        return self.cls(F.grid_sample(x, grid, align_corners=False))
+
+
+def stn_grid_adam():
+    m = STN()
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    m(x)  # materialise the lazy layer before the optimizer sees it
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def int_hash_infer():
+    vals = torch.rand(256, 8) * 100
+    ids = torch.randint(0, 1 << 20, (256, 4))
+    bounds = torch.linspace(0, 100, 17)
+    table = torch.randn(1024, 16)
+
+    @torch.no_grad()
+    def step():
+        buckets = torch.bucketize(vals, bounds)
+        hashed = torch.remainder(torch.bitwise_xor(ids * 2654435761, ids >> 7), 1024)
+        counts = torch.bincount(hashed.flatten(), minlength=1024)
+        pooled = F.embedding_bag(hashed, table, mode="sum")
+        acc = torch.zeros(256, 17).scatter_add_(1, buckets, torch.ones_like(vals))
+        return pooled.sum(1) + acc.argmax(1).float() + counts[hashed[:, 0]].float()
+    return step
+
+
+class CrfTagger(nn.Module):
+    def __init__(self, vocab=200, d=32, tags=6):
+        super().__init__()
+        self.emb, self.emit = nn.Embedding(vocab, d), nn.Sequential(nn.Linear(d, d), nn.Tanh(), nn.Linear(d, tags))
+        self.trans = nn.Parameter(torch.randn(tags, tags) * 0.1)
+
+    def nll(self, words, tags):
+        e = self.emit(self.emb(words))  # [B, T, K]
+        alpha = e[:, 0]
+        for t in range(1, e.shape[1]):
+            alpha = torch.logsumexp(alpha[:, :, None] + self.trans[None], dim=1) + e[:, t]
+        log_z = torch.logsumexp(alpha, 1)
+        gold = e.gather(2, tags[..., None]).squeeze(2).sum(1) + self.trans[tags[:, :-1], tags[:, 1:]].sum(1)
+        return (log_z - gold).mean()
+
+
+def crf_tagger_adam():
+    m = CrfTagger()
+    words, tags = torch.randint(0, 200, (16, 12)), torch.randint(0, 6, (16, 12))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: m.nll(words, tags))
+
+
+def accum_sched_mlp_sgd():
+    m = nn.Sequential(nn.Linear(48, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=50)
+    xs, ys = torch.randn(2, 32, 48), torch.randint(0, 4, (2, 32))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for k in range(2):  # gradient accumulation over two micro-batches
+            (F.cross_entropy(m(xs[k]), ys[k]) / 2).backward()
+        torch.nn.utils.clip_grad_value_(m.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    return step
+
+
+class SegNetLite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.e1, self.e2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
+        self.d2, self.d1 = nn.Conv2d(32, 16, 3, padding=1), nn.Conv2d(16, 3, 3, padding=1)
+        self.pool, self.unpool = nn.MaxPool2d(2, return_indices=True), nn.MaxUnpool2d(2)
+
+    def forward(self, x):
+        h, i1 = self.pool(F.relu(self.e1(x)))
+        h, i2 = self.pool(F.relu(self.e2(h)))
+        h = F.relu(self.d2(self.unpool(h, i2)))
+        return self.d1(self.unpool(h, i1))
+
+
+def segnet_unpool_adam():
+    m = SegNetLite()
+    x = torch.randn(2, 3, 32, 32)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), x))
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1239,6 +1427,14 @@ MODELS = {
     "weightnorm_mlp_sgd": (weightnorm_mlp_sgd, "fresh8", "MLP with weight-norm parametrizations (_weight_norm), SGD"),
     "bilinear_adam": (bilinear_adam, "fresh8", "two tanh towers joined by nn.Bilinear, L1 loss, Adam"),
     "channels_last_cnn_infer": (channels_last_cnn_infer, "fresh8", "channels_last CNN: strided, depthwise and pointwise convs, batch-norm, hardswish, inference"),
+    "conformer_conv_adamw": (conformer_conv_adamw, "fresh9", "Conformer block: macaron FFNs, pointwise conv, GLU, depthwise conv1d, batch-norm, SiLU, AdamW amsgrad"),
+    "window_attn_infer": (window_attn_infer, "fresh9", "Swin-style window attention: window partition (view/permute), roll shift, gathered relative-position bias, SDPA with a float mask, inference"),
+    "dcn_cross_sgd": (dcn_cross_sgd, "fresh9", "Deep & Cross network: offset embeddings, cross layers, deep MLP, BCE logits, SGD Nesterov + weight decay"),
+    "stn_grid_adam": (stn_grid_adam, "fresh9", "spatial transformer: localisation CNN, affine_grid, grid_sample, classifier CNN, Adam"),
+    "int_hash_infer": (int_hash_infer, "fresh9", "integer features: bucketize, xor/shift hashing, remainder, bincount, embedding_bag sum, scatter_add, inference"),
+    "crf_tagger_adam": (crf_tagger_adam, "fresh9", "linear-chain CRF tagger: forward algorithm (a logsumexp per step), gold-path gather, Adam"),
+    "accum_sched_mlp_sgd": (accum_sched_mlp_sgd, "fresh9", "MLP with gradient accumulation over two micro-batches, clip_grad_value, cosine warm-restart LR schedule, SGD momentum"),
+    "segnet_unpool_adam": (segnet_unpool_adam, "fresh9", "SegNet-style autoencoder: max-pool with indices, max-unpool, MSE, Adam"),
 }
 
 
