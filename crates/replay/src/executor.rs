@@ -1011,6 +1011,13 @@ fn fill_view(view: &mut Tensor, spec: &TensorSpec, fill: &Fill, device: &Device)
             .and_then(|t| t.f_reshape(spec.shape.as_slice()))
             .and_then(|t| t.f_to_device(dev))
             .and_then(|t| t.f_to_kind(kind)),
+        Fill::Sorted(x) => {
+            // Each row (along the last dimension) from -x to x.
+            let n = spec.shape.last().copied().unwrap_or(1).max(1);
+            Tensor::f_linspace(-*x, *x, n, (kind, dev))
+                .and_then(|t| t.f_expand(spec.shape.as_slice(), false))
+                .and_then(|t| t.f_contiguous())
+        }
         Fill::Offsets(total) => {
             let n = spec.shape.iter().product::<i64>().max(1);
             let step = (*total / n).max(0);

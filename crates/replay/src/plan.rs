@@ -183,6 +183,9 @@ pub enum Fill {
     Probability,
     /// These values, in order (sequence lengths for `pack_padded_sequence`).
     Ints(Vec<i64>),
+    /// Sorted along the last dimension, evenly from `-x` to `x` (bucket boundaries): past the
+    /// synthetic values' scale, so that each value falls strictly inside them.
+    Sorted(#[serde(with = "float")] f64),
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1707,6 +1710,15 @@ fn consumer_fill(
                 s.first().copied()?
             }))
         }
+        // Bucket boundaries are sorted. Random ones made `bucketize`'s indices arbitrary in
+        // [0, n], and n (a value past the last boundary), which the original's data never
+        // reached, overflowed the scatter it indexed, sized by the boundaries
+        // (int_hash_infer's `scatter_add_`). Synthetic values are at most standard normal
+        // (scaled down by their fan-in): boundaries spread over [-8, 8] hold every one inside,
+        // so the indices stay in [1, n - 1].
+        ("bucketize", "boundaries") | ("searchsorted", "sorted_sequence") => {
+            Some(Fill::Sorted(8.0))
+        }
         // Lengths of padded sequences, longest first: the packed data the trace records holds
         // their sum (rows), and its batch sizes their maximum (one per time step).
         ("_pack_padded_sequence", "lengths") => {
@@ -1929,7 +1941,9 @@ pub fn compile(g: &Graph, set: &ReplaySet) -> Plan {
                                             if ext.dtype.is_integral()
                                                 || matches!(
                                                     fill,
-                                                    Fill::Value(_) | Fill::Probability
+                                                    Fill::Value(_)
+                                                        | Fill::Probability
+                                                        | Fill::Sorted(_)
                                                 )
                                             {
                                                 b.externals[e].2 = fill;
@@ -2728,6 +2742,26 @@ mod tests {
             .unwrap();
         assert_eq!(idx.2, Fill::Indices(10));
         assert_eq!(idx.1.shape, vec![5]);
+    }
+
+    /// Bucket boundaries are filled sorted (random ones made indices the original's data
+    /// never did), and the values bucketized stay random.
+    #[test]
+    fn bucket_boundaries_are_sorted() {
+        let mut b = TraceBuilder::new();
+        b.op(
+            "aten::bucketize",
+            "aten::bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor",
+        )
+        .input(f32(1, 1, 64), json!([64]), "Tensor(float)")
+        .input(f32(2, 2, 17), json!([17]), "Tensor(float)")
+        .input(json!(false), json!([]), "Bool")
+        .input(json!(false), json!([]), "Bool")
+        .output(tensor(3, 3, 0, 64, 8, "cpu"), json!([64]), "Tensor(long int)")
+        .done();
+        let p = plan_of(&b);
+        assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the values");
+        assert_eq!(fill_of(&p, 0, 1), Fill::Sorted(8.0), "the boundaries");
     }
 
     /// What a normalisation's backward reads of the forward's statistics, which no replayed op
