@@ -169,12 +169,20 @@ impl Reference {
         Ok(())
     }
 
-    /// The larger share of its time either program waited for a CPU (0 without recorded
-    /// waits): how shared the capture host was.
-    pub fn waited_share(&self) -> f64 {
+    /// The share of its time each program waited for a CPU, the original's and the plain
+    /// replay's (0 where no wait was recorded).
+    pub fn wait_shares(&self) -> (f64, f64) {
         let share = |w: Option<f64>, t: f64| w.map_or(0.0, |w| w / t);
-        share(self.original_wait_ms, self.original_ms)
-            .max(share(self.replay_wait_ms, self.replay_ms))
+        (
+            share(self.original_wait_ms, self.original_ms),
+            share(self.replay_wait_ms, self.replay_ms),
+        )
+    }
+
+    /// The larger of [`Reference::wait_shares`]: how shared the capture host was.
+    pub fn waited_share(&self) -> f64 {
+        let (original, replay) = self.wait_shares();
+        original.max(replay)
     }
 
     /// The reference in running time: each program's time less what it waited for a CPU, the

@@ -397,13 +397,14 @@ const SHARED_HOST_WAIT: f64 = 0.05;
 /// session), so a quiet host's reference is the better one.
 fn warn_shared_host(r: &mystique_cli::package::Reference, what: &str) {
     if r.waited_share() > SHARED_HOST_WAIT {
+        let (original, replay) = r.wait_shares();
         eprintln!(
             "warning: the reference {what} was timed on a shared host (the original waited {:.0}% \
              of its time for a CPU, the plain replay {:.0}%): both are taken in running time, but \
              a program's running time grows too beside other work, not by the same factor for \
              the original and the replay; time the reference on a quiet host where you can",
-            100.0 * r.original_wait_ms.unwrap_or(0.0) / r.original_ms,
-            100.0 * r.replay_wait_ms.unwrap_or(0.0) / r.replay_ms
+            100.0 * original,
+            100.0 * replay
         );
     }
 }
