@@ -398,7 +398,7 @@ fn gaps_from_a_profile_taken_without_the_observer() {
 
 /// `--time-base-with-gaps` measures the pace's time base with the gaps spun and says so in the
 /// report (the plain base beside it); by default the base is the calibration's times how much
-/// slower the ops ran between the gaps in iterations that alternated (`ops_between_gaps`), and
+/// slower the ops ran between the gaps in runs of iterations that alternated (`ops_between_gaps`), and
 /// the report has no `time_base`.
 #[test]
 fn the_time_base_is_taken_with_the_gaps_only_when_asked() {

@@ -335,20 +335,21 @@ pub struct GapModel {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_base: Option<TimeBase>,
     /// How much slower the ops run between the spun gaps than back to back, measured on this
-    /// host in iterations that alternate ([`OpsBetweenGaps`]); the time base holds it.
+    /// host in runs of iterations that alternate ([`OpsBetweenGaps`]); the time base holds it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ops_between_gaps: Option<OpsBetweenGaps>,
 }
 
 /// The replay's ops between spun gaps against the same ops back to back, on this host, in one
-/// replay whose iterations alternate (with the gaps, without; each a few milliseconds from
-/// the next, so a VM's slow spell moves both kinds): the ratio of the steps' medians. The ops
-/// between gaps run slower (their caches and predictors cool while the gap is spun, and on a
-/// busy host a core shared with another process is taken more often inside them): 1.03-1.10
-/// on a quiet host and up to 1.2 beside a CPU burner in the harness's paced blocks, where each
-/// block starts after the other processes ran; measured this way, inside one replay, a median
-/// of 1.007 (0.94-1.14) over one busy-host run's replays (ARCHITECTURE.md, nineteenth
-/// session). The gap model's time base is multiplied by it, so that `GapPace` reads only the
+/// replay whose iterations alternate in short runs (with the gaps, without; each run a few
+/// milliseconds from the next, so a VM's slow spell moves both kinds): the ratio of the steps'
+/// medians over the runs' settled iterations. The ops between gaps run slower (their caches
+/// and predictors cool while the gap is spun, and on a busy host a core shared with another
+/// process is taken more often inside them): 1.03-1.10 on a quiet host and up to 1.2 beside a
+/// CPU burner in the harness's paced blocks. Part of it outlasts the iteration: single
+/// iterations alternating read a median of 1.007 (0.94-1.14) over one busy-host run's replays
+/// (ARCHITECTURE.md, nineteenth session), the back-to-back ones slowed by the gapped one before
+/// them; hence runs (the replay's `ALTERNATION_RUN`, twenty-second session). The gap model's time base is multiplied by it, so that `GapPace` reads only the
 /// host's own changes (not the gaps' effect on the ops as a slower host), and
 /// an anchor ([`anchor`]) puts the reference on this host by the ops back to back, as the
 /// reference's plain replay ran them, then fills the target with the ops as they run between

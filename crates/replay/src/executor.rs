@@ -1265,7 +1265,7 @@ pub fn run(
             it,
             phase,
             gaps.as_mut()
-                .filter(|_| !opts.gaps_every_other || it % 2 == 0),
+                .filter(|_| opts.alternation(it).is_none_or(|(spun, _)| spun)),
             opts,
         )?;
         if let Some((pace, Some(n))) = pacing {

@@ -37,7 +37,7 @@ pub mod single;
 pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
-pub use options::{DistOptions, Pace, Pacer, ReplayOptions};
+pub use options::{DistOptions, Pace, Pacer, ReplayOptions, ALTERNATION_RUN};
 pub use report::{
     CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
     Report, StepTiming,

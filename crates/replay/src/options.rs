@@ -22,10 +22,11 @@ pub struct ReplayOptions {
     /// calibration that fell in a spell of its own left a whole run's gaps off (the same
     /// build's two replays of one model read up to 0.2 apart in one run).
     pub gaps_base_us: Option<Vec<f64>>,
-    /// With `gaps_us`: spin them only in the iterations of even index (counting from the first
-    /// warm-up iteration), the others back to back. Pairs of adjacent iterations then tell how
-    /// much slower the ops run between the gaps on this host (`et_graph::OpsBetweenGaps`).
-    pub gaps_every_other: bool,
+    /// With `gaps_us`: spin them in runs of [`ALTERNATION_RUN`] iterations, every other run
+    /// (counting from the first warm-up iteration), the others back to back
+    /// ([`ReplayOptions::alternation`]). The runs then tell how much slower the ops run between
+    /// the gaps on this host (`et_graph::OpsBetweenGaps`).
+    pub gaps_alternating: bool,
     /// Record the median time of every step in the report.
     pub per_step: bool,
     /// Report progress (materialisation, each iteration) on stderr.
@@ -168,6 +169,26 @@ impl DistOptions {
     }
 }
 
+/// Iterations in each run of [`ReplayOptions::gaps_alternating`]. Not one: the ops of an
+/// iteration run back to back right after one with the gaps ran slower than in a run of such
+/// iterations (the ops' data had the gaps' time to go cold: in pairs of single iterations, the
+/// back-to-back ones 0.3-2.1% over a plain replay's in the same rounds, five models), so
+/// single iterations read 1.0-2.0% between the gaps where whole runs read 2.3-6.2%. The first
+/// iteration of a run is left out, so each kind's settled ones are compared.
+pub const ALTERNATION_RUN: usize = 3;
+
+impl ReplayOptions {
+    /// With `gaps_alternating`: whether iteration `it` (from the first warm-up iteration) spins
+    /// the gaps, and whether it is settled (not the first of its run, which follows the other
+    /// kind). `None` otherwise.
+    pub fn alternation(&self, it: usize) -> Option<(bool, bool)> {
+        self.gaps_alternating.then_some((
+            (it / ALTERNATION_RUN).is_multiple_of(2),
+            !it.is_multiple_of(ALTERNATION_RUN),
+        ))
+    }
+}
+
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {
@@ -179,7 +200,7 @@ impl Default for ReplayOptions {
             trace_out: None,
             gaps_us: None,
             gaps_base_us: None,
-            gaps_every_other: false,
+            gaps_alternating: false,
             per_step: false,
             progress: false,
             instrument: false,
@@ -196,5 +217,34 @@ impl Default for ReplayOptions {
             nvml_period_ms: 20,
             pace: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gaps_alternate_in_runs_whose_first_iteration_is_left_out() {
+        let off = ReplayOptions::default();
+        assert_eq!(off.alternation(4), None);
+        let on = ReplayOptions {
+            gaps_alternating: true,
+            ..Default::default()
+        };
+        let runs: Vec<(bool, bool)> = (0..2 * ALTERNATION_RUN)
+            .map(|it| on.alternation(it).expect("alternating"))
+            .collect();
+        let spun: Vec<bool> = runs.iter().map(|r| r.0).collect();
+        let settled: Vec<bool> = runs.iter().map(|r| r.1).collect();
+        assert_eq!(spun, [true, true, true, false, false, false]);
+        assert_eq!(settled, [false, true, true, false, true, true]);
+        // Over whole pairs of runs, as many settled iterations of each kind.
+        let count = |kind: bool| {
+            (0..6 * ALTERNATION_RUN)
+                .filter(|&it| on.alternation(it) == Some((kind, true)))
+                .count()
+        };
+        assert_eq!(count(true), count(false));
     }
 }

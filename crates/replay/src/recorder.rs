@@ -112,7 +112,7 @@ impl<'a> Recorder<'a> {
             } else {
                 Vec::new()
             },
-            alternating: (opts.per_step && opts.gaps_every_other)
+            alternating: (opts.per_step && opts.gaps_alternating)
                 .then(|| [vec![Vec::new(); n], vec![Vec::new(); n]]),
             iter_ms: Vec::new(),
             op_ms: Vec::new(),
@@ -294,10 +294,13 @@ impl<'a> Recorder<'a> {
                 self.step_launch_samples[pos].push(launch);
             }
             if let Some(a) = &mut self.alternating {
-                // The executor spins the gaps in the iterations of even index counted from the
-                // first warm-up one; this is measured iteration `iter_ms.len()`.
-                let plain = (self.opts.warmup + self.iter_ms.len()) % 2;
-                a[plain][pos].push(launch);
+                // This is measured iteration `iter_ms.len()`; the executor counts from the
+                // first warm-up one.
+                if let Some((spun, true)) =
+                    self.opts.alternation(self.opts.warmup + self.iter_ms.len())
+                {
+                    a[usize::from(!spun)][pos].push(launch);
+                }
             }
             if last && self.opts.trace_out.is_some() {
                 let step = &self.plan.steps[pos];

@@ -257,9 +257,9 @@ fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usiz
 }
 
 /// How much slower the ops run between `model`'s gaps than back to back on this host: a replay
-/// of about half a second (8 to 40 iterations, an even count) that spins the gaps in every
-/// other iteration (no pace: as given), each step's median over the iterations of each kind
-/// ([`et_graph::OpsBetweenGaps::of`]). The time the thread waited for a CPU is taken out
+/// of about half a second (2 to 7 pairs of runs of [`replay::ALTERNATION_RUN`] iterations)
+/// that spins the gaps in every other run (no pace: as given), each step's median over the
+/// settled iterations of each kind ([`et_graph::OpsBetweenGaps::of`]). The time the thread waited for a CPU is taken out
 /// around the steps the calibration timed at a fifth of the least time slice or more
 /// ([`et_graph::SLICE_MIN_US`]): a longer op loses whole slices on a busy host in many
 /// iterations, which its median would keep; a shorter one has a slice's end inside it in few,
@@ -272,16 +272,19 @@ fn ops_between_gaps(
     model: &et_graph::GapModel,
 ) -> Result<Option<et_graph::OpsBetweenGaps>> {
     let ops_s = model.base_op_us() / 1e6;
-    let pair_s = 2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3;
-    let pairs = iterations_within(0.5, pair_s, (4, 20));
+    let run = replay::ALTERNATION_RUN;
+    let pair_s = run as f64 * (2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3);
+    let pairs = iterations_within(0.5, pair_s, (2, 7));
+    // The warm-up ends inside the first run, which spins the gaps: measured, it is settled.
+    let warmup = run - 1;
     let opts = replay::ReplayOptions {
         device,
         autograd,
-        warmup: 2,
-        iters: 2 * pairs,
+        warmup,
+        iters: 2 * run * pairs,
         per_step: true,
         gaps_us: Some(model.gaps_us.clone()),
-        gaps_every_other: true,
+        gaps_alternating: true,
         running_time: true,
         running_time_steps: Some(
             model
@@ -293,13 +296,14 @@ fn ops_between_gaps(
         ..Default::default()
     };
     eprintln!(
-        "[replay] timing the ops between the gaps and back to back ({} alternating \
-         iterations) ...",
-        2 * pairs
+        "[replay] timing the ops between the gaps and back to back ({} iterations, runs of \
+         {run} alternating) ...",
+        2 * run * pairs
     );
     let (r, _) = replay::replay(g, set, &opts)?;
-    Ok(r.steps_alternating_us
-        .and_then(|[with_gaps, plain]| et_graph::OpsBetweenGaps::of(&with_gaps, &plain, pairs)))
+    Ok(r.steps_alternating_us.and_then(|[with_gaps, plain]| {
+        et_graph::OpsBetweenGaps::of(&with_gaps, &plain, (run - 1) * pairs)
+    }))
 }
 
 /// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
@@ -873,7 +877,8 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
         writeln!(
             out,
             "time base  the ops run x{:.3} their time back to back between the gaps here \
-             ({} iterations of each, alternating; each step's median): the gaps follow this \
+             ({} settled iterations of each, in alternating runs; each step's median): the gaps \
+             follow this \
              host's speed from there",
             b.factor, b.iterations
         )?;
