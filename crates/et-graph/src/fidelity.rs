@@ -512,9 +512,11 @@ impl GapModel {
 /// target is filled with the ops as they run between the gaps (nineteenth session). What the
 /// ratio assumes is the bottom-up model's own: that the original's time outside ops follows
 /// this host's speed as its ops do. The executor spins each gap from the
-/// end of the op before, the replay's bookkeeping inside it (the reference's, `R - O` over
-/// the steps, put on this host), so the scale solves `sum(max(scale * e_i, between)) =
-/// target - o`. A model with no gaps to shape it spreads the time over every step evenly.
+/// end of the op before, the replay's bookkeeping inside it (the reference's, `R - O`, put on
+/// this host), and where the bookkeeping before one op outlasts its gap, the gaps after give
+/// the excess back (the executor's `Owed`), so the time outside the ops is the larger of the
+/// gaps' total and the bookkeeping's: the scale solves `max(scale * sum(e_i), R - O) = target -
+/// o`. A model with no gaps to shape it spreads the time over every step evenly.
 /// Nothing is spun where the plain replay is already as slow as the target; above, the
 /// reference's total is taken as it is (no cap), and `Anchored::scale` reports the factor.
 pub fn anchor(model: &mut GapModel, reference: Reference) {
@@ -528,31 +530,16 @@ pub fn anchor(model: &mut GapModel, reference: Reference) {
     // Like for like: the reference's plain replay ran its ops back to back.
     let host_ratio = model.plain_op_us() / (r.replay_op_ms * 1e3);
     let target_us = r.original_ms * 1e3 * host_ratio;
-    let between = (r.replay_ms - r.replay_op_ms) * 1e3 * host_ratio / n.max(1) as f64;
+    let bookkeeping = (r.replay_ms - r.replay_op_ms) * 1e3 * host_ratio;
     let mut shape: Vec<f64> = model.gaps_us.iter().map(|g| g.max(0.0)).collect();
     if shape.iter().sum::<f64>() <= 0.0 {
         shape.iter_mut().for_each(|g| *g = 1.0);
     }
     let outside = target_us - ops_us;
-    let spun = |scale: f64| -> f64 { shape.iter().map(|w| (scale * w).max(between)).sum() };
-    let scale = if n == 0 || outside <= spun(0.0) {
+    let scale = if n == 0 || outside <= bookkeeping {
         0.0
     } else {
-        // `spun` is continuous and non-decreasing in the scale: bisection.
-        let mut hi = outside / shape.iter().sum::<f64>();
-        while spun(hi) < outside && hi.is_finite() {
-            hi *= 2.0;
-        }
-        let mut lo = 0.0;
-        for _ in 0..60 {
-            let mid = 0.5 * (lo + hi);
-            if spun(mid) < outside {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        hi
+        outside / shape.iter().sum::<f64>()
     };
     let profiled_ms = model.emulated_ms;
     model.gaps_us = shape.iter().map(|w| scale * w).collect();
@@ -1097,8 +1084,11 @@ mod tests {
 
     /// What the executor spins over an iteration for `gaps` (each from the end of the op
     /// before, `between` of bookkeeping inside it), ops included.
+    /// As the executor spins `m`'s gaps with `between` µs of bookkeeping before each op: the
+    /// bookkeeping counts toward the gaps, and what outlasts one gap the later ones give back.
     fn iteration_us(m: &GapModel, between: f64) -> f64 {
-        m.base_step_us.iter().sum::<f64>() + m.gaps_us.iter().map(|g| g.max(between)).sum::<f64>()
+        let n = m.gaps_us.len() as f64;
+        m.base_step_us.iter().sum::<f64>() + m.gaps_us.iter().sum::<f64>().max(between * n)
     }
 
     #[test]
