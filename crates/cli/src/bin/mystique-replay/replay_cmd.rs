@@ -257,9 +257,12 @@ fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usiz
 }
 
 /// How much slower the ops run between `model`'s gaps than back to back on this host: a replay
-/// of about half a second (2 to 7 pairs of runs of [`replay::ALTERNATION_RUN`] iterations)
+/// of about half a second (2 to 40 pairs of runs of [`replay::ALTERNATION_RUN`] iterations)
 /// that spins the gaps in every other run (no pace: as given), each step's median over the
-/// settled iterations of each kind ([`et_graph::OpsBetweenGaps::of`]). The time the thread waited for a CPU is taken out
+/// settled iterations of each kind ([`et_graph::OpsBetweenGaps::of`]). A small model fills
+/// the half second with many runs: at most 7 pairs, 14 iterations of each kind, took 17 ms of
+/// hypernet_adam, and one such measurement read x1.317 where the model's others read
+/// x1.01-1.11 (twenty-second session). The time the thread waited for a CPU is taken out
 /// around the steps the calibration timed at a fifth of the least time slice or more
 /// ([`et_graph::SLICE_MIN_US`]): a longer op loses whole slices on a busy host in many
 /// iterations, which its median would keep; a shorter one has a slice's end inside it in few,
@@ -274,7 +277,7 @@ fn ops_between_gaps(
     let ops_s = model.base_op_us() / 1e6;
     let run = replay::ALTERNATION_RUN;
     let pair_s = run as f64 * (2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3);
-    let pairs = iterations_within(0.5, pair_s, (2, 7));
+    let pairs = iterations_within(0.5, pair_s, (2, 40));
     // The warm-up ends inside the first run, which spins the gaps: measured, it is settled.
     let warmup = run - 1;
     let opts = replay::ReplayOptions {
