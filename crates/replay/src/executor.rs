@@ -1790,7 +1790,7 @@ mod tests {
         // A slice's wait before the spin is not the replay's work: nothing more is owed.
         o.settle(15.0, 2_000.0, et_graph::SLICE_MIN_US);
         assert_eq!(o.0, 27.0);
-        // A spin that overshot a little pays a little back, never below nothing.
+        // A gap with room for it pays back all that is owed, and nothing goes below zero.
         o.settle(100.0, 10.0, 1.0);
         assert_eq!(o.0, 0.0);
     }
