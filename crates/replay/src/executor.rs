@@ -1410,10 +1410,9 @@ impl GapPace {
 /// long; the original's Python, descheduled, would still have had its work to do after. So a
 /// busy host slows the emulated gaps as it slows the ops, and the gaps are given in running
 /// time (the gap model measures the host's speed without the time it waited for a CPU).
-/// Returns the time the deadline moved by.
-fn spin_running(timer: &Timer, mut until: f64) -> f64 {
-    let mut prev = timer.host_us();
-    let mut moved = 0.0;
+fn spin_running(timer: &Timer, mut until: f64) -> Spin {
+    let began = timer.host_us();
+    let (mut prev, mut moved) = (began, 0.0);
     while prev < until {
         std::hint::spin_loop();
         let now = timer.host_us();
@@ -1423,7 +1422,21 @@ fn spin_running(timer: &Timer, mut until: f64) -> f64 {
         }
         prev = now;
     }
-    moved
+    Spin {
+        began,
+        ended: prev,
+        moved,
+    }
+}
+
+/// What [`spin_running`] did, on the timer's host clock (µs): when it began and ended (its own
+/// first and last reads, so that no reads of the clock are added around it), and how far the
+/// deadline moved for the time the thread was descheduled.
+#[derive(Clone, Copy, Debug)]
+struct Spin {
+    began: f64,
+    ended: f64,
+    moved: f64,
 }
 
 /// The time outside the ops an iteration has spent beyond its emulated gaps so far (µs), owed
@@ -1529,13 +1542,8 @@ fn iteration(
         if let Some(g) = &gaps {
             // Counted from the previous op's end: the bookkeeping since is part of the gap.
             let want = g.us[pos] * factor;
-            let spin_from = timer.host_us();
-            let moved = spin_running(timer, owed.deadline(last_op_end, want));
-            owed.settle(
-                want,
-                timer.host_us() - last_op_end - moved,
-                spin_from - last_op_end,
-            );
+            let s = spin_running(timer, owed.deadline(last_op_end, want));
+            owed.settle(want, s.ended - last_op_end - s.moved, s.began - last_op_end);
         }
         let probing =
             opts.probe_mechanisms && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe);
@@ -1752,7 +1760,7 @@ mod tests {
         let timer = Device::Cpu.timer();
         let target_us = 100_000.0;
         let (w0, t0) = (delay.read_us().unwrap(), timer.host_us());
-        let moved = spin_running(&timer, t0 + target_us);
+        let moved = spin_running(&timer, t0 + target_us).moved;
         let (w1, t1) = (delay.read_us().unwrap(), timer.host_us());
         stop.store(true, Ordering::Relaxed);
         for r in rivals {

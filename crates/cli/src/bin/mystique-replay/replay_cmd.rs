@@ -881,8 +881,7 @@ fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> Result<()> {
             out,
             "time base  the ops run x{:.3} their time back to back between the gaps here \
              ({} settled iterations of each, in alternating runs; each step's median): the gaps \
-             follow this \
-             host's speed from there",
+             follow this host's speed from there",
             b.factor, b.iterations
         )?;
     }
