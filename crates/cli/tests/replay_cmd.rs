@@ -557,6 +557,11 @@ fn a_reference_is_written_on_the_capture_host() {
     assert_eq!(w["replay_ms"], r["iter_ms"]["median"], "{w}");
     let op = w["replay_op_ms"].as_f64().unwrap();
     assert!(op > 0.0 && op <= w["replay_ms"].as_f64().unwrap(), "{w}");
+    // Its time in ops: the median iteration times the ops' share of it by the means (which
+    // add up; the medians' ratio does not where waits fall in some iterations only).
+    let share = r["op_ms"]["mean"].as_f64().unwrap() / r["iter_ms"]["mean"].as_f64().unwrap();
+    let want = w["replay_ms"].as_f64().unwrap() * share.min(1.0);
+    assert!((op - want).abs() <= 1e-9 * want, "{w}: want {want}");
     // What the replay waited for a CPU, part of its iteration (Linux accounts it); the
     // original's only when given.
     if cfg!(target_os = "linux") {
