@@ -214,7 +214,8 @@ pub struct ReplayArgs {
     /// With --emulate-gaps: anchor the gaps' total on a reference timed on the capture host, a
     /// JSON file with `original_ms` (the original's uninstrumented iteration), `replay_ms` and
     /// `replay_op_ms` (this tool's plain replay of the same trace timed beside it: the
-    /// `iter_ms` and `op_ms` medians of `mystique replay TRACE --json`): the replay with gaps
+    /// `iter_ms` median of `mystique replay TRACE --json`, and that times the ops' share of
+    /// the iteration by the means of `op_ms` and `iter_ms`): the replay with gaps
     /// then takes the original's time there put on this host by the plain replay's own ratio,
     /// with the gaps shaped as the profile shows them. No instrumentation
     /// enters the total (ARCHITECTURE.md, fourteenth session). Optional `original_wait_ms`
@@ -223,7 +224,8 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
     pub reference: Option<PathBuf>,
     /// On the capture host: write the reference that `--reference` reads, this plain replay's
-    /// `iter_ms` and `op_ms` medians beside the original's uninstrumented iteration
+    /// `iter_ms` median and its time in ops (the median times the ops' share by the means)
+    /// beside the original's uninstrumented iteration
     /// (`--original-ms`, or `iter_ms_median` of a `NAME.meta.json` beside the trace). Time the
     /// original just before or after, on the same host in the same state: the reference is
     /// the pair's ratio there.
