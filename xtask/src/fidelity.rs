@@ -552,6 +552,16 @@ const ROUND_PARTS: usize = 1;
 /// and the busy capture, and the anchored ones on each.
 const PROCESSES: usize = 6;
 
+/// Model `name`'s quiet capture's record in the zoo directory `dir` (`quiet/NAME.meta.json`:
+/// its timing, the iteration a linked capture names, its peak memory); null where missing or
+/// unreadable, as the captures are checked when the zoo is made.
+fn quiet_meta(dir: &Path, name: &str) -> serde_json::Value {
+    std::fs::read(dir.join("quiet").join(format!("{name}.meta.json")))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
 /// Iterations per block: about `block_ms` of the original's quiet iterations (its capture's
 /// timing), the same count for every process so that a block's times compare as they are.
 fn block_iters(meta: &serde_json::Value, block_ms: f64) -> usize {
@@ -676,15 +686,20 @@ fn references(
                 busy,
             )
         };
-        let mut halves: Vec<Vec<Half>> = (0..stale.len()).map(|_| Vec::new()).collect();
-        let at: Vec<usize> = (0..stale.len()).collect();
-        for _ in 0..REFERENCE_HALVES {
-            for group in balanced_groups(&at, REFERENCE_SPREAD) {
+        // One half more of each of the models `at` (indices into `stale`), in groups.
+        let more = |at: &[usize], halves: &mut [Vec<Half>]| -> Result<()> {
+            for group in balanced_groups(at, REFERENCE_SPREAD) {
                 let ms: Vec<&Model> = group.iter().map(|&i| stale[i]).collect();
                 for (&i, h) in group.iter().zip(time(&ms)?) {
                     halves[i].push(h);
                 }
             }
+            Ok(())
+        };
+        let mut halves: Vec<Vec<Half>> = (0..stale.len()).map(|_| Vec::new()).collect();
+        let at: Vec<usize> = (0..stale.len()).collect();
+        for _ in 0..REFERENCE_HALVES {
+            more(&at, &mut halves)?;
         }
         let split: Vec<usize> = at
             .iter()
@@ -698,12 +713,7 @@ fn references(
                 HALVES_DISAGREE * 100.0,
                 split.iter().map(|&i| stale[i].name.as_str()).collect::<Vec<_>>().join(", ")
             );
-            for group in balanced_groups(&split, REFERENCE_SPREAD) {
-                let ms: Vec<&Model> = group.iter().map(|&i| stale[i]).collect();
-                for (&i, h) in group.iter().zip(time(&ms)?) {
-                    halves[i].push(h);
-                }
-            }
+            more(&split, &mut halves)?;
         }
         for (m, hs) in stale.iter().zip(&halves) {
             let mid = |f: fn(&Half) -> f64| crate::median(&hs.iter().map(f).collect::<Vec<_>>());
@@ -819,11 +829,7 @@ fn reference_half(
     let d = dir.join(if busy { "busy" } else { "quiet" });
     let mut t = Vec::with_capacity(group.len());
     for m in group {
-        let meta: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(dir.join("quiet").join(format!("{}.meta.json", m.name)))
-                .unwrap_or_default(),
-        )
-        .unwrap_or_default();
+        let meta = quiet_meta(dir, &m.name);
         // As the fidelity rounds' plain replay replays it.
         let (et, _) = capture.files(&d, &m.name);
         let one = capture.iteration_args(&meta);
@@ -1214,10 +1220,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             let q = dir.join("quiet");
             let b = dir.join("busy");
             // The quiet capture's record: its timing and its peak memory.
-            let meta: serde_json::Value = serde_json::from_slice(
-                &std::fs::read(q.join(format!("{}.meta.json", m.name))).unwrap_or_default(),
-            )
-            .unwrap_or_default();
+            let meta = quiet_meta(&dir, &m.name);
             let one = capture.iteration_args(&meta);
             // The --against build's arguments may choose another iteration.
             let b_args: Vec<String> = if against_args.iter().any(|a| a.starts_with("--iteration")) {
