@@ -718,8 +718,13 @@ fn references(
         for (m, hs) in stale.iter().zip(&halves) {
             let mid = |f: fn(&Half) -> f64| crate::median(&hs.iter().map(f).collect::<Vec<_>>());
             let (original_ms, replay_ms) = (mid(|h| h.original.0), mid(|h| h.replay.0));
-            let original_wait_ms = mid(|h| h.original.1).clamp(0.0, 0.99 * original_ms);
-            let replay_wait_ms = mid(|h| h.replay.1).clamp(0.0, 0.99 * replay_ms);
+            // As within a half, the wait is the wall time less the running time, each the
+            // halves' median, so that the reference's running time is theirs (with three
+            // halves, the median wall less the median wait is not).
+            let original_wait_ms =
+                (original_ms - mid(|h| h.original.0 - h.original.1)).clamp(0.0, 0.99 * original_ms);
+            let replay_wait_ms =
+                (replay_ms - mid(|h| h.replay.0 - h.replay.1)).clamp(0.0, 0.99 * replay_ms);
             let share = mid(|h| h.share);
             let j = serde_json::json!({
                 "original_ms": original_ms, "replay_ms": replay_ms,
