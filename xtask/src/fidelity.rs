@@ -1712,6 +1712,21 @@ impl Throttle {
                  /sys/fs/cgroup/cgroup.subtree_control, or v1 at /sys/fs/cgroup/cpu): none here"
                 );
             };
+        // A harness killed mid-run (its drop never ran) leaves its cgroup behind, empty once
+        // its processes are gone: remove those of harnesses no longer running (the kernel
+        // refuses to remove one that still holds a process, which is then left alone).
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let file = e.file_name();
+            let Some(pid) = file
+                .to_str()
+                .and_then(|n| n.strip_prefix("mystique-fidelity-"))
+            else {
+                continue;
+            };
+            if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
         let dir = parent.join(&name);
         std::fs::create_dir_all(&dir).with_context(|| {
             format!(
@@ -1954,6 +1969,15 @@ mod tests {
         let _ = spinner.wait();
         entered.expect("moving the spinner into the cgroup");
         assert!(throttled.is_some_and(|n| n > 0), "{throttled:?}");
+        // The cgroup a killed harness left (a pid above the kernel's largest): the next
+        // throttled run removes it.
+        let stale = t.dir.with_file_name("mystique-fidelity-4194305");
+        std::fs::create_dir_all(&stale).expect("a stale cgroup");
+        drop(t);
+        let again =
+            Throttle::start(THROTTLE_PERIOD_US, THROTTLE_QUOTA_US).expect("a second cgroup");
+        assert!(!stale.exists(), "{} left behind", stale.display());
+        drop(again);
     }
 
     /// A build's id changes with the replay executable as with the front: references timed
