@@ -1674,6 +1674,10 @@ const THROTTLE_PERIOD_US: u64 = 10_000;
 /// of what the quiet host gives them.
 const THROTTLE_QUOTA_US: u64 = 5_000;
 
+/// The name of a throttled run's cgroup before its harness's pid: the sweep of those left by
+/// killed runs reads the pid back.
+const CGROUP_PREFIX: &str = "mystique-fidelity-";
+
 /// A CPU cgroup of this run's own with a CFS bandwidth quota, for the processes put in it (and
 /// those they start after); when dropped, this process goes back and the cgroup is removed. cgroup v2 (`cpu.max`)
 /// where the unified hierarchy has the cpu controller, else v1 (`cpu.cfs_quota_us`).
@@ -1685,7 +1689,7 @@ struct Throttle {
 
 impl Throttle {
     fn start(period_us: u64, quota_us: u64) -> Result<Throttle> {
-        let name = format!("mystique-fidelity-{}", std::process::id());
+        let name = format!("{CGROUP_PREFIX}{}", std::process::id());
         let v2 = Path::new("/sys/fs/cgroup");
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         let (parent, is_v2, files): (PathBuf, bool, Vec<(&str, String)>) =
@@ -1717,10 +1721,7 @@ impl Throttle {
         // refuses to remove one that still holds a process, which is then left alone).
         for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
             let file = e.file_name();
-            let Some(pid) = file
-                .to_str()
-                .and_then(|n| n.strip_prefix("mystique-fidelity-"))
-            else {
+            let Some(pid) = file.to_str().and_then(|n| n.strip_prefix(CGROUP_PREFIX)) else {
                 continue;
             };
             if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
@@ -1971,7 +1972,7 @@ mod tests {
         assert!(throttled.is_some_and(|n| n > 0), "{throttled:?}");
         // The cgroup a killed harness left (a pid above the kernel's largest): the next
         // throttled run removes it.
-        let stale = t.dir.with_file_name("mystique-fidelity-4194305");
+        let stale = t.dir.with_file_name(format!("{CGROUP_PREFIX}4194305"));
         std::fs::create_dir_all(&stale).expect("a stale cgroup");
         drop(t);
         let again =
