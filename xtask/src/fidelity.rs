@@ -572,6 +572,42 @@ fn block_iters(meta: &serde_json::Value, block_ms: f64) -> usize {
     ((block_ms / ms).round() as usize).clamp(1, 1000)
 }
 
+/// How far the original's speed against the plain replay's has moved since a reference was
+/// timed: the plain replay's ratio to the original now (`plain_cpu`, in CPU time) over the
+/// reference's (in running time, the anchor's terms: each program's time less its wait for a
+/// CPU). Below 1, the original now runs slower against the replay than it did then, and every
+/// gap model anchored on that reference reads low by as much: the anchor puts the reference's
+/// original on this host by the plain replay's speed, and cannot see the original's own.
+/// The anchored ratio over it is then the gap model's own error (ARCHITECTURE.md,
+/// twenty-fifth session: through one throttled run the host slowed, the originals' CPU time
+/// by up to x1.33 and the plain replay's x1.21, and the anchored ratios fell with it). NaN
+/// where the reference lacks a time.
+fn drift(reference: &serde_json::Value, plain_cpu: f64) -> f64 {
+    let ms = |k: &str| reference[k].as_f64().unwrap_or(f64::NAN);
+    let wait = |k: &str| reference[k].as_f64().unwrap_or(0.0);
+    let original = ms("original_ms") - wait("original_wait_ms");
+    let replay = ms("replay_ms") - wait("replay_wait_ms");
+    if original > 0.0 && replay > 0.0 {
+        plain_cpu * original / replay
+    } else {
+        f64::NAN
+    }
+}
+
+/// The finite values of `v`, sorted (for [`quantile`]).
+fn sorted_finite(v: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = v.filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The value at `q` (0 to 1) of the sorted `v`, the nearest rank; NaN where `v` is empty.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
 /// Rounds of a reference (the original and the plain replay side by side).
 const REFERENCE_ROUNDS: usize = 30;
 
@@ -984,6 +1020,9 @@ struct Row {
     failed: u64,
     nonfinite: String,
     peak_ratio: f64,
+    /// How far the original's speed against the plain replay's moved since each reference (the
+    /// quiet capture's, the busy one's) was timed ([`drift`]): what no gap model sees.
+    drift: [f64; 2],
 }
 
 pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
@@ -1453,21 +1492,18 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 round_original_cpu_ms: orig_cpu,
                 round_original_wait_ms: orig_wait,
                 processes,
+                drift: ["quiet", "busy"].map(|kind| {
+                    let at = dir.join(kind).join(format!("{}.reference.json", m.name));
+                    let r: serde_json::Value = std::fs::read(at)
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok())
+                        .unwrap_or_default();
+                    drift(&r, cpu[0])
+                }),
             };
             let quartiles = |k: usize| {
-                let mut v: Vec<f64> = row
-                    .rounds
-                    .iter()
-                    .map(|r| r[k])
-                    .filter(|x| x.is_finite())
-                    .collect();
-                v.sort_by(f64::total_cmp);
-                let at = |q: f64| {
-                    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-                        .copied()
-                        .unwrap_or(f64::NAN)
-                };
-                format!("{:.2}-{:.2}", at(0.25), at(0.75))
+                let v = sorted_finite(row.rounds.iter().map(|r| r[k]));
+                format!("{:.2}-{:.2}", quantile(&v, 0.25), quantile(&v, 0.75))
             };
             eprintln!(
             "[fidelity] {:<18} orig {:.3} ms: plain {:.3}, +gaps {:.3} (quiet) {:.3} (busy), anchored {:.3} {:.3}; rounds' quartiles {}, {}, {}, {}, {}; in CPU time {:.3}, {:.3} {:.3}, {:.3} {:.3}",
@@ -1584,6 +1620,39 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             within(&|r| r.plain, 0.9, 1.1),
             within(&|r| r.cpu[0], 0.9, 1.1),
         );
+        // What of the anchored ratio is the host's and what the gap model's: the original's
+        // speed against the replay's since the references were timed, and the anchored ratio
+        // (in CPU time, as the drift) over it.
+        let spread = |f: &dyn Fn(&Row) -> f64| {
+            let v = sorted_finite(in_set.iter().map(|(r, _)| f(r)));
+            format!(
+                "median {:.3}, p10-p90 {:.3}-{:.3}",
+                quantile(&v, 0.5),
+                quantile(&v, 0.1),
+                quantile(&v, 0.9)
+            )
+        };
+        let moved = |k: usize| {
+            in_set
+                .iter()
+                .filter(|(r, _)| r.drift[k].is_finite() && !(1.0 / 1.1..=1.1).contains(&r.drift[k]))
+                .count()
+        };
+        println!(
+            "summary ({set}, {n} models): the original against the plain replay since the references \
+             (T/O then over now, in CPU time): {} quiet, {} busy; {} and {} models moved by more than 10%",
+            spread(&|r| r.drift[0]),
+            spread(&|r| r.drift[1]),
+            moved(0),
+            moved(1),
+        );
+        println!(
+            "summary ({set}, {n} models): anchored over that (the gap model's own error, in CPU time): {} quiet, {} busy; within [0.90, 1.10]: {} quiet, {} busy",
+            spread(&|r| r.cpu[3] / r.drift[0]),
+            spread(&|r| r.cpu[4] / r.drift[1]),
+            within(&|r| r.cpu[3] / r.drift[0], 0.9, 1.1),
+            within(&|r| r.cpu[4] / r.drift[1], 0.9, 1.1),
+        );
     }
     let json = serde_json::json!(rows
         .iter()
@@ -1597,6 +1666,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             "rounds": r.rounds, "round_original_ms": r.round_original_ms, "round_original_cpu_ms": r.round_original_cpu_ms, "round_original_wait_ms": r.round_original_wait_ms, "processes": r.processes, "busy_speed": r.busy_speed, "failed_ops": r.failed,
             "nonfinite": r.nonfinite, "peak_ratio": r.peak_ratio,
             "page_faults_per_iter": {"original": r.faults.0, "replay": r.faults.1},
+            "drift": {"quiet": r.drift[0], "busy": r.drift[1]},
         }))
         .collect::<Vec<_>>());
     let out = root.join("target/fidelity");
@@ -1859,6 +1929,24 @@ impl Drop for Burners {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The drift is the plain replay's ratio now over the reference's, each program's time in
+    /// running time (less its wait) where the reference has the waits; NaN without a time.
+    #[test]
+    fn drift_sets_the_plain_ratio_now_against_the_reference_s_in_running_time() {
+        // The reference's T / O in running time: (3 - 1) / (1.5 - 0.5) = 2; now 2.5 (a plain
+        // ratio of 0.4): the original slowed against the replay, and the drift is 2 / 2.5.
+        let r = serde_json::json!({"original_ms": 3.0, "original_wait_ms": 1.0,
+            "replay_ms": 1.5, "replay_wait_ms": 0.5});
+        assert!((drift(&r, 0.4) - 0.8).abs() < 1e-12, "{}", drift(&r, 0.4));
+        // In wall time where the waits were not recorded.
+        let r = serde_json::json!({"original_ms": 2.0, "replay_ms": 1.0});
+        assert!((drift(&r, 0.5) - 1.0).abs() < 1e-12);
+        assert!(drift(&serde_json::json!({}), 0.5).is_nan());
+        let all_wait = serde_json::json!({"original_ms": 1.0, "original_wait_ms": 1.0,
+            "replay_ms": 1.0});
+        assert!(drift(&all_wait, 0.5).is_nan());
+    }
 
     /// Groups cover the items in order, at most `most` each, their sizes within one of each other.
     #[test]
