@@ -475,6 +475,8 @@ fn turn_order(n: usize, round: usize) -> Vec<usize> {
 /// One model's fidelity processes and its rounds so far.
 struct Run<'a> {
     m: &'a Model,
+    /// Its quiet and busy captures' references ([`references`]).
+    refs: [&'a Path; 2],
     iters: usize,
     /// How to start each of its [`PROCESSES`] (again for each part of its rounds).
     serve: Vec<Serve>,
@@ -556,7 +558,13 @@ const PROCESSES: usize = 6;
 /// its timing, the iteration a linked capture names, its peak memory); null where missing or
 /// unreadable, as the captures are checked when the zoo is made.
 fn quiet_meta(dir: &Path, name: &str) -> serde_json::Value {
-    std::fs::read(dir.join("quiet").join(format!("{name}.meta.json")))
+    read_json(&dir.join("quiet").join(format!("{name}.meta.json")))
+}
+
+/// The JSON file at `path`; null where missing or unreadable (the caller's checks of its fields
+/// then fail as they would on a file without them).
+fn read_json(path: &Path) -> serde_json::Value {
+    std::fs::read(path)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
@@ -683,11 +691,7 @@ fn references(
         let stale: Vec<&Model> = models
             .iter()
             .filter(|m| {
-                let p = d.join(format!("{}.reference.json", m.name));
-                let j: serde_json::Value = std::fs::read(&p)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok())
-                    .unwrap_or_default();
+                let j = read_json(&d.join(format!("{}.reference.json", m.name)));
                 j["replay_build"].as_str() != Some(build)
                     || j["model_key"].as_str() != Some(&m.key)
                     || j["rounds"].as_u64() != Some(REFERENCE_ROUNDS as u64)
@@ -1327,6 +1331,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
             ];
             runs.push(Run {
                 m,
+                refs: [ref_q, ref_b],
                 iters,
                 serve,
                 et_q,
@@ -1390,6 +1395,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         for run in runs {
             let Run {
                 m,
+                refs,
                 iters: _,
                 serve: _,
                 et_q,
@@ -1492,14 +1498,7 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
                 round_original_cpu_ms: orig_cpu,
                 round_original_wait_ms: orig_wait,
                 processes,
-                drift: ["quiet", "busy"].map(|kind| {
-                    let at = dir.join(kind).join(format!("{}.reference.json", m.name));
-                    let r: serde_json::Value = std::fs::read(at)
-                        .ok()
-                        .and_then(|b| serde_json::from_slice(&b).ok())
-                        .unwrap_or_default();
-                    drift(&r, cpu[0])
-                }),
+                drift: refs.map(|r| drift(&read_json(r), cpu[0])),
             };
             let quartiles = |k: usize| {
                 let v = sorted_finite(row.rounds.iter().map(|r| r[k]));
