@@ -16,9 +16,10 @@
 //! place. The fuzz targets `parse_trace` and `parse_node` check the invariant, and a test
 //! checks that the reader itself reads every record of every shared trace.
 
-use super::Layout;
-use super::{field, store_attr, store_scalar, Builder, Field, IoAcc, NodeAcc, RawAttr, Word};
+use super::node::{Builder, IoAcc, NodeAcc};
+use super::seeds::{field, store_attr, store_scalar, Field, RawAttr, Word};
 use crate::intern::{Interner, Sym};
+use crate::model::Layout;
 use crate::model::{ExtraAttr, Value};
 
 /// This parser could not (or would not) read the record: parse it with the visitors.
