@@ -1,0 +1,757 @@
+use super::fill::sequence_lengths;
+use super::*;
+use et_schema::testkit::{tensor, TraceBuilder};
+use serde_json::json;
+
+#[test]
+fn scalars_the_trace_rounded_to_zero_are_restored_only_where_zero_cannot_be_meant() {
+    let arg = |schema: &str, k: usize| et_schema::OpSchema::parse(schema).unwrap().args[k].clone();
+    let ln = "aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor";
+    let fused = "aten::_fused_adamw_(Tensor(a!)[] self, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, Tensor[] state_steps, *, float lr, float beta1, float beta2, float weight_decay, float eps, bool amsgrad, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()";
+    let fadd = "aten::_foreach_add_.Scalar(Tensor(a!)[] self, Scalar scalar) -> ()";
+    let dropout = "aten::dropout(Tensor input, float p, bool train) -> Tensor";
+    let yes = || true;
+    let no = || false;
+    // eps recorded 0 was below 5e-7: not the default 1e-5, the optimizers' 1e-8.
+    let (a, r) = restore_rounded("aten::layer_norm", &arg(ln, 4), Arg::Double(0.0), no);
+    assert_eq!((a, r.map(|r| r.0)), (Arg::Double(1e-8), Some(1e-8)));
+    let (a, r) = restore_rounded("aten::_fused_adamw_", &arg(fused, 10), Arg::Double(0.0), no);
+    assert_eq!((a, r.is_some()), (Arg::Double(1e-8), true));
+    // The optimizer's eps added to a denominator, inside Optimizer.step only.
+    let (a, r) = restore_rounded(
+        "aten::_foreach_add_",
+        &arg(fadd, 1),
+        Arg::ScalarDouble(0.0),
+        yes,
+    );
+    assert_eq!((a, r.is_some()), (Arg::ScalarDouble(1e-8), true));
+    let (a, r) = restore_rounded(
+        "aten::_foreach_add_",
+        &arg(fadd, 1),
+        Arg::ScalarDouble(0.0),
+        no,
+    );
+    assert_eq!((a, r), (Arg::ScalarDouble(0.0), None));
+    // A 0 that means 0 stays (dropout p=0), and so does any non-zero value.
+    let (a, r) = restore_rounded("aten::dropout", &arg(dropout, 1), Arg::Double(0.0), yes);
+    assert_eq!((a, r), (Arg::Double(0.0), None));
+    let (a, r) = restore_rounded("aten::layer_norm", &arg(ln, 4), Arg::Double(1e-3), no);
+    assert_eq!((a, r), (Arg::Double(1e-3), None));
+}
+
+const ADD: &str = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
+const ADD_: &str =
+    "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)";
+
+fn f32(id: u64, storage: u64, numel: u64) -> serde_json::Value {
+    tensor(id, storage, 0, numel, 4, "cpu")
+}
+
+/// Appends `x + y -> out` on float32 vectors of `n` (each tensor on its own storage, of
+/// the same id).
+fn add_1d(b: &mut TraceBuilder, x: u64, y: u64, out: u64, n: u64) {
+    b.op("aten::add", ADD)
+        .input(f32(x, x, n), json!([n]), "Tensor(float)")
+        .input(f32(y, y, n), json!([n]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(out, out, n), json!([n]), "Tensor(float)")
+        .done();
+}
+
+/// The fill of the external that argument `arg` of step `step` reads (it must read one).
+fn fill_of(p: &Plan, step: usize, arg: usize) -> Fill {
+    let Arg::Tensor(s) = p.steps[step].args[arg] else {
+        panic!(
+            "argument {arg} of step {step} is not a tensor: {:?}",
+            p.steps[step].args
+        )
+    };
+    p.externals
+        .iter()
+        .find(|e| e.0 == s)
+        .unwrap_or_else(|| panic!("argument {arg} of step {step} is not an external"))
+        .2
+        .clone()
+}
+
+fn plan_of(b: &TraceBuilder) -> Plan {
+    let t = b.build();
+    let g = Graph::new(&t);
+    compile(&g, &g.replay_set(None))
+}
+
+/// x (external) + y (external) -> z; z + y -> w: two externals, z freed after its last use,
+/// w after the step that makes it (nothing reads it).
+#[test]
+fn slots_externals_and_frees_follow_the_data() {
+    let mut b = TraceBuilder::new();
+    add_1d(&mut b, 1, 2, 3, 4);
+    add_1d(&mut b, 3, 2, 4, 4);
+    let p = plan_of(&b);
+    assert_eq!(p.steps.len(), 2);
+    assert_eq!(p.externals.len(), 2, "{:?}", p.externals);
+    let ext: Vec<Slot> = p.externals.iter().map(|e| e.0).collect();
+    let (x, y) = (ext[0], ext[1]);
+    let Out::Tensor(z) = p.steps[0].outs[0] else {
+        panic!("{:?}", p.steps[0].outs)
+    };
+    assert_eq!(
+        p.steps[0].args,
+        vec![Arg::Tensor(x), Arg::Tensor(y), Arg::ScalarInt(1)]
+    );
+    assert_eq!(p.steps[1].args[0], Arg::Tensor(z));
+    assert_eq!(
+        p.steps[1].args[1],
+        Arg::Tensor(y),
+        "y is read again, same slot"
+    );
+    // Intermediates are freed at their last use; externals never are.
+    assert!(p.steps[1].frees.contains(&z));
+    assert!(p
+        .steps
+        .iter()
+        .all(|s| !s.frees.contains(&x) && !s.frees.contains(&y)));
+    assert_eq!(p.n_slots, 4);
+    assert_eq!(p.ops.len(), 1, "one distinct operator");
+    assert_eq!(p.steps[0].op, Some(0));
+    assert_eq!(p.ops[0].overload, "Tensor");
+    assert!(p.steps.iter().all(|s| s.problem.is_none()));
+}
+
+/// An in-place op's output is a new version of its input (passed through when the step is
+/// skipped), and `sqrt` reading it makes the external it started from non-negative.
+#[test]
+fn in_place_chains_pass_through_and_mark_non_negative_inputs() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::add_", ADD_)
+        .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::sqrt", "aten::sqrt(Tensor self) -> Tensor")
+        .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .output(f32(3, 3, 8), json!([8]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let Arg::Tensor(first) = p.steps[0].args[0] else {
+        panic!()
+    };
+    let Out::Tensor(written) = p.steps[0].outs[0] else {
+        panic!()
+    };
+    assert_eq!(p.steps[0].passthrough, vec![(first, written)]);
+    assert_eq!(p.steps[1].args[0], Arg::Tensor(written));
+    assert_eq!(fill_of(&p, 0, 0), Fill::NonNegative);
+    assert_eq!(fill_of(&p, 0, 1), Fill::Random);
+}
+
+/// Tensors an optimizer's step reads first are its state, made as zeros like torch makes
+/// it; the parameters it updates (read first by the forward) stay random, and so do the
+/// tensors read first outside a step.
+#[test]
+fn optimizer_state_starts_at_zero() {
+    let sqrt = "aten::sqrt(Tensor self) -> Tensor";
+    let mut b = TraceBuilder::new();
+    // Forward: the parameter (1) and another input (2).
+    add_1d(&mut b, 1, 2, 3, 8);
+    b.node("Optimizer.step#Adagrad.step").done();
+    let step = b.last_id();
+    // The state (4) is first read in the step; the parameter is read again there.
+    b.op("aten::sqrt", sqrt)
+        .parent(step)
+        .input(f32(4, 4, 8), json!([8]), "Tensor(float)")
+        .output(f32(5, 5, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::add_", ADD_)
+        .parent(step)
+        .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .input(f32(5, 5, 8), json!([8]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(1, 1, 8), json!([8]), "Tensor(float)")
+        .done();
+    // Outside a step, a sqrt's first read stays non-negative random.
+    b.op("aten::sqrt", sqrt)
+        .input(f32(6, 6, 8), json!([8]), "Tensor(float)")
+        .output(f32(7, 7, 8), json!([8]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["aten::add", "aten::sqrt", "aten::add_", "aten::sqrt"]
+    );
+    assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the parameter");
+    assert_eq!(fill_of(&p, 1, 0), Fill::Zeros, "the optimizer's state");
+    assert_eq!(fill_of(&p, 3, 0), Fill::NonNegative, "outside a step");
+}
+
+/// Integer inputs are filled for their consumer: embedding indices below the table size.
+#[test]
+fn embedding_indices_are_bounded_by_the_table() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::embedding",
+        "aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor",
+    )
+    .input(f32(1, 1, 70), json!([10, 7]), "Tensor(float)")
+    .input(tensor(2, 2, 0, 5, 8, "cpu"), json!([5]), "Tensor(long int)")
+    .input(json!(-1), json!([]), "Int")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .output(f32(3, 3, 35), json!([5, 7]), "Tensor(float)")
+    .done();
+    let p = plan_of(&b);
+    let idx = p
+        .externals
+        .iter()
+        .find(|e| e.1.dtype == DType::Int64)
+        .unwrap();
+    assert_eq!(idx.2, Fill::Indices(10));
+    assert_eq!(idx.1.shape, vec![5]);
+}
+
+/// Bucket boundaries are filled sorted (random ones made indices the original's data
+/// never did), and the values bucketized stay random.
+#[test]
+fn bucket_boundaries_are_sorted() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::bucketize",
+        "aten::bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor",
+    )
+    .input(f32(1, 1, 64), json!([64]), "Tensor(float)")
+    .input(f32(2, 2, 17), json!([17]), "Tensor(float)")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .output(tensor(3, 3, 0, 64, 8, "cpu"), json!([64]), "Tensor(long int)")
+    .done();
+    let p = plan_of(&b);
+    assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the values");
+    assert_eq!(fill_of(&p, 0, 1), Fill::Sorted(8.0), "the boundaries");
+}
+
+/// What a normalisation's backward reads of the forward's statistics, which no replayed op
+/// made (they were saved inside the composite): those of normalised activations, mean 0
+/// and rstd 1, not random values whose sign and size scale every gradient through it. The
+/// gradient and the input stay random.
+#[test]
+fn a_norms_saved_statistics_are_those_of_normalised_activations() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::native_layer_norm_backward",
+        "aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+    )
+    .input(f32(1, 1, 32), json!([4, 8]), "Tensor(float)")
+    .input(f32(2, 2, 32), json!([4, 8]), "Tensor(float)")
+    .input(json!([8]), json!([[]]), "GenericList[Int]")
+    .input(f32(3, 3, 4), json!([4, 1]), "Tensor(float)")
+    .input(f32(4, 4, 4), json!([4, 1]), "Tensor(float)")
+    .input(f32(5, 5, 8), json!([8]), "Tensor(float)")
+    .input(f32(6, 6, 8), json!([8]), "Tensor(float)")
+    .input(json!([true, true, true]), json!([[], [], []]), "GenericList[Bool,Bool,Bool]")
+    .output(f32(7, 7, 32), json!([4, 8]), "Tensor(float)")
+    .output(f32(8, 8, 8), json!([8]), "Tensor(float)")
+    .output(f32(9, 9, 8), json!([8]), "Tensor(float)")
+    .done();
+    let p = plan_of(&b);
+    assert!(p.steps[0].problem.is_none(), "{:?}", p.steps[0].problem);
+    assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the gradient");
+    assert_eq!(fill_of(&p, 0, 1), Fill::Random, "the input");
+    assert_eq!(fill_of(&p, 0, 3), Fill::Value(0.0), "the mean");
+    assert_eq!(fill_of(&p, 0, 4), Fill::Value(1.0), "the rstd");
+}
+
+/// A tensor divisor no replayed op made is 1, not random values around zero.
+#[test]
+fn an_unmade_divisor_is_one() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::div",
+        "aten::div.Tensor(Tensor self, Tensor other) -> Tensor",
+    )
+    .input(f32(1, 1, 32), json!([32]), "Tensor(float)")
+    .input(f32(2, 2, 32), json!([32]), "Tensor(float)")
+    .output(f32(3, 3, 32), json!([32]), "Tensor(float)")
+    .done();
+    let p = plan_of(&b);
+    assert_eq!(fill_of(&p, 0, 0), Fill::Random, "the dividend");
+    assert_eq!(fill_of(&p, 0, 1), Fill::Value(1.0), "the divisor");
+}
+
+/// A consumer's constraint reaches the external through a view of all its elements
+/// (`unsqueeze`, as `NormBackward1` divides by the saved norm), not through a view of
+/// some (`select`), where a fill made for the view's shape would not fit.
+#[test]
+fn a_divisor_reaches_its_external_through_a_whole_view() {
+    const UNSQUEEZE: &str = "aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)";
+    const SELECT: &str = "aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)";
+    const DIV: &str = "aten::div.Tensor(Tensor self, Tensor other) -> Tensor";
+    let mut b = TraceBuilder::new();
+    // The saved norm (external 1, 32 values) made [32, 1], the divisor of a [32, 32].
+    b.op("aten::unsqueeze", UNSQUEEZE)
+        .input(f32(1, 1, 32), json!([32]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(2, 1, 32), json!([32, 1]), "Tensor(float)")
+        .done();
+    b.op("aten::div", DIV)
+        .input(f32(3, 3, 1024), json!([32, 32]), "Tensor(float)")
+        .input(f32(2, 1, 32), json!([32, 1]), "Tensor(float)")
+        .output(f32(4, 4, 1024), json!([32, 32]), "Tensor(float)")
+        .done();
+    // A row of external 5 (8 x 4) as a divisor: the rest of it stays as it was.
+    b.op("aten::select", SELECT)
+        .input(f32(5, 5, 32), json!([8, 4]), "Tensor(float)")
+        .input(json!(0), json!([]), "Int")
+        .input(json!(0), json!([]), "Int")
+        .output(f32(6, 5, 4), json!([4]), "Tensor(float)")
+        .done();
+    b.op("aten::div", DIV)
+        .input(f32(7, 7, 4), json!([4]), "Tensor(float)")
+        .input(f32(6, 5, 4), json!([4]), "Tensor(float)")
+        .output(f32(8, 8, 4), json!([4]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    assert_eq!(
+        fill_of(&p, 0, 0),
+        Fill::Value(1.0),
+        "the norm, through unsqueeze"
+    );
+    assert_eq!(fill_of(&p, 1, 0), Fill::Random, "the dividend");
+    assert_eq!(
+        fill_of(&p, 2, 0),
+        Fill::Random,
+        "the matrix a row of which divides"
+    );
+}
+
+/// Sequence lengths reach `pack_padded_sequence` through a copy (`lengths.to(int64)`): the
+/// external they were copied from gets lengths that add up to the rows the trace's packed
+/// data holds, the longest as long as its batch sizes say.
+#[test]
+fn packed_sequence_lengths_fit_the_packed_data() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::to",
+        "aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False, MemoryFormat? memory_format=None) -> Tensor(a)",
+    )
+    .input(tensor(1, 1, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+    .input(json!(4), json!([]), "Int")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(false), json!([]), "Bool")
+    .output(tensor(2, 2, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+    .done();
+    b.op(
+        "aten::_pack_padded_sequence",
+        "aten::_pack_padded_sequence(Tensor input, Tensor lengths, bool batch_first) -> (Tensor, Tensor)",
+    )
+    .input(f32(3, 3, 4 * 10 * 2), json!([4, 10, 2]), "Tensor(float)")
+    .input(tensor(2, 2, 0, 4, 8, "cpu"), json!([4]), "Tensor(long int)")
+    .input(json!(true), json!([]), "Bool")
+    .output(f32(4, 4, 23 * 2), json!([23, 2]), "Tensor(float)")
+    .output(tensor(5, 5, 0, 10, 8, "cpu"), json!([10]), "Tensor(long int)")
+    .done();
+    let p = plan_of(&b);
+    let lengths = p
+        .externals
+        .iter()
+        .find(|e| e.1.dtype == DType::Int64)
+        .unwrap();
+    assert_eq!(lengths.2, Fill::Ints(vec![10, 5, 4, 4]));
+}
+
+#[test]
+fn sequence_lengths_are_sorted_bounded_and_add_up() {
+    for (n, total, longest) in [
+        (8, 194, 40),
+        (4, 23, 10),
+        (3, 3, 1),
+        (5, 200, 40),
+        (1, 7, 7),
+    ] {
+        let v = sequence_lengths(n, total, longest);
+        assert_eq!(v.len(), n as usize);
+        assert_eq!(v[0], longest);
+        assert!(v.windows(2).all(|w| w[0] >= w[1]), "{v:?}");
+        assert!(v.iter().all(|&l| (1..=longest).contains(&l)), "{v:?}");
+        assert_eq!(v.iter().sum::<i64>(), total, "{v:?}");
+    }
+    // More rows than the sequences can hold, or fewer than one each: clamped, never 0.
+    assert_eq!(sequence_lengths(3, 100, 10), vec![10, 10, 10]);
+    assert_eq!(sequence_lengths(3, 1, 10), vec![10, 1, 1]);
+    assert!(sequence_lengths(0, 5, 5).is_empty());
+}
+
+/// Binary cross-entropy's target is a probability, not a class index.
+#[test]
+fn binary_cross_entropy_targets_are_probabilities() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::binary_cross_entropy",
+        "aten::binary_cross_entropy(Tensor self, Tensor target, Tensor? weight=None, int reduction=Mean) -> Tensor",
+    )
+    .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+    .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+    .input(json!(null), json!([]), "None")
+    .input(json!(1), json!([]), "Int")
+    .output(f32(3, 3, 1), json!([]), "Tensor(float)")
+    .done();
+    let p = plan_of(&b);
+    assert!(
+        p.externals.iter().all(|e| e.2 == Fill::Probability),
+        "{:?}",
+        p.externals
+    );
+    // With logits: the target only (logits are any real).
+    let mut b = TraceBuilder::new();
+    b.op(
+        "aten::binary_cross_entropy_with_logits",
+        "aten::binary_cross_entropy_with_logits(Tensor self, Tensor target, Tensor? weight=None, Tensor? pos_weight=None, int reduction=Mean) -> Tensor",
+    )
+    .input(f32(1, 1, 8), json!([8]), "Tensor(float)")
+    .input(f32(2, 2, 8), json!([8]), "Tensor(float)")
+    .input(json!(null), json!([]), "None")
+    .input(json!(null), json!([]), "None")
+    .input(json!(1), json!([]), "Int")
+    .output(f32(3, 3, 1), json!([]), "Tensor(float)")
+    .done();
+    let p = plan_of(&b);
+    assert_ne!(fill_of(&p, 0, 0), Fill::Probability);
+    assert_eq!(fill_of(&p, 0, 1), Fill::Probability);
+}
+
+/// Views of one storage are separate externals sharing the storage id, each with its own
+/// offset and extent.
+#[test]
+fn views_keep_their_storage_and_offset() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::add", ADD)
+        .input(tensor(1, 9, 0, 4, 4, "cpu"), json!([4]), "Tensor(float)")
+        .input(tensor(2, 9, 4, 4, 4, "cpu"), json!([4]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let specs: Vec<&TensorSpec> = p.externals.iter().map(|e| &e.1).collect();
+    assert_eq!(specs.len(), 2);
+    assert!(specs.iter().all(|s| s.storage == 9));
+    assert_eq!((specs[0].offset, specs[1].offset), (0, 4));
+    assert_eq!((specs[0].extent(), specs[1].extent()), (4, 8));
+    assert_eq!(p.external_bytes(), 32, "one allocation of 8 floats");
+}
+
+/// Ops that cannot be planned carry their reason; the plan goes on around them.
+#[test]
+fn unplannable_ops_carry_a_reason() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::x", "aten::x(Dimname d) -> Tensor")
+        .input(json!("n"), json!([]), "String")
+        .done();
+    b.node("aten::no_schema_here").done();
+    let p = plan_of(&b);
+    assert!(p.steps[0]
+        .problem
+        .as_deref()
+        .unwrap()
+        .contains("not supported"));
+    assert!(p.steps.iter().all(|s| s.kind == StepKind::Compute));
+}
+
+/// Collectives are their own kind, with the group and sizes the trace recorded; `--only`
+/// is decided by the kind.
+#[test]
+fn collectives_are_a_step_kind_with_their_group() {
+    let mut b = TraceBuilder::new();
+    b.op(
+        "record_param_comms",
+        "record_param_comms(Tensor[] input_tensors, int rank, str pg_name, str name) -> Tensor[]",
+    )
+    .input(
+        json!([f32(1, 1, 4)]),
+        json!([[4]]),
+        "GenericList[Tensor(float)]",
+    )
+    .input(json!(0), json!([]), "Int")
+    .input(json!("0"), json!([]), "String")
+    .input(json!("allreduce"), json!([]), "String")
+    .output(
+        json!([f32(1, 1, 4)]),
+        json!([[4]]),
+        "GenericList[Tensor(float)]",
+    )
+    .attr("collective_name", "string", "allreduce")
+    .attr("pg_name", "string", "0")
+    .attr("pg_size", "uint64", 2)
+    .attr("in_msg_nelems", "uint64", 4)
+    .done();
+    b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+        .output(f32(2, 2, 4), json!([4]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let StepKind::Collective(c) = &p.steps[0].kind else {
+        panic!("{:?}", p.steps[0].kind)
+    };
+    assert_eq!(c.name, "allreduce");
+    assert_eq!(c.pg_name.as_deref(), Some("0"));
+    assert_eq!((c.pg_size, c.in_msg_nelems), (Some(2), Some(4)));
+    assert!(!p.steps[0].autograd);
+    assert_eq!(p.included(et_graph::Kind::All), 2);
+    assert_eq!(p.included(et_graph::Kind::Compute), 1);
+    assert_eq!(p.included(et_graph::Kind::Comm), 1);
+}
+
+/// Float inputs are made to require grad only for ops that made a graph node in the
+/// original: `relu` of a batch under grad mode records a sequence number but takes none (the
+/// next op records the same), a `linear` of a parameter takes one (its backward record
+/// carries it, or a later op records a larger one).
+#[test]
+fn only_ops_that_made_a_graph_node_get_inputs_that_require_grad() {
+    let mut b = TraceBuilder::new();
+    // relu(x) under grad mode, no input requiring grad: seq 7, and so is the next op's.
+    b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .seq_id(7)
+        .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+        .output(f32(2, 2, 4), json!([4]), "Tensor(float)")
+        .done();
+    // mul(w, y): w required grad, a node took 7.
+    b.op(
+        "aten::mul",
+        "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor",
+    )
+    .seq_id(7)
+    .input(f32(3, 3, 4), json!([4]), "Tensor(float)")
+    .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+    .output(f32(4, 4, 4), json!([4]), "Tensor(float)")
+    .done();
+    // add(z, c): the counter moved on (8) and a later op records 9.
+    b.op(
+        "aten::add",
+        "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+    )
+    .seq_id(8)
+    .input(f32(4, 4, 4), json!([4]), "Tensor(float)")
+    .input(f32(5, 5, 4), json!([4]), "Tensor(float)")
+    .input(json!(1), json!([]), "Int")
+    .output(f32(6, 6, 4), json!([4]), "Tensor(float)")
+    .done();
+    b.op("aten::neg", "aten::neg(Tensor self) -> Tensor")
+        .seq_id(9)
+        .input(f32(7, 7, 4), json!([4]), "Tensor(float)")
+        .output(f32(8, 8, 4), json!([4]), "Tensor(float)")
+        .done();
+    // The backward record of mul's node carries 7; neg's (9) has none and nothing later.
+    b.node("MulBackward0")
+        .seq_id(7)
+        .attr("fw_tid", "uint64", 1)
+        .done();
+    let p = plan_of(&b);
+    assert!(
+        p.steps.iter().all(|s| s.autograd),
+        "all ran under grad mode"
+    );
+    // Inputs by step: relu's x (slot of tensor 1), mul's w (3), add's c (5), neg's (7).
+    let input_slot = |step: usize, k: usize| p.steps[step].args[k].slots()[0];
+    let x = input_slot(0, 0);
+    let w = input_slot(1, 0);
+    let c = input_slot(2, 1);
+    let n = input_slot(3, 0);
+    assert!(!p.grad_inputs.contains(&x), "relu's batch");
+    assert!(p.grad_inputs.contains(&w), "mul's parameter");
+    assert!(p.grad_inputs.contains(&c), "add's input: 8 < 9");
+    assert!(
+        !p.grad_inputs.contains(&n),
+        "neg: nothing shows 9 was taken"
+    );
+}
+
+/// A tensor autograd saved from an op's output reaches the backward under a new tensor id
+/// over the same storage: it is the output's slot, not a new external input (relu's mask,
+/// random, had made every backward through it a gradient of nothing). Another view of that
+/// storage (other strides) is a view of the slot (`t(weight)` saved inside `linear`).
+#[test]
+fn a_saved_output_under_a_new_tensor_id_is_the_output() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .input(f32(1, 1, 4), json!([2, 2]), "Tensor(float)")
+        .output(tensor(2, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+        .done();
+    b.op(
+        "aten::threshold_backward",
+        "aten::threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor",
+    )
+    .input(f32(3, 3, 4), json!([2, 2]), "Tensor(float)")
+    .input(tensor(7, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+    .input(json!(0), json!([]), "Int")
+    .output(f32(4, 4, 4), json!([2, 2]), "Tensor(float)")
+    .done();
+    // The same storage read transposed: a view of the output.
+    b.op("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor")
+        .input_strided(
+            tensor(8, 9, 0, 4, 4, "cpu"),
+            json!([2, 2]),
+            json!([1, 2]),
+            "Tensor(float)",
+        )
+        .input(f32(5, 5, 4), json!([2, 2]), "Tensor(float)")
+        .output(f32(6, 6, 4), json!([2, 2]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let Out::Tensor(relu_out) = p.steps[0].outs[0] else {
+        panic!("{:?}", p.steps[0].outs)
+    };
+    assert_eq!(p.steps[1].args[1], Arg::Tensor(relu_out));
+    let Arg::Tensor(view) = p.steps[2].args[0] else {
+        panic!("{:?}", p.steps[2].args)
+    };
+    assert_ne!(view, relu_out);
+    assert!(!p.externals.iter().any(|e| e.0 == view));
+    assert_eq!(p.steps[2].views.len(), 1);
+    let v = &p.steps[2].views[0];
+    assert_eq!((v.slot, v.base), (view, relu_out));
+    assert_eq!(
+        (v.spec.shape.as_slice(), v.spec.strides.as_slice()),
+        (&[2, 2][..], &[1, 2][..])
+    );
+    // The output lives until the backward's last read of it, through the view too.
+    assert!(!p.steps[0].frees.contains(&relu_out));
+    assert!(!p.steps[1].frees.contains(&relu_out));
+    assert!(p.steps[2].frees.contains(&relu_out));
+    p.validate().unwrap();
+    // A view reaching past its base's elements is not one: an external.
+    let mut b = TraceBuilder::new();
+    b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+        .input(f32(1, 1, 4), json!([2, 2]), "Tensor(float)")
+        .output(tensor(2, 9, 0, 4, 4, "cpu"), json!([2, 2]), "Tensor(float)")
+        .done();
+    b.op("aten::mm", "aten::mm(Tensor self, Tensor mat2) -> Tensor")
+        .input_strided(
+            tensor(8, 9, 0, 4, 4, "cpu"),
+            json!([2, 2]),
+            json!([1, 4]),
+            "Tensor(float)",
+        )
+        .input(f32(5, 5, 4), json!([2, 2]), "Tensor(float)")
+        .output(f32(6, 6, 4), json!([2, 2]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    assert!(p.steps[1].views.is_empty());
+    let Arg::Tensor(other) = p.steps[1].args[0] else {
+        panic!("{:?}", p.steps[1].args)
+    };
+    assert!(p.externals.iter().any(|e| e.0 == other));
+}
+
+/// A plan survives serde unchanged (a benchmark package stores it).
+#[test]
+fn plans_round_trip_through_json() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::add", ADD)
+        .input(
+            tensor(1, 1, 0, 4, 2, "cpu"),
+            json!([4]),
+            "Tensor(c10::BFloat16)",
+        )
+        .input(tensor(2, 2, 0, 1, 8, "cpu"), json!([]), "Tensor(double)")
+        .input(json!(2.5), json!([]), "Double")
+        .output(
+            tensor(3, 3, 0, 4, 2, "cpu"),
+            json!([4]),
+            "Tensor(c10::BFloat16)",
+        )
+        .done();
+    let mut p = plan_of(&b);
+    // Non-finite doubles (attention masks fill with -inf) survive too.
+    p.steps[0]
+        .args
+        .push(Arg::DoubleList(vec![f64::NEG_INFINITY, 1.0, f64::INFINITY]));
+    p.steps[0].args.push(Arg::ScalarDouble(f64::NEG_INFINITY));
+    let text = serde_json::to_string(&p).unwrap();
+    let back: Plan = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, p);
+    assert!(text.contains("c10::BFloat16"), "dtypes by name: {text}");
+    assert_eq!(p.version, Plan::VERSION);
+    back.validate().unwrap();
+}
+
+/// A stored plan whose indices point outside it, or of another format, is refused before
+/// anything runs it.
+#[test]
+fn damaged_plans_are_refused() {
+    let mut b = TraceBuilder::new();
+    add_1d(&mut b, 1, 2, 3, 4);
+    let p = plan_of(&b);
+    p.validate().unwrap();
+    let mut bad = p.clone();
+    bad.steps[0].args[0] = Arg::Tensor(99);
+    assert!(bad.validate().unwrap_err().contains("slot 99"));
+    let mut bad = p.clone();
+    bad.steps[0].op = Some(7);
+    assert!(bad.validate().is_err());
+    let mut bad = p.clone();
+    bad.version += 1;
+    assert!(bad.validate().unwrap_err().contains("format"));
+    let mut bad = p.clone();
+    bad.version = Plan::OLDEST_READABLE - 1;
+    assert!(bad.validate().unwrap_err().contains("format"));
+    let mut bad = p;
+    bad.externals[0].1.shape = vec![-4];
+    assert!(bad.validate().is_err());
+}
+
+/// A package stored by the build before views (format 2) still runs: its JSON has no
+/// `views`, and it validates as it is; format 2 claiming views does not.
+#[test]
+fn format_2_plans_without_views_still_run() {
+    let mut b = TraceBuilder::new();
+    add_1d(&mut b, 1, 2, 3, 4);
+    let mut p = plan_of(&b);
+    p.version = 2;
+    let text = serde_json::to_string(&p).unwrap();
+    assert!(!text.contains("views"), "{text}");
+    let old: Plan = serde_json::from_str(&text).unwrap();
+    old.validate().unwrap();
+    let mut with_views = old;
+    let spec = with_views.externals[0].1.clone();
+    with_views.steps[0].views.push(View {
+        slot: 0,
+        base: 1,
+        spec,
+        kind: ViewKind::Strided,
+    });
+    assert!(with_views.validate().unwrap_err().contains("views"));
+}
+
+/// Steps with the same operator, dtypes, shapes, strides and scalars share a signature;
+/// a transposed view shows its strides, another alpha its value.
+#[test]
+fn signatures_key_on_operator_tensors_and_scalars() {
+    let mut b = TraceBuilder::new();
+    b.op("aten::add", ADD)
+        .input(f32(1, 1, 6), json!([2, 3]), "Tensor(float)")
+        .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(3, 3, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    b.op("aten::add", ADD)
+        .input(f32(3, 3, 6), json!([2, 3]), "Tensor(float)")
+        .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .output(f32(4, 4, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    b.op("aten::add", ADD)
+        .input_strided(f32(5, 1, 6), json!([3, 2]), json!([1, 3]), "Tensor(float)")
+        .input(f32(6, 6, 6), json!([3, 2]), "Tensor(float)")
+        .input(json!(2), json!([]), "Int")
+        .output(f32(7, 7, 6), json!([3, 2]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let sigs = p.signatures();
+    assert_eq!(sigs[0], "aten::add.Tensor(float32[2,3],float32[2,3],1)");
+    assert_eq!(sigs[1], sigs[0]);
+    assert_eq!(
+        sigs[2],
+        "aten::add.Tensor(float32[3,2]@[1,3],float32[3,2],2)"
+    );
+    assert_eq!(p.signature(2), sigs[2]);
+}
