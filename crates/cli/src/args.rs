@@ -37,15 +37,23 @@ pub enum Cmd {
     },
     /// Graph statistics: replay set, op classes, skipped nodes with reasons, tensors, peak memory.
     Graph {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
         /// Only these ProfilerStep#N iterations (comma-separated).
         #[arg(long, value_delimiter = ',')]
         iteration: Option<Vec<u64>>,
     },
     /// Link the replay-set ops of an ET to the events of its Kineto trace.
-    Link { et: PathBuf, kineto: PathBuf },
+    Link {
+        /// ET file (.json or .json.gz) captured together with the Kineto trace.
+        et: PathBuf,
+        /// Kineto (Chrome trace) JSON of the same run, as torch.profiler writes it (.json or
+        /// .json.gz).
+        kineto: PathBuf,
+    },
     /// Extract a selection of ops (with their subtrees) into a new trace.
     Select {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
         #[command(flatten)]
         filters: compose_cmd::Filters,
@@ -62,6 +70,7 @@ pub enum Cmd {
     /// protobuf execution trace (for simulators such as ASTRA-sim).
     #[command(group(clap::ArgGroup::new("format").required(true).args(["dot", "chakra"])))]
     Export {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
         /// Graphviz DOT: the selection's ops and data edges.
         #[arg(long)]
@@ -76,6 +85,7 @@ pub enum Cmd {
         astra_sim: bool,
         #[command(flatten)]
         filters: compose_cmd::Filters,
+        /// Output file (- for stdout).
         #[arg(short, long, default_value = "-")]
         output: PathBuf,
     },
@@ -92,7 +102,9 @@ pub enum Cmd {
     Run(RunPackageArgs),
     /// Compare two results of one package, per op signature and per iteration.
     Diff {
+        /// The baseline result (a `mystique run` result file, mystique-result/1).
         a: PathBuf,
+        /// The result to compare with the baseline (same package).
         b: PathBuf,
         /// Also write an SVG plot of the largest differences.
         #[arg(long)]
@@ -104,43 +116,58 @@ pub enum Cmd {
 pub enum ComposeOp {
     /// Repeat the iteration N times (fresh node ids; parameters are shared across copies).
     Repeat {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
+        /// How many copies of the iteration the new trace holds.
         n: usize,
+        /// Output trace (.json, .json.gz, or - for stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Concatenate traces (ids of later ones shifted).
     Concat {
+        /// Two or more ET files, in the order their ops run in the new trace.
         #[arg(required = true, num_args = 2..)]
         traces: Vec<PathBuf>,
+        /// Output trace (.json, .json.gz, or - for stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Scale every dimension of size DIM by FACTOR (e.g. batch 64 -> 128).
     Scale {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
+        /// The dimension size to scale (every tensor dimension of exactly this size).
         #[arg(long)]
         dim: i64,
+        /// What to multiply that size by (a whole number).
         #[arg(long)]
         factor: i64,
+        /// Output trace (.json, .json.gz, or - for stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Change an element type everywhere (e.g. --from float32 --to bfloat16).
     Dtype {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
+        /// The element type to replace, by its torch name (float32, bfloat16, int64, ...).
         #[arg(long)]
         from: String,
+        /// The element type to put in its place.
         #[arg(long)]
         to: String,
+        /// Output trace (.json, .json.gz, or - for stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
     /// Remove the selected ops and their subtrees.
     Remove {
+        /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,
         #[command(flatten)]
         filters: compose_cmd::Filters,
+        /// Output trace (.json, .json.gz, or - for stdout).
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -160,7 +187,8 @@ pub struct ReplayArgs {
     /// Seconds a rank waits for the others (rendezvous, each collective) before it fails.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
-    /// cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the reverse.
+    /// Where to replay: cpu, cuda or cuda:N. A trace captured on GPU replays on CPU and the
+    /// reverse.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[command(flatten)]
@@ -198,17 +226,17 @@ pub struct ReplayArgs {
     pub gaps_of_one_iteration: bool,
     /// With --emulate-gaps: charge each boundary between ops the calibration replay's own time
     /// between its steps under the instrumentation, instead of what the instrumentation adds to
-    /// a real op call (an unboxed aten::add, probed on this host with and without it; the
-    /// default since the ninth session). The replay's boundary also holds its own dispatch
-    /// outside the op's event (ARCHITECTURE.md, ninth session).
+    /// a real op call (an unboxed aten::add, probed on this host with and without it). The
+    /// probe is the default because it is steady from one calibration to the next, where the
+    /// replay's own boundary moves by several times; that boundary also holds the replay's
+    /// own dispatch outside the op's event. For A/B runs.
     #[arg(long, requires = "emulate_gaps")]
     pub replay_boundary_costs: bool,
     /// With --emulate-gaps: measure the time base the gaps follow the host's speed from with
     /// the gaps in place (a short replay spinning them; an anchored model is anchored on it)
-    /// instead of with the ops back to back. Not the default: on a busy replay host it brought
-    /// the anchored model on quiet references from 41 to 51 of 67 held-out models within 10%,
-    /// but the profile's model from 45 to 36 and busy references from 34 to 30 (two runs, not
-    /// paired; ARCHITECTURE.md, sixteenth session). For A/B runs.
+    /// instead of with the ops back to back. Not the default: on a busy replay host it brings
+    /// the anchored model on quiet references closer to the original, but the model without a
+    /// reference, and the anchored one on busy references, further from it. For A/B runs.
     #[arg(long, requires = "emulate_gaps")]
     pub time_base_with_gaps: bool,
     /// With --emulate-gaps: anchor the gaps' total on a reference timed on the capture host, a
@@ -217,10 +245,9 @@ pub struct ReplayArgs {
     /// `iter_ms` median of `mystique replay TRACE --json`, and that times the ops' share of
     /// the iteration by the means of `op_ms` and `iter_ms`): the replay with gaps
     /// then takes the original's time there put on this host by the plain replay's own ratio,
-    /// with the gaps shaped as the profile shows them. No instrumentation
-    /// enters the total (ARCHITECTURE.md, fourteenth session). Optional `original_wait_ms`
-    /// and `replay_wait_ms`, the time each waited for a CPU on a shared capture host, are
-    /// taken out of its time (the anchor works in running time; twentieth session).
+    /// with the gaps shaped as the profile shows them. No instrumentation cost enters the
+    /// total. Optional `original_wait_ms` and `replay_wait_ms`, the time each waited for a CPU
+    /// on a shared capture host, are taken out of its time (the anchor works in running time).
     #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
     pub reference: Option<PathBuf>,
     /// On the capture host: write the reference that `--reference` reads, this plain replay's
@@ -253,17 +280,22 @@ pub struct ReplayArgs {
 /// How a replay runs, shared by `replay` and `compare`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
+    /// Warm-up iterations, run before the measured ones and not timed (they bring caches, the
+    /// allocator and lazily initialised kernels to a steady state).
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
     /// Seed of the synthetic input values (the same seed, the same values).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Measured iterations: the report's times are statistics over these.
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
-    /// Intra-op threads (default: libtorch's own default).
+    /// Intra-op threads libtorch may use per op, at most 4x this machine's cores (default:
+    /// libtorch's own, usually one per physical core).
     #[arg(long)]
     pub threads: Option<i32>,
-    /// all | compute | comm.
+    /// Which ops to run: all, compute (everything but collectives) or comm (collectives only).
+    /// Left-out ops pass their inputs through and are not timed.
     #[arg(long, default_value = "all")]
     pub only: Kind,
     /// Replay the forward ops without autograd recording (by default they record a graph, as
@@ -283,11 +315,14 @@ pub struct RunArgs {
 pub struct CompareArgs {
     /// The ET captured together with the Kineto trace (`*.linked.et.json`).
     pub trace: PathBuf,
+    /// The Kineto (Chrome trace) JSON captured in the same run (.json or .json.gz): the
+    /// original's per-op durations and the gaps between ops.
     pub kineto: PathBuf,
     /// Write an SVG plot of the ops contributing most to the difference.
     #[arg(long)]
     pub svg: Option<PathBuf>,
-    /// Emulate the original's time outside operators.
+    /// Emulate the original's time outside operators (Python, autograd) from the Kineto
+    /// trace's gaps between ops, as `replay --emulate-gaps` does.
     #[arg(long)]
     pub emulate_gaps: bool,
     /// The original's uninstrumented iteration time (ms): the iteration is then compared
@@ -296,8 +331,9 @@ pub struct CompareArgs {
     /// replay is compared with the profiled original.
     #[arg(long, value_name = "MS")]
     pub original_ms: Option<f64>,
-    /// cpu, cuda or cuda:N. On CUDA, ops compare by GPU time (the original's kernels under each
-    /// op vs the replay's CUDA events) and the GPU activity of both is reported.
+    /// Where to replay: cpu, cuda or cuda:N. On CUDA, ops compare by GPU time (the original's
+    /// kernels under each op vs the replay's CUDA events) and the GPU activity of both is
+    /// reported.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[command(flatten)]
@@ -342,11 +378,13 @@ pub struct GenerateArgs {
     /// What-if: change an element type everywhere before packaging (`float32:bfloat16`).
     #[arg(long, value_name = "FROM:TO")]
     pub dtype: Option<String>,
-    /// Seed of the synthetic input values.
+    /// Seed of the synthetic input values, stored in the package.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Warm-up iterations (not timed) that `run` does by default, stored in the package.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
+    /// Measured iterations that `run` does by default, stored in the package.
     #[arg(long, default_value_t = 10)]
     pub iters: usize,
 }
@@ -355,18 +393,20 @@ pub struct GenerateArgs {
 pub struct RunPackageArgs {
     /// A package directory made by `mystique generate`.
     pub package: PathBuf,
-    /// cpu, cuda or cuda:N.
+    /// Where to run: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// The result file (default: <package>.result.json beside the package).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    /// Override the package's warm-up iterations.
+    /// Warm-up iterations, not timed (default: the package's, set by `generate --warmup`).
     #[arg(long)]
     pub warmup: Option<usize>,
-    /// Override the package's measured iterations.
+    /// Measured iterations (default: the package's, set by `generate --iters`).
     #[arg(long)]
     pub iters: Option<usize>,
+    /// Intra-op threads libtorch may use per op (default: libtorch's own, usually one per
+    /// physical core). The result records the count used.
     #[arg(long)]
     pub threads: Option<i32>,
     /// Load a library of custom operators first (the package lists the namespaces it needs;
