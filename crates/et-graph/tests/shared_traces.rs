@@ -280,7 +280,7 @@ fn an_iteration_of_a_public_gpu_training_trace_includes_its_backward_pass() {
         for n in steps {
             let set = g.replay_set(Some(&[n]));
             let s = step(&g, n);
-            // Was 400 ops (forward and optimizer) and no backward op.
+            // Forward, backward (on autograd's thread) and optimizer.
             assert_eq!(set.ops.len(), 1237, "{file} #{n}");
             let named = |name: &str| set.ops.iter().filter(|&&i| g.name(i) == name).count();
             assert_eq!(named("aten::convolution_backward"), 53, "{file} #{n}");
@@ -315,7 +315,7 @@ fn an_iteration_of_a_public_gpu_training_trace_includes_its_backward_pass() {
         // The iterations split the trace's ops between them.
         assert_eq!(seen.iter().filter(|&&x| x).count(), all.ops.len(), "{file}");
     }
-    // GPT-2: one iteration with every op of the trace (was 5,354 of 8,581, no backward op).
+    // GPT-2: one iteration with every op of the trace, its backward pass included.
     let t = et_schema::read_trace(&shared().join("public/param_hf_gpt2_1.1.0.et.json.gz")).unwrap();
     let g = Graph::new(&t);
     let zero = g.replay_set(Some(&[0]));
@@ -341,7 +341,7 @@ fn scope_backward_selects_the_autograd_threads_ops_on_a_public_gpu_trace() {
         })
         .unwrap()
     };
-    // Was the loss alone: cross_entropy_loss and ones_like, 6 ops in the 3 iterations.
+    // The whole backward pass, not only the loss (cross_entropy_loss and ones_like).
     let b7 = sel("## backward ##", Some(7));
     assert_eq!(b7.ops.len(), 839);
     let under_scope = b7
@@ -360,7 +360,7 @@ fn scope_backward_selects_the_autograd_threads_ops_on_a_public_gpu_trace() {
             .all(|a| !matches!(g.name(a), "## forward ##" | "## optimizer ##")));
     }
     assert_eq!(sel("## backward ##", None).ops.len(), 3 * 839);
-    // Scopes no other thread ran inside select what they enclose, as before.
+    // Scopes no other thread ran inside select what they enclose.
     assert_eq!(sel("## forward ##", None).ops.len(), 3 * 395);
     assert_eq!(sel("## optimizer ##", None).ops.len(), 9);
 }
@@ -1247,7 +1247,8 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
     let c = 3.0;
     let node = gap_model(&t, &l, &kt, &o, &times(None, Some(c)));
     assert_eq!(node.per_node_us, Some(c));
-    // Each node was charged its wrapper's e and its own p; now c for both.
+    // Without the engine probed, each node costs its wrapper's e and its own p; with it, c for
+    // both.
     let moved = (base.emulated_ms - node.emulated_ms) * 1e3;
     let expected = (c - e - p) * h;
     assert!(

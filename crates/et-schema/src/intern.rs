@@ -13,7 +13,7 @@ pub struct Interner {
     strings: Vec<Box<str>>,
     /// Keyed per process: a crafted trace cannot make its strings collide (with FxHash, 48-byte
     /// strings whose third 8 bytes cancel the state all hash alike, and interning N of them
-    /// took N^2 probes: 20,000 took 12 s).
+    /// takes N^2 probes: 12 s for 20,000).
     index: HashMap<Box<str>, Sym, KeyedState>,
     /// Direct-mapped cache of short strings (devices, `Int`, `None`, ...), which make up most
     /// lookups: one multiply instead of hashing and probing the map.
@@ -245,7 +245,7 @@ mod tests {
         let ours: std::collections::HashSet<u64> =
             (0..1000).map(|j| keyed.hash_one(mk(j).as_str())).collect();
         assert_eq!(ours.len(), 1000);
-        // And interning many of them stays linear (it took 12 s for 20,000 with FxHash).
+        // And interning many of them stays linear (FxHash takes 12 s for 20,000).
         let mut i = Interner::default();
         for j in 0..50_000 {
             i.intern(&mk(j));

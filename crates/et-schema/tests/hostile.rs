@@ -209,8 +209,8 @@ fn deeply_nested_top_level_keys_and_kineto_args_are_errors() {
 // ---- 2. the parallel split ---------------------------------------------------------------
 
 /// Every `},{` inside this node looks like a split point whose object closes only at the end
-/// of the file: probing each candidate to its end was quadratic (a 4.3 MB file took over
-/// 400 s). The probing is budgeted now; the serial path refuses the node.
+/// of the file: probing each candidate to its end would be quadratic (over 400 s for a 4.3 MB
+/// file). The probing is budgeted, and the serial path refuses the node.
 #[test]
 fn crafted_nesting_does_not_make_the_split_probing_quadratic() {
     let levels = 250_000; // about 3 MB
@@ -236,8 +236,8 @@ fn crafted_nesting_does_not_make_the_split_probing_quadratic() {
 // ---- 2. hash flooding ---------------------------------------------------------------------
 
 /// Ids the file chooses to collide under FxHash (`K^-1 * (j << 6)`: every hash has the same
-/// low and top bits) made the id index quadratic: 20,000 nodes took 3 s, a million would take
-/// hours (these 400,000: about 20 minutes). Validation builds that index on every parse.
+/// low and top bits) would make an FxHash id index quadratic: 3 s for 20,000 nodes, hours for
+/// a million (these 400,000: about 20 minutes). Validation builds that index on every parse.
 #[test]
 fn node_ids_made_to_collide_under_fxhash_do_not_make_parsing_quadratic() {
     const K: u64 = 0xf135_7aea_2e62_a9c5;

@@ -35,9 +35,9 @@ fn gz(data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn gzip_trailers_and_limits_from_the_environment() {
-    // A 32-byte gzip file whose trailer (ISIZE) claims 4 GiB: the reader used to reserve that
-    // much up front (an abort under an address-space limit). It is an error now, and nothing
-    // near the claim is allocated.
+    // A 32-byte gzip file whose trailer (ISIZE) claims 4 GiB: reserving that much up front
+    // would abort under an address-space limit. The claim is only a hint: the file is an
+    // error, and nothing near the claim is allocated.
     let mut small = gz(br#"{"nodes":[]}"#);
     let n = small.len();
     small[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());

@@ -1,12 +1,12 @@
 //! A node-record parser specialised to the observer's output, tried before the serde_json
 //! visitors on every record.
 //!
-//! Why: serde_json's generic machinery (UTF-8 checks per string, escape handling, visitor
-//! dispatch per value) ran at ~250 MB/s per thread on real traces, the parser's whole cost.
-//! simd-json per record was measured (`cargo xtask bench parse`) and was no faster: records
-//! are ~1 KB, too small for its tape to pay off, and a whole-file tape costs several times the
-//! file in memory. This parser reads the shapes the observer writes, byte by byte, into the
-//! same [`Builder`] and [`NodeAcc`] as the visitors.
+//! Why: serde_json's generic machinery (UTF-8 checks per string, escape handling, visitor dispatch
+//! per value) runs at ~250 MB/s per thread on real traces, and would be the parser's whole cost.
+//! simd-json per record is no faster (`cargo xtask bench parse` measures both): records are ~1 KB,
+//! too small for its tape to pay off, and a whole-file tape costs several times the file in memory.
+//! This parser reads the shapes the observer writes, byte by byte, into the same [`Builder`] and
+//! [`NodeAcc`] as the visitors.
 //!
 //! The invariant: whatever this parser accepts, the visitors accept and turn into the same
 //! node. Anything it is unsure of (an object where ET has none, an unknown key inside `inputs`

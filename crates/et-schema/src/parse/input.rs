@@ -117,8 +117,8 @@ const MAP_MIN: u64 = 1 << 20;
 /// files, a failed map) is read into memory. Derefs to the bytes.
 ///
 /// Why map: `read` copies the file into fresh anonymous pages (a page fault and a copy per 4
-/// KiB), and those pages stay resident until the parse ends, so peak memory was the file plus
-/// the model. A mapping is filled from the page cache on demand, and the parser hands back
+/// KiB), and those pages stay resident until the parse ends, so peak memory would be the file
+/// plus the model. A mapping is filled from the page cache on demand, and the parser hands back
 /// (`Input::release`) what it has read, so peak memory stays near the model's size.
 ///
 /// A file truncated by another process while it is mapped makes reads past the new end fault
