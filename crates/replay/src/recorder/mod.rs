@@ -1,0 +1,508 @@
+//! The recorder: what a run did, kept apart from how it runs. It owns the failures, per-step
+//! timings, fallbacks, page faults, slices, value checks and profiled windows, and builds the
+//! [`Report`] at the end.
+
+use crate::bind::Bound;
+use crate::device::Device;
+use crate::device::{Mark, Timer};
+use crate::error::{CallError, ErrorKind};
+use crate::executor::{first_line, nonfinite, Phase, Via};
+use crate::ffi::Profile;
+use crate::options::ReplayOptions;
+use crate::plan::{Plan, StepKind};
+use crate::report::{
+    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
+    Report, StepTiming,
+};
+use metrics::{Counter, Slice, Stats, Timeline};
+use std::collections::BTreeMap;
+
+mod finish;
+
+#[cfg(test)]
+use finish::{consolidate, probe_cost};
+
+pub(crate) struct Recorder<'a> {
+    plan: &'a Plan,
+    opts: &'a ReplayOptions,
+    external_bytes: u64,
+    /// Per step: total µs and calls over the measured iterations.
+    step_total_us: Vec<f64>,
+    step_calls: Vec<u32>,
+    /// Per step: total host (launch) µs over the measured iterations.
+    step_launch_us: Vec<f64>,
+    /// Whether op times came from the device (CUDA events), and why they stopped if they did.
+    device_timing: bool,
+    event_error: Option<String>,
+    /// Host-clock window of each measured iteration (for NVML samples).
+    windows: Vec<(f64, f64)>,
+    cpu: metrics::cpu::CpuSampler,
+    /// Per step, every measured host (launch) time (with `per_step`).
+    step_launch_samples: Vec<Vec<f64>>,
+    /// Per step, every measured time (with `per_step`).
+    step_us: Vec<Vec<f64>>,
+    /// With `per_step` and `gaps_every_other`: per step, the host times of the iterations that
+    /// spun the gaps ([0]) and of those that ran back to back ([1]).
+    alternating: Option<[Vec<Vec<f64>>; 2]>,
+    iter_ms: Vec<f64>,
+    op_ms: Vec<f64>,
+    faults: Option<u64>,
+    /// The measured phase's CPU and page-fault sampling is open (from its first iteration's
+    /// start to its last one's end, [`Recorder::close_measured`]), with the faults at its start.
+    measuring: Option<Option<u64>>,
+    failures: BTreeMap<(String, ErrorKind, String), usize>,
+    /// Ops that ran by a detour (not as recorded on this device), per op and detour.
+    detours: BTreeMap<(String, Via), usize>,
+    /// Ops autograd refused to record (they ran plain from then on): calls and why.
+    grad_refused: BTreeMap<String, (usize, String)>,
+    peak: u64,
+    slices: Vec<Slice>,
+    first_nonfinite: Option<NonFinite>,
+    /// Each instrumented iteration's profiled windows, by step.
+    profiled: Vec<Vec<Option<ProfiledStep>>>,
+    pub(crate) instrument_error: Option<String>,
+    /// The GPU's activity in the instrumented iteration (CUDA).
+    gpu_activity: Option<et_graph::GpuActivity>,
+    /// This iteration's counts, and those of the last iteration that was not instrumented.
+    current: (usize, usize, usize),
+    counts: (usize, usize, usize),
+    last_wall_us: f64,
+    /// The instrumented iterations' wall times.
+    instrumented_ms: Vec<f64>,
+    /// The factor each measured iteration's gaps were spun at (`GapPace`), with emulated gaps.
+    pub(crate) gap_factors: Vec<f64>,
+    /// The instrumentation's cost of an event without arguments and of one such as autograd
+    /// records for a backward node, with 1 and with 4 tensor inputs (µs), timed one event at a
+    /// time between the replay's steps (`Phase::InstrumentedProbe`).
+    pub(crate) probed_in_context: Vec<(f64, f64, f64)>,
+    /// The op probes' times (µs): plain, under the instrumentation.
+    op_probes: [Vec<f64>; 2],
+    /// The autograd node probes' times (µs): plain, under the instrumentation.
+    node_probes: [Vec<f64>; 2],
+    /// How collectives on CUDA tensors ran, when collectives ran for real.
+    pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
+    /// The replaying thread's run delay, read around each step with
+    /// [`ReplayOptions::running_time`].
+    run_delay: Option<metrics::cpu::RunDelay>,
+}
+
+impl<'a> Recorder<'a> {
+    /// `cpu`: opened before the replay's threads start (perf counters count only threads
+    /// created after them).
+    pub fn new(
+        plan: &'a Plan,
+        opts: &'a ReplayOptions,
+        external_bytes: u64,
+        cpu: metrics::cpu::CpuSampler,
+    ) -> Self {
+        let n = plan.steps.len();
+        Recorder {
+            plan,
+            opts,
+            external_bytes,
+            step_total_us: vec![0.0; n],
+            step_calls: vec![0; n],
+            step_launch_us: vec![0.0; n],
+            device_timing: false,
+            event_error: None,
+            windows: Vec::new(),
+            cpu,
+            step_launch_samples: if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            },
+            step_us: if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            },
+            alternating: (opts.per_step && opts.gaps_alternating)
+                .then(|| [vec![Vec::new(); n], vec![Vec::new(); n]]),
+            iter_ms: Vec::new(),
+            op_ms: Vec::new(),
+            faults: None,
+            measuring: None,
+            failures: BTreeMap::new(),
+            detours: BTreeMap::new(),
+            grad_refused: BTreeMap::new(),
+            peak: 0,
+            slices: Vec::new(),
+            first_nonfinite: None,
+            profiled: Vec::new(),
+            instrument_error: None,
+            gpu_activity: None,
+            current: (0, 0, 0),
+            counts: (0, 0, 0),
+            last_wall_us: 0.0,
+            instrumented_ms: Vec::new(),
+            gap_factors: Vec::new(),
+            probed_in_context: Vec::new(),
+            op_probes: [Vec::new(), Vec::new()],
+            node_probes: [Vec::new(), Vec::new()],
+            cuda_comm: None,
+            // Opened here, on the thread that replays.
+            run_delay: if opts.running_time {
+                metrics::cpu::RunDelay::of_this_thread()
+            } else {
+                None
+            },
+        }
+    }
+
+    /// With [`ReplayOptions::running_time`], how long the replaying thread has waited for a CPU
+    /// so far (µs); `None` without it, or where the kernel does not say.
+    #[inline]
+    pub fn waited_us(&self) -> Option<f64> {
+        self.run_delay.as_ref().and_then(|d| d.read_us())
+    }
+
+    /// How long the replaying thread has waited for a CPU since `since` (a [`Recorder::waited_us`]
+    /// reading), in µs; 0 without [`ReplayOptions::running_time`].
+    #[inline]
+    pub fn waited_since(&self, since: Option<f64>) -> f64 {
+        match (since, self.waited_us()) {
+            (Some(a), Some(b)) => (b - a).max(0.0),
+            _ => 0.0,
+        }
+    }
+
+    pub fn begin_iteration(&mut self, phase: Phase) {
+        self.current = (0, 0, 0);
+        // Sampled once over the measured phase, not per iteration: system calls between the
+        // iterations would be where the scheduler preempts a replay on a busy host, so its
+        // iterations would not be slowed as the original's are (its loop makes none).
+        if phase == Phase::Measured {
+            if self.measuring.is_none() {
+                self.cpu.begin();
+                self.measuring = Some(metrics::minor_page_faults());
+            }
+        } else {
+            self.close_measured();
+        }
+    }
+
+    /// Ends the measured phase's sampling (nothing when it is not open).
+    fn close_measured(&mut self) {
+        if let Some(start) = self.measuring.take() {
+            // Every measured iteration pushed its time.
+            self.cpu.end_spanning(self.iter_ms.len());
+            self.faults = start
+                .zip(metrics::minor_page_faults())
+                .map(|(a, b)| b.saturating_sub(a));
+        }
+    }
+
+    /// A step ran (or passed through as a no-op on this device).
+    #[inline]
+    pub fn ran(&mut self, it: usize, pos: usize, via: Via, grad_refused: Option<String>) {
+        self.current.0 += 1;
+        if let Some(why) = grad_refused {
+            self.grad_refused
+                .entry(self.plan.steps[pos].name.clone())
+                .or_insert_with(|| (0, why))
+                .0 += 1;
+        }
+        if via != Via::Kernel && it == 0 {
+            *self
+                .detours
+                .entry((self.plan.steps[pos].name.clone(), via))
+                .or_default() += 1;
+        }
+    }
+
+    pub fn failed(&mut self, it: usize, pos: usize, e: &CallError) {
+        self.current.1 += 1;
+        if it == 0 {
+            *self
+                .failures
+                .entry((
+                    self.plan.steps[pos].name.clone(),
+                    e.kind,
+                    first_line(&e.message),
+                ))
+                .or_default() += 1;
+        }
+    }
+
+    /// A step left out by `--only`.
+    #[inline]
+    pub fn skipped(&mut self) {
+        self.current.2 += 1;
+    }
+
+    pub fn found_nonfinite(&self) -> bool {
+        self.first_nonfinite.is_some()
+    }
+
+    /// One op probe (µs; negative: failed), in the plain or the instrumented probe iteration.
+    pub fn op_probed(&mut self, instrumented: bool, us: f64) {
+        self.op_probes[usize::from(instrumented)].push(us);
+    }
+
+    /// One probe of autograd's engine running [`crate::ffi::PROBE_NODES`] nodes (µs; negative:
+    /// failed), in the plain or the instrumented probe iteration.
+    pub fn nodes_probed(&mut self, instrumented: bool, us: f64) {
+        self.node_probes[usize::from(instrumented)].push(us);
+    }
+
+    /// One in-context probe of the instrumentation's event costs (µs; negative: failed).
+    pub fn probed_in_context(&mut self, plain: f64, backward_1: f64, backward_4: f64) {
+        self.probed_in_context.push((plain, backward_1, backward_4));
+    }
+
+    pub fn nonfinite(&mut self, n: NonFinite) {
+        self.first_nonfinite = Some(n);
+    }
+
+    /// Live bytes after a step of the first iteration.
+    pub fn live(&mut self, bytes: u64) {
+        self.peak = self.peak.max(bytes);
+    }
+
+    /// A measured iteration's resolved step times and wall time.
+    pub fn measured(
+        &mut self,
+        timer: &Timer,
+        timed: &[Timed],
+        wall_us: f64,
+        window: (f64, f64),
+        last: bool,
+    ) {
+        let mut sum = 0.0;
+        self.device_timing = timer.on_device();
+        if let Some(e) = &timer.event_error {
+            self.event_error.get_or_insert_with(|| e.clone());
+        }
+        self.windows.push(window);
+        for &Timed {
+            pos,
+            start: t0,
+            end: t1,
+            waited_us,
+        } in timed
+        {
+            // The time the thread waited for a CPU is the host's, not the op's (with
+            // `running_time`; 0 otherwise). A device's time is the device's.
+            let launch = timer.host_at(t1) - timer.host_at(t0) - waited_us;
+            let d = if timer.on_device() {
+                timer.us(t1) - timer.us(t0)
+            } else {
+                launch
+            };
+            sum += d;
+            self.step_total_us[pos] += d;
+            self.step_launch_us[pos] += launch;
+            self.step_calls[pos] += 1;
+            if self.opts.per_step {
+                self.step_us[pos].push(d);
+                self.step_launch_samples[pos].push(launch);
+            }
+            if let Some(a) = &mut self.alternating {
+                // This is measured iteration `iter_ms.len()`; the executor counts from the
+                // first warm-up one.
+                if let Some((spun, true)) =
+                    self.opts.alternation(self.opts.warmup + self.iter_ms.len())
+                {
+                    a[usize::from(!spun)][pos].push(launch);
+                }
+            }
+            if last && self.opts.trace_out.is_some() {
+                let step = &self.plan.steps[pos];
+                // On CUDA, the launch on the host (tid 1) and the work on the device (tid 2).
+                self.slices.push(Slice {
+                    name: step.name.clone(),
+                    cat: "op",
+                    ts: timer.host_at(t0),
+                    dur: launch,
+                    tid: 1,
+                    args: serde_json::json!({"id": step.id}),
+                });
+                if self.device_timing {
+                    self.slices.push(Slice {
+                        name: step.name.clone(),
+                        cat: "gpu",
+                        ts: timer.us(t0),
+                        dur: d,
+                        tid: 2,
+                        args: serde_json::json!({"id": step.id}),
+                    });
+                }
+            }
+        }
+        self.iter_ms.push(wall_us / 1000.0);
+        self.op_ms.push(sum / 1000.0);
+    }
+
+    pub fn end_iteration(&mut self, phase: Phase, wall_us: f64) {
+        if phase == Phase::Instrumented {
+            self.instrumented_ms.push(wall_us / 1000.0);
+        }
+        if !phase.instrumented() {
+            self.counts = self.current;
+        }
+        self.last_wall_us = wall_us;
+    }
+
+    /// Long iterations (big traces, slow devices) report as they finish, with the time the
+    /// rest will take; short ones stay quiet.
+    pub fn progress(&self, it: usize, total: usize, phase: Phase) {
+        if self.last_wall_us >= 500_000.0 {
+            let kind = match phase {
+                Phase::WarmUp | Phase::PlainProbe => "warm-up",
+                Phase::Measured => "measured",
+                Phase::InstrumentedWarmUp | Phase::Instrumented | Phase::InstrumentedProbe => {
+                    "instrumented"
+                }
+            };
+            let left = (total - it - 1) as f64 * self.last_wall_us / 1e6;
+            eprintln!(
+                "[replay] iteration {}/{total} ({kind}): {:.3} ms, {} failed{}",
+                it + 1,
+                self.last_wall_us / 1000.0,
+                self.current.1,
+                if it + 1 < total {
+                    format!("; about {} left", eta(left))
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+
+    /// Where a long iteration is: steps done, and the time left in it (and in the run, once an
+    /// iteration has been timed).
+    pub fn progress_within(&self, it: usize, done: usize, steps: usize, elapsed_us: f64) {
+        let left_here = elapsed_us / done as f64 * (steps - done) as f64 / 1e6;
+        eprintln!(
+            "[replay] iteration {}: step {done}/{steps} ({:.0}%), about {} left in it",
+            it + 1,
+            100.0 * done as f64 / steps as f64,
+            eta(left_here)
+        );
+    }
+
+    /// Finds each dispatched step's event among the profiler's: the outermost events of this
+    /// thread, in order, matched by name. Extra outermost events (the casts of a float32
+    /// fallback, tensors made for a failed op) are skipped; a step whose name does not come up
+    /// within a few events is left unmatched rather than shifting every later match.
+    /// The profiled windows of the recorded instrumented iterations, all in one `profile`:
+    /// each iteration's dispatched steps (with the time each waited for a CPU) are found in
+    /// turn among its outermost events by order and name; the probes' events are skipped.
+    /// `warm_up`: what the session's unrecorded first iteration dispatched. Its events are the
+    /// profile's first: matched and passed over, or the first recorded iteration would take
+    /// the warm-up's windows (the session's first events cost more), each later one its
+    /// predecessor's, and the last one's go unread.
+    pub fn profiled(
+        &mut self,
+        profile: &Profile,
+        warm_up: Option<&[(usize, f64)]>,
+        iterations: &[Vec<(usize, f64)>],
+    ) {
+        let events = &profile.cpu;
+        const LOOKAHEAD: usize = 8;
+        let mut order: Vec<usize> = (0..events.len())
+            .filter(|&i| !events[i].name.starts_with(crate::ffi::PROBE_PREFIX))
+            .collect();
+        order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
+        // Outermost events with the number of events that start inside each.
+        let mut top: Vec<(usize, u32)> = Vec::new();
+        let mut open_end = 0u64;
+        for &i in &order {
+            let e = &events[i];
+            if top.is_empty() || e.start_ns >= open_end {
+                top.push((i, 0));
+                open_end = e.end_ns;
+            } else if let Some(t) = top.last_mut() {
+                t.1 += 1;
+            }
+        }
+        let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
+        let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
+        let mut j = 0;
+        let mut last_start_ns = None;
+        let warm_up = warm_up.map(|w| (w, true));
+        for (dispatched, passed_over) in warm_up
+            .into_iter()
+            .chain(iterations.iter().map(|d| (d.as_slice(), false)))
+        {
+            let mut out = vec![None; self.plan.steps.len()];
+            let mut first_ns = None;
+            for &(pos, waited_us) in dispatched {
+                let name = self.plan.steps[pos].name.as_str();
+                let found = top[j.min(top.len())..]
+                    .iter()
+                    .take(LOOKAHEAD)
+                    .position(|&(i, _)| events[i].name == name);
+                if let Some(k) = found {
+                    let (i, nested) = top[j + k];
+                    first_ns.get_or_insert(events[i].start_ns);
+                    out[pos] = Some(ProfiledStep {
+                        start_us: us(events[i].start_ns),
+                        end_us: us(events[i].end_ns),
+                        nested,
+                        waited_us,
+                    });
+                    j += k + 1;
+                }
+            }
+            if passed_over {
+                continue;
+            }
+            self.profiled.push(out);
+            last_start_ns = first_ns.or(last_start_ns);
+        }
+        // The GPU's activity in the last recorded iteration: from its first op's start (every
+        // iteration ends synchronised, so earlier iterations' work is done by then).
+        let from_ns = last_start_ns.unwrap_or(0);
+        let gpu: Vec<&crate::ffi::ProfiledEvent> = profile
+            .gpu
+            .iter()
+            .filter(|e| e.start_ns >= from_ns)
+            .collect();
+        if !gpu.is_empty() {
+            // Relative to the first event: epoch nanoseconds in an f64 lose sub-µs precision.
+            let t0 = gpu.iter().map(|e| e.start_ns).min().unwrap_or(0);
+            let intervals: Vec<et_graph::GpuInterval> = gpu
+                .iter()
+                .map(|e| et_graph::GpuInterval {
+                    name: &e.name,
+                    work: et_graph::GpuWork::of_name(&e.name),
+                    start_us: e.start_ns.saturating_sub(t0) as f64 / 1e3,
+                    dur_us: e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3,
+                })
+                .collect();
+            self.gpu_activity = Some(et_graph::gpu_activity(&intervals));
+        }
+    }
+}
+
+/// What a run's GPU side hands the recorder: NVML samples (device name, period in ms, GPM read,
+/// samples) or why there are none (`None`: not a GPU replay), and the external-input arena.
+pub(crate) struct GpuSamples {
+    pub sampled: Result<(String, f64, bool, Vec<metrics::gpu::GpuSample>), Option<String>>,
+    pub arena_bytes: u64,
+}
+
+/// One step's call in a measured iteration: its marks, and the time the thread waited for a
+/// CPU between them (with [`ReplayOptions::running_time`]; 0 otherwise).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timed {
+    pub pos: usize,
+    pub start: Mark,
+    pub end: Mark,
+    pub waited_us: f64,
+}
+
+/// Seconds as `42 s`, `3 min 20 s`, `1 h 05 min`.
+fn eta(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..=99 => format!("{s} s"),
+        100..=5999 => format!("{} min {:02} s", s / 60, s % 60),
+        _ => format!("{} h {:02} min", s / 3600, s / 60 % 60),
+    }
+}
+
+#[cfg(test)]
+mod tests;

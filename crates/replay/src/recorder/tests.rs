@@ -1,0 +1,117 @@
+use super::*;
+
+#[test]
+fn a_probes_cost_is_the_difference_of_its_means_per_unit() {
+    // Failed probes (negative) are left out, and the extremes of ten or more.
+    let plain = [vec![1.0; 8], vec![0.1, 9.0]].concat();
+    let instrumented = [vec![2.0; 4], vec![2.2; 4], vec![-1.0, 0.5, 30.0]].concat();
+    let cost = probe_cost(&[plain, instrumented], 2).unwrap();
+    assert!((cost - (2.1 - 1.0) / 2.0).abs() < 1e-12, "{cost}");
+    // Cheaper under the instrumentation than without (noise): no cost, never negative.
+    assert_eq!(probe_cost(&[vec![3.0], vec![2.0]], 1), Some(0.0));
+    // Not timed on either side: none.
+    assert_eq!(probe_cost(&[vec![], vec![2.0]], 1), None);
+    assert_eq!(probe_cost(&[vec![1.0], vec![-1.0]], 1), None);
+}
+
+fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
+    Some(ProfiledStep {
+        start_us,
+        end_us,
+        nested,
+        waited_us: 0.0,
+    })
+}
+
+/// The session's warm-up iteration opens the profile: its events are passed over, so the
+/// recorded iteration's windows are its own (here 50 and 8 µs, not the warm-up's 10 and 8).
+#[test]
+fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
+    use et_schema::testkit::{tensor, TraceBuilder};
+    let add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
+    let f32 = |id| tensor(id, id, 0, 4, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    for (x, out) in [(1, 3), (3, 4)] {
+        b.op("aten::add", add)
+            .input(f32(x), serde_json::json!([4]), "Tensor(float)")
+            .input(f32(2), serde_json::json!([4]), "Tensor(float)")
+            .input(serde_json::json!(1), serde_json::json!([]), "Int")
+            .output(f32(out), serde_json::json!([4]), "Tensor(float)")
+            .done();
+    }
+    let t = b.build();
+    let g = et_graph::Graph::new(&t);
+    let plan = crate::plan::compile(&g, &g.replay_set(None));
+    let opts = ReplayOptions::default();
+    let ev = |start_us: u64, end_us: u64| crate::ffi::ProfiledEvent {
+        name: "aten::add".into(),
+        start_ns: start_us * 1000,
+        end_ns: end_us * 1000,
+    };
+    let profile = Profile {
+        cpu: vec![ev(0, 10), ev(12, 20), ev(100, 150), ev(152, 160)],
+        gpu: Vec::new(),
+    };
+    let both = vec![(0usize, 0.0), (1, 0.0)];
+    let windows = |warm_up: Option<&[(usize, f64)]>| {
+        let mut rec = Recorder::new(&plan, &opts, 0, metrics::cpu::CpuSampler::new());
+        rec.profiled(&profile, warm_up, std::slice::from_ref(&both));
+        rec.profiled[0]
+            .iter()
+            .map(|p| p.map(|p| p.end_us - p.start_us))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(windows(Some(&both)), vec![Some(50.0), Some(8.0)]);
+    // Without it, the warm-up's windows stood for the recorded iteration's.
+    assert_eq!(windows(None), vec![Some(10.0), Some(8.0)]);
+}
+
+#[test]
+fn time_waited_for_a_cpu_leaves_the_windows_but_not_the_leads() {
+    // The first step lost a 1500 µs slice in two runs of three: its running time is 10 µs
+    // in each, and the next step's lead is still 2.
+    let lost = |mut p: Option<ProfiledStep>, waited_us: f64| {
+        if let Some(p) = &mut p {
+            p.end_us += waited_us;
+            p.waited_us = waited_us;
+        }
+        p
+    };
+    let runs = vec![
+        vec![lost(w(0.0, 10.0, 0), 1500.0), w(1512.0, 1517.0, 0)],
+        vec![lost(w(0.0, 10.0, 0), 1500.0), w(1512.0, 1517.0, 0)],
+        vec![w(0.0, 10.0, 0), w(12.0, 17.0, 0)],
+    ];
+    let c = consolidate(&runs);
+    let (a, b) = (c[0].unwrap(), c[1].unwrap());
+    assert_eq!((a.start_us, a.end_us, a.waited_us), (0.0, 10.0, 0.0));
+    assert_eq!((b.start_us, b.end_us), (12.0, 17.0));
+}
+
+#[test]
+fn instrumented_windows_consolidate_to_means_of_durations_and_lead_times() {
+    // Four runs of two steps: step 0 lasts 10 and 12 (the third run misses it), step 1
+    // lasts 5, 5, 6 and, in the fourth run, 2005 (a lost time slice: left out); step 1
+    // starts 2, 3 and 2 after step 0 ends.
+    let runs = vec![
+        vec![w(100.0, 110.0, 1), w(112.0, 117.0, 0)],
+        vec![w(0.0, 12.0, 1), w(15.0, 20.0, 0)],
+        vec![None, w(7.0, 13.0, 2)],
+        vec![w(0.0, 11.0, 1), w(13.0, 2018.0, 0)],
+    ];
+    let c = consolidate(&runs);
+    let (a, b) = (c[0].unwrap(), c[1].unwrap());
+    assert_eq!((a.start_us, a.end_us, a.nested), (0.0, 11.0, 1));
+    // lead: the mean of 2, 3 and 2; duration: the mean of 5, 5 and 6, without 2005.
+    let lead = 7.0 / 3.0;
+    assert!((b.start_us - (11.0 + lead)).abs() < 1e-9, "{b:?}");
+    assert!((b.end_us - b.start_us - 16.0 / 3.0).abs() < 1e-9, "{b:?}");
+    assert_eq!(consolidate(&[vec![None, None]]), vec![None, None]);
+    // Neighbours found only in different runs: the typical lead (here 2), not 0.
+    let runs = vec![
+        vec![w(0.0, 10.0, 0), w(12.0, 14.0, 0), None],
+        vec![None, None, w(50.0, 51.0, 0)],
+    ];
+    let c = consolidate(&runs);
+    assert_eq!(c[2].unwrap().start_us, c[1].unwrap().end_us + 2.0);
+}
