@@ -1,7 +1,7 @@
 //! The `mystique` command line: parses arguments, calls the crates, prints. No logic of its own.
 //!
-//! This binary does not link libtorch. `replay`, `compare` and `env` are run by
-//! `mystique-replay`, installed beside it, which this process becomes (exec) with the same
+//! This binary does not link libtorch. `replay`, `compare`, `env`, `generate` and `run` are run
+//! by `mystique-replay`, installed beside it, which this process becomes (exec) with the same
 //! arguments, standard streams and exit status: users see one command.
 
 use anyhow::{Context, Result};
@@ -36,8 +36,8 @@ fn replay_exe() -> Result<PathBuf> {
     }
     anyhow::ensure!(
         exe.exists(),
-        "{} is missing: replay, compare and env run in it (build both with `cargo xtask setup`, \
-         or set MYSTIQUE_REPLAY)",
+        "{} is missing: it runs replay, compare, env, generate and run (build both with \
+         `cargo xtask setup`, or set MYSTIQUE_REPLAY)",
         exe.display()
     );
     Ok(exe)
