@@ -334,16 +334,7 @@ fn bench_parse_one(
     cli: Option<&std::path::Path>,
 ) -> Result<Vec<String>> {
     let size = std::fs::metadata(big)?.len() as f64;
-    let bench_bin = root().join("target/release/parse-bench");
-    let record_bin = root().join("target/release/record-bench");
-    let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
-    let (mut ours, mut rss, mut py_s, mut py_rss, mut graph) =
-        (vec![], vec![], vec![], vec![], vec![]);
-    let gnu_time = std::path::Path::new("/usr/bin/time");
-    let gnu_time = gnu_time.exists().then_some(gnu_time);
-    let time_out = root().join("target/bench/inspect.time");
-    let (mut e2e, mut e2e_rss) = (vec![], vec![]);
-    let mut records: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    let mut t = ParseTimes::default();
     for round in 0..rounds {
         // Alternate the order so that machine drift hits all alike.
         let mut steps: Vec<&str> = vec!["parser", "python", "cli", "records"];
@@ -353,82 +344,12 @@ fn bench_parse_one(
         let mut nodes = None;
         for step in steps {
             match step {
-                "parser" => {
-                    let o = Command::new(&bench_bin).arg(big).output()?;
-                    if !o.status.success() {
-                        bail!("parse-bench failed: {}", String::from_utf8_lossy(&o.stderr));
-                    }
-                    let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
-                    ours.push(
-                        j["read_s"].as_f64().unwrap_or(0.0)
-                            + j["parse_s"].as_f64().unwrap_or(f64::NAN),
-                    );
-                    rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
-                    graph.push(j["graph_s"].as_f64().unwrap_or(f64::NAN));
-                    check_nodes(&mut nodes, &j["nodes"], "parse-bench")?;
-                }
-                "python" => {
-                    let p = Command::new(python()).arg("-c").arg(py).arg(big).output()?;
-                    if !p.status.success() {
-                        bail!(
-                            "python json.load failed: {}",
-                            String::from_utf8_lossy(&p.stderr)
-                        );
-                    }
-                    let pj: serde_json::Value = serde_json::from_slice(&p.stdout)?;
-                    py_s.push(pj["s"].as_f64().unwrap_or(f64::NAN));
-                    py_rss.push(pj["rss"].as_f64().unwrap_or(0.0));
-                    check_nodes(&mut nodes, &pj["nodes"], "json.load")?;
-                }
-                "records" => {
-                    let o = Command::new(&record_bin).arg(big).output()?;
-                    if !o.status.success() {
-                        bail!(
-                            "record-bench failed: {}",
-                            String::from_utf8_lossy(&o.stderr)
-                        );
-                    }
-                    let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
-                    for r in j["rows"].as_array().into_iter().flatten() {
-                        records
-                            .entry(r["mode"].as_str().unwrap_or("?").to_string())
-                            .or_default()
-                            .push(r["s"].as_f64().unwrap_or(f64::NAN));
-                    }
-                }
+                "parser" => t.parser(big, &mut nodes)?,
+                "python" => t.python(big, &mut nodes)?,
+                "records" => t.records(big)?,
                 _ => {
                     let Some(cli) = cli else { continue };
-                    // Peak RSS from GNU time's %M (KiB), written to a file apart from stderr.
-                    let mut cmd = match gnu_time {
-                        Some(time) => {
-                            let _ = std::fs::remove_file(&time_out);
-                            let mut c = Command::new(time);
-                            c.args(["-f", "%e %M", "-o"]).arg(&time_out).arg(cli);
-                            c
-                        }
-                        None => Command::new(cli),
-                    };
-                    cmd.args(["inspect", "--json"]).arg(big);
-                    let t = Instant::now();
-                    let out = cmd.output()?;
-                    e2e.push(t.elapsed().as_secs_f64());
-                    if !out.status.success() {
-                        bail!(
-                            "{} inspect --json failed: {}",
-                            cli.display(),
-                            String::from_utf8_lossy(&out.stderr)
-                        );
-                    }
-                    let j: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-                    check_nodes(&mut nodes, &j["nodes"], "mystique inspect")?;
-                    if gnu_time.is_some() {
-                        let kib = std::fs::read_to_string(&time_out)
-                            .ok()
-                            .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok());
-                        if let Some(kib) = kib {
-                            e2e_rss.push(kib * 1024.0);
-                        }
-                    }
+                    t.cli(cli, big, &mut nodes)?;
                 }
             }
         }
@@ -436,82 +357,224 @@ fn bench_parse_one(
             "[bench] {} round {}: parser {:.3} s, json.load {:.3} s{}",
             big.display(),
             round + 1,
-            ours[round],
-            py_s[round],
-            e2e.get(round)
+            t.ours[round],
+            t.py_s[round],
+            t.e2e
+                .get(round)
                 .map(|e| format!(", mystique inspect {e:.3} s"))
                 .unwrap_or_default()
         );
     }
-    let (o, r, p, pr) = (median(&ours), median(&rss), median(&py_s), median(&py_rss));
-    let mb = size / 1e6;
-    println!(
-        "\nparse benchmark: {} ({mb:.0} MB), median of {rounds} rounds, order alternating",
-        big.display()
-    );
-    let mut failed = vec![];
-    let name = big
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
-    match cli {
-        Some(_) => {
-            let e = median(&e2e);
-            println!(
-                "  mystique inspect, end to end   {e:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load",
-                mb / e,
-                p / e
+    Ok(t.report(big, size, rounds, cli))
+}
+
+/// What [`bench_parse_one`]'s rounds measured, a value per round: seconds and peak RSS bytes.
+#[derive(Default)]
+struct ParseTimes {
+    /// `parse-bench`: read + parse, its peak RSS, and graph building.
+    ours: Vec<f64>,
+    rss: Vec<f64>,
+    graph: Vec<f64>,
+    /// Python's `json.load` and its peak RSS.
+    py_s: Vec<f64>,
+    py_rss: Vec<f64>,
+    /// `mystique inspect --json` end to end and its peak RSS (where GNU time measures it).
+    e2e: Vec<f64>,
+    e2e_rss: Vec<f64>,
+    /// `record-bench`: each record parser's time.
+    records: std::collections::BTreeMap<String, Vec<f64>>,
+}
+
+impl ParseTimes {
+    /// One round of `parse-bench` (the parser alone).
+    fn parser(
+        &mut self,
+        big: &std::path::Path,
+        nodes: &mut Option<serde_json::Value>,
+    ) -> Result<()> {
+        let o = Command::new(root().join("target/release/parse-bench"))
+            .arg(big)
+            .output()?;
+        if !o.status.success() {
+            bail!("parse-bench failed: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        self.ours
+            .push(j["read_s"].as_f64().unwrap_or(0.0) + j["parse_s"].as_f64().unwrap_or(f64::NAN));
+        self.rss.push(j["peak_rss"].as_f64().unwrap_or(0.0));
+        self.graph.push(j["graph_s"].as_f64().unwrap_or(f64::NAN));
+        check_nodes(nodes, &j["nodes"], "parse-bench")
+    }
+
+    /// One round of Python's `json.load`.
+    fn python(
+        &mut self,
+        big: &std::path::Path,
+        nodes: &mut Option<serde_json::Value>,
+    ) -> Result<()> {
+        let py = "import json,sys,time,resource\nt=time.perf_counter()\nd=json.load(open(sys.argv[1]))\ns=time.perf_counter()-t\nprint(json.dumps({'s':s,'rss':resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024,'nodes':len(d['nodes'])}))";
+        let p = Command::new(python()).arg("-c").arg(py).arg(big).output()?;
+        if !p.status.success() {
+            bail!(
+                "python json.load failed: {}",
+                String::from_utf8_lossy(&p.stderr)
             );
-            if mb / e < 300.0 {
-                failed.push(format!("{name}: {:.0} MB/s end to end", mb / e));
+        }
+        let pj: serde_json::Value = serde_json::from_slice(&p.stdout)?;
+        self.py_s.push(pj["s"].as_f64().unwrap_or(f64::NAN));
+        self.py_rss.push(pj["rss"].as_f64().unwrap_or(0.0));
+        check_nodes(nodes, &pj["nodes"], "json.load")
+    }
+
+    /// One round of `record-bench` (each record parser on one thread).
+    fn records(&mut self, big: &std::path::Path) -> Result<()> {
+        let o = Command::new(root().join("target/release/record-bench"))
+            .arg(big)
+            .output()?;
+        if !o.status.success() {
+            bail!(
+                "record-bench failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+        for r in j["rows"].as_array().into_iter().flatten() {
+            self.records
+                .entry(r["mode"].as_str().unwrap_or("?").to_string())
+                .or_default()
+                .push(r["s"].as_f64().unwrap_or(f64::NAN));
+        }
+        Ok(())
+    }
+
+    /// One round of `mystique inspect --json` end to end, its peak RSS from GNU time's %M
+    /// (KiB), written to a file apart from stderr, where `/usr/bin/time` exists.
+    fn cli(
+        &mut self,
+        cli: &std::path::Path,
+        big: &std::path::Path,
+        nodes: &mut Option<serde_json::Value>,
+    ) -> Result<()> {
+        let gnu_time = std::path::Path::new("/usr/bin/time");
+        let gnu_time = gnu_time.exists().then_some(gnu_time);
+        let time_out = root().join("target/bench/inspect.time");
+        let mut cmd = match gnu_time {
+            Some(time) => {
+                let _ = std::fs::remove_file(&time_out);
+                let mut c = Command::new(time);
+                c.args(["-f", "%e %M", "-o"]).arg(&time_out).arg(cli);
+                c
             }
-            if p / e < 25.0 {
-                failed.push(format!("{name}: {:.1}x json.load end to end", p / e));
-            }
-            if e2e_rss.len() == e2e.len() {
-                let r = median(&e2e_rss);
-                println!(
-                    "    peak RSS                     {:>7.0} MB = {:.2}x the file",
-                    r / 1e6,
-                    r / size
-                );
-                if r / size > 1.5 {
-                    failed.push(format!("{name}: peak RSS {:.2}x the file", r / size));
-                }
-            } else {
-                println!("    peak RSS not measured (no /usr/bin/time)");
+            None => Command::new(cli),
+        };
+        cmd.args(["inspect", "--json"]).arg(big);
+        let t = Instant::now();
+        let out = cmd.output()?;
+        self.e2e.push(t.elapsed().as_secs_f64());
+        if !out.status.success() {
+            bail!(
+                "{} inspect --json failed: {}",
+                cli.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        check_nodes(nodes, &j["nodes"], "mystique inspect")?;
+        if gnu_time.is_some() {
+            let kib = std::fs::read_to_string(&time_out)
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok());
+            if let Some(kib) = kib {
+                self.e2e_rss.push(kib * 1024.0);
             }
         }
-        None => println!(
-            "  mystique inspect (end to end): skipped, {} is missing: run `cargo xtask setup`",
-            root().join("target/release/mystique").display()
-        ),
+        Ok(())
     }
-    println!(
-        "  et-schema read + parse         {o:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load   peak RSS {:.0} MB = {:.2}x the file",
-        mb / o,
-        p / o,
-        r / 1e6,
-        r / size
-    );
-    println!(
-        "  python json.load               {p:>7.3} s  {:>5.0} MB/s                   peak RSS {:.0} MB = {:.2}x the file",
-        mb / p,
-        pr / 1e6,
-        pr / size
-    );
-    let gs = median(&graph);
-    println!(
-        "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
-        gs / o
-    );
-    println!("  per node record, one thread, the same records (scan not included):");
-    for (mode, v) in records {
-        let s = median(&v);
-        println!("    {mode:<32} {s:>7.3} s  {:>5.0} MB/s", mb / s);
+
+    /// Prints the medians of the rounds against the file's `size` (bytes) and `json.load`;
+    /// returns the goals missed.
+    fn report(
+        &self,
+        big: &std::path::Path,
+        size: f64,
+        rounds: usize,
+        cli: Option<&std::path::Path>,
+    ) -> Vec<String> {
+        let (o, r, p, pr) = (
+            median(&self.ours),
+            median(&self.rss),
+            median(&self.py_s),
+            median(&self.py_rss),
+        );
+        let mb = size / 1e6;
+        println!(
+            "\nparse benchmark: {} ({mb:.0} MB), median of {rounds} rounds, order alternating",
+            big.display()
+        );
+        let mut failed = vec![];
+        let name = big
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        match cli {
+            Some(_) => {
+                let e = median(&self.e2e);
+                println!(
+                    "  mystique inspect, end to end   {e:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load",
+                    mb / e,
+                    p / e
+                );
+                if mb / e < 300.0 {
+                    failed.push(format!("{name}: {:.0} MB/s end to end", mb / e));
+                }
+                if p / e < 25.0 {
+                    failed.push(format!("{name}: {:.1}x json.load end to end", p / e));
+                }
+                if self.e2e_rss.len() == self.e2e.len() {
+                    let r = median(&self.e2e_rss);
+                    println!(
+                        "    peak RSS                     {:>7.0} MB = {:.2}x the file",
+                        r / 1e6,
+                        r / size
+                    );
+                    if r / size > 1.5 {
+                        failed.push(format!("{name}: peak RSS {:.2}x the file", r / size));
+                    }
+                } else {
+                    println!("    peak RSS not measured (no /usr/bin/time)");
+                }
+            }
+            None => println!(
+                "  mystique inspect (end to end): skipped, {} is missing: run `cargo xtask setup`",
+                root().join("target/release/mystique").display()
+            ),
+        }
+        println!(
+            "  et-schema read + parse         {o:>7.3} s  {:>5.0} MB/s  {:>5.1}x json.load   peak RSS {:.0} MB = {:.2}x the file",
+            mb / o,
+            p / o,
+            r / 1e6,
+            r / size
+        );
+        println!(
+            "  python json.load               {p:>7.3} s  {:>5.0} MB/s                   peak RSS {:.0} MB = {:.2}x the file",
+            mb / p,
+            pr / 1e6,
+            pr / size
+        );
+        let gs = median(&self.graph);
+        println!(
+            "  graph + replay set + tensor analysis {gs:.3} s = {:.2}x the parse time",
+            gs / o
+        );
+        println!("  per node record, one thread, the same records (scan not included):");
+        for (mode, v) in &self.records {
+            let s = median(v);
+            println!("    {mode:<32} {s:>7.3} s  {:>5.0} MB/s", mb / s);
+        }
+        failed
     }
-    Ok(failed)
 }
 
 /// The node count every reader of one file must agree on.
