@@ -14,9 +14,20 @@ pub enum ComposeError {
     /// An id, size or count would leave its integer range (the result would hold wrapped,
     /// duplicate or negative values).
     #[error("node {node}: {field} overflows (the composed trace would hold wrapped values)")]
-    Overflow { node: u64, field: &'static str },
+    Overflow {
+        /// The node whose field overflows.
+        node: u64,
+        /// The field.
+        field: &'static str,
+    },
+    /// The result would have more than [`MAX_NODES`] nodes.
     #[error("the result would have {nodes} nodes, more than the limit of {limit}")]
-    TooBig { nodes: u128, limit: u64 },
+    TooBig {
+        /// Nodes the result would have.
+        nodes: u128,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 /// The most nodes a composition may produce (about 100 GB of trace).

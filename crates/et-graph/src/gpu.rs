@@ -16,7 +16,9 @@ pub enum GpuWork {
     Compute,
     /// A collective's kernel (NCCL).
     Comm,
+    /// A memory copy.
     Memcpy,
+    /// A memory set.
     Memset,
 }
 
@@ -53,9 +55,13 @@ fn is_comm_kernel(name: &str) -> bool {
 /// One piece of GPU work (µs on any one clock).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GpuInterval<'a> {
+    /// The kernel's (or copy's) name.
     pub name: &'a str,
+    /// What it does.
     pub work: GpuWork,
+    /// Its start.
     pub start_us: f64,
+    /// Its duration.
     pub dur_us: f64,
 }
 
@@ -64,14 +70,18 @@ pub struct GpuInterval<'a> {
 pub struct KernelTime {
     /// The kernel's name without its template and parameter lists.
     pub kernel: String,
+    /// What it does.
     pub work: GpuWork,
+    /// Its calls.
     pub calls: usize,
+    /// Their total duration (µs).
     pub total_us: f64,
 }
 
 /// GPU activity over some intervals (µs).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct GpuActivity {
+    /// The intervals counted.
     pub events: usize,
     /// First start to last end.
     pub span_us: f64,
@@ -79,8 +89,11 @@ pub struct GpuActivity {
     pub busy_us: f64,
     /// Sums of durations by kind of work (concurrent work counts twice).
     pub compute_us: f64,
+    /// Communication kernels' time.
     pub comm_us: f64,
+    /// Memory copies' time.
     pub memcpy_us: f64,
+    /// Memory sets' time.
     pub memset_us: f64,
     /// Time in which compute kernels and communication kernels both ran.
     pub overlap_us: f64,

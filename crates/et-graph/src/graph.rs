@@ -39,6 +39,7 @@ pub type TensorKey = (u64, u64);
 
 /// The graph over one trace. Node indices are positions in `trace.nodes`.
 pub struct Graph<'t> {
+    /// The trace this graph is over.
     pub trace: &'t Trace,
     /// Node indices in execution order (by node id: ids are assigned on entry).
     pub order: Vec<u32>,
@@ -47,6 +48,7 @@ pub struct Graph<'t> {
     /// Children node indices in execution order: `children[child_start[i]..child_start[i+1]]`.
     child_start: Vec<u32>,
     child_list: Vec<u32>,
+    /// Each node's classes ([`OpClass`]).
     pub class: Vec<OpClass>,
     /// Parsed op schemas, per node (None when absent or unparsable).
     pub schema: Vec<Option<std::sync::Arc<OpSchema>>>,
@@ -55,6 +57,7 @@ pub struct Graph<'t> {
 }
 
 impl<'t> Graph<'t> {
+    /// Builds the call tree, execution order and classes of `trace`'s nodes.
     pub fn new(trace: &'t Trace) -> Graph<'t> {
         let n = trace.nodes.len();
         let index = trace.node_by_id();
@@ -160,27 +163,33 @@ impl<'t> Graph<'t> {
         }
     }
 
+    /// Nodes in the trace.
     pub fn len(&self) -> usize {
         self.trace.nodes.len()
     }
 
+    /// Whether the trace has no nodes.
     pub fn is_empty(&self) -> bool {
         self.trace.nodes.is_empty()
     }
 
+    /// Node `i`'s children, in execution order.
     pub fn children(&self, i: u32) -> &[u32] {
         &self.child_list
             [self.child_start[i as usize] as usize..self.child_start[i as usize + 1] as usize]
     }
 
+    /// Node `i`'s ancestors, nearest first.
     pub fn ancestors(&self, i: u32) -> impl Iterator<Item = u32> + '_ {
         std::iter::successors(self.parent[i as usize], move |&p| self.parent[p as usize])
     }
 
+    /// Node `i`'s id.
     pub fn id(&self, i: u32) -> u64 {
         self.trace.nodes[i as usize].id
     }
 
+    /// Node `i`'s name.
     pub fn name(&self, i: u32) -> &str {
         self.trace.name(&self.trace.nodes[i as usize])
     }
@@ -400,12 +409,14 @@ impl Windows {
 /// The operators a replay runs once per iteration, in execution order.
 #[derive(Clone, Debug)]
 pub struct ReplaySet {
+    /// The ops' node indices, in execution order.
     pub ops: Vec<u32>,
     /// For every node not in `ops`, why.
     pub skip: Vec<Option<Skip>>,
 }
 
 impl ReplaySet {
+    /// Why `node` is not in the set; `None` for the set's ops.
     pub fn reason(&self, node: u32) -> Option<&Skip> {
         self.skip[node as usize].as_ref()
     }
@@ -430,8 +441,11 @@ impl ReplaySet {
 /// A data dependency between two replay-set ops (positions in `ReplaySet::ops`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataEdge {
+    /// The op that produced (or last wrote) the tensor.
     pub from: u32,
+    /// The op that reads it.
     pub to: u32,
+    /// The tensor.
     pub tensor: TensorKey,
     /// The edge orders a read after an in-place write to another view of the same storage,
     /// rather than after the producer of this tensor version.
@@ -443,6 +457,7 @@ pub struct DataEdge {
 pub struct TensorTable {
     /// Per tensor key, in first-seen order: facts of its first version.
     pub tensors: indexmap::IndexMap<TensorKey, TensorInfo>,
+    /// The data dependencies between the set's ops.
     pub edges: Vec<DataEdge>,
     /// Estimated live bytes after each op of the replay set, per device.
     pub peak_bytes: std::collections::BTreeMap<String, u64>,
@@ -450,22 +465,31 @@ pub struct TensorTable {
     pub peak_at: std::collections::BTreeMap<String, u32>,
 }
 
+/// What a replay set does with one tensor, and what it is.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The tensor.
     pub key: TensorKey,
+    /// Read before any op of the set produced it: an input the replay must supply.
     pub external: bool,
-    /// First and last replay-set positions that use it (read or write).
+    /// First replay-set position that uses it (read or write).
     pub first_use: u32,
+    /// Last replay-set position that uses it.
     pub last_use: u32,
+    /// Number of elements.
     pub numel: u64,
+    /// Bytes per element.
     pub itemsize: u64,
+    /// Offset into its storage (elements).
     pub offset: u64,
+    /// Its device (`cpu`, `cuda:0`).
     pub device: String,
     /// How many times an op produced (or wrote in place) a new version of it.
     pub versions: u32,
 }
 
 impl TensorTable {
+    /// The external inputs ([`TensorInfo::external`]).
     pub fn externals(&self) -> impl Iterator<Item = &TensorInfo> {
         self.tensors.values().filter(|t| t.external)
     }

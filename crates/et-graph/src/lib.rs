@@ -16,6 +16,8 @@
 //!
 //! Architecture invariant: depends on `et-schema` only, never on libtorch.
 
+#![warn(missing_docs)]
+
 /// The file model this crate analyses: a crate downstream of et-graph needs no other dependency.
 pub use et_schema;
 

@@ -10,49 +10,77 @@ use crate::graph::{Graph, ReplaySet};
 use et_schema::kineto::{Category, KinetoTrace, Lane};
 use std::collections::HashMap;
 
+/// Why an ET and a Kineto trace do not link: they are not of the same run. `et` and `kineto`
+/// name the two files.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
+    /// Record function ids that do not match: another iteration or process.
     #[error("the Kineto trace {kineto} has record function ids, but only {matched} of {total} ET ops match one by id and name: it was captured in another iteration or process than {et}")]
     OtherIteration {
+        /// The ET.
         et: String,
+        /// The Kineto trace.
         kineto: String,
+        /// ET ops matched by id and name.
         matched: usize,
+        /// ET ops to link.
         total: usize,
     },
+    /// The two traces record different ranks.
     #[error("the Kineto trace {kineto} is rank {kineto_rank}'s, the ET {et} rank {et_rank}'s: not the same process")]
     OtherRank {
+        /// The ET.
         et: String,
+        /// The Kineto trace.
         kineto: String,
+        /// The ET's rank.
         et_rank: u64,
+        /// The Kineto trace's rank.
         kineto_rank: i64,
     },
+    /// The two traces record different process ids.
     #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run (without record function ids, as in a profile taken without the execution trace observer, only op order and names link them, which holds within one process: capture the ET and the profile in the same process)")]
     OtherProcess {
+        /// The ET.
         et: String,
+        /// The Kineto trace.
         kineto: String,
+        /// The ET's process id.
         et_pid: i64,
+        /// The Kineto trace's process id.
         kineto_pid: i64,
     },
+    /// Too few ops align by name and order.
     #[error("the Kineto trace {kineto} shares no op sequence with {et} (linked {linked} of {total}): not the same run")]
     Unrelated {
+        /// The ET.
         et: String,
+        /// The Kineto trace.
         kineto: String,
+        /// ET ops linked.
         linked: usize,
+        /// ET ops to link.
         total: usize,
     },
 }
 
+/// How a [`Link`] was made.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Method {
+    /// An exact join on the record function id (ET `rf_id`, Kineto `Record function id`).
     RecordFunctionId,
+    /// An exact join on Kineto's `External id`.
     ExternalId,
+    /// An order-preserving alignment of op names per thread.
     Alignment,
 }
 
 /// The result: for each replay-set op (by position), its Kineto event index.
 #[derive(Clone, Debug)]
 pub struct Link {
+    /// How the link was made.
     pub method: Method,
+    /// Each replay-set op's Kineto event; `None` where unlinked.
     pub event_of: Vec<Option<u32>>,
     /// GPU events (kernels, memcpy, memset) launched under each linked op, via correlation.
     pub gpu_events: Vec<Vec<u32>>,
@@ -61,13 +89,17 @@ pub struct Link {
     /// where the set holds some of the trace's several `ProfilerStep#N` iterations, of those
     /// steps. Known when linked by record function ids.
     pub span: Option<(f64, f64)>,
+    /// Non-fatal findings (process ids that differ where record function ids still link).
     pub warnings: Vec<String>,
 }
 
 impl Link {
+    /// Ops linked to an event.
     pub fn linked(&self) -> usize {
         self.event_of.iter().filter(|e| e.is_some()).count()
     }
+
+    /// The fraction of ops linked (1 for an empty set).
     pub fn fraction(&self) -> f64 {
         if self.event_of.is_empty() {
             1.0

@@ -9,6 +9,7 @@ use std::ops::RangeInclusive;
 /// Which kinds of ops to keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kind {
+    /// Every op.
     #[default]
     All,
     /// Everything but collectives.
@@ -29,6 +30,7 @@ impl std::str::FromStr for Kind {
     }
 }
 
+/// Which ops of a replay set to keep; the criteria all apply (the default keeps every op).
 #[derive(Clone, Debug, Default)]
 pub struct Selection {
     /// `ProfilerStep#N` iterations; `None` = the whole trace.
@@ -39,26 +41,37 @@ pub struct Selection {
     /// an annotation also encloses the ops other threads ran while it was open (the autograd
     /// thread's backward ops inside `## backward ##`, see [`crate::Threads`]).
     pub scope: Option<Regex>,
+    /// Node ids to keep.
     pub ids: Option<RangeInclusive<u64>>,
+    /// Kinds of ops to keep.
     pub kind: Kind,
     /// Also select, transitively, the ops producing inputs of selected ops.
     pub with_producers: bool,
 }
 
+/// Why a selection gives nothing to replay.
 #[derive(Debug, thiserror::Error)]
 pub enum SelectError {
+    /// No op matches.
     #[error(
         "{source_name}: the selection matches no op of the {total} in the replay set ({what})"
     )]
     Empty {
+        /// The trace.
         source_name: String,
+        /// Ops in the replay set.
         total: usize,
+        /// The selection, in words.
         what: String,
     },
+    /// An iteration asked for is not in the trace.
     #[error("{source_name}: no ProfilerStep#{missing} in the trace (present: {present:?})")]
     NoIteration {
+        /// The trace.
         source_name: String,
+        /// The iteration asked for.
         missing: u64,
+        /// The iterations the trace has.
         present: Vec<u64>,
     },
 }

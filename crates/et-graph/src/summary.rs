@@ -5,6 +5,7 @@ use indexmap::IndexMap;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// The tensors of a trace, counted over every node's arguments.
 #[derive(Debug, Serialize, Default, PartialEq)]
 pub struct TensorStats {
     /// Distinct tensors, keyed by (tensor id, storage id).
@@ -13,20 +14,28 @@ pub struct TensorStats {
     pub storages: usize,
     /// Bytes of distinct storages (the largest extent seen of each), total.
     pub bytes: u64,
+    /// `bytes` by device.
     pub bytes_by_device: BTreeMap<String, u64>,
     /// Bytes of distinct tensors' views by element type.
     pub bytes_by_dtype: BTreeMap<String, u64>,
 }
 
+/// What a trace holds, in figures a reader checks first.
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Summary {
+    /// Where the trace came from.
     pub source: String,
+    /// Its schema version.
     pub schema: String,
+    /// Its file layout (`flat` or `nested`).
     pub layout: String,
+    /// Its nodes.
     pub nodes: usize,
     /// Node name -> count, over all nodes, most frequent first.
     pub ops: IndexMap<String, usize>,
+    /// The devices tensors live on, sorted.
     pub devices: Vec<String>,
+    /// The tensors.
     pub tensors: TensorStats,
     /// `ProfilerStep#N` annotations, in file order.
     pub iterations: Vec<String>,
@@ -34,6 +43,7 @@ pub struct Summary {
     pub process_groups: Vec<serde_json::Value>,
     /// Collective name -> count (from `record_param_comms`, `c10d::*`, `nccl:*`).
     pub collectives: BTreeMap<String, usize>,
+    /// The parser's warnings.
     pub warnings: Vec<String>,
 }
 
@@ -106,6 +116,7 @@ fn is_backend_annotation(name: &str) -> bool {
 }
 
 impl Summary {
+    /// Summarises `t` in one pass over its nodes.
     pub fn of(t: &Trace) -> Summary {
         // Counted by interned id, not by string: one array slot per distinct string, and each
         // distinct type string parsed once (a 200 MB trace has ~2M arguments, ~100 types).

@@ -2,38 +2,69 @@
 
 use std::fmt;
 
-/// A tensor element type (c10::ScalarType).
+/// A tensor element type (c10::ScalarType); the variants are in c10's order, so that each
+/// one's discriminant is its scalar type code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// `torch.uint8`.
     UInt8,
+    /// `torch.int8`.
     Int8,
+    /// `torch.int16`.
     Int16,
+    /// `torch.int32`.
     Int32,
+    /// `torch.int64`.
     Int64,
+    /// `torch.float16` (half).
     Float16,
+    /// `torch.float32`.
     Float32,
+    /// `torch.float64` (double).
     Float64,
+    /// `torch.complex32`.
     ComplexHalf,
+    /// `torch.complex64`.
     Complex64,
+    /// `torch.complex128`.
     Complex128,
+    /// `torch.bool`.
     Bool,
+    /// `torch.qint8` (quantized).
     QInt8,
+    /// `torch.quint8` (quantized).
     QUInt8,
+    /// `torch.qint32` (quantized).
     QInt32,
+    /// `torch.bfloat16`.
     BFloat16,
+    /// `torch.quint4x2`: two 4-bit quantized values per byte.
     QUInt4x2,
+    /// `torch.quint2x4`: four 2-bit quantized values per byte.
     QUInt2x4,
+    /// `torch.bits1x8`: raw bits.
     Bits1x8,
+    /// `torch.bits2x4`: raw bits.
     Bits2x4,
+    /// `torch.bits4x2`: raw bits.
     Bits4x2,
+    /// `torch.bits8`: raw bits.
     Bits8,
+    /// `torch.bits16`: raw bits.
     Bits16,
+    /// `torch.float8_e5m2`.
     Float8E5M2,
+    /// `torch.float8_e4m3fn`.
     Float8E4M3Fn,
+    /// `torch.float8_e5m2fnuz`.
     Float8E5M2Fnuz,
+    /// `torch.float8_e4m3fnuz`.
     Float8E4M3Fnuz,
+    /// `torch.uint16`.
     UInt16,
+    /// `torch.uint32`.
     UInt32,
+    /// `torch.uint64`.
     UInt64,
 }
 
@@ -119,10 +150,12 @@ impl DType {
             .and_then(|i| ORDER.get(i).copied())
     }
 
+    /// c10's `ScalarType` code (the variant's position in [`DType`]).
     pub fn scalar_type_code(self) -> i64 {
         self as i64
     }
 
+    /// Bytes per element (packed sub-byte types count one byte per packed group).
     pub fn size_bytes(self) -> usize {
         use DType::*;
         match self {
@@ -135,6 +168,7 @@ impl DType {
         }
     }
 
+    /// Whether this is a real floating-point type (as `torch.is_floating_point`: no complex).
     pub fn is_floating_point(self) -> bool {
         use DType::*;
         matches!(
@@ -150,6 +184,7 @@ impl DType {
         )
     }
 
+    /// Whether this is a plain integer type (no `bool`, no quantized types).
     pub fn is_integral(self) -> bool {
         use DType::*;
         matches!(

@@ -34,8 +34,10 @@ impl Default for Interner {
 }
 
 impl Interner {
+    /// The empty string, interned in every table.
     pub const EMPTY: Sym = Sym(0);
 
+    /// The symbol of `s`, added if new.
     pub fn intern(&mut self, s: &str) -> Sym {
         // Strings of at most 7 bytes pack with their length into a u64 that identifies them.
         let key = (s.len() < 8).then(|| {
@@ -72,18 +74,22 @@ impl Interner {
         self.index.get(s).copied()
     }
 
+    /// The string of `sym` (from this table).
     pub fn get(&self, sym: Sym) -> &str {
         &self.strings[sym.0 as usize]
     }
 
+    /// Strings held, the empty one included.
     pub fn len(&self) -> usize {
         self.strings.len()
     }
 
+    /// Whether it holds only the empty string.
     pub fn is_empty(&self) -> bool {
         self.strings.len() <= 1
     }
 
+    /// Every symbol and its string, in the order they were added.
     pub fn iter(&self) -> impl Iterator<Item = (Sym, &str)> {
         self.strings
             .iter()
@@ -115,6 +121,7 @@ impl Default for KeyedState {
 }
 
 impl KeyedState {
+    /// A hasher state with a key of its own.
     pub fn new() -> Self {
         let r = std::collections::hash_map::RandomState::new();
         KeyedState {

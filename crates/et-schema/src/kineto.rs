@@ -8,18 +8,29 @@ use std::path::Path;
 /// Event categories that matter for linking and fidelity; others are `Other`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Category {
+    /// An operator on the CPU (`cpu_op`): what ET nodes link to.
     CpuOp,
+    /// A `record_function` annotation on the CPU.
     UserAnnotation,
+    /// An annotation's span on a GPU stream.
     GpuUserAnnotation,
+    /// A GPU kernel.
     Kernel,
+    /// A GPU memory copy.
     GpuMemcpy,
+    /// A GPU memory set.
     GpuMemset,
+    /// A CUDA runtime call (a kernel launch, a synchronisation).
     CudaRuntime,
+    /// A CUDA driver call.
     CudaDriver,
+    /// A Python function (with the profiler's `with_stack`).
     PythonFunction,
     /// Flow events (`ac2g` for CPU->GPU, `fwdbwd`).
     Flow,
+    /// The profiler's own spans (its `Spans` rows).
     Trace,
+    /// Any other category.
     Other,
 }
 
@@ -45,21 +56,32 @@ impl Category {
 /// pid/tid are numbers for real threads and strings for Kineto's own rows ("Spans").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lane {
+    /// A process or thread id.
     Id(i64),
+    /// A named row.
     Name(Sym),
 }
 
+/// One event of a Kineto trace, its times in microseconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Event {
+    /// The chrome-trace phase (`X` complete, `s`/`f` flow start/end, `i` instant...).
     pub ph: u8,
+    /// The category, as far as this crate tells them apart.
     pub cat: Category,
+    /// The category as written.
     pub cat_raw: Sym,
+    /// The event's name (the operator's, the kernel's...).
     pub name: Sym,
+    /// The process row.
     pub pid: Lane,
+    /// The thread (or stream) row.
     pub tid: Lane,
     /// Microseconds (Kineto's unit).
     pub ts: f64,
+    /// Duration (µs); 0 for events without one.
     pub dur: f64,
+    /// `External id`: ties a CPU op to the runtime calls and kernels it launched.
     pub external_id: Option<u64>,
     /// `Record function id`; `None` where absent or 0 (torch assigns ids only while a callback
     /// asks for them, as the execution trace observer does: a profile taken without it records
@@ -68,24 +90,36 @@ pub struct Event {
     /// How many tensors the event recorded (`Input Dims` entries that are shapes of at least
     /// one dimension); `None` without `Input Dims` (a profile taken without `record_shapes`).
     pub input_tensors: Option<u32>,
+    /// `correlation`: ties a runtime call to the GPU work it launched.
     pub correlation: Option<u64>,
+    /// `Ev Idx`: the event's index in the profiler's own order.
     pub ev_idx: Option<u64>,
+    /// `Sequence number`: autograd's, shared by a forward op and its backward.
     pub sequence_number: Option<i64>,
+    /// `Fwd thread id`: the thread of a backward op's forward op.
     pub fwd_thread_id: Option<i64>,
+    /// The GPU stream of GPU work.
     pub stream: Option<i64>,
+    /// The GPU of GPU work.
     pub device: Option<i64>,
     /// Flow events' `id`.
     pub flow_id: Option<u64>,
 }
 
+/// A parsed Kineto trace: its events in file order, strings interned.
 #[derive(Clone, Debug, Default)]
 pub struct KinetoTrace {
+    /// Every string of the trace.
     pub strings: Interner,
+    /// The events, in file order.
     pub events: Vec<Event>,
     /// `distributedInfo` as JSON text (rank, world_size, backend), when present.
     pub distributed_info: Option<String>,
+    /// The rank in `distributedInfo`.
     pub rank: Option<i64>,
+    /// The world size in `distributedInfo`.
     pub world_size: Option<i64>,
+    /// `baseTimeNanoseconds`: the epoch time the events' timestamps count from.
     pub base_time_ns: Option<u64>,
     /// The top-level `record_shapes` flag (torch.profiler writes it), else whether any event
     /// recorded `Input Dims`.
@@ -95,6 +129,7 @@ pub struct KinetoTrace {
     /// profile taken without the observer: the ids it would link by were never assigned),
     /// `None` without the field (PyTorch before 2.1).
     pub execution_trace_observer: Option<bool>,
+    /// Where the trace came from, for messages.
     pub source: String,
     /// Non-fatal findings: events dropped for impossible times (see [`parse_kineto`]).
     pub warnings: Vec<String>,
@@ -105,6 +140,7 @@ pub struct KinetoTrace {
 pub const MAX_TIME_US: f64 = 9_007_199_254_740_992.0;
 
 impl KinetoTrace {
+    /// The string of `s`.
     pub fn str(&self, s: Sym) -> &str {
         self.strings.get(s)
     }

@@ -9,6 +9,10 @@
 //! * parsers for ET type strings ([`ValueType`]) and TorchScript operator schemas ([`OpSchema`]);
 //! * a writer that round-trips the model ([`write_trace`]).
 //!
+//! Cargo features: `testkit` (the `testkit` module: builders for hand-written traces in tests),
+//! `bench-hooks` (`records_read_by_visitors`, for tests of the parser) and `simd` (also
+//! `record_bench`, the parse benchmark's per-record timings; needs simd-json).
+//!
 //! This crate never links libtorch and keeps its dependencies few: others build on it.
 //!
 //! Hostile input is refused, not obeyed: nesting deeper than [`MAX_NESTING`] is an error naming
@@ -18,6 +22,8 @@
 //! messages is cut ([`clip`]), and Kineto events with impossible times are dropped with a
 //! counted warning ([`kineto::parse_kineto`]).
 
+#![warn(missing_docs)]
+
 mod dtype;
 mod error;
 mod intern;
@@ -26,7 +32,6 @@ mod model;
 mod opschema;
 mod parse;
 mod scan;
-/// Builders for hand-written traces in tests; only with the cargo feature `testkit`.
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 mod types;
@@ -48,12 +53,14 @@ pub const PARSER_STACK: usize = 8 << 20;
 pub use dtype::DType;
 pub use error::{clip, Error, Result};
 pub use intern::{Interner, KeyedState, Sym};
-pub use model::*;
+pub use model::{
+    ArenaFull, Arg, ExtraAttr, IdIndex, Layout, Node, NodeFlags, TensorRef, Trace, TraceMeta,
+    Value, ARENA_MAX, KNOWN_SCHEMAS,
+};
 pub use opschema::{AliasInfo, OpSchema, SchemaArg, SchemaParseError, SchemaType};
 #[cfg(feature = "simd")]
-#[doc(hidden)]
 pub use parse::record_bench;
-#[doc(hidden)]
+#[cfg(feature = "bench-hooks")]
 pub use parse::records_read_by_visitors;
 pub use parse::{
     decompress, decompress_with, open_input, parse_input, parse_trace, read_input, read_input_with,

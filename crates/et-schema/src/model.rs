@@ -10,17 +10,23 @@ use std::ops::Range;
 /// decoded into [`Trace::tensors`] when the argument's type string says they are tensors.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value {
+    /// JSON `null`.
     Null,
+    /// A boolean.
     Bool(bool),
+    /// An integer that fits `i64`.
     Int(i64),
     /// Integers above `i64::MAX`.
     UInt(u64),
+    /// A number with a fraction or exponent.
     Float(f64),
     /// Strings, including the observer's markers `<None>`, `<Object>`, `<Stream>`, `"inf"`.
     Str(Sym),
     /// A list: `items[start..start+len]`.
     List {
+        /// Index of the first element in [`Trace::items`].
         start: u32,
+        /// Number of elements.
         len: u32,
     },
     /// A tensor tuple: `tensors[i]`.
@@ -32,12 +38,15 @@ pub enum Value {
 /// `[tensor_id, storage_id, offset, numel, itemsize, device]` (no device before schema 1.0.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TensorRef {
+    /// The tensor's id (the observer's, unique while the tensor lives).
     pub id: u64,
     /// 0 means no storage (undefined tensor).
     pub storage: u64,
     /// Storage offset in elements.
     pub offset: u64,
+    /// Number of elements.
     pub numel: u64,
+    /// Bytes per element.
     pub itemsize: u64,
     /// Device string (`cpu`, `cuda:0`, or empty for undefined tensors); `None` in 5-field tuples.
     pub device: Option<Sym>,
@@ -46,6 +55,7 @@ pub struct TensorRef {
 /// One input or output of a node.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Arg {
+    /// The value as recorded (a tensor tuple decoded into [`Value::Tensor`]).
     pub value: Value,
     /// Shape as recorded (nested lists mirror nested values).
     pub shape: Value,
@@ -72,9 +82,13 @@ pub enum Layout {
 pub struct NodeFlags(pub u8);
 
 impl NodeFlags {
+    /// The record had input strides.
     pub const INPUT_STRIDES: u8 = 1;
+    /// The record had output strides.
     pub const OUTPUT_STRIDES: u8 = 2;
+    /// The record had an `attrs` list.
     pub const HAS_ATTRS: u8 = 4;
+    /// Whether flag `f` is set.
     pub fn has(self, f: u8) -> bool {
         self.0 & f != 0
     }
@@ -83,31 +97,48 @@ impl NodeFlags {
 /// An attribute this model has no field for, kept as recorded.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ExtraAttr {
+    /// The attribute's name (or the flat layout's key).
     pub name: Sym,
     /// The nested layout's attribute type (`uint64`, `string`, ...); `None` for flat-layout keys.
     pub ty: Option<Sym>,
+    /// The value as recorded.
     pub value: Value,
 }
 
 /// One trace node: an operator, a record_function annotation or a thread/process root.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// The node's id, unique in the trace (the observer numbers nodes as they start).
     pub id: u64,
+    /// The operator or annotation name (`aten::mm`, `## forward ##`, `[pytorch|profiler...]`).
     pub name: Sym,
     /// `ctrl_deps` (nested) or `parent` (flat). The process root points to itself or to 0.
     pub parent: Option<u64>,
+    /// Record function id: the key that links the node to its Kineto event.
     pub rf_id: Option<u64>,
+    /// For a backward op, the forward node it differentiates.
     pub fw_parent: Option<u64>,
+    /// Autograd sequence number (-1 or absent outside autograd).
     pub seq_id: Option<i64>,
+    /// The `RecordScope` the op ran under (function, backward function, user scope...).
     pub scope: Option<u64>,
+    /// The thread the node ran on.
     pub tid: Option<u64>,
+    /// For a backward op, the thread of its forward op.
     pub fw_tid: Option<u64>,
+    /// The TorchScript schema of the operator, when recorded.
     pub op_schema: Option<Sym>,
+    /// The kernel backend (`triton`, ...) of a compiled kernel, when recorded.
     pub kernel_backend: Option<Sym>,
+    /// The file of a compiled kernel, when recorded.
     pub kernel_file: Option<Sym>,
+    /// The node's inputs in [`Trace::args`].
     pub inputs: Range<u32>,
+    /// The node's outputs in [`Trace::args`].
     pub outputs: Range<u32>,
+    /// Its other attributes in [`Trace::extra_attrs`].
     pub extra: Range<u32>,
+    /// What the record contained, for writing it back.
     pub flags: NodeFlags,
     /// Byte offset of the node's record in the (decompressed) input, for error messages.
     pub offset: u64,
@@ -116,10 +147,15 @@ pub struct Node {
 /// Top-level fields other than the nodes.
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct TraceMeta {
+    /// The schema version (`1.1.1-chakra.0.0.4`); empty when the trace names none.
     pub schema: String,
+    /// The traced process's id.
     pub pid: Option<i64>,
+    /// When the trace was taken, as the observer wrote it.
     pub time: Option<String>,
+    /// The observer's start timestamp.
     pub start_ts: Option<i64>,
+    /// The observer's finish timestamp.
     pub finish_ts: Option<i64>,
     /// Unknown top-level keys, as JSON text, in file order.
     pub extra: Vec<(String, String)>,
@@ -128,14 +164,21 @@ pub struct TraceMeta {
 /// A parsed execution trace.
 #[derive(Clone, Debug, Default)]
 pub struct Trace {
+    /// The top-level fields other than the nodes.
     pub meta: TraceMeta,
+    /// The file layout the trace was read in (and is written back in).
     pub layout: Layout,
+    /// Every string of the trace.
     pub strings: Interner,
     /// Nodes in file order (the observer writes children before their parents).
     pub nodes: Vec<Node>,
+    /// Every node's inputs and outputs ([`Node::inputs`], [`Node::outputs`]).
     pub args: Vec<Arg>,
+    /// Every list's elements ([`Value::List`]).
     pub items: Vec<Value>,
+    /// Every tensor tuple ([`Value::Tensor`]).
     pub tensors: Vec<TensorRef>,
+    /// Every node's other attributes ([`Node::extra`]).
     pub extra_attrs: Vec<ExtraAttr>,
     /// Where the trace came from, for messages.
     pub source: String,
@@ -155,26 +198,32 @@ pub const KNOWN_SCHEMAS: &[&str] = &[
 ];
 
 impl Trace {
+    /// The string of `s`.
     pub fn str(&self, s: Sym) -> &str {
         self.strings.get(s)
     }
 
+    /// The node's name.
     pub fn name(&self, n: &Node) -> &str {
         self.strings.get(n.name)
     }
 
+    /// The node's inputs.
     pub fn inputs(&self, n: &Node) -> &[Arg] {
         &self.args[n.inputs.start as usize..n.inputs.end as usize]
     }
 
+    /// The node's outputs.
     pub fn outputs(&self, n: &Node) -> &[Arg] {
         &self.args[n.outputs.start as usize..n.outputs.end as usize]
     }
 
+    /// The node's other attributes.
     pub fn extras(&self, n: &Node) -> &[ExtraAttr] {
         &self.extra_attrs[n.extra.start as usize..n.extra.end as usize]
     }
 
+    /// The elements of a list value; empty for anything else.
     pub fn list(&self, v: Value) -> &[Value] {
         match v {
             Value::List { start, len } => &self.items[start as usize..(start + len) as usize],
@@ -182,10 +231,12 @@ impl Trace {
         }
     }
 
+    /// The tensor tuple `i` ([`Value::Tensor`]).
     pub fn tensor(&self, i: u32) -> &TensorRef {
         &self.tensors[i as usize]
     }
 
+    /// The node's op schema as text; `None` when absent or empty.
     pub fn op_schema_str(&self, n: &Node) -> Option<&str> {
         n.op_schema.map(|s| self.str(s)).filter(|s| !s.is_empty())
     }
@@ -493,7 +544,9 @@ pub const ARENA_MAX: usize = u32::MAX as usize;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("more than {max} {what} in one trace: the model indexes its arenas with 32 bits")]
 pub struct ArenaFull {
+    /// What the arena holds (`arguments`, `list items`...).
     pub what: &'static str,
+    /// Its limit ([`ARENA_MAX`]).
     pub max: usize,
 }
 
@@ -501,19 +554,23 @@ pub struct ArenaFull {
 /// `id - min` serves most traces; sparse ids fall back to a hash map.
 #[derive(Clone, Debug)]
 pub enum IdIndex {
+    /// Ids within a few times the node count of each other: positions by `id - min`.
     Dense {
+        /// The least id.
         min: u64,
+        /// The position of id `min + k` at `k`; `u32::MAX` where no node has it.
         pos: Vec<u32>,
     },
     /// Keyed by std's random SipHash, not FxHash: ids are the file's to choose, and ids made
-    /// to collide under FxHash (`K^-1 * (j << 6)`) made building this quadratic (20,000 nodes:
-    /// 3 s, a million: hours).
+    /// to collide under FxHash (`K^-1 * (j << 6)`) would make building this quadratic (20,000
+    /// nodes: 3 s, a million: hours).
     Sparse(std::collections::HashMap<u64, usize>),
 }
 
 impl IdIndex {
     const NONE: u32 = u32::MAX;
 
+    /// Indexes `ids` by position (the last position of an id that repeats).
     pub fn new(ids: impl Iterator<Item = u64> + Clone) -> IdIndex {
         let n = ids.clone().count();
         let (min, max) = ids
@@ -530,6 +587,7 @@ impl IdIndex {
         }
     }
 
+    /// The position of `id`, if any node has it.
     pub fn position(&self, id: u64) -> Option<usize> {
         match self {
             IdIndex::Dense { min, pos } => id
@@ -541,6 +599,7 @@ impl IdIndex {
         }
     }
 
+    /// Whether some node has `id`.
     pub fn contains(&self, id: u64) -> bool {
         self.position(id).is_some()
     }

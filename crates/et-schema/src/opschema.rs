@@ -8,13 +8,16 @@
 use crate::MAX_NESTING;
 use std::fmt;
 
+/// A parsed operator schema.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpSchema {
     /// Qualified name without the overload: `aten::add`.
     pub name: String,
     /// The overload name, empty for the default overload: `Tensor`.
     pub overload: String,
+    /// The arguments, in order.
     pub args: Vec<SchemaArg>,
+    /// The returns, in order.
     pub returns: Vec<SchemaArg>,
     /// `...` in the argument list (varargs).
     pub is_vararg: bool,
@@ -22,9 +25,12 @@ pub struct OpSchema {
     pub is_varret: bool,
 }
 
+/// One argument or return of a schema.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SchemaArg {
+    /// The name; `None` for unnamed returns.
     pub name: Option<String>,
+    /// The type.
     pub ty: SchemaType,
     /// The default as written in the schema (`1`, `None`, `[0, 0]`, `"mean"`, `contiguous_format`).
     pub default: Option<String>,
@@ -35,29 +41,42 @@ pub struct SchemaArg {
 /// An alias annotation: `(a)`, `(a!)`, `(a -> *)`, `(a|b!)`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AliasInfo {
+    /// The alias sets the value belongs to on entry (`a` in `a -> *`, `a`, `b` in `a|b`).
     pub before: Vec<String>,
+    /// The alias sets after the call (`*` in `a -> *`); empty when the annotation has no `->`.
     pub after: Vec<String>,
+    /// `!`: the op writes the value.
     pub is_write: bool,
 }
 
+/// The type of a schema argument.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SchemaType {
     /// A named type: `Tensor`, `int`, `SymInt`, `float`, `bool`, `str`, `Scalar`, `ScalarType`,
     /// `Layout`, `Device`, `MemoryFormat`, `Generator`, `Dimname`, `Storage`, `Stream`, `Any`, ...
     /// Alias annotations belong to the type they follow.
     Named {
+        /// The type's name.
         name: String,
+        /// Its alias annotation.
         alias: Option<AliasInfo>,
     },
+    /// `T?`.
     Optional(Box<SchemaType>),
     /// `T[]` or `T[N]`; the alias is that of the list itself (`Tensor(a!)[]` puts it on the element).
     List {
+        /// The element type.
         elem: Box<SchemaType>,
+        /// `N` in `T[N]`.
         size: Option<usize>,
+        /// The list's alias annotation.
         alias: Option<AliasInfo>,
     },
+    /// `(T, U)`.
     Tuple(Vec<SchemaType>),
+    /// `Dict(K, V)`.
     Dict(Box<SchemaType>, Box<SchemaType>),
+    /// `Future(T)`.
     Future(Box<SchemaType>),
 }
 
@@ -89,14 +108,18 @@ impl SchemaType {
         }
     }
 
+    /// Whether the type is `T?`.
     pub fn is_optional(&self) -> bool {
         matches!(self, SchemaType::Optional(_))
     }
 }
 
+/// A schema syntax error with the byte position inside the schema.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchemaParseError {
+    /// Byte position of the error in the schema.
     pub pos: usize,
+    /// What is wrong there.
     pub msg: String,
 }
 
@@ -109,6 +132,7 @@ impl fmt::Display for SchemaParseError {
 impl std::error::Error for SchemaParseError {}
 
 impl OpSchema {
+    /// Parses a schema (nesting at most [`crate::MAX_NESTING`] deep).
     pub fn parse(s: &str) -> Result<OpSchema, SchemaParseError> {
         let mut p = Lexer {
             s: s.as_bytes(),

@@ -11,7 +11,9 @@ use std::fmt;
 pub enum ValueType {
     /// `Tensor(<dtype>)`; `dtype` is `None` when the spelling is unknown (`raw` keeps it).
     Tensor {
+        /// The element type, when the spelling is known.
         dtype: Option<DType>,
+        /// The spelling inside the parentheses.
         raw: String,
     },
     /// `Tensor(nullptr (uninitialized))`: an undefined tensor.
@@ -20,11 +22,17 @@ pub enum ValueType {
     List(Vec<ValueType>),
     /// `Tuple[...]`.
     Tuple(Vec<ValueType>),
+    /// `Int`: a 64-bit integer.
     Int,
+    /// `Double`: a 64-bit float.
     Double,
+    /// `Bool`.
     Bool,
+    /// `String`.
     String,
+    /// `None`: no value.
     None,
+    /// `Device`: a device string such as `cuda:0`.
     Device,
     /// Opaque values the observer does not record: `Object`, `Stream`, `Storage`, `Generator`, ...
     Opaque(String),
@@ -33,7 +41,9 @@ pub enum ValueType {
 /// A type-string syntax error with the byte position inside the string.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TypeParseError {
+    /// Byte position of the error in the type string.
     pub pos: usize,
+    /// What is wrong there.
     pub msg: String,
 }
 
@@ -46,6 +56,7 @@ impl fmt::Display for TypeParseError {
 impl std::error::Error for TypeParseError {}
 
 impl ValueType {
+    /// Parses an ET type string (nesting at most [`crate::MAX_NESTING`] deep).
     pub fn parse(s: &str) -> Result<ValueType, TypeParseError> {
         let mut p = P {
             s: s.as_bytes(),
@@ -59,6 +70,7 @@ impl ValueType {
         Ok(t)
     }
 
+    /// Whether this type is a tensor (defined or not).
     pub fn is_tensor(&self) -> bool {
         matches!(self, ValueType::Tensor { .. } | ValueType::UndefinedTensor)
     }

@@ -4,12 +4,14 @@
 use crate::model::*;
 use std::io::{self, Write};
 
+/// [`write_trace`] into a new buffer.
 pub fn write_trace_to_vec(t: &Trace) -> Vec<u8> {
     let mut v = Vec::with_capacity(t.nodes.len() * 512);
     write_trace(t, &mut v).expect("writing to a Vec cannot fail");
     v
 }
 
+/// Writes `t` as ET JSON to `w`, in the layout it was read from.
 pub fn write_trace<W: Write>(t: &Trace, w: W) -> io::Result<()> {
     let mut w = io::BufWriter::with_capacity(1 << 16, w);
     Writer { t, w: &mut w }.trace()?;

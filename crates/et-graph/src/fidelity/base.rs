@@ -75,6 +75,7 @@ pub struct TimeBase {
 /// ops there, measured without any instrumentation.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Reference {
+    /// The original's iteration.
     pub original_ms: f64,
     /// The plain replay's iteration.
     pub replay_ms: f64,

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 /// calls (µs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OpComparison {
+    /// The op name.
     pub op: String,
+    /// Its linked calls per iteration.
     pub calls: usize,
     /// The original's Kineto time.
     pub original_us: f64,
@@ -30,10 +32,11 @@ impl OpComparison {
 pub struct Comparison {
     /// Per op name, largest difference first.
     pub ops: Vec<OpComparison>,
-    /// Linked ops found in the instrumented replay's profile, and their totals (ms): the
-    /// profiled replay and the original over those same ops.
+    /// Linked ops found in the instrumented replay's profile.
     pub profiled_ops: usize,
+    /// The profiled replay's time in those ops (ms).
     pub profiled_ms: f64,
+    /// The original's time in the same ops (ms).
     pub profiled_original_ms: f64,
 }
 

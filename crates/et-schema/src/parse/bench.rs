@@ -1,4 +1,5 @@
-//! Hooks for the parse benchmark and the reader's tests: the node readers run record by record.
+//! Hooks for the parse benchmark and the reader's tests (cargo feature `bench-hooks`): the node
+//! readers run record by record.
 
 use super::errors::scan_error;
 use super::fast;
@@ -18,7 +19,6 @@ use serde::de::DeserializeSeed;
 /// deserializer, and into simd-json's borrowed value (a lower bound for any walk over it).
 /// Returns `(mode, nodes, seconds)`.
 #[cfg(feature = "simd")]
-#[doc(hidden)]
 pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
     let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, "bench"))?;
     let syntax = |offset: usize, msg: String| Error::Syntax {
@@ -85,7 +85,6 @@ pub fn record_bench(bytes: &[u8]) -> Result<Vec<(&'static str, usize, f64)>> {
 
 /// How many of the node records in `bytes` the specialised reader hands to the serde_json
 /// visitors (gives up on); for tests: on real traces this is 0.
-#[doc(hidden)]
 pub fn records_read_by_visitors(bytes: &[u8]) -> Result<usize> {
     let scan = scan::scan(bytes).map_err(|e| scan_error(e, bytes, "input"))?;
     let (mut b, mut acc, mut scratch) = (Builder::default(), NodeAcc::default(), Vec::new());

@@ -10,6 +10,7 @@
 //! accumulator), [`seeds`] (the serde_json visitors), [`fast`] (the specialised record reader
 //! tried first) and [`errors`] (turning the readers' errors into [`Error`]s).
 
+#[cfg(feature = "bench-hooks")]
 mod bench;
 mod errors;
 mod fast;
@@ -22,6 +23,7 @@ mod tests;
 
 #[cfg(feature = "simd")]
 pub use bench::record_bench;
+#[cfg(feature = "bench-hooks")]
 pub use bench::records_read_by_visitors;
 pub(crate) use errors::serde_message;
 pub use input::{
