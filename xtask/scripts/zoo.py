@@ -19,17 +19,23 @@ the original's peak memory.
         line read on stdin, ITERS iterations, answered by one JSON line (the block's ms, page faults);
         `cargo xtask fidelity` runs it beside paced replays (`mystique replay --paced ITERS`), in turn
 
-Sets: `tune` models may be looked at while developing the replay; `heldout` models are only
-ever reported (never used to choose a constant or a formula); `fresh` models are held out too,
-added once the `heldout` set had been reported (and its failures investigated) over several
-sessions, so that a claim rests on models no one had seen results of; `fresh2` likewise, added
-once `fresh` had been reported and its misses diagnosed; `fresh3` likewise, added with the
-timing profile taken without the observer; `fresh4` likewise, added with the timing profile's
-warm-up and the probed boundary costs (ninth session); `fresh5` likewise (tenth session); `fresh6`
-likewise (twelfth session, before the harness's block length was decided); `fresh7` likewise
-(thirteenth session, before any change to the gap model was tried); `fresh8` likewise (fourteenth
-session, before any change tried there); `fresh9` likewise (twenty-first session, written before
-any of its models was replayed, as the check on that session's grouped rounds and references).
+Sets: `tune` models may be looked at while developing the replay and the harness. Every other
+set is held out: its models are only ever reported, never used to choose anything (a constant, a
+formula, the harness's block length or grouping), so that a claim rests on models the replay was
+not fitted to. A held-out set is written, and committed, before any of its models is replayed;
+a choice made with some held-out sets' results in view is checked by a set written before that
+choice was measured. What each set checks (`cargo xtask fidelity` reports each apart):
+  heldout   the replay and its gap model as fitted on `tune`
+  fresh     what `heldout` checks, on models whose results no one has seen
+  fresh2    what was changed for `fresh`'s misses
+  fresh3    the timing profile taken without the execution trace observer
+  fresh4    the timing profile's warm-up and the probed boundary costs
+  fresh5    a further set on the choices `fresh4` checks
+  fresh6    the harness's block length
+  fresh7    changes to the gap model tried after it was written
+  fresh8    the same, for the changes tried after it was written
+  fresh9    the harness's grouped rounds and references
+
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
 import hashlib, inspect, json, math, multiprocessing, os, resource, statistics, sys, tempfile, time
@@ -151,7 +157,7 @@ def autocast_bf16_mlp():
     return step
 
 
-# ---- held-out set -----------------------------------------------------------------------------
+# ---- held-out set heldout: the replay and its gap model as fitted on `tune` -------------------
 
 def gru_infer():
     m = Seq(nn.GRU, n_in=48, hidden=96, layers=2).eval()
@@ -275,8 +281,7 @@ def mlp_adam_fused():
     return train(m, torch.optim.Adam(m.parameters(), lr=1e-3, fused=True), lambda m: F.mse_loss(m(x), y))
 
 
-# ---- fresh held-out set (added 2026-12-01, after the held-out set above had been reported over
-# several sessions; first captured and reported with the code of that day, never tuned on) -------
+# ---- held-out set fresh: what `heldout` checks, on models whose results no one has seen -------
 
 def conv1d_adamw():
     m = nn.Sequential(nn.Conv1d(16, 32, 5, padding=2), nn.GroupNorm(4, 32), nn.GELU(),
@@ -364,8 +369,7 @@ def layernorm_adadelta():
     return train(m, torch.optim.Adadelta(m.parameters()), lambda m: F.nll_loss(F.log_softmax(m(x), -1), y))
 
 
-# ---- second fresh held-out set (added 2026-12-01, second session: written and first captured with
-# the heap settings of that day, reported before anything was changed for them) ------------------
+# ---- held-out set fresh2: what was changed for `fresh`'s misses -------------------------------
 
 def gan_gen_adam():
     m = nn.Sequential(nn.ConvTranspose2d(32, 32, 4, 1, 0, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
@@ -486,8 +490,7 @@ def conv3d_infer():
     return infer(m, x)
 
 
-# ---- third fresh held-out set (added 2026-12-02, with the profile taken without the execution
-# trace observer as the fidelity's timing; written and committed before any of their results) ---
+# ---- held-out set fresh3: the timing profile taken without the execution trace observer -------
 
 class GruLm(nn.Module):
     def __init__(self, v=100, d=48):
@@ -578,8 +581,7 @@ def wide_mlp_infer():
     return infer(m, x)
 
 
-# ---- fourth fresh held-out set (added 2026-12-03, ninth session, with the timing profile's
-# warm-up and the probed boundary costs; written and committed before any of their results) ----
+# ---- held-out set fresh4: the timing profile's warm-up and the probed boundary costs ----------
 
 def gn_cnn_adam():
     m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(),
@@ -649,8 +651,7 @@ def mlp_ln_adamw_foreach():
 
 
 
-# ---- fifth fresh held-out set (added 2026-12-03, tenth session; written and committed before
-# any of their results) ----
+# ---- held-out set fresh5: a further set on the choices `fresh4` checks ------------------------
 
 def convt_decoder_infer():
     m = nn.Sequential(nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1), nn.ReLU(),
@@ -739,8 +740,7 @@ def attn_pool_infer():
 
 
 
-# ---- sixth fresh held-out set (added 2026-12-03, twelfth session; written and committed before
-# any of their results, and before the harness's block length was decided) ----
+# ---- held-out set fresh6: the harness's block length ------------------------------------------
 
 class Vae(nn.Module):
     def __init__(self, d=64, z=16):
@@ -912,7 +912,7 @@ def deepfm_sgd():
                  lambda m: F.binary_cross_entropy_with_logits(m(idx), y))
 
 
-# ---- seventh fresh held-out set (thirteenth session) -----------------------------------------
+# ---- held-out set fresh7: changes to the gap model tried after it was written -----------------
 
 
 class SegNet(nn.Module):
@@ -1050,7 +1050,7 @@ def autocast_bf16_cnn_adamw():
     return step
 
 
-# ---- eighth fresh held-out set (fourteenth session) ------------------------------------------
+# ---- held-out set fresh8: changes to the gap model tried after it was written -----------------
 
 
 def kd_distill_sgd():
@@ -1164,7 +1164,7 @@ def channels_last_cnn_infer():
     return infer(m, torch.randn(4, 3, 48, 48).to(memory_format=torch.channels_last))
 
 
-# ---- fresh9: written in the twenty-first session, before its harness change was run on them --
+# ---- held-out set fresh9: the harness's grouped rounds and references -------------------------
 
 class ConformerConv(nn.Module):
     def __init__(self, d=32, k=7):
@@ -1571,8 +1571,8 @@ def capture(out, name, busy):
 # functions below that run a model and record it, their constants, torch's version) keys the
 # cache directory, and each model's own code (`model_key`: its factory and every function and
 # class of this file it reaches) is written into its meta, so that adding a model, or changing
-# one, captures that model alone. (One key over the whole script recaptured all of them for each
-# model added.)
+# one, captures that model alone (one key over the whole script would recapture all of them for
+# each model added).
 
 
 def _sources(obj, seen):

@@ -773,9 +773,8 @@ impl Check {
     /// Stage 7: captured on this GPU, replayed on it: a few models (`scripts/gpu_zoo.py`, tuned
     /// on by nothing) captured as a user captures them, their uninstrumented iteration timed in
     /// the same run, then replayed plain and with the profile's gaps. Ratios are reported, not
-    /// judged; failed ops and missing reports fail the check. (Added 2026-12-04 after the
-    /// session's two GPU runs, when no machine was lent for a third: the script and the replays
-    /// of its captures ran on the CPU here (`GPU_ZOO_DEVICE=cpu`), this stage not yet on a GPU.)
+    /// judged; failed ops and missing reports fail the check. (`GPU_ZOO_DEVICE=cpu` runs the
+    /// script's captures on the CPU, to check the script without a GPU.)
     fn captured_here(&mut self, cuda: bool) {
         let script = self.dir.join("scripts/gpu_zoo.py");
         if cuda && script.exists() && self.limit(240) >= Duration::from_secs(60) {

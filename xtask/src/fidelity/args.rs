@@ -46,10 +46,10 @@ impl Options {
         let mut glibc_heap_defaults = false;
         let mut against: Option<PathBuf> = None;
         let mut against_args: Vec<String> = Vec::new();
-        // 50 ms blocks (10 ms until the twelfth session). Every switch between the four processes
-        // on the core costs the one coming in its caches, TLB and branch history, which the model
-        // running on its own does not pay: with 10 ms blocks the originals took up to 25% longer
-        // than with 200 ms, and the replays not by as much. A round of four 50 ms blocks still
+        // 50 ms blocks. Every switch between the processes on the core costs the one coming in
+        // its caches, TLB and branch history, which the model running on its own does not pay:
+        // with 10 ms blocks the originals took up to 25% longer than with 200 ms, and the
+        // replays not by as much. A round of four 50 ms blocks still
         // fits within one of the VM's speed spells (100-200 ms) more often than not, and the
         // median over rounds drops those that straddle a change.
         let mut block_ms = 50.0f64;

@@ -9,25 +9,39 @@
 //! one core; 1 thread): the original timed uninstrumented (`zoo.py serve`), the plain replay,
 //! the replays with gaps from the quiet and from the busy capture, and the anchored gap model on
 //! each capture's reference (`mystique replay --paced`). Models take their rounds in groups of
-//! four, a round of each in turn, so that a model's rounds spread over the group's time. The replays replay the clean ET and
-//! take their gaps from the profile taken without the execution trace observer (`--capture
-//! linked`: the linked pair, as before 2026-12-02). Ratios are per round (replay block /
-//! original block), then the median over rounds. The tuning set and the held-out sets
-//! (`heldout`; `fresh`, added once the first had been reported for several sessions; `fresh2`,
-//! added once `fresh` had been; `fresh3`, added once `fresh2` had been; `fresh4`, once `fresh3`
-//! had been; `fresh5`, in the tenth session; `fresh6`, in the twelfth, before the harness's block
-//! length was decided; `fresh7`, in the thirteenth, before any change to the gap model was tried; `fresh8`, in the fourteenth, likewise; `fresh9`, in the twenty-first) are reported apart, with a summary over all
-//! held-out sets. Held-out models are not used to choose anything, with one exception: the ninth
-//! session's boundary charge was chosen with the first four held-out sets' results in view, and
-//! `fresh4` was written after it as the check on it; and the harness's 50 ms blocks (the twelfth
-//! session) were chosen with `heldout` to `fresh5` in view, and `fresh6` was written and
-//! committed before that choice, as the check on it; `fresh7` was written and committed at the
-//! start of the thirteenth session, before any change tried there, and `fresh8` at the start of the
-//! fourteenth. The twenty-first session's grouped rounds and references (a change to the
-//! harness, not to the replay) were chosen after five references of four held-out models
-//! (film_cnn_adam, perceiver_radam, mixer_adamw, lenet_nadam) were timed back to back beside the
-//! burners, and after its first full run; `fresh9` was written during that session, before any
-//! of its models had been replayed, as the check on it.
+//! four, a round of each in turn, so that a model's rounds spread over the group's time. The
+//! replays replay the clean ET and take their gaps from the profile taken without the execution
+//! trace observer (`--capture linked`: from the linked pair). Ratios are per round (replay block
+//! / original block), then the median over rounds.
+//!
+//! Modules: `args` (the options), `zoo` (the models, their sets and cached captures),
+//! `harness` (the paced processes and their turns), `references` (the anchored gap model's
+//! references), `host` (the replay host's load: burners, a CPU quota, the cores), `rounds` (each
+//! model's rounds and row), `report` (the tables, the JSON and the SVG).
+//!
+//! # Tuning and held-out sets
+//!
+//! The zoo's models come in sets (`zoo.py list`), each reported in a table of its own, with
+//! summaries over all held-out sets. `tune` holds the models the replay and the harness may be
+//! developed against. The held-out sets ([`zoo`]'s `HELD_OUT`) hold models no choice is made on,
+//! so that their ratios measure the replay on programs it was not fitted to. The rule: a
+//! held-out set is written, and committed, before any of its models is replayed, and its results
+//! are never used to choose anything (a constant, a formula, the harness's block length or
+//! grouping). A choice made with some sets' results in view is checked by a set written before
+//! that choice was measured:
+//! - `heldout`: the replay and its gap model as fitted on `tune`.
+//! - `fresh`: what `heldout` checks, on models whose results no one has seen (`heldout`'s
+//!   results have been read and its failures investigated).
+//! - `fresh2`: what was changed for `fresh`'s misses, once they had been diagnosed.
+//! - `fresh3`: the timing profile taken without the execution trace observer.
+//! - `fresh4`: the timing profile's warm-up and the probed boundary costs (the boundary charge
+//!   was chosen with `heldout` to `fresh3` in view).
+//! - `fresh5`: a further set on the choices `fresh4` checks.
+//! - `fresh6`: the harness's 50 ms blocks, chosen with `heldout` to `fresh5` in view.
+//! - `fresh7`, `fresh8`: changes to the gap model tried after each was written.
+//! - `fresh9`: the harness's grouped rounds and references (a change to the harness, not to
+//!   the replay), chosen with the references of four held-out models (film_cnn_adam,
+//!   perceiver_radam, mixer_adamw, lenet_nadam) in view.
 
 mod args;
 mod harness;

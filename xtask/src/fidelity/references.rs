@@ -17,10 +17,9 @@ use super::Harness;
 /// CPU). Below 1, the original now runs slower against the replay than it did then, and every
 /// gap model anchored on that reference reads low by as much: the anchor puts the reference's
 /// original on this host by the plain replay's speed, and cannot see the original's own.
-/// The anchored ratio over it is then the gap model's own error (ARCHITECTURE.md,
-/// twenty-fifth session: through one throttled run the host slowed, the originals' CPU time
-/// by up to x1.33 and the plain replay's x1.21, and the anchored ratios fell with it). NaN
-/// where the reference lacks a time.
+/// The anchored ratio over it is then the gap model's own error (through one throttled run
+/// of the zoo the host slowed, the originals' CPU time by up to x1.33 and the plain replay's
+/// x1.21, and the anchored ratios fell with it). NaN where the reference lacks a time.
 pub(super) fn drift(reference: &serde_json::Value, plain_cpu: f64) -> f64 {
     let ms = |k: &str| reference[k].as_f64().unwrap_or(f64::NAN);
     let wait = |k: &str| reference[k].as_f64().unwrap_or(0.0);
@@ -42,8 +41,8 @@ pub(super) const REFERENCE_SPREAD: usize = 8;
 /// A build's identity (a hash of its bytes): a reference holds the plain replay's time, which
 /// a build that dispatches faster or slower changes. `mystique` runs `replay` in the
 /// `mystique-replay` executable beside it, which holds the replay's code: both are hashed (the
-/// front's bytes alone stay the same when only the replay changes, and a reference timed by
-/// an older replay was kept).
+/// front's bytes alone stay the same when only the replay changes, and would keep a reference
+/// timed by another replay).
 pub(super) fn build_id(bin: &Path) -> Result<String> {
     use std::hash::Hasher;
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -77,9 +76,9 @@ pub(super) fn build_id(bin: &Path) -> Result<String> {
 /// The rounds are timed in halves ([`REFERENCE_HALVES`]), each in processes of its own, the
 /// second once every model's first is done (minutes apart), and the reference is the halves'
 /// mean. Two causes made one pass's reference miss by 10% and more:
-/// - the host's spells: the first group of busy references of the twenty-second session fell
-///   in one, and six of its eight models' `T / O` came out more than 10% off their quiet
-///   ones (every other model's but one within);
+/// - the host's spells: one group of busy references fell in one, and six of its eight
+///   models' `T / O` came out more than 10% off their quiet ones (every other model's but one
+///   within);
 /// - a process's own speed: one program's op time differs from one process to the next, with
 ///   the same values (bf16_cnn_infer's plain replay, 300 iterations each in ten processes one
 ///   after another: `max_pool2d` 168-284 µs, steady within each; with address randomisation
@@ -351,7 +350,7 @@ fn reference_half(h: &Harness, group: &[&Model], busy: bool) -> Result<Vec<Half>
         // them), not of the medians, which do not: beside the burners the waits fall in some
         // iterations and not others, and gru_lm_adam's busy reference read a share of 0.46
         // (its quiet one 0.90), which made its anchored replay's host ratio 2.3 and its
-        // iteration 1.8x the original's (twenty-third session).
+        // iteration 1.8x the original's.
         let share = report["op_ms"]["mean"].as_f64().unwrap_or(f64::NAN)
             / report["iter_ms"]["mean"].as_f64().unwrap_or(f64::NAN);
         out.push(Half {

@@ -5,8 +5,9 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The zoo's held-out sets (`zoo.py`), in the order they were added: each one's table title
-/// and its label on the plot. A new set is added here alone.
+/// The zoo's held-out sets (`zoo.py`): each one's table title and its label on the plot. A new
+/// set is added here alone. Every set checks the replay on models no choice was made on; a
+/// later set checks the choices made with the earlier ones' results in view (the module's doc).
 pub(super) struct HeldOut {
     pub(super) set: &'static str,
     pub(super) title: &'static str,
@@ -21,48 +22,48 @@ pub(super) static HELD_OUT: [HeldOut; 10] = [
     },
     HeldOut {
         set: "fresh",
-        title: "FRESH HELD-OUT (added 2026-12-01)",
-        label: "fresh held-out",
+        title: "HELD-OUT fresh",
+        label: "held-out fresh",
     },
     HeldOut {
         set: "fresh2",
-        title: "SECOND FRESH HELD-OUT (added 2026-12-01, second session)",
-        label: "second fresh held-out",
+        title: "HELD-OUT fresh2",
+        label: "held-out fresh2",
     },
     HeldOut {
         set: "fresh3",
-        title: "THIRD FRESH HELD-OUT (added 2026-12-02)",
-        label: "third fresh held-out",
+        title: "HELD-OUT fresh3",
+        label: "held-out fresh3",
     },
     HeldOut {
         set: "fresh4",
-        title: "FOURTH FRESH HELD-OUT (added 2026-12-03, ninth session)",
-        label: "fourth fresh held-out",
+        title: "HELD-OUT fresh4",
+        label: "held-out fresh4",
     },
     HeldOut {
         set: "fresh5",
-        title: "FIFTH FRESH HELD-OUT (added 2026-12-03, tenth session)",
-        label: "fifth fresh held-out",
+        title: "HELD-OUT fresh5",
+        label: "held-out fresh5",
     },
     HeldOut {
         set: "fresh6",
-        title: "SIXTH FRESH HELD-OUT (added 2026-12-03, twelfth session)",
-        label: "sixth fresh held-out",
+        title: "HELD-OUT fresh6",
+        label: "held-out fresh6",
     },
     HeldOut {
         set: "fresh7",
-        title: "SEVENTH FRESH HELD-OUT (added 2026-12-03, thirteenth session)",
-        label: "seventh fresh held-out",
+        title: "HELD-OUT fresh7",
+        label: "held-out fresh7",
     },
     HeldOut {
         set: "fresh8",
-        title: "EIGHTH FRESH HELD-OUT (added 2026-12-04, fourteenth session)",
-        label: "eighth fresh held-out",
+        title: "HELD-OUT fresh8",
+        label: "held-out fresh8",
     },
     HeldOut {
         set: "fresh9",
-        title: "NINTH FRESH HELD-OUT (added 2026-12-05, twenty-first session)",
-        label: "ninth fresh held-out",
+        title: "HELD-OUT fresh9",
+        label: "held-out fresh9",
     },
 ];
 
@@ -84,7 +85,7 @@ pub(super) fn zoo_script(root: &Path) -> PathBuf {
 /// (`replay::device::keep_freed_memory`): blocks up to 32 MiB from the heap, the heap never
 /// trimmed. Under glibc's defaults a short-lived Python process may trim its heap and fault it
 /// back in every iteration, or not, by its history (conv1d_adamw's original took 18 to 1029
-/// faults per iteration in processes of one session, at ~1.5 µs each; unet_infer, big_matmul,
+/// faults per iteration in processes of one run, at ~1.5 µs each; unet_infer, big_matmul,
 /// conv1d_adamw and resnet_sgd ran 10-20% slower with the defaults than with these, side by side).
 /// That is the allocator's state, not the model's work, and no trace records it, so the
 /// original and the replay are compared in the same allocator state; the table shows both
