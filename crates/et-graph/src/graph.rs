@@ -54,6 +54,9 @@ pub struct Graph<'t> {
     pub schema: Vec<Option<std::sync::Arc<OpSchema>>>,
     /// Execution rank of each node (position in `order`).
     pub rank: Vec<u32>,
+    /// Nodes on a parent cycle, which only a trace read without validation has; empty when
+    /// there are none. Walks up the tree stop when they come round.
+    on_cycle: Vec<bool>,
 }
 
 impl<'t> Graph<'t> {
@@ -151,9 +154,11 @@ impl<'t> Graph<'t> {
                 }
             }
         }
+        let on_cycle = nodes_on_cycles(&parent);
         Graph {
             trace,
             order,
+            on_cycle,
             parent,
             child_start: counts,
             child_list,
@@ -179,9 +184,26 @@ impl<'t> Graph<'t> {
             [self.child_start[i as usize] as usize..self.child_start[i as usize + 1] as usize]
     }
 
-    /// Node `i`'s ancestors, nearest first.
+    /// Node `i`'s ancestors, nearest first, each once. On a parent cycle (a trace read without
+    /// validation) the walk stops where it comes round: it yields the cycle's other nodes, and
+    /// never `i` itself.
     pub fn ancestors(&self, i: u32) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors(self.parent[i as usize], move |&p| self.parent[p as usize])
+        let on_cycle = |k: u32| self.on_cycle.get(k as usize).copied().unwrap_or(false);
+        // The first node on a cycle the walk meets (`i` itself where it is on one): every node
+        // after it was yielded once when the walk is back there.
+        let mut entry = on_cycle(i).then_some(i);
+        let mut next = self.parent[i as usize];
+        std::iter::from_fn(move || {
+            let p = next?;
+            if entry == Some(p) {
+                return None;
+            }
+            if entry.is_none() && on_cycle(p) {
+                entry = Some(p);
+            }
+            next = self.parent[p as usize];
+            Some(p)
+        })
     }
 
     /// Node `i`'s id.
@@ -284,6 +306,43 @@ impl<'t> Graph<'t> {
         }
         ReplaySet { ops, skip }
     }
+}
+
+/// Marks the nodes on parent cycles; empty when there are none (a validated trace has none).
+fn nodes_on_cycles(parent: &[Option<u32>]) -> Vec<bool> {
+    // Each node has at most one parent: follow chains, colouring nodes (0 new, 1 on the current
+    // chain, 2 done). A chain that comes back to a node of its own closes a cycle.
+    let mut state = vec![0u8; parent.len()];
+    let mut on_cycle = Vec::new();
+    let mut chain = Vec::new();
+    for start in 0..parent.len() {
+        let mut i = start;
+        while state[i] == 0 {
+            state[i] = 1;
+            chain.push(i);
+            match parent[i] {
+                Some(p) => i = p as usize,
+                None => break,
+            }
+        }
+        if state[i] == 1 && parent[i].is_some() {
+            if on_cycle.is_empty() {
+                on_cycle = vec![false; parent.len()];
+            }
+            let mut k = i;
+            loop {
+                on_cycle[k] = true;
+                match parent[k] {
+                    Some(p) if p as usize != i => k = p as usize,
+                    _ => break,
+                }
+            }
+        }
+        for j in chain.drain(..) {
+            state[j] = 2;
+        }
+    }
+    on_cycle
 }
 
 /// Which thread each node ran on, and until when scopes were open, in node ids.

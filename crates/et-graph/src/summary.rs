@@ -198,7 +198,14 @@ impl Summary {
             }
             let mut p = n.parent.filter(|&p| p != n.id);
             let mut nested = false;
+            // A chain of the tree is shorter than the trace: the bound only stops a walk round a
+            // parent cycle (a trace read without validation), after it has seen every node on it.
+            let mut steps = 0;
             while let Some(pi) = p.and_then(|p| index.position(p)) {
+                steps += 1;
+                if steps > t.nodes.len() {
+                    break;
+                }
                 let pn = &t.nodes[pi];
                 if is_coll(pn) && !is_backend_annotation(t.name(pn)) {
                     nested = true;
