@@ -33,8 +33,9 @@ pub mod summary;
 pub use class::OpClass;
 pub use fidelity::{
     anchor, cap_gaps, compare_ops, gap_model, least, original_timing, typical_timing,
-    weighted_median, Anchored, Comparison, GapModel, Instrumentation, OpComparison, OpsBetweenGaps,
-    OriginalTiming, Reference, ReplayTimes, TimeBase, SLICE_MIN_US,
+    weighted_median, Anchored, CaptureReference, Comparison, GapModel, Instrumentation,
+    InvalidReference, OpComparison, OpsBetweenGaps, OriginalTiming, Reference, ReplayTimes,
+    TimeBase, SLICE_MIN_US,
 };
 pub use gpu::{gpu_activity, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};

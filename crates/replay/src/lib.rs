@@ -18,6 +18,7 @@
 //! `plan` does not touch libtorch.
 
 pub mod bind;
+pub mod calibrate;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]

@@ -5,6 +5,7 @@
 //! only prints.
 
 mod base;
+mod capture;
 mod compare;
 mod gaps;
 mod model;
@@ -13,6 +14,7 @@ mod tests;
 mod timing;
 
 pub use base::{anchor, Anchored, OpsBetweenGaps, Reference, TimeBase};
+pub use capture::{CaptureReference, InvalidReference};
 pub use compare::{compare_ops, Comparison, OpComparison};
 pub use gaps::{cap_gaps, gap_model, weighted_median, SLICE_MIN_US};
 pub use model::{GapModel, Instrumentation, ReplayTimes};

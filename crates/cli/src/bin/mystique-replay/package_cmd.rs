@@ -70,7 +70,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     let reference = a
         .reference
         .as_deref()
-        .map(crate::replay_cmd::read_reference)
+        .map(replay::calibrate::read_reference)
         .transpose()?;
     let sel = a.filters.selection()?;
     // What-if edits, checked before any work.
@@ -210,7 +210,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
             if let (true, Some((k, kt))) = (a.emulate_gaps, kineto.take()) {
                 // `run` links the profile to the packaged trace, as here: a profile that would
                 // not link there is refused now.
-                crate::replay_cmd::Linked::of(&pg, &pg.replay_set(None), kt, true).with_context(
+                replay::calibrate::Linked::of(&pg, &pg.replay_set(None), kt, true).with_context(
                     || {
                         format!(
                             "--emulate-gaps: the profile {} does not link to the packaged ops \
@@ -447,16 +447,16 @@ fn package_gaps(
     for w in &k.warnings {
         eprintln!("warning: the package's {}: {w}", gaps.profile);
     }
-    let linked = crate::replay_cmd::Linked::of(&g, &set, k, true)
+    let linked = replay::calibrate::Linked::of(&g, &set, k, true)
         .with_context(|| format!("the package's {} does not link to its trace", gaps.profile))?;
     let reference = gaps.reference.map(et_graph::Reference::from);
-    let model = crate::replay_cmd::calibrated_gaps(
+    let model = replay::calibrate::calibrated_gaps(
         &g,
         &set,
         &linked,
         device,
         true,
-        crate::replay_cmd::GapChoices {
+        replay::calibrate::GapChoices {
             probed_costs: true,
             reference,
             time_base_with_gaps: false,

@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use et_graph::{Graph, Selection};
 use mystique_cli::args::{CompareArgs, ReplayArgs, RunArgs};
 use mystique_cli::inspect::human_bytes;
+use replay::calibrate;
 use std::io::Write;
 use std::path::Path;
 
@@ -70,525 +71,36 @@ impl RunOptions for RunArgs {
     }
 }
 
-/// How [`calibrated_gaps`] makes its model.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GapChoices {
-    /// Charge each boundary what the instrumentation adds to a probed op call (the default),
-    /// not the calibration's own time between steps (`--replay-boundary-costs`).
-    pub probed_costs: bool,
-    /// Anchor the gaps' total on it (`--reference`).
-    pub reference: Option<et_graph::Reference>,
-    /// `--time-base-with-gaps`.
-    pub time_base_with_gaps: bool,
-}
-
-/// Gaps to emulate (`et_graph::gap_model`): a short calibration replay of the same ops on this
-/// host, plain and then one iteration under the capture's instrumentation, measures this host's
-/// speed relative to the capture and what the instrumentation costs here; the capture's gaps
-/// are scaled and corrected by those. Returns the model (gaps and every quantity behind them).
-pub(crate) fn calibrated_gaps(
+/// A Kineto trace read from `path` and linked to `set` (`typical`: its timing typical of the
+/// trace's iterations like the set's).
+fn linked(
     g: &Graph,
     set: &et_graph::ReplaySet,
-    kineto: &Linked,
-    device: replay::Device,
-    autograd: bool,
-    choices: GapChoices,
-) -> Result<et_graph::GapModel> {
-    let GapChoices {
-        probed_costs,
-        reference,
-        time_base_with_gaps,
-    } = choices;
-    // About half a second under instrumentation (the capture's span is its instrumented
-    // iteration), at least 3 iterations and at most 15: medians over more of them steady the
-    // measured speed and costs, which small models' gaps are most sensitive to.
-    let instrument_iters = iterations_within(0.5, kineto.original.span_us / 1e6, (3, 15));
-    let calib = replay::ReplayOptions {
-        device,
-        autograd,
-        warmup: 1,
-        iters: instrument_iters.max(5),
-        per_step: true,
-        instrument: true,
-        instrument_iters,
-        // Autograd's engine is probed always: under the profiler a backward node costs it
-        // 1.4-3 µs, its two events' scopes timed alone 0.6 (recurrent models' gaps, a node or
-        // two each, came out 10-20% long). The op too, unless --replay-boundary-costs (which
-        // charges the replay's own time between its steps instead).
-        probe_mechanisms: true,
-        probe_op: probed_costs,
-        // What the capture was taken under: the observer's cost is the bulk of a linked
-        // pair's gaps, and none of a profile's taken without it.
-        instrumentation: et_graph::Instrumentation::of(&kineto.kineto),
-        // The host's speed, not its other processes': an op about a time slice long loses
-        // whole slices on a busy host in most iterations, and its median would read as a slower
-        // CPU. The emulated gaps are spun in running time too.
-        running_time: true,
-        ..Default::default()
-    };
-    // Several calibrations, and the model of the median one by what the replay spins: the
-    // emulated total per unit of the calibration's own plain op time (`base_step_us`), which
-    // the gaps are scaled from as the host's speed moves (`GapPace`). A small model's gaps are
-    // the capture's less what the instrumentation costs, two close quantities, and one
-    // calibration that fell in a slow or fast spell of the host moved the emulated total by
-    // up to 3x (tiny_ops: 0.05-0.07 ms over five processes, 0.16 ms in a sixth); the base is
-    // timed in the plain iterations just before, not always in the same spell (dlrm_sgd: two
-    // processes of one run spun 0.34 and 0.24 ms with the median by emulated total).
-    // At least CALIBRATIONS.0 of them, and on while they have taken less than
-    // CALIBRATION_BUDGET (small models, a tenth of a second each: their gaps are most of their
-    // time, and their five calibrations' emulated totals spread by 10-15%, the median's noise
-    // 4% of the iteration), at most CALIBRATIONS.1; an odd count, so that the median is one.
-    let started = std::time::Instant::now();
-    eprintln!(
-        "[replay] calibrating the gap model: short replays under the capture's instrumentation \
-         (at least {}; more, up to {}, while they take under {} s) ...",
-        CALIBRATIONS.0,
-        CALIBRATIONS.1,
-        CALIBRATION_BUDGET.as_secs()
-    );
-    let mut models = Vec::with_capacity(CALIBRATIONS.1);
-    while models.len() < CALIBRATIONS.0
-        || (models.len() < CALIBRATIONS.1
-            && (started.elapsed() < CALIBRATION_BUDGET || models.len() % 2 == 0))
-    {
-        let first = models.is_empty();
-        models.push(calibrate_once(g, set, kineto, &calib, first, probed_costs)?);
-    }
-    eprintln!(
-        "[replay] calibrated {} times in {:.1} s",
-        models.len(),
-        started.elapsed().as_secs_f64()
-    );
-    let all: Vec<f64> = models.iter().map(|m| m.emulated_ms).collect();
-    let per_base = |m: &et_graph::GapModel| {
-        let base = m.base_op_us();
-        if base > 0.0 {
-            m.emulated_ms / base
-        } else {
-            m.emulated_ms
-        }
-    };
-    models.sort_by(|a, b| per_base(a).total_cmp(&per_base(b)));
-    let mut model = models.swap_remove(models.len() / 2);
-    model.calibrations_ms = all;
-    // With --time-base-with-gaps, the time base again with the gaps in place
-    // (`et_graph::TimeBase`; not the default, ARCHITECTURE.md, sixteenth session): the gaps to spin
-    // for it are the model's as the replay will spin them, anchored on the calibration's plain
-    // base first where there is a reference; then the profile's model is anchored again on
-    // the new base (the ops' time between the gaps, as the replay's pace reads it).
-    // How much slower the ops run between the gaps, measured with the gaps as the replay will
-    // spin them (anchored, where there is a reference), in iterations that alternate
-    // (`et_graph::OpsBetweenGaps`); not with --time-base-with-gaps, which takes the base with
-    // the gaps its own way.
-    if !time_base_with_gaps {
-        let mut spun = model.clone();
-        if let Some(reference) = reference {
-            et_graph::anchor(&mut spun, reference);
-        }
-        match ops_between_gaps(g, set, device, autograd, &spun) {
-            Ok(Some(m)) => model.set_ops_between_gaps(m),
-            Ok(None) => eprintln!(
-                "warning: no pair of iterations with and without the gaps timed their ops \
-                 within x{:.1}-x{:.1} of each other: the gaps follow the ops back to back",
-                et_graph::OpsBetweenGaps::BOUNDS.0,
-                et_graph::OpsBetweenGaps::BOUNDS.1
-            ),
-            Err(e) => eprintln!(
-                "warning: the replay alternating the gaps failed ({e:#}): the gaps follow the \
-                 ops back to back"
-            ),
-        }
-    }
-    let profiled = time_base_with_gaps.then(|| model.clone());
-    if let Some(reference) = reference {
-        et_graph::anchor(&mut model, reference);
-    }
-    if let Some(mut rebased) = profiled {
-        match base_with_gaps(g, set, device, autograd, &model) {
-            Ok((steps_us, iterations)) if rebased.rebase(&steps_us, iterations) => {
-                if let Some(reference) = reference {
-                    et_graph::anchor(&mut rebased, reference);
-                }
-                model = rebased;
-            }
-            Ok(_) => eprintln!(
-                "warning: the replay with the gaps in place timed no op: the gaps follow the \
-                 calibration's plain time base"
-            ),
-            Err(e) => eprintln!(
-                "warning: the replay with the gaps in place failed ({e:#}): the gaps follow the \
-                 calibration's plain time base"
-            ),
-        }
-    }
-    if let Some(reference) = reference {
-        match &model.anchored {
-            Some(a) => log::info!(
-                "gap model anchored: {:.3} ms original over {:.3} ms of plain replay ops at the \
-                 reference, {:.3} ms of ops here (x{:.3}): {:.3} ms per iteration, {:.3} ms \
-                 emulated (the profile alone: {:.3} ms)",
-                reference.original_ms,
-                reference.replay_op_ms,
-                a.replay_op_ms,
-                a.host_ratio,
-                a.target_ms,
-                model.emulated_ms,
-                a.profiled_ms
-            ),
-            None => eprintln!(
-                "warning: the reference ({} ms original, {} ms replay, {} ms of it in ops) or \
-                 this host's plain op time is not a positive time: the gaps are the profile's \
-                 alone",
-                reference.original_ms, reference.replay_ms, reference.replay_op_ms
-            ),
-        }
-    }
-    Ok(model)
+    path: &Path,
+    typical: bool,
+) -> Result<calibrate::Linked> {
+    Ok(calibrate::Linked::of(
+        g,
+        set,
+        mystique_cli::read_kineto(path)?,
+        typical,
+    )?)
 }
 
-/// How many iterations of `each_s` seconds fit in `budget_s`, within `bounds`; the least
-/// where an iteration's time is not known (not positive).
-fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usize {
-    if each_s > 0.0 {
-        ((budget_s / each_s) as usize).clamp(bounds.0, bounds.1)
-    } else {
-        bounds.0
-    }
-}
-
-/// How much slower the ops run between `model`'s gaps than back to back on this host: a replay
-/// of about half a second (2 to 40 pairs of runs of [`replay::ALTERNATION_RUN`] iterations)
-/// that spins the gaps in every other run (no pace: as given), each step's median over the
-/// settled iterations of each kind ([`et_graph::OpsBetweenGaps::of`]). A small model fills
-/// the half second with many runs: at most 7 pairs, 14 iterations of each kind, took 17 ms of
-/// hypernet_adam, and one such measurement read x1.317 where the model's others read
-/// x1.01-1.11 (twenty-second session). The time the thread waited for a CPU is taken out
-/// around the steps the calibration timed at a fifth of the least time slice or more
-/// ([`et_graph::SLICE_MIN_US`]): a longer op loses whole slices on a busy host in many
-/// iterations, which its median would keep; a shorter one has a slice's end inside it in few,
-/// which its median leaves out, and the reads around it would cool it as the gaps do.
-fn ops_between_gaps(
-    g: &Graph,
-    set: &et_graph::ReplaySet,
-    device: replay::Device,
-    autograd: bool,
-    model: &et_graph::GapModel,
-) -> Result<Option<et_graph::OpsBetweenGaps>> {
-    let ops_s = model.base_op_us() / 1e6;
-    let run = replay::ALTERNATION_RUN;
-    let pair_s = run as f64 * (2.0 * ops_s + model.emulated_ms.max(0.0) / 1e3);
-    let pairs = iterations_within(0.5, pair_s, (2, 40));
-    // The warm-up ends inside the first run, which spins the gaps: measured, it is settled.
-    let warmup = run - 1;
-    let opts = replay::ReplayOptions {
-        device,
-        autograd,
-        warmup,
-        iters: 2 * run * pairs,
-        per_step: true,
-        gaps_us: Some(model.gaps_us.clone()),
-        gaps_alternating: true,
-        running_time: true,
-        running_time_steps: Some(
-            model
-                .base_step_us
-                .iter()
-                .map(|&b| b >= et_graph::SLICE_MIN_US / 5.0)
-                .collect(),
-        ),
-        ..Default::default()
-    };
-    eprintln!(
-        "[replay] timing the ops between the gaps and back to back ({} iterations, runs of \
-         {run} alternating) ...",
-        2 * run * pairs
-    );
-    let (r, _) = replay::replay(g, set, &opts)?;
-    Ok(r.steps_alternating_us.and_then(|[with_gaps, plain]| {
-        et_graph::OpsBetweenGaps::of(&with_gaps, &plain, (run - 1) * pairs)
-    }))
-}
-
-/// Each step's time (µs, its median) with `model`'s gaps spun before it as a replay spins them
-/// (no pace: as given; no run-delay reads around the steps, which the replay does not make
-/// either), and the iterations it was taken over: about 0.3 s of them, 5 to 30.
-fn base_with_gaps(
-    g: &Graph,
-    set: &et_graph::ReplaySet,
-    device: replay::Device,
-    autograd: bool,
-    model: &et_graph::GapModel,
-) -> Result<(Vec<f64>, usize)> {
-    let iter_s = (model.base_op_us() / 1e3 + model.emulated_ms.max(0.0)) / 1e3;
-    let iters = iterations_within(0.3, iter_s, (5, 30));
-    let opts = replay::ReplayOptions {
-        device,
-        autograd,
-        warmup: 1,
-        iters,
-        per_step: true,
-        gaps_us: Some(model.gaps_us.clone()),
-        ..Default::default()
-    };
-    eprintln!("[replay] timing the ops with the gaps in place ({iters} iterations) ...");
-    let (r, _) = replay::replay(g, set, &opts)?;
-    Ok((r.steps.iter().map(|s| s.launch_us).collect(), iters))
-}
-
-/// A reference file (`--reference`): `original_ms`, `replay_ms` and `replay_op_ms`, all
-/// positive, the replay's op time no more than its iteration.
-pub fn read_reference(path: &Path) -> Result<mystique_cli::package::Reference> {
-    // A reference is three numbers and a few fields of provenance: read at most this much, so
-    // that a wrong path (a trace, a device file) is refused instead of read whole.
-    const MAX_REFERENCE_BYTES: u64 = 1 << 20;
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| {
-            use std::io::Read;
-            f.take(MAX_REFERENCE_BYTES + 1).read_to_string(&mut text)
-        })
-        .with_context(|| format!("reading the reference {}", path.display()))?;
-    anyhow::ensure!(
-        text.len() as u64 <= MAX_REFERENCE_BYTES,
-        "the reference {} is over {} KiB: not a reference file (it holds `original_ms`, \
-         `replay_ms` and `replay_op_ms`)",
-        path.display(),
-        MAX_REFERENCE_BYTES >> 10
-    );
-    let j: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("the reference {} is not JSON", path.display()))?;
-    let ms = |k: &str| -> Result<f64> {
-        j[k].as_f64().with_context(|| {
-            format!(
-                "the reference {}: `{k}` must be a positive number of ms (the original's \
-                 uninstrumented iteration, the plain replay's and its time in ops, timed side \
-                 by side on the capture host)",
-                path.display()
-            )
-        })
-    };
-    // Optional: what each program waited for a CPU (a reference from before they were
-    // recorded has neither), a number where present.
-    let wait = |k: &str| -> Result<Option<f64>> {
-        match &j[k] {
-            serde_json::Value::Null => Ok(None),
-            v => v.as_f64().map(Some).with_context(|| {
-                format!(
-                    "the reference {}: `{k}` must be a number of ms (the time waited for a CPU, \
-                     per iteration)",
-                    path.display()
-                )
-            }),
-        }
-    };
-    let r = mystique_cli::package::Reference {
-        original_ms: ms("original_ms")?,
-        replay_ms: ms("replay_ms")?,
-        replay_op_ms: ms("replay_op_ms")?,
-        original_wait_ms: wait("original_wait_ms")?,
-        replay_wait_ms: wait("replay_wait_ms")?,
-    };
-    r.check()
-        .with_context(|| format!("the reference {}", path.display()))?;
-    warn_shared_host(&r, &path.display().to_string());
-    Ok(r)
-}
-
-/// Above this share of its time waiting for a CPU, a reference was timed on a shared host.
-const SHARED_HOST_WAIT: f64 = 0.05;
-
-/// Says when a reference was timed on a shared host: its running time is used, yet programs
-/// slow differently beside other work even in running time (the zoo's originals x1.0-1.56
-/// beside a CPU burner on every core, their plain replays x1.0-1.27, and the same model's
-/// growth moved from x1.44 to x1.03 between two sittings; ARCHITECTURE.md, twentieth
-/// session), so a quiet host's reference is the better one.
-fn warn_shared_host(r: &mystique_cli::package::Reference, what: &str) {
-    if r.waited_share() > SHARED_HOST_WAIT {
-        let (original, replay) = r.wait_shares();
-        eprintln!(
-            "warning: the reference {what} was timed on a shared host (the original waited {:.0}% \
-             of its time for a CPU, the plain replay {:.0}%): both are taken in running time, but \
-             a program's running time grows too beside other work, not by the same factor for \
-             the original and the replay; time the reference on a quiet host where you can",
-            100.0 * original,
-            100.0 * replay
-        );
-    }
-}
-
-/// The original's side of `--reference-out`: its iteration, where that came from, and the
-/// time of it spent waiting for a CPU (`--original-wait-ms`).
-struct ReferenceOriginal {
-    ms: f64,
-    from: String,
-    wait_ms: Option<f64>,
-}
-
-/// `--reference-out`: what [`read_reference`] reads, and where it came from.
+/// `--reference-out`: the reference of this replay and the original, written atomically.
 fn write_reference(
     p: &Path,
     r: &replay::Report,
-    original: ReferenceOriginal,
+    original: calibrate::ReferenceOriginal,
     source: &str,
 ) -> Result<()> {
-    let (replay_ms, op_ms) = (r.iter_ms.median, r.op_ms.median);
-    anyhow::ensure!(
-        replay_ms.is_finite() && replay_ms > 0.0 && op_ms.is_finite() && op_ms > 0.0,
-        "--reference-out: the replay's iteration ({replay_ms} ms) or its time in ops \
-         ({op_ms} ms) is not a positive time; no reference written"
-    );
-    // What the replay waited for a CPU, as its share of the measured iterations' mean (the
-    // sampler reads it once over them all) put on the median the reference holds; none
-    // where the kernel does not account it.
-    let replay_wait_ms = r
-        .cpu
-        .as_ref()
-        .and_then(|c| c.waited_for_cpu_ms)
-        .filter(|w| w.is_finite() && *w >= 0.0 && r.iter_ms.mean > 0.0)
-        .map(|w| replay_ms * (w / r.iter_ms.mean).min(0.99));
-    // The time in ops as its share of the iteration, the ratio of the means (which add up: an
-    // iteration is its ops and what lies between them), put on the median iteration. The
-    // medians' ratio does not add up where waits for a CPU fall in some iterations and not
-    // others: beside CPU burners one model's read 0.46 where its quiet share was 0.90.
-    let share = match r.op_ms.mean / r.iter_ms.mean {
-        s if s.is_finite() && s > 0.0 => s.min(1.0),
-        _ => (op_ms / replay_ms).min(1.0),
-    };
-    let written = mystique_cli::package::Reference {
-        original_ms: original.ms,
-        replay_ms,
-        replay_op_ms: replay_ms * share,
-        original_wait_ms: original.wait_ms,
-        replay_wait_ms,
-    };
-    // The reference's own fields (the waits only where recorded), and where it came from.
-    let mut j = serde_json::to_value(written)?;
-    for (k, v) in [
-        ("original_from", serde_json::json!(original.from)),
-        ("trace", serde_json::json!(source)),
-        ("iters", serde_json::json!(r.iters)),
-        (
-            "created_by",
-            serde_json::json!(concat!("mystique ", env!("CARGO_PKG_VERSION"))),
-        ),
-    ] {
-        j[k] = v;
-    }
-    warn_shared_host(&written, &p.display().to_string());
+    let written = calibrate::reference_of_report(r, &original)?;
+    let j = calibrate::to_json(&written, &original.from, source, r.iters);
+    calibrate::warn_shared_host(&written, &p.display().to_string());
     mystique_cli::output::write_atomic(p, |w| {
         serde_json::to_writer_pretty(&mut *w, &j)?;
         Ok(writeln!(w)?)
     })
-}
-
-/// Calibrations per gap model: at least, at most (both odd: the median is one of them).
-const CALIBRATIONS: (usize, usize) = (5, 25);
-
-/// Calibrating goes on past the least count of [`CALIBRATIONS`] while it has taken less than
-/// this in all (counted from the first), then stops at the next odd count.
-const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
-/// all calibrations).
-fn calibrate_once(
-    g: &Graph,
-    set: &et_graph::ReplaySet,
-    kineto: &Linked,
-    calib: &replay::ReplayOptions,
-    warn: bool,
-    probed_costs: bool,
-) -> Result<et_graph::GapModel> {
-    let (r, _) = replay::replay(g, set, calib)?;
-    if let (Some(e), true) = (&r.instrument_error, warn) {
-        eprintln!(
-            "warning: the calibration replay could not run under the capture's instrumentation \
-             ({e}): the capture's gaps are emulated uncorrected"
-        );
-    }
-    // The profiled windows are on the host's clock: so are the plain times they are set
-    // against (on CUDA, the launch times; the bookkeeping between steps is then not known
-    // apart from the device's idle time, and counts as 0).
-    let host = r.timing == "host clock";
-    let plain: Vec<f64> = r.steps.iter().map(|s| s.launch_us).collect();
-    let profiled: Vec<Option<(f64, f64, u32)>> = (0..plain.len())
-        .map(|k| {
-            r.profiled
-                .get(k)
-                .copied()
-                .flatten()
-                .map(|p| (p.start_us, p.end_us, p.nested))
-        })
-        .collect();
-    let model = et_graph::gap_model(
-        g.trace,
-        &kineto.link,
-        &kineto.kineto,
-        &kineto.original,
-        &et_graph::ReplayTimes {
-            plain_us: &plain,
-            between_us: if host { r.overhead_us_per_op } else { 0.0 },
-            profiled: &profiled,
-            event_us: r.instrumented_event_us,
-            backward_event_us: r.instrumented_backward_event_us,
-            op_event_us: r.instrumented_op_us.filter(|_| probed_costs),
-            node_us: r.instrumented_node_us,
-        },
-    );
-    if model.capped > 0 && warn {
-        eprintln!(
-            "warning: {} gaps of the Kineto trace are longer than this model's iteration can \
-             be (ten times its op time): capped (a shifted event?)",
-            model.capped
-        );
-    }
-    log::info!(
-        "gap model: capture {:.3} ms of gaps -> {:.3} ms emulated over {:.3} ms of plain op time (speed {:.3} over {} ops, {:.2} us per event, {:.2} us per boundary; the calibration waited {:.3} ms per iteration for a CPU, taken out)",
-        model.capture_gaps_ms,
-        model.emulated_ms,
-        model.base_op_us() / 1e3,
-        model.speed,
-        model.speed_ops,
-        model.per_event_us,
-        model.per_boundary_us,
-        r.cpu.as_ref().and_then(|c| c.waited_for_cpu_ms).unwrap_or(0.0)
-    );
-    Ok(model)
-}
-
-/// A Kineto trace linked to a replay set, with the original run's timing.
-pub(crate) struct Linked {
-    kineto: et_schema::kineto::KinetoTrace,
-    link: et_graph::Link,
-    original: et_graph::OriginalTiming,
-}
-
-impl Linked {
-    /// `typical`: the timing typical of the trace's iterations like the set's
-    /// (`et_graph::typical_timing`), else the set's own.
-    fn new(g: &Graph, set: &et_graph::ReplaySet, path: &Path, typical: bool) -> Result<Linked> {
-        Linked::of(g, set, mystique_cli::read_kineto(path)?, typical)
-    }
-
-    pub(crate) fn of(
-        g: &Graph,
-        set: &et_graph::ReplaySet,
-        kineto: et_schema::kineto::KinetoTrace,
-        typical: bool,
-    ) -> Result<Linked> {
-        // A profile of several iterations taken without the execution trace observer links
-        // by order, one of its iterations at a time (its gaps typical of them all).
-        let link = et_graph::timing_link(g, set, &kineto)?;
-        let original = if typical {
-            et_graph::typical_timing(g, set, &kineto, &link)
-        } else {
-            et_graph::original_timing(&link, &kineto)
-        };
-        Ok(Linked {
-            kineto,
-            link,
-            original,
-        })
-    }
 }
 
 pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
@@ -625,7 +137,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             )
         })?),
     }
-    .map(|(ms, from)| -> Result<ReferenceOriginal> {
+    .map(|(ms, from)| -> Result<calibrate::ReferenceOriginal> {
         if let Some(w) = a.original_wait_ms {
             anyhow::ensure!(
                 w.is_finite() && w >= 0.0 && w < ms,
@@ -633,7 +145,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
                  ({ms} ms from {from}; got {w})"
             );
         }
-        Ok(ReferenceOriginal {
+        Ok(calibrate::ReferenceOriginal {
             ms,
             from,
             wait_ms: a.original_wait_ms,
@@ -666,19 +178,19 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     let reference = a
         .reference
         .as_deref()
-        .map(read_reference)
+        .map(calibrate::read_reference)
         .transpose()?
         .map(et_graph::Reference::from);
     let gap_model = match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
-            let linked = Linked::new(&g, &set, k, !a.gaps_of_one_iteration)?;
-            Some(calibrated_gaps(
+            let linked = linked(&g, &set, k, !a.gaps_of_one_iteration)?;
+            Some(calibrate::calibrated_gaps(
                 &g,
                 &set,
                 &linked,
                 device,
                 !a.run.no_autograd,
-                GapChoices {
+                calibrate::GapChoices {
                     probed_costs: !a.replay_boundary_costs,
                     reference,
                     time_base_with_gaps: a.time_base_with_gaps,
@@ -1164,7 +676,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let g = Graph::new(&trace);
     // Every op; `--only` is the replay's to apply, as for `replay`.
     let set = g.select(&Selection::default())?;
-    let linked = Linked::new(&g, &set, &a.kineto, true)?;
+    let linked = linked(&g, &set, &a.kineto, true)?;
     let (kt, l) = (&linked.kineto, &linked.link);
     let (original_gpu, gpu_per_op) = et_graph::original_gpu(l, kt);
     // Like for like: a GPU original on CUDA compares GPU time per op; on CPU it is compared
@@ -1196,13 +708,13 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         &linked.original
     };
     let gap_model = if a.emulate_gaps {
-        Some(calibrated_gaps(
+        Some(calibrate::calibrated_gaps(
             &g,
             &set,
             &linked,
             device,
             !a.run.no_autograd,
-            GapChoices {
+            calibrate::GapChoices {
                 probed_costs: false,
                 reference: None,
                 time_base_with_gaps: false,
