@@ -6,7 +6,9 @@ use clap::Parser;
 use mystique_cli::args::{Cli, Cmd};
 use std::process::ExitCode;
 
+mod compare_cmd;
 mod package_cmd;
+mod print;
 mod ranks;
 mod replay_cmd;
 
@@ -26,7 +28,7 @@ fn main() -> ExitCode {
     mystique_cli::init_log(cli.verbose);
     let result = match cli.cmd {
         Cmd::Replay(a) => replay_cmd::run(&a, json),
-        Cmd::Compare(a) => replay_cmd::compare(&a, json),
+        Cmd::Compare(a) => compare_cmd::compare(&a, json),
         Cmd::Generate(a) => package_cmd::generate(&a, json),
         Cmd::Run(a) => package_cmd::run(&a, json),
         Cmd::Env => {

@@ -1,0 +1,382 @@
+//! `compare`: replays a linked ET and compares it with its Kineto trace, per iteration and per
+//! op, like for like (the replay's ops also timed under the capture's instrumentation).
+
+use crate::replay_cmd::{completed, linked, meta_original_ms, RunOptions};
+use anyhow::Result;
+use et_graph::{Graph, Selection};
+use mystique_cli::args::CompareArgs;
+use replay::calibrate;
+use std::io::Write;
+
+/// Replays a linked ET and compares it op by op with its Kineto trace.
+pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
+    if let Some(svg) = &a.svg {
+        mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
+    }
+    a.run.apply()?;
+    let device = replay::Device::parse(&a.device)?;
+    let trace = mystique_cli::read_trace(&a.trace)?;
+    let g = Graph::new(&trace);
+    // Every op; `--only` is the replay's to apply, as for `replay`.
+    let set = g.select(&Selection::default())?;
+    let linked = linked(&g, &set, &a.kineto, true)?;
+    let original = Original::of(&linked, device);
+    if let (Some(m), false) = (original.mismatch, json) {
+        eprintln!("warning: {m}");
+    }
+    let gap_model = if a.emulate_gaps {
+        Some(calibrate::calibrated_gaps(
+            &g,
+            &set,
+            &linked,
+            device,
+            !a.run.no_autograd,
+            calibrate::GapChoices {
+                probed_costs: false,
+                reference: None,
+                time_base_with_gaps: false,
+            },
+        )?)
+    } else {
+        None
+    };
+    // One more iteration runs under the capture's instrumentation: its op windows compare
+    // with the original's Kineto durations like for like (both carry the profiler's cost).
+    let opts = replay::ReplayOptions {
+        device,
+        gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
+        gaps_base_us: gap_model.as_ref().map(|m| m.base_step_us.clone()),
+        per_step: true,
+        instrument: true,
+        instrumentation: et_graph::Instrumentation::of(&linked.kineto),
+        ..a.run.options()
+    };
+    let r = replay::replay(&g, &set, &opts)?.0;
+    a.run.warn_values(&r);
+    if let Some(e) = &r.instrument_error {
+        eprintln!(
+            "warning: instrumenting the replay ({}): {e}; ops are compared with their plain \
+             replay times only",
+            opts.instrumentation
+        );
+    }
+    let c = Compared::of(a, &original, &r)?;
+    if let Some(svg) = &a.svg {
+        let plot = c.svg(&trace.source);
+        mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
+    }
+    let mut out = std::io::stdout().lock();
+    if json {
+        let j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
+        serde_json::to_writer(&mut out, &j)?;
+        writeln!(out)?;
+    } else {
+        c.print(&mut out, &linked, set.ops.len())?;
+    }
+    completed(&r)
+}
+
+/// The original's side of a comparison.
+struct Original {
+    /// Its timing per op: on CUDA for a GPU original, each op's GPU kernel time.
+    timing: et_graph::OriginalTiming,
+    /// Its GPU activity (no events: a CPU original).
+    gpu: et_graph::GpuActivity,
+    /// Whether ops are compared by GPU time (a GPU original replayed on CUDA).
+    by_gpu: bool,
+    /// Why per-op ratios set unlike times against each other, if they do.
+    mismatch: Option<&'static str>,
+}
+
+impl Original {
+    /// Like for like: a GPU original on CUDA compares GPU time per op; on CPU it is compared
+    /// with CPU op times that include the work its GPU did asynchronously, which says so.
+    fn of(linked: &calibrate::Linked, device: replay::Device) -> Original {
+        let (gpu, gpu_per_op) = et_graph::original_gpu(&linked.link, &linked.kineto);
+        let by_gpu = matches!(device, replay::Device::Cuda(_)) && gpu.events > 0;
+        let mismatch = match (device, gpu.events > 0) {
+            (replay::Device::Cpu, true) => Some(
+                "the original ran on a GPU (its Kineto trace has GPU kernels) and this replay on \
+                 the CPU: per-op ratios set the original's CPU launch times against the replay's \
+                 full CPU execution (replay with --device cuda to compare GPU times)",
+            ),
+            (replay::Device::Cuda(_), false) => Some(
+                "the original's Kineto trace has no GPU work and this replay runs on CUDA: per-op \
+                 ratios set CPU times against CUDA event times",
+            ),
+            _ => None,
+        };
+        let timing = if by_gpu {
+            et_graph::OriginalTiming {
+                op_us: gpu_per_op,
+                ..linked.original.clone()
+            }
+        } else {
+            linked.original.clone()
+        };
+        Original {
+            timing,
+            gpu,
+            by_gpu,
+            mismatch,
+        }
+    }
+}
+
+/// The comparison's figures.
+struct Compared<'a> {
+    a: &'a CompareArgs,
+    original: &'a Original,
+    r: &'a replay::Report,
+    /// Per op name, linked ops only: the original (Kineto), the plain replay, and the replay
+    /// under the capture's instrumentation (like for like).
+    cmp: et_graph::Comparison,
+    orig_ops_ms: f64,
+    gaps_ms: f64,
+    orig_iter_ms: f64,
+    /// The original's uninstrumented iteration (ms) and where it came from.
+    uninstrumented: Option<(f64, String)>,
+    ratio_iter: f64,
+    basis_iter: String,
+    ratio_ops: f64,
+}
+
+impl<'a> Compared<'a> {
+    fn of(
+        a: &'a CompareArgs,
+        original: &'a Original,
+        r: &'a replay::Report,
+    ) -> Result<Compared<'a>> {
+        let orig = &original.timing;
+        let names: Vec<&str> = r.steps.iter().map(|s| s.op.as_str()).collect();
+        let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
+        // Profiled windows are host time: not comparable with GPU kernel time per op.
+        let profiled: Vec<Option<f64>> = (0..r.steps.len())
+            .map(|k| {
+                r.profiled
+                    .get(k)
+                    .copied()
+                    .flatten()
+                    .filter(|_| !original.by_gpu)
+                    .map(|p| p.end_us - p.start_us)
+            })
+            .collect();
+        let cmp = et_graph::compare_ops(orig, &names, &plain, &profiled);
+        let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
+        let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
+        let orig_iter_ms = orig.span_us / 1000.0;
+        // Like for like: uninstrumented with uninstrumented where the original's own time is
+        // known, else profiled with profiled.
+        let uninstrumented = match a.original_ms {
+            Some(ms) if !(ms.is_finite() && ms > 0.0) => {
+                anyhow::bail!("--original-ms must be a positive number of milliseconds, not {ms}")
+            }
+            Some(ms) => Some((ms, "--original-ms".to_string())),
+            None => meta_original_ms(&a.trace),
+        };
+        let (ratio_iter, basis_iter) = match (&uninstrumented, r.instrumented_iter_ms) {
+            (Some((ms, from)), _) => (
+                r.iter_ms.median / ms.max(1e-9),
+                format!("uninstrumented: the replay's measured iterations vs the original's {ms:.3} ms ({from})"),
+            ),
+            (None, Some(p)) => (
+                p / orig_iter_ms.max(1e-9),
+                format!(
+                    "profiled: the replay's iteration under the capture's instrumentation ({p:.3} ms) vs the profiled original{}",
+                    if a.emulate_gaps { "" } else { " (without --emulate-gaps the replay has none of the original's time between ops)" }
+                ),
+            ),
+            (None, None) => (
+                r.iter_ms.median / orig_iter_ms.max(1e-9),
+                "mixed: the plain replay vs the profiled original (the instrumented iteration could not run; pass --original-ms)".to_string(),
+            ),
+        };
+        let ratio_ops = if cmp.profiled_ops > 0 {
+            cmp.profiled_ms / cmp.profiled_original_ms.max(1e-9)
+        } else {
+            r.op_ms.median / orig_ops_ms.max(1e-9)
+        };
+        Ok(Compared {
+            a,
+            original,
+            r,
+            cmp,
+            orig_ops_ms,
+            gaps_ms,
+            orig_iter_ms,
+            uninstrumented,
+            ratio_iter,
+            basis_iter,
+            ratio_ops,
+        })
+    }
+
+    /// The ops replayed under the capture's instrumentation against the original's.
+    fn instrumented(&self) -> Option<serde_json::Value> {
+        let c = &self.cmp;
+        (c.profiled_ops > 0).then(|| {
+            serde_json::json!({
+                "ops": c.profiled_ops,
+                "ops_ms": c.profiled_ms,
+                "original_ops_ms": c.profiled_original_ms,
+                "ratio_ops": c.profiled_ms / c.profiled_original_ms.max(1e-9),
+            })
+        })
+    }
+
+    /// `compare --json`.
+    fn json(
+        &self,
+        trace: &str,
+        linked: &calibrate::Linked,
+        n_ops: usize,
+        gap_model: Option<&et_graph::GapModel>,
+    ) -> serde_json::Value {
+        let (a, r, o) = (self.a, self.r, self.original);
+        let basis_ops = if o.by_gpu {
+            "gpu: the replay's CUDA-event time per op vs the original's kernel time under each op"
+        } else if self.cmp.profiled_ops > 0 {
+            "profiled: linked ops under the capture's instrumentation in both"
+        } else {
+            "mixed: plain replay ops vs profiled original ops"
+        };
+        serde_json::json!({
+            "trace": trace,
+            "kineto": linked.kineto.source,
+            "linked": linked.link.linked(),
+            "ops": n_ops,
+            "original": {"iter_ms": self.orig_iter_ms, "ops_ms": self.orig_ops_ms, "gaps_ms": self.gaps_ms,
+                         "uninstrumented_ms": self.uninstrumented.as_ref().map(|u| u.0)},
+            "replay": {"iter_ms": r.iter_ms.median, "ops_ms": r.op_ms.median, "gaps_ms": r.gaps_ms, "gap_pace": r.gap_pace,
+                       // Measured: the mean iteration less its mean time in ops.
+                       "between_ops_ms": r.iter_ms.mean - r.op_ms.mean,
+                       "instrumented_iter_ms": r.instrumented_iter_ms},
+            "ratio_iter": self.ratio_iter,
+            "basis_iter": self.basis_iter,
+            "ratio_ops": self.ratio_ops,
+            "basis_ops": basis_ops,
+            "emulate_gaps": a.emulate_gaps,
+            "device": r.device,
+            "compared_by": if o.by_gpu { "gpu time per op" } else { "op time" },
+            "device_mismatch": o.mismatch,
+            "original_gpu": (o.gpu.events > 0).then_some(&o.gpu),
+            "replay_gpu": r.gpu_activity,
+            "gap_model": gap_model,
+            "instrumented": self.instrumented(),
+            "top_differences": self.cmp.ops.iter().take(15).map(|r| serde_json::json!({
+                "op": r.op,
+                "calls": r.calls,
+                "original_us": r.original_us,
+                "replay_us": r.replay_us,
+                "ratio": r.replay_us / r.original_us.max(1e-9),
+                "replay_instrumented_us": r.profiled_us,
+                "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// `compare --svg`: the 20 largest differences as bars.
+    fn svg(&self, trace: &str) -> String {
+        let bars: Vec<(String, f64, f64)> = self
+            .cmp
+            .ops
+            .iter()
+            .take(20)
+            .map(|r| {
+                (
+                    format!("{} x{}", r.op, r.calls),
+                    r.original_us / 1000.0,
+                    r.profiled_us.unwrap_or(r.replay_us) / 1000.0,
+                )
+            })
+            .collect();
+        let title = format!(
+            "{trace}: original {:.2} ms vs replay {:.2} ms per iteration",
+            self.orig_iter_ms, self.r.iter_ms.median
+        );
+        let label = if self.cmp.profiled_ops > 0 {
+            "replay (same instrumentation)"
+        } else {
+            "replay"
+        };
+        metrics::svg_bars(&title, "ms", ("original (Kineto)", label), &bars)
+    }
+
+    /// The comparison as text.
+    fn print(&self, out: &mut impl Write, linked: &calibrate::Linked, n_ops: usize) -> Result<()> {
+        let (a, r, c) = (self.a, self.r, &self.cmp);
+        let (orig_iter_ms, orig_ops_ms, gaps_ms) =
+            (self.orig_iter_ms, self.orig_ops_ms, self.gaps_ms);
+        writeln!(out, "linked     {} of {n_ops} ops", linked.link.linked())?;
+        writeln!(out, "original   {orig_iter_ms:.3} ms per iteration profiled ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them){}",
+            self.uninstrumented.as_ref().map(|(ms, from)| format!("; {ms:.3} ms uninstrumented ({from})")).unwrap_or_default())?;
+        writeln!(
+            out,
+            "replay     {:.3} ms per iteration ({:.3} ms in ops{})",
+            r.iter_ms.median,
+            r.op_ms.median,
+            if a.emulate_gaps {
+                format!(", {:.3} ms emulated gaps", r.gaps_ms)
+            } else {
+                String::new()
+            }
+        )?;
+        writeln!(
+            out,
+            "ratio      {:.3} per iteration, {}",
+            self.ratio_iter, self.basis_iter
+        )?;
+        if c.profiled_ops > 0 {
+            writeln!(
+                out,
+                "profiled   {:.3} ms in {} ops replayed under the capture's instrumentation vs {:.3} ms in the original: ratio {:.3}",
+                c.profiled_ms,
+                c.profiled_ops,
+                c.profiled_original_ms,
+                c.profiled_ms / c.profiled_original_ms.max(1e-9)
+            )?;
+        }
+        if self.original.gpu.events > 0 {
+            mystique_cli::graph_cmd::print_gpu_activity(out, "original", &self.original.gpu)?;
+        }
+        if let Some(g) = &r.gpu_activity {
+            mystique_cli::graph_cmd::print_gpu_activity(out, "replay", g)?;
+        }
+        self.print_differences(out)
+    }
+
+    /// The 15 largest differences per op.
+    fn print_differences(&self, out: &mut impl Write) -> Result<()> {
+        writeln!(
+            out,
+            "largest differences (per iteration{})",
+            if self.original.by_gpu {
+                ", GPU time"
+            } else {
+                ""
+            }
+        )?;
+        writeln!(
+            out,
+            "  {:>10} {:>10} {:>7} {:>10} {:>7} {:>6}  op",
+            "orig us", "replay us", "ratio", "profiled", "ratio", "calls"
+        )?;
+        for r in self.cmp.ops.iter().take(15) {
+            let o = r.original_us.max(1e-9);
+            let (pu, pr) = match r.profiled_us {
+                Some(p) => (format!("{p:.1}"), format!("{:.2}", p / o)),
+                None => ("-".into(), "-".into()),
+            };
+            writeln!(
+                out,
+                "  {:>10.1} {:>10.1} {:>7.2} {pu:>10} {pr:>7} {:>6}  {}",
+                r.original_us,
+                r.replay_us,
+                r.replay_us / o,
+                r.calls,
+                r.op
+            )?;
+        }
+        Ok(())
+    }
+}
