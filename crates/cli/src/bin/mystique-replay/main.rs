@@ -7,6 +7,7 @@ use mystique_cli::args::{Cli, Cmd};
 use std::process::ExitCode;
 
 mod compare_cmd;
+mod generate_cmd;
 mod package_cmd;
 mod print;
 mod ranks;
@@ -29,7 +30,7 @@ fn main() -> ExitCode {
     let result = match cli.cmd {
         Cmd::Replay(a) => replay_cmd::run(&a, json),
         Cmd::Compare(a) => compare_cmd::compare(&a, json),
-        Cmd::Generate(a) => package_cmd::generate(&a, json),
+        Cmd::Generate(a) => generate_cmd::generate(&a, json),
         Cmd::Run(a) => package_cmd::run(&a, json),
         Cmd::Env => {
             if json {

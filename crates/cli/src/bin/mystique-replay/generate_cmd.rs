@@ -1,0 +1,465 @@
+//! `mystique generate`: a benchmark package (formats and checks in `mystique_cli::package`).
+//! Generating compiles replay plans, so it runs here, beside libtorch.
+
+use anyhow::{bail, Context, Result};
+use et_graph::Graph;
+use mystique_cli::anonymize::Anonymized;
+use mystique_cli::args::GenerateArgs;
+use mystique_cli::package::{
+    self, Manifest, Original, RankEntry, SelectionRecord, MANIFEST, PACKAGE_FORMAT,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Namespaces of operators libtorch itself registers.
+const LIBTORCH_NAMESPACES: &[&str] = &[
+    "aten",
+    "prims",
+    "c10d",
+    "_c10d_functional",
+    "profiler",
+    "cuda",
+    "quantized",
+    "sparse",
+    "mkldnn",
+    "inductor",
+    "record_param_comms",
+];
+
+/// The packaged profile of `generate --emulate-gaps`.
+const PROFILE: &str = "rank0.timing.json.gz";
+
+fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes)?;
+    Ok(e.finish()?)
+}
+
+fn random_key() -> Vec<u8> {
+    let mut k = vec![0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut k);
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        k[..16].copy_from_slice(&t.to_le_bytes());
+    }
+    k
+}
+
+/// Writes a benchmark package of the given traces: checks every input and option first, then
+/// builds the package in a temporary directory beside the output and renames it into place.
+pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
+    let out = &a.output;
+    check_output(a)?;
+    let reference = a
+        .reference
+        .as_deref()
+        .map(replay::calibrate::read_reference)
+        .transpose()?;
+    let sel = a.filters.selection()?;
+    // What-if edits, checked before any work.
+    let edits = WhatIf::of(a)?;
+    let loaded = load_in_rank_order(&a.traces)?;
+    let name = out
+        .file_name()
+        .with_context(|| format!("{} has no directory name", out.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let built = (|| -> Result<(Manifest, Anonymized)> {
+        let mut b = PackageBuilder::new(a, &tmp, &edits, reference);
+        for (rank, (path, sha, t)) in loaded.iter().enumerate() {
+            b.add_rank(rank, path, sha, t, &sel)?;
+        }
+        b.finish()
+    })();
+    let (manifest, anon) = match built {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    if out.exists() {
+        std::fs::remove_dir(out)?;
+    }
+    std::fs::rename(&tmp, out).with_context(|| format!("creating {}", out.display()))?;
+    if let Some(m) = &a.map {
+        let text = serde_json::to_vec_pretty(&anon.map)?;
+        mystique_cli::output::write_atomic(m, |w| Ok(w.write_all(&text)?))?;
+    }
+    print_summary(out, &manifest, json);
+    Ok(())
+}
+
+/// The output is a new or empty directory, the anonymisation map no input, and `--kineto`
+/// given for a single rank only.
+fn check_output(a: &GenerateArgs) -> Result<()> {
+    let out = &a.output;
+    let inputs: Vec<&Path> = a.traces.iter().map(PathBuf::as_path).collect();
+    if out.exists() {
+        let empty = out.is_dir() && out.read_dir()?.next().is_none();
+        if !empty {
+            bail!("{} exists and is not an empty directory", out.display());
+        }
+    }
+    if let Some(m) = &a.map {
+        mystique_cli::output::check(m, &inputs)?;
+    }
+    anyhow::ensure!(
+        a.kineto.is_none() || a.traces.len() == 1,
+        "--kineto takes the Kineto trace of a single-rank package"
+    );
+    Ok(())
+}
+
+/// The what-if edits of `--scale` and `--dtype`, and how the manifest describes them.
+struct WhatIf {
+    scale: Option<(i64, i64)>,
+    dtype: Option<(et_schema::DType, et_schema::DType)>,
+    described: Vec<String>,
+}
+
+impl WhatIf {
+    fn of(a: &GenerateArgs) -> Result<WhatIf> {
+        let scale = a
+            .scale
+            .as_deref()
+            .map(|s| -> Result<(i64, i64)> {
+                let (d, f) = s
+                    .split_once(':')
+                    .context("--scale wants DIM:FACTOR, e.g. 64:2")?;
+                let (d, f): (i64, i64) = (d.parse()?, f.parse()?);
+                anyhow::ensure!(d > 0 && f > 0, "--scale: DIM and FACTOR must be positive");
+                Ok((d, f))
+            })
+            .transpose()?;
+        let dtype = a
+            .dtype
+            .as_deref()
+            .map(|s| -> Result<(et_schema::DType, et_schema::DType)> {
+                let (x, y) = s
+                    .split_once(':')
+                    .context("--dtype wants FROM:TO, e.g. float32:bfloat16")?;
+                let p = |n: &str| {
+                    et_schema::DType::from_et_name(n)
+                        .with_context(|| format!("unknown dtype {n:?}"))
+                };
+                Ok((p(x)?, p(y)?))
+            })
+            .transpose()?;
+        let mut described = Vec::new();
+        if let Some((d, f)) = scale {
+            described.push(format!("scale dimension {d} x{f}"));
+        }
+        if let Some((x, y)) = dtype {
+            described.push(format!("dtype {x} -> {y}"));
+        }
+        Ok(WhatIf {
+            scale,
+            dtype,
+            described,
+        })
+    }
+
+    /// The selected ops of `g` as a new trace, with the edits made.
+    fn apply(&self, g: &Graph, set: &et_graph::ReplaySet) -> Result<et_schema::Trace> {
+        let mut new = et_graph::compose::extract(g, set);
+        if let Some((d, f)) = self.scale {
+            new = et_graph::compose::scale_dim(&new, d, f)?;
+        }
+        if let Some((x, y)) = self.dtype {
+            new = et_graph::compose::change_dtype(&Graph::new(&new), x, y);
+        }
+        Ok(new)
+    }
+}
+
+/// Every trace read, with its file's SHA-256, ordered by the rank each recorded (in the given
+/// order otherwise).
+fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_schema::Trace)>> {
+    let mut loaded = Vec::new();
+    for p in traces {
+        let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        let t = mystique_cli::read_trace(p)?;
+        loaded.push((p.clone(), package::sha256_hex(&raw), t));
+    }
+    if loaded.len() <= 1 {
+        return Ok(loaded);
+    }
+    let order = crate::ranks::order(
+        loaded
+            .iter()
+            .map(|(p, _, t)| crate::ranks::RankTrace {
+                path: p.clone(),
+                recorded: et_graph::summary::recorded_rank(t),
+                world: replay::plan::process_groups(t)
+                    .first()
+                    .map(|g| g.size)
+                    .filter(|&s| s > 0),
+            })
+            .collect(),
+    )?;
+    let pos: Vec<usize> = order
+        .iter()
+        .map(|r| {
+            loaded
+                .iter()
+                .position(|(p, _, _)| *p == r.path)
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut taken: Vec<Option<_>> = loaded.into_iter().map(Some).collect();
+    Ok(pos.into_iter().filter_map(|k| taken[k].take()).collect())
+}
+
+/// A package being written into its temporary directory, rank by rank.
+struct PackageBuilder<'a> {
+    a: &'a GenerateArgs,
+    tmp: &'a Path,
+    edits: &'a WhatIf,
+    reference: Option<package::Reference>,
+    key: Vec<u8>,
+    anon: Anonymized,
+    files: BTreeMap<String, String>,
+    ranks: Vec<RankEntry>,
+    ops_from: BTreeSet<String>,
+    devices: BTreeSet<String>,
+    original: Option<Original>,
+    gaps: Option<package::Gaps>,
+    schema: String,
+}
+
+impl<'a> PackageBuilder<'a> {
+    fn new(
+        a: &'a GenerateArgs,
+        tmp: &'a Path,
+        edits: &'a WhatIf,
+        reference: Option<package::Reference>,
+    ) -> Self {
+        PackageBuilder {
+            a,
+            tmp,
+            edits,
+            reference,
+            key: random_key(),
+            anon: Anonymized::default(),
+            files: BTreeMap::new(),
+            ranks: Vec::new(),
+            ops_from: BTreeSet::new(),
+            devices: BTreeSet::new(),
+            original: None,
+            gaps: None,
+            schema: String::new(),
+        }
+    }
+
+    /// Adds rank `rank`: its selection, edited and anonymised, as the packaged trace; the plan
+    /// compiled from that trace as `run` will read it; rank 0's profile where given.
+    fn add_rank(
+        &mut self,
+        rank: usize,
+        path: &Path,
+        sha: &str,
+        t: &et_schema::Trace,
+        sel: &et_graph::Selection,
+    ) -> Result<()> {
+        let a = self.a;
+        let g = Graph::new(t);
+        let set = g.select(sel)?;
+        // Rank 0's profile, read once: its timing here, its gaps' link below.
+        let kineto = match (rank, &a.kineto) {
+            (0, Some(k)) => Some((k, mystique_cli::read_kineto(k)?)),
+            _ => None,
+        };
+        if let Some((_, kt)) = &kineto {
+            let link = et_graph::link(&g, &set, kt)?;
+            let o = et_graph::typical_timing(&g, &set, kt, &link);
+            self.original = Some(Original {
+                iter_ms: o.span_us / 1000.0,
+                ops_ms: Some(o.op_us.iter().flatten().sum::<f64>() / 1000.0),
+                from: "kineto".into(),
+            });
+        }
+        for tr in &t.tensors {
+            if let Some(d) = tr.device.map(|d| t.str(d)).filter(|d| !d.is_empty()) {
+                self.devices.insert(d.to_string());
+            }
+        }
+        let mut new = self.edits.apply(&g, &set)?;
+        if a.anonymize {
+            let an = mystique_cli::anonymize::anonymize(&mut new, &self.key);
+            for (k, n) in an.replaced {
+                *self.anon.replaced.entry(k).or_default() += n;
+            }
+            self.anon.map.extend(an.map);
+        }
+        self.schema = new.meta.schema.clone();
+        let trace_name = format!("rank{rank}.et.json.gz");
+        new.source = trace_name.clone();
+        let text = et_schema::write_trace_to_vec(&new);
+        // The plan is compiled from the packaged trace itself, as `run` will read it.
+        let packaged = et_schema::parse_trace(&text, &trace_name, &Default::default())?;
+        let pg = Graph::new(&packaged);
+        let plan = replay::plan::compile(&pg, &pg.replay_set(None));
+        for op in &plan.ops {
+            let ns = op.name.split("::").next().unwrap_or("");
+            if op.name.contains("::") && !LIBTORCH_NAMESPACES.contains(&ns) {
+                self.ops_from.insert(ns.to_string());
+            }
+        }
+        if let (true, Some((k, kt))) = (a.emulate_gaps, kineto) {
+            self.add_profile(&pg, k, kt)?;
+        }
+        let plan_name = format!("rank{rank}.plan.json.gz");
+        for (file, bytes) in [
+            (&trace_name, gzip(&text)?),
+            (&plan_name, gzip(&serde_json::to_vec(&plan)?)?),
+        ] {
+            self.write(file, &bytes)?;
+        }
+        eprintln!(
+            "[generate] rank {rank}: {} ops from {}",
+            plan.steps.len(),
+            path.display()
+        );
+        self.ranks.push(RankEntry {
+            rank,
+            trace: trace_name,
+            plan: plan_name,
+            source_sha256: sha.to_string(),
+            ops: plan.steps.len(),
+        });
+        Ok(())
+    }
+
+    /// `--emulate-gaps`: the profile packaged (gzipped) for `run` to calibrate the gaps from.
+    /// `run` links it to the packaged trace, as here: a profile that would not link there is
+    /// refused now.
+    fn add_profile(
+        &mut self,
+        packaged: &Graph,
+        k: &Path,
+        kt: et_schema::kineto::KinetoTrace,
+    ) -> Result<()> {
+        replay::calibrate::Linked::of(packaged, &packaged.replay_set(None), kt, true)
+            .with_context(|| {
+                format!(
+                    "--emulate-gaps: the profile {} does not link to the packaged ops (package \
+                     whole iterations of the ET it was taken with)",
+                    k.display()
+                )
+            })?;
+        let raw = std::fs::read(k).with_context(|| format!("reading {}", k.display()))?;
+        let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
+            raw
+        } else {
+            gzip(&raw)?
+        };
+        self.write(PROFILE, &bytes)?;
+        self.gaps = Some(package::Gaps {
+            profile: PROFILE.into(),
+            reference: self.reference,
+        });
+        Ok(())
+    }
+
+    /// A file of the package, recorded with its hash.
+    fn write(&mut self, file: &str, bytes: &[u8]) -> Result<()> {
+        self.files
+            .insert(file.to_string(), package::sha256_hex(bytes));
+        std::fs::write(self.tmp.join(file), bytes)?;
+        Ok(())
+    }
+
+    /// The manifest, written last: the original's time (a reference's or `--original-ms`
+    /// over the profile's), the selection, the edits and every file's hash.
+    fn finish(self) -> Result<(Manifest, Anonymized)> {
+        let a = self.a;
+        let mut original = self.original;
+        if let Some(r) = self.reference {
+            // The original's iteration uninstrumented, where the profile's was not.
+            original = Some(Original {
+                iter_ms: r.original_ms,
+                ops_ms: original.and_then(|o: Original| o.ops_ms),
+                from: "reference".into(),
+            });
+        }
+        if let Some(ms) = a.original_ms {
+            anyhow::ensure!(ms > 0.0 && ms.is_finite(), "--original-ms must be positive");
+            original = Some(Original {
+                iter_ms: ms,
+                ops_ms: None,
+                from: "--original-ms".into(),
+            });
+        }
+        let f = &a.filters;
+        let manifest = Manifest {
+            format: PACKAGE_FORMAT.into(),
+            created_by: format!("mystique {}", env!("CARGO_PKG_VERSION")),
+            libtorch: "2.11.0".into(),
+            schema: self.schema,
+            ranks: self.ranks,
+            selection: SelectionRecord {
+                iterations: f.iteration.clone(),
+                name: f.name.clone(),
+                scope: f.scope.clone(),
+                ids: f.ids.clone(),
+                only: format!("{:?}", f.only).to_lowercase(),
+            },
+            what_if: self.edits.described.clone(),
+            devices_recorded: self.devices.into_iter().collect(),
+            seed: a.seed,
+            warmup: a.warmup,
+            iters: a.iters,
+            ops_from: self.ops_from.into_iter().collect(),
+            original,
+            gaps: self.gaps,
+            anonymized: a.anonymize.then(|| self.anon.replaced.clone()),
+            files: self.files,
+        };
+        std::fs::write(
+            self.tmp.join(MANIFEST),
+            serde_json::to_vec_pretty(&manifest)?,
+        )?;
+        Ok((manifest, self.anon))
+    }
+}
+
+/// What was generated: a JSON line on stdout with `--json`, else a line on stderr (and the
+/// libraries its ops need).
+fn print_summary(out: &Path, manifest: &Manifest, json: bool) {
+    let summary = serde_json::json!({
+        "package": out.display().to_string(),
+        "ranks": manifest.ranks.len(),
+        "ops": manifest.ranks.iter().map(|r| r.ops).sum::<usize>(),
+        "ops_from": manifest.ops_from,
+        "anonymized": manifest.anonymized,
+        "original": manifest.original,
+    });
+    if json {
+        println!("{summary}");
+        return;
+    }
+    eprintln!(
+        "generated {} ({} rank(s), {} ops){}",
+        out.display(),
+        manifest.ranks.len(),
+        summary["ops"],
+        match &manifest.anonymized {
+            Some(r) => format!("; anonymised: {r:?}"),
+            None => String::new(),
+        }
+    );
+    if !manifest.ops_from.is_empty() {
+        eprintln!(
+            "note: its ops need libraries from {:?}: `mystique run` takes them with --load-library",
+            manifest.ops_from
+        );
+    }
+}
