@@ -352,16 +352,10 @@ int mq_cuda_memory_stats(int device, int64_t* out) {
   });
 }
 
-int mq_cuda_reset_peak(int device) {
-  return guarded([&] {
-    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
-  });
-}
-
-// The storage a tensor views (data pointer and bytes), to count live memory once per storage.
 // Flushes denormal floats to zero on this thread (FTZ/DAZ); false where the CPU cannot.
 int mq_flush_denormal() { return at::globalContext().setFlushDenormal(true) ? 1 : 0; }
 
+// The storage a tensor views (data pointer and bytes), to count live memory once per storage.
 void mq_storage_info(const at::Tensor* t, uintptr_t* ptr, size_t* nbytes) {
   if (!t->defined() || !t->has_storage()) {
     *ptr = 0;

@@ -84,7 +84,6 @@ extern "C" {
     ) -> *mut C_tensor;
     fn mq_cuda_set_stream(stream: *mut c_void, device: i32) -> i32;
     fn mq_cuda_memory_stats(device: i32, out: *mut i64) -> i32;
-    fn mq_cuda_reset_peak(device: i32) -> i32;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
@@ -653,14 +652,6 @@ pub fn cuda_memory_stats(device: usize) -> Result<CudaAllocatorStats, CallError>
     }
 }
 
-/// Starts the allocator's peak figures afresh.
-pub fn cuda_reset_peak(device: usize) -> Result<(), CallError> {
-    match unsafe { mq_cuda_reset_peak(device as i32) } {
-        0 => Ok(()),
-        c => Err(call_error(c)),
-    }
-}
-
 /// libtorch's CUDA caching allocator on one device (bytes; "inactive split" is memory cached in
 /// blocks split for allocations that are gone: the allocator's fragmentation).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -719,16 +710,32 @@ pub struct Profile {
     pub gpu: Vec<ProfiledEvent>,
 }
 
+/// Why the capture's instrumentation could not start or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum InstrumentError {
+    /// Another [`Instrumentation`] is active: the profiler and the observer are process-wide.
+    #[error(
+        "another instrumentation is active in this process (the profiler and the execution \
+         trace observer are process-wide)"
+    )]
+    Busy,
+    /// The observer's temporary file has a path libtorch cannot take.
+    #[error("the execution trace observer's file {0:?} has a NUL byte in its path")]
+    Path(std::path::PathBuf),
+    /// libtorch refused (its message).
+    #[error("{0}")]
+    Libtorch(String),
+}
+
 impl Instrumentation {
     /// Starts the instrumentation `kind`; with `cuda`, Kineto records the GPU's activity too.
-    pub fn start(cuda: bool, kind: et_graph::Instrumentation) -> Result<Instrumentation, String> {
+    pub fn start(
+        cuda: bool,
+        kind: et_graph::Instrumentation,
+    ) -> Result<Instrumentation, InstrumentError> {
         use std::sync::atomic::Ordering;
         if INSTRUMENTED.swap(true, Ordering::AcqRel) {
-            return Err(
-                "another instrumentation is active in this process (the profiler and the \
-                        execution trace observer are process-wide)"
-                    .into(),
-            );
+            return Err(InstrumentError::Busy);
         }
         let started = Self::begin(cuda, kind);
         if started.is_err() {
@@ -737,7 +744,10 @@ impl Instrumentation {
         started
     }
 
-    fn begin(cuda: bool, kind: et_graph::Instrumentation) -> Result<Instrumentation, String> {
+    fn begin(
+        cuda: bool,
+        kind: et_graph::Instrumentation,
+    ) -> Result<Instrumentation, InstrumentError> {
         let et_path = kind.execution_trace.then(|| {
             std::env::temp_dir().join(format!(
                 "mystique-calibration-{}-{:?}.et.json",
@@ -747,7 +757,10 @@ impl Instrumentation {
         });
         let c = et_path
             .as_ref()
-            .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string()))
+            .map(|p| {
+                CString::new(p.as_os_str().as_encoded_bytes())
+                    .map_err(|_| InstrumentError::Path(p.clone()))
+            })
             .transpose()?;
         // SAFETY: a valid C string or null (no observer); errors come back as a code.
         let rc = unsafe {
@@ -761,7 +774,7 @@ impl Instrumentation {
             if let Some(p) = &et_path {
                 let _ = std::fs::remove_file(p);
             }
-            return Err(last_error());
+            return Err(InstrumentError::Libtorch(last_error()));
         }
         Ok(Instrumentation {
             et_path,
@@ -771,7 +784,7 @@ impl Instrumentation {
 
     /// Stops the instrumentation; returns the CPU events recorded on this thread and the GPU
     /// events.
-    pub fn finish(mut self) -> Result<Profile, String> {
+    pub fn finish(mut self) -> Result<Profile, InstrumentError> {
         self.active = false;
         // SAFETY: started by `start` on this process; null means an error was recorded.
         let ev = unsafe { mq_instr_end() };
@@ -780,7 +793,7 @@ impl Instrumentation {
             let _ = std::fs::remove_file(p);
         }
         if ev.is_null() {
-            return Err(last_error());
+            return Err(InstrumentError::Libtorch(last_error()));
         }
         let mut out = Profile::default();
         // SAFETY: `ev` is a live event list until mq_events_free; names are copied out.

@@ -28,7 +28,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod executor;
-pub mod ffi;
+pub(crate) mod ffi;
 pub mod options;
 pub mod plan;
 mod recorder;
@@ -38,6 +38,7 @@ pub mod single;
 pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
+pub use ffi::{flush_denormal, InstrumentError, Instrumentation, Profile, ProfiledEvent};
 pub use options::{DistOptions, Pace, Pacer, ReplayOptions, ALTERNATION_RUN};
 pub use report::{
     CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,

@@ -515,7 +515,7 @@ fn ops_without_a_half_kernel_on_cpu_run_in_float32() {
 /// ones did not): after `flush_denormal`, a denormal input reads as zero.
 #[test]
 fn denormals_flush_to_zero() {
-    if !replay::ffi::flush_denormal() {
+    if !replay::flush_denormal() {
         return; // a CPU without FTZ/DAZ
     }
     let t = Tensor::from_slice(&[1e-39f32, 1.0]);

@@ -7,8 +7,7 @@ mod common;
 fn a_replay_whose_instrumentation_cannot_start_keeps_its_measurements() {
     tch::set_num_threads(1);
     // Someone else (here: this test) is profiling already.
-    let held =
-        replay::ffi::Instrumentation::start(false, et_graph::Instrumentation::LINKED).unwrap();
+    let held = replay::Instrumentation::start(false, et_graph::Instrumentation::LINKED).unwrap();
     let opts = replay::ReplayOptions {
         iters: 2,
         warmup: 0,

@@ -102,7 +102,7 @@ pub fn run(
                 Ok(i) => instr = Some(i),
                 // The measured iterations stand; only the profiled windows are missing.
                 Err(e) => {
-                    rec.instrument_error = Some(e);
+                    rec.instrument_error = Some(e.to_string());
                     break;
                 }
             }
@@ -139,7 +139,7 @@ pub fn run(
     if let Some(i) = instr {
         match i.finish() {
             Ok(profile) => rec.profiled(&profile, warm_up.as_deref(), &recorded),
-            Err(e) => rec.instrument_error = Some(e),
+            Err(e) => rec.instrument_error = Some(e.to_string()),
         }
     }
     let gpu = GpuSamples {
