@@ -208,9 +208,43 @@ fn schema_difference(recorded: &str, registered: &str) -> Option<(OpSchema, OpSc
     (!same).then(|| (reg, rec, registered.to_string()))
 }
 
+/// Why a step's recorded arguments cannot be given to the schema this libtorch registers.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ArgMismatch {
+    /// The recorded call left it to a default the registered schema does not have.
+    #[error("argument {0} was left to a default the registered schema does not have")]
+    NoDefault(String),
+    /// The registered schema has it, and neither the trace nor the schema gives a value.
+    #[error("argument {0} has no recorded value and no default")]
+    Missing(String),
+    /// Its recorded value does not convert to the registered type.
+    #[error("argument {arg}: {why}")]
+    Convert {
+        /// The argument's name.
+        arg: String,
+        /// Why not.
+        why: Unconvertible,
+    },
+}
+
+/// Why a value built for one schema type does not convert to another.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum Unconvertible {
+    /// An integer type would lose the fraction.
+    #[error("a floating-point value where the schema needs {0}")]
+    Float(String),
+    /// A type that has no None.
+    #[error("None where the schema needs {0}")]
+    NoneValue(String),
+}
+
 /// Arguments for the registered schema from those built against the recorded one, matched by
 /// name, with the registered defaults for arguments the trace does not have.
-pub fn reconcile(step: &Step, reg: &OpSchema, recorded: &OpSchema) -> Result<Vec<Arg>, String> {
+pub fn reconcile(
+    step: &Step,
+    reg: &OpSchema,
+    recorded: &OpSchema,
+) -> Result<Vec<Arg>, ArgMismatch> {
     let mut out = Vec::with_capacity(reg.args.len());
     for (k, ra) in reg.args.iter().enumerate() {
         let pos = recorded
@@ -221,34 +255,29 @@ pub fn reconcile(step: &Step, reg: &OpSchema, recorded: &OpSchema) -> Result<Vec
             // The recorded call left it to its default: the registered default, at its position.
             Some(Arg::Default(_)) if ra.default.is_some() => out.push(Arg::Default(k)),
             Some(Arg::Default(_)) if ra.ty.is_optional() => out.push(Arg::None),
-            Some(Arg::Default(_)) => {
-                return Err(format!(
-                    "argument {} was left to a default the registered schema does not have",
-                    ra.name.as_deref().unwrap_or("?")
-                ))
-            }
+            Some(Arg::Default(_)) => return Err(ArgMismatch::NoDefault(name(ra))),
             Some(a) => out.push(
                 coerce(a.clone(), &ra.ty)
-                    .map_err(|e| format!("argument {}: {e}", ra.name.as_deref().unwrap_or("?")))?,
+                    .map_err(|why| ArgMismatch::Convert { arg: name(ra), why })?,
             ),
             None if ra.default.is_some() => out.push(Arg::Default(k)),
             None if ra.ty.is_optional() => out.push(Arg::None),
-            None => {
-                return Err(format!(
-                    "argument {} has no recorded value and no default",
-                    ra.name.as_deref().unwrap_or("?")
-                ))
-            }
+            None => return Err(ArgMismatch::Missing(name(ra))),
         }
     }
     Ok(out)
+}
+
+/// A schema argument's name for a message (`?` where the schema has none).
+fn name(a: &et_schema::SchemaArg) -> String {
+    a.name.as_deref().unwrap_or("?").to_string()
 }
 
 /// An argument built for one schema type, as another type expects it: what building it from
 /// the trace value with the registered type would have given (a number recorded as `int` where
 /// the registered schema says `Scalar`, a list whose elements became optional, one int for an
 /// `int[N]`).
-fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
+fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, Unconvertible> {
     let base = match ty {
         SchemaType::Optional(inner) => {
             return match a {
@@ -283,14 +312,12 @@ fn coerce(a: Arg, ty: &SchemaType) -> Result<Arg, String> {
         ("int" | "SymInt", Arg::ScalarInt(i)) => Arg::Int(i),
         ("int" | "SymInt", Arg::Bool(b) | Arg::ScalarBool(b)) => Arg::Int(b as i64),
         ("int" | "SymInt", Arg::Double(_) | Arg::ScalarDouble(_)) => {
-            return Err(format!(
-                "a floating-point value where the schema needs {ty}"
-            ));
+            return Err(Unconvertible::Float(ty.to_string()));
         }
         ("bool", Arg::Int(i) | Arg::ScalarInt(i)) => Arg::Bool(i != 0),
         ("bool", Arg::ScalarBool(b)) => Arg::Bool(b),
         ("int" | "SymInt" | "float" | "bool" | "Scalar" | "str", Arg::None) => {
-            return Err(format!("None where the schema needs {ty}"));
+            return Err(Unconvertible::NoneValue(ty.to_string()));
         }
         (_, a) => a,
     })
@@ -369,12 +396,14 @@ mod tests {
         let st = step(vec![Arg::Tensor(0), Arg::Double(0.5)]);
         assert!(reconcile(&st, &reg, &recorded)
             .unwrap_err()
+            .to_string()
             .contains("floating-point"));
         let recorded = schema("aten::x(Tensor a, int k=1) -> Tensor");
         let reg = schema("aten::x(Tensor a, int k) -> Tensor");
         let st = step(vec![Arg::Tensor(0), Arg::Default(1)]);
         assert!(reconcile(&st, &reg, &recorded)
             .unwrap_err()
+            .to_string()
             .contains("default"));
     }
 }

@@ -28,6 +28,7 @@ pub use autocast::autocast_of;
 pub use collective::process_groups;
 pub use compile::compile;
 pub use fill::{restore_rounded, Restored};
+pub use validate::InvalidPlan;
 
 pub type Slot = u32;
 

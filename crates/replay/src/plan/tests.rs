@@ -684,16 +684,16 @@ fn damaged_plans_are_refused() {
     p.validate().unwrap();
     let mut bad = p.clone();
     bad.steps[0].args[0] = Arg::Tensor(99);
-    assert!(bad.validate().unwrap_err().contains("slot 99"));
+    assert!(bad.validate().unwrap_err().to_string().contains("slot 99"));
     let mut bad = p.clone();
     bad.steps[0].op = Some(7);
     assert!(bad.validate().is_err());
     let mut bad = p.clone();
     bad.version += 1;
-    assert!(bad.validate().unwrap_err().contains("format"));
+    assert!(bad.validate().unwrap_err().to_string().contains("format"));
     let mut bad = p.clone();
     bad.version = Plan::OLDEST_READABLE - 1;
-    assert!(bad.validate().unwrap_err().contains("format"));
+    assert!(bad.validate().unwrap_err().to_string().contains("format"));
     let mut bad = p;
     bad.externals[0].1.shape = vec![-4];
     assert!(bad.validate().is_err());
@@ -719,7 +719,11 @@ fn format_2_plans_without_views_still_run() {
         spec,
         kind: ViewKind::Strided,
     });
-    assert!(with_views.validate().unwrap_err().contains("views"));
+    assert!(with_views
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("views"));
 }
 
 /// Steps with the same operator, dtypes, shapes, strides and scalars share a signature;
