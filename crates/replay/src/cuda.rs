@@ -156,12 +156,18 @@ pub struct Arena {
 impl Arena {
     /// A tensor of `spec`'s shape, strides and dtype at `offset` bytes into the arena.
     pub fn tensor(&self, offset: usize, spec: &TensorSpec) -> Result<Tensor, CallError> {
-        assert!(
-            offset as u64 + spec.bytes() <= self.bytes as u64,
-            "arena overrun: {offset} + {} > {}",
-            spec.bytes(),
-            self.bytes
-        );
+        // A view past the arena would read and write memory that is not the input's: refused
+        // (the materialiser sizes the arena from the same specs, so this is a bug's guard).
+        if offset as u64 + spec.bytes() > self.bytes as u64 {
+            return Err(CallError::new(
+                crate::error::ErrorKind::Other,
+                format!(
+                    "arena overrun: an input of {} bytes at offset {offset} of a {}-byte arena",
+                    spec.bytes(),
+                    self.bytes
+                ),
+            ));
+        }
         // SAFETY: the view lies inside the arena (checked above), whose memory the storage keeps
         // alive through its Arc.
         unsafe {

@@ -1,5 +1,5 @@
-//! The same checks on every device: CPU always, CUDA where a device is present (skipped, and
-//! saying so, where not). See `replay::test_device!`.
+//! The same checks on every device: CPU always, CUDA on a machine with a GPU (ignored
+//! elsewhere; `cargo xtask gpu-check` runs it). See `replay::test_device!`.
 
 mod common;
 use common::replay_with;
