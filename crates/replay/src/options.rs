@@ -58,8 +58,7 @@ pub struct ReplayOptions {
     pub running_time: bool,
     /// With `running_time`: the steps whose waits are read (`None`: every step). The reads
     /// are system calls between the ops, which slow the small ops after them (a calibration's
-    /// plain op time read 4-20% above a plain replay's on small-op models, ARCHITECTURE.md,
-    /// nineteenth session): a measurement of the ops as the replay runs them reads the waits
+    /// plain op time read 4-20% above a plain replay's on small-op models): a measurement of the ops as the replay runs them reads the waits
     /// only around the steps long enough to lose a time slice in many iterations, and leaves
     /// the rare slice inside a short one to the steps' medians.
     pub running_time_steps: Option<Vec<bool>>,

@@ -120,7 +120,7 @@ pub(super) struct Spin {
 /// out as the sum over the steps of the larger of the two, where the model (the anchor's
 /// total) is the larger of the two sums. Over the zoo's anchored replays the time outside
 /// the ops ran a median 2.8% over what was meant (up to 14-18% for the recurrent models,
-/// whose backward frees many tensors at a few steps; twenty-second session). Owed back, the
+/// whose backward frees many tensors at a few steps). Owed back, the
 /// iteration's total is the model's where a later gap has room for it.
 #[derive(Debug, Default)]
 pub(super) struct Owed(f64);
