@@ -7,6 +7,7 @@
 //! carry that reason instead of zeros. Counters count every thread of the process, the ones
 //! libtorch starts later included (`inherit`).
 
+use crate::Error;
 use serde::Serialize;
 
 /// What the OS has accounted to this process so far.
@@ -139,64 +140,22 @@ struct PerfEventAttr {
 }
 
 impl HwCounters {
-    /// Opens and starts the counters; `Err` says why they are unavailable here.
-    pub fn open() -> Result<HwCounters, String> {
+    /// Opens and starts the counters; `Err` says why they are unavailable here (the first of
+    /// the four events the kernel refuses).
+    pub fn open() -> Result<HwCounters, Error> {
         #[cfg(target_os = "linux")]
         {
-            use std::os::fd::FromRawFd;
-            let mut fds = Vec::with_capacity(EVENTS.len());
-            for (config, name) in EVENTS {
-                let attr = PerfEventAttr {
-                    type_: 0, // PERF_TYPE_HARDWARE
-                    size: std::mem::size_of::<PerfEventAttr>() as u32,
-                    config,
-                    // inherit, exclude_kernel, exclude_hv: user-space work of every thread
-                    // (perf_event_paranoid 2, the usual default, allows nothing else).
-                    flags: (1 << 1) | (1 << 5) | (1 << 6),
-                    ..Default::default()
-                };
-                // SAFETY: the attr is a valid, fully initialised perf_event_attr of the size it
-                // declares; pid 0 / cpu -1 is this process on any CPU.
-                let fd = unsafe {
-                    libc::syscall(
-                        libc::SYS_perf_event_open,
-                        &attr as *const PerfEventAttr,
-                        0,
-                        -1,
-                        -1,
-                        8u64, // PERF_FLAG_FD_CLOEXEC
-                    )
-                };
-                if fd < 0 {
-                    let e = std::io::Error::last_os_error();
-                    let why = match e.raw_os_error() {
-                        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) => {
-                            "no hardware PMU is exposed here (a VM without a virtual PMU?)"
-                                .to_string()
-                        }
-                        Some(libc::EACCES) | Some(libc::EPERM) => {
-                            "not permitted (kernel.perf_event_paranoid; run with CAP_PERFMON)"
-                                .to_string()
-                        }
-                        Some(libc::ENOSYS) => "perf_event_open is not available".to_string(),
-                        _ => e.to_string(),
-                    };
-                    return Err(format!("hardware counter {name}: {why}"));
-                }
-                // SAFETY: a descriptor the kernel just returned, owned from here on.
-                fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) });
-            }
-            let fds: [std::os::fd::OwnedFd; 4] = fds
-                .try_into()
-                .map_err(|_| "hardware counters: wrong count".to_string())?;
-            Ok(HwCounters { fds })
+            let [a, b, c, d] = EVENTS.map(|(config, name)| open_event(config, name));
+            Ok(HwCounters {
+                fds: [a?, b?, c?, d?],
+            })
         }
         #[cfg(not(target_os = "linux"))]
-        Err("hardware counters need Linux perf events".into())
+        Err(Error::NoPerfEvents)
     }
 
     /// The counts since the counters were opened (running totals; subtract two reads).
-    pub fn read(&self) -> Result<HwCounts, String> {
+    pub fn read(&self) -> Result<HwCounts, Error> {
         #[cfg(target_os = "linux")]
         {
             use std::os::fd::AsRawFd;
@@ -206,11 +165,10 @@ impl HwCounters {
                 // SAFETY: reads 8 bytes into an 8-byte buffer from a descriptor we own.
                 let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
                 if n != 8 {
-                    return Err(format!(
-                        "reading hardware counter {}: {}",
-                        EVENTS[i].1,
-                        std::io::Error::last_os_error()
-                    ));
+                    return Err(Error::CounterRead {
+                        counter: EVENTS[i].1,
+                        error: std::io::Error::last_os_error(),
+                    });
                 }
                 v[i] = u64::from_ne_bytes(buf);
             }
@@ -222,8 +180,50 @@ impl HwCounters {
             })
         }
         #[cfg(not(target_os = "linux"))]
-        Err("hardware counters need Linux perf events".into())
+        Err(Error::NoPerfEvents)
     }
+}
+
+/// Opens and starts one hardware event (`PERF_TYPE_HARDWARE` `config`, called `name`) counting
+/// the user-space work of every thread of this process.
+#[cfg(target_os = "linux")]
+fn open_event(config: u64, name: &'static str) -> Result<std::os::fd::OwnedFd, Error> {
+    use std::os::fd::FromRawFd;
+    let attr = PerfEventAttr {
+        type_: 0, // PERF_TYPE_HARDWARE
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config,
+        // inherit, exclude_kernel, exclude_hv: user-space work of every thread
+        // (perf_event_paranoid 2, the usual default, allows nothing else).
+        flags: (1 << 1) | (1 << 5) | (1 << 6),
+        ..Default::default()
+    };
+    // SAFETY: the attr is a valid, fully initialised perf_event_attr of the size it
+    // declares; pid 0 / cpu -1 is this process on any CPU.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttr,
+            0,
+            -1,
+            -1,
+            8u64, // PERF_FLAG_FD_CLOEXEC
+        )
+    };
+    if fd < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(match error.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) => Error::NoPmu { counter: name },
+            Some(libc::EACCES) | Some(libc::EPERM) => Error::CounterNotPermitted { counter: name },
+            Some(libc::ENOSYS) => Error::NoPerfEventOpen { counter: name },
+            _ => Error::CounterOpen {
+                counter: name,
+                error,
+            },
+        });
+    }
+    // SAFETY: a descriptor the kernel just returned, owned from here on.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// How long one thread has waited for a CPU: the kernel's run delay (time runnable but not
@@ -319,7 +319,7 @@ pub struct CpuReport {
 /// Accumulates [`Usage`] and [`HwCounts`] over intervals (the measured iterations) and reports
 /// their mean.
 pub struct CpuSampler {
-    hw: Result<HwCounters, String>,
+    hw: Result<HwCounters, Error>,
     usage: Usage,
     hw_sum: HwCounts,
     intervals: usize,
@@ -407,7 +407,7 @@ impl CpuSampler {
                 cache_references: self.hw_sum.cache_references / n,
                 cache_misses: self.hw_sum.cache_misses / n,
             }),
-            hw_unavailable: self.hw.as_ref().err().cloned(),
+            hw_unavailable: self.hw.as_ref().err().map(Error::to_string),
             waited_for_cpu_ms: self.delay.as_ref().map(|_| self.waited_us / 1e3 / nf),
         }
     }
@@ -448,7 +448,7 @@ mod tests {
                 assert!(b.instructions > a.instructions, "{a:?} {b:?}");
                 assert!(b.cycles > a.cycles, "{a:?} {b:?}");
             }
-            Err(why) => assert!(why.starts_with("hardware counter"), "{why}"),
+            Err(why) => assert!(why.to_string().starts_with("hardware counter"), "{why}"),
         }
     }
 

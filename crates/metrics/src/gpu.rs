@@ -10,7 +10,7 @@
 //! Samples carry the caller's [`crate::Clock`] time, so a replay can cut them into its
 //! iterations ([`summarise`]) and draw them beside its op slices.
 
-use crate::Clock;
+use crate::{Clock, Error};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -148,6 +148,10 @@ pub enum GpuSelect {
 
 /// NVML's driver version and device count, or why NVML cannot be used here.
 pub fn nvml_status() -> Result<(String, u32), String> {
+    nvml_status_typed().map_err(|e| e.to_string())
+}
+
+fn nvml_status_typed() -> Result<(String, u32), Error> {
     #[cfg(feature = "nvml")]
     {
         let n = imp::init()?;
@@ -157,7 +161,7 @@ pub fn nvml_status() -> Result<(String, u32), String> {
         ))
     }
     #[cfg(not(feature = "nvml"))]
-    Err("this build has no NVML support (cargo feature `nvml`)".into())
+    Err(Error::NoNvmlSupport)
 }
 
 /// A thread reading the GPU every period until stopped.
@@ -177,7 +181,7 @@ impl NvmlSampler {
         gpu: GpuSelect,
         period: std::time::Duration,
         clock: Clock,
-    ) -> Result<NvmlSampler, String> {
+    ) -> Result<NvmlSampler, Error> {
         #[cfg(feature = "nvml")]
         {
             imp::start(gpu, period, clock)
@@ -185,7 +189,7 @@ impl NvmlSampler {
         #[cfg(not(feature = "nvml"))]
         {
             let _ = (gpu, period, clock);
-            Err("this build has no NVML support (cargo feature `nvml`)".into())
+            Err(Error::NoNvmlSupport)
         }
     }
 
@@ -221,13 +225,13 @@ mod imp {
 
     /// The library's versioned name first: the unversioned one exists only with the driver's
     /// development files.
-    pub(super) fn init() -> Result<Nvml, String> {
+    pub(super) fn init() -> Result<Nvml, Error> {
         let versioned = Nvml::builder()
             .lib_path(std::ffi::OsStr::new("libnvidia-ml.so.1"))
             .init();
         versioned
             .or_else(|_| Nvml::init())
-            .map_err(|e| format!("NVML is not available ({e}): no NVIDIA driver on this machine?"))
+            .map_err(|e| Error::NvmlUnavailable(Box::new(e)))
     }
 
     /// GPM metrics read (in [`METRICS`] order from `gpm_sm_occupancy`).
@@ -244,9 +248,9 @@ mod imp {
         gpu: GpuSelect,
         period: std::time::Duration,
         clock: Clock,
-    ) -> Result<NvmlSampler, String> {
+    ) -> Result<NvmlSampler, Error> {
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = std::sync::mpsc::channel::<Result<(String, bool), String>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(String, bool), Error>>();
         let stop2 = stop.clone();
         let handle = std::thread::Builder::new()
             .name("nvml-sampler".into())
@@ -272,7 +276,10 @@ mod imp {
                 let device = match device {
                     Ok(d) => d,
                     Err(e) => {
-                        let _ = tx.send(Err(format!("NVML has no device {gpu:?}: {e}")));
+                        let _ = tx.send(Err(Error::NoSuchGpu {
+                            gpu,
+                            error: Box::new(e),
+                        }));
                         return Vec::new();
                     }
                 };
@@ -357,7 +364,7 @@ mod imp {
                 }
                 samples
             })
-            .map_err(|e| format!("cannot start the NVML sampler thread: {e}"))?;
+            .map_err(Error::SamplerThread)?;
         match rx.recv() {
             Ok(Ok((device_name, gpm))) => Ok(NvmlSampler {
                 device_name,
@@ -369,7 +376,7 @@ mod imp {
                 let _ = handle.join();
                 Err(e)
             }
-            Err(_) => Err("the NVML sampler thread ended before it started".into()),
+            Err(_) => Err(Error::SamplerEnded),
         }
     }
 }
@@ -486,7 +493,7 @@ mod tests {
     fn nvml_status_names_the_driver_or_why_not() {
         match nvml_status() {
             Ok((version, _)) => assert!(!version.is_empty()),
-            Err(e) => assert!(e.contains("NVML"), "{e}"),
+            Err(e) => assert!(e.to_string().contains("NVML"), "{e}"),
         }
     }
 
@@ -505,7 +512,10 @@ mod tests {
                 assert!(v.len() >= 2, "{} samples", v.len());
                 assert!(v.windows(2).all(|w| w[0].t_us < w[1].t_us));
             }
-            Err(e) => assert!(e.contains("NVML") || e.contains("nvml"), "{e}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("NVML") || e.contains("nvml"), "{e}")
+            }
         }
     }
 

@@ -8,7 +8,10 @@
 
 pub mod cpu;
 pub mod cuda;
+mod error;
 pub mod gpu;
+
+pub use error::{Cause, Error};
 
 use serde::Serialize;
 use std::io::Write;

@@ -270,7 +270,7 @@ impl Timer {
         self.marks.push(self.clock.now_us());
         if let Some(ev) = &mut self.events {
             if let Err(e) = ev.record() {
-                self.event_error = Some(e);
+                self.event_error = Some(e.to_string());
                 self.events = None;
             }
         }
@@ -307,7 +307,7 @@ impl Timer {
             match ev.resolve() {
                 Ok(v) => self.resolved = v,
                 Err(e) => {
-                    self.event_error = Some(e);
+                    self.event_error = Some(e.to_string());
                     self.events = None;
                 }
             }

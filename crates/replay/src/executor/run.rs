@@ -175,7 +175,8 @@ pub(super) fn gpu_sampler(
     };
     Some(
         metrics::gpu::NvmlSampler::start(gpu, period, timer.clock())
-            .map(|s| (s, opts.nvml_period_ms as f64)),
+            .map(|s| (s, opts.nvml_period_ms as f64))
+            .map_err(|e| e.to_string()),
     )
 }
 
