@@ -8,6 +8,8 @@ mod fidelity;
 mod gpu_check;
 
 use anyhow::{bail, Context, Result};
+// The benches and the fidelity report (as `crate::median`) share the one definition.
+use metrics::median;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
@@ -265,17 +267,6 @@ fn test(extra: &[&str]) -> Result<()> {
 
 fn shared() -> PathBuf {
     root().join("../shared")
-}
-
-/// The median of the finite values (the two middle ones averaged), NaN without any: one
-/// definition for every bench and the fidelity report.
-fn median(v: &[f64]) -> f64 {
-    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        metrics::Stats::of(&v).median
-    }
 }
 
 /// `cargo xtask bench parse [ROUNDS]`: each scaled trace (one from the transformer, one from

@@ -3,6 +3,7 @@
 
 use crate::package::{RunResult, RESULT_FORMAT};
 use anyhow::{bail, Context, Result};
+use metrics::median;
 use std::io::Write;
 use std::path::Path;
 
@@ -18,16 +19,6 @@ fn read(p: &Path) -> Result<RunResult> {
         );
     }
     Ok(r)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// One op signature of one rank in both results.

@@ -28,6 +28,8 @@ pub struct Stats {
 }
 
 impl Stats {
+    /// The statistics of every sample (non-finite ones included: a NaN sorts last, an infinity
+    /// at its own end); all zero without samples.
     pub fn of(samples: &[f64]) -> Stats {
         if samples.is_empty() {
             return Stats::default();
@@ -35,18 +37,32 @@ impl Stats {
         let mut v = samples.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        let median = if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
         Stats {
-            median,
+            median: median_of_sorted(&v),
             min: v[0],
             max: v[n - 1],
             mean: v.iter().sum::<f64>() / n as f64,
             n,
         }
+    }
+}
+
+/// The median of the finite values of `v`: the middle one, or the two middle ones averaged when
+/// their count is even; NaN when there are none. NaNs and infinities are dropped rather than
+/// sorted in, so that one failed sample (a NaN time) does not move the median.
+pub fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    median_of_sorted(&v)
+}
+
+/// The middle value of sorted `v`, or the mean of its two middle ones; NaN when empty.
+fn median_of_sorted(v: &[f64]) -> f64 {
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -203,6 +219,29 @@ mod tests {
         assert_eq!((s.median, s.min, s.max, s.n), (2.0, 1.0, 3.0, 3));
         assert_eq!(Stats::of(&[1.0, 2.0, 3.0, 10.0]).median, 2.5);
         assert_eq!(Stats::of(&[]), Stats::default());
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts_of_finite_values() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[10.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+    }
+
+    #[test]
+    fn median_drops_nan_and_infinities_and_is_nan_without_finite_values() {
+        let v = [f64::NAN, 4.0, f64::INFINITY, 1.0, f64::NEG_INFINITY, 2.0];
+        assert_eq!(median(&v), 2.0);
+        assert_eq!(median(&[f64::NAN, 1.0, 3.0]), 2.0);
+        assert!(median(&[]).is_nan());
+        assert!(median(&[f64::NAN, f64::INFINITY]).is_nan());
+    }
+
+    #[test]
+    fn median_is_stats_median_on_finite_samples() {
+        for v in [&[5.0, 1.0, 4.0][..], &[2.0, 8.0, 1.0, 9.0], &[0.5]] {
+            assert_eq!(median(v), Stats::of(v).median, "{v:?}");
+        }
     }
 
     #[test]
