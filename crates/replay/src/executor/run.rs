@@ -366,7 +366,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         }
         // The engine's nodes before about 32 steps spread over the iteration (each probe runs
         // 17 nodes).
-        if probing && pos % n_steps.div_ceil(32).max(1) == 0 {
+        if probing && pos.is_multiple_of(n_steps.div_ceil(32).max(1)) {
             self.rec
                 .nodes_probed(phase.instrumented(), ffi::probe_nodes_us());
         }

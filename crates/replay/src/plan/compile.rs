@@ -106,6 +106,14 @@ struct Compiler<'g, 't> {
     decays: Vec<(usize, usize)>,
 }
 
+/// The op being compiled: its step, node index, name and schema.
+struct OpAt<'a> {
+    step: usize,
+    node: u32,
+    name: &'a str,
+    schema: &'a OpSchema,
+}
+
 /// What one op's recorded inputs compiled to.
 #[derive(Default)]
 struct Inputs {
@@ -178,7 +186,12 @@ impl<'g, 't> Compiler<'g, 't> {
                 problem: Some(missing_schema(t, node, collective)),
                 ..Inputs::default()
             },
-            Some(s) => self.inputs(step, i, &name, s),
+            Some(s) => self.inputs(&OpAt {
+                step,
+                node: i,
+                name: &name,
+                schema: s,
+            }),
         };
         let outputs = self.outputs(step, node, &inputs.keys);
         self.note_copy(&name, schema.as_deref(), &inputs.args, &outputs.outs);
@@ -214,9 +227,10 @@ impl<'g, 't> Compiler<'g, 't> {
     /// The op's arguments by its schema: each recorded input built into an [`Arg`] (what its
     /// external inputs are filled with adjusted to this consumer), the schema's default where
     /// the trace recorded fewer, and the first problem met.
-    fn inputs(&mut self, step: usize, i: u32, name: &str, s: &OpSchema) -> Inputs {
+    fn inputs(&mut self, op: &OpAt) -> Inputs {
+        let (step, s) = (op.step, op.schema);
         let t = self.b.g.trace;
-        let node = &t.nodes[i as usize];
+        let node = &t.nodes[op.node as usize];
         let recorded = t.inputs(node);
         let mut out = Inputs {
             op: Some(self.b.op_ref(s, t.op_schema_str(node).unwrap_or_default())),
@@ -230,7 +244,7 @@ impl<'g, 't> Compiler<'g, 't> {
                     Ok(arg) => {
                         let first_read_here = external_count..self.b.externals.len();
                         external_count = self.b.externals.len();
-                        let arg = self.consumed(step, i, name, s, k, arg, first_read_here);
+                        let arg = self.consumed(op, k, arg, first_read_here);
                         out.args.push(arg);
                     }
                     Err(e) => {
@@ -264,17 +278,14 @@ impl<'g, 't> Compiler<'g, 't> {
     /// Argument `k` of the op as this consumer needs it: its external inputs' fills adjusted
     /// (non-negative, a consumer's constraint, optimizer state), an optimizer decay noted, a
     /// scalar the trace recorded rounded restored.
-    #[allow(clippy::too_many_arguments)]
     fn consumed(
         &mut self,
-        step: usize,
-        i: u32,
-        name: &str,
-        s: &OpSchema,
+        op: &OpAt,
         k: usize,
         arg: Arg,
         first_read_here: std::ops::Range<usize>,
     ) -> Arg {
+        let (step, i, name, s) = (op.step, op.node, op.name, op.schema);
         let g = self.b.g;
         let t = g.trace;
         let node = &t.nodes[i as usize];

@@ -242,10 +242,10 @@ fn gap_model(
         .map(et_graph::Reference::from);
     Ok(match (&a.kineto, a.emulate_gaps) {
         (Some(k), true) => {
-            let linked = linked(&g, &set, k, !a.gaps_of_one_iteration)?;
+            let linked = linked(g, set, k, !a.gaps_of_one_iteration)?;
             Some(calibrate::calibrated_gaps(
-                &g,
-                &set,
+                g,
+                set,
                 &linked,
                 device,
                 !a.run.no_autograd,
