@@ -113,11 +113,7 @@ impl EventTimer {
 
 /// Whether the CUDA driver library can be loaded here, and how many devices it sees; `Err` says
 /// why not. Checked before any other CUDA call: cudarc panics on first use without libcuda.
-pub fn driver_devices() -> Result<usize, String> {
-    driver_devices_typed().map_err(|e| e.to_string())
-}
-
-fn driver_devices_typed() -> Result<usize, Error> {
+pub fn driver_devices() -> Result<usize, Error> {
     #[cfg(feature = "cuda")]
     {
         // SAFETY: only tries to load the library by its usual names.

@@ -147,11 +147,7 @@ pub enum GpuSelect {
 }
 
 /// NVML's driver version and device count, or why NVML cannot be used here.
-pub fn nvml_status() -> Result<(String, u32), String> {
-    nvml_status_typed().map_err(|e| e.to_string())
-}
-
-fn nvml_status_typed() -> Result<(String, u32), Error> {
+pub fn nvml_status() -> Result<(String, u32), Error> {
     #[cfg(feature = "nvml")]
     {
         let n = imp::init()?;

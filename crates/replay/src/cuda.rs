@@ -40,7 +40,7 @@ pub fn runtime(ordinal: usize) -> Result<Arc<Runtime>, String> {
         return Ok(r.clone());
     }
     // Loads libcuda (by name) and asks the driver: only when a runtime is first made.
-    let n = metrics::cuda::driver_devices()?;
+    let n = metrics::cuda::driver_devices().map_err(|e| e.to_string())?;
     if ordinal >= n {
         return Err(format!(
             "cuda:{ordinal} does not exist (the driver sees {n} CUDA devices)"

@@ -69,7 +69,7 @@ pub fn replay(
 /// NVML.
 pub fn env_report() -> String {
     let cuda = match metrics::cuda::driver_devices() {
-        Err(e) => e,
+        Err(e) => e.to_string(),
         Ok(_) if !tch::Cuda::is_available() => {
             "a CUDA driver, but libtorch cannot use it (CPU-only build or an old driver)".into()
         }
@@ -77,7 +77,7 @@ pub fn env_report() -> String {
     };
     let nvml = match metrics::gpu::nvml_status() {
         Ok((v, n)) => format!("NVML {v}, {n} device(s)"),
-        Err(e) => e,
+        Err(e) => e.to_string(),
     };
     format!(
         "libtorch 2.11.0 (tch 0.24.0), {} intra-op threads; {cuda}; {nvml}",
@@ -97,8 +97,8 @@ pub fn env_json() -> serde_json::Value {
         "cuda_backend": cfg!(feature = "cuda"),
         "cuda_available": usable,
         "cuda_devices": if usable { tch::Cuda::device_count() } else { 0 },
-        "cuda_unavailable": driver.err(),
+        "cuda_unavailable": driver.err().map(|e| e.to_string()),
         "nvml_driver": nvml.as_ref().ok().map(|n| n.0.clone()),
-        "nvml_unavailable": nvml.err(),
+        "nvml_unavailable": nvml.err().map(|e| e.to_string()),
     })
 }
