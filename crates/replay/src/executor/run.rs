@@ -12,45 +12,12 @@ pub fn run(
     opts: &ReplayOptions,
 ) -> Result<(Report, Timeline), ReplayError> {
     let cpu = metrics::cpu::CpuSampler::new();
-    let needed = plan.peak_bytes_estimate(opts.only);
-    if let Some(available) = bound.device.available_memory() {
-        if needed > available && !opts.force {
-            return Err(ReplayError::Memory { needed, available });
-        }
-    }
-    if opts.progress {
-        eprintln!(
-            "[replay] materialising {} external inputs (about {:.1} MiB; peak about {:.1} MiB) ...",
-            plan.externals.len(),
-            plan.external_bytes() as f64 / (1 << 20) as f64,
-            needed as f64 / (1 << 20) as f64
-        );
-    }
-    log::info!(
-        "plan: {} steps, {} slots, {} external inputs ({:.1} MiB), estimated peak {:.1} MiB",
-        plan.steps.len(),
-        plan.n_slots,
-        plan.externals.len(),
-        plan.external_bytes() as f64 / (1 << 20) as f64,
-        needed as f64 / (1 << 20) as f64
-    );
+    check_memory(plan, bound, opts)?;
     let t0 = std::time::Instant::now();
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
     log::info!("materialised in {:.3} s", t0.elapsed().as_secs_f64());
     if let Some(d) = &opts.dist {
-        if plan
-            .steps
-            .iter()
-            .any(|s| s.kind.is_collective() && s.kind.included(opts.only))
-        {
-            if opts.progress {
-                eprintln!(
-                    "[replay] rank {} of {}: joining at {}:{} ...",
-                    d.rank, d.world_size, d.master_addr, d.master_port
-                );
-            }
-            ex = ex.with_comm(crate::dist::connect(plan, d, &bound.device)?, d.timeout);
-        }
+        ex = join(ex, d, opts)?;
     }
     let mut rec = Recorder::new(plan, opts, live_bytes(ex.externals()), cpu);
     rec.cuda_comm = ex.comm.as_ref().map(|c| c.cuda);
@@ -154,6 +121,59 @@ pub fn run(
         arena_bytes: ex.arena_bytes,
     };
     Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu))
+}
+
+/// Refuses a replay that would not fit the device's memory (unless `force`), and says what
+/// it is about to materialise.
+fn check_memory(plan: &Plan, bound: &Bound, opts: &ReplayOptions) -> Result<(), ReplayError> {
+    let needed = plan.peak_bytes_estimate(opts.only);
+    if let Some(available) = bound.device.available_memory() {
+        if needed > available && !opts.force {
+            return Err(ReplayError::Memory { needed, available });
+        }
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    if opts.progress {
+        eprintln!(
+            "[replay] materialising {} external inputs (about {:.1} MiB; peak about {:.1} MiB) ...",
+            plan.externals.len(),
+            plan.external_bytes() as f64 / (1 << 20) as f64,
+            mib(needed)
+        );
+    }
+    log::info!(
+        "plan: {} steps, {} slots, {} external inputs ({:.1} MiB), estimated peak {:.1} MiB",
+        plan.steps.len(),
+        plan.n_slots,
+        plan.externals.len(),
+        plan.external_bytes() as f64 / (1 << 20) as f64,
+        mib(needed)
+    );
+    Ok(())
+}
+
+/// Joins the process groups as rank `d.rank`, where the replay runs a collective at all.
+fn join<'a>(
+    ex: Executor<'a>,
+    d: &crate::DistOptions,
+    opts: &ReplayOptions,
+) -> Result<Executor<'a>, ReplayError> {
+    let plan = ex.plan;
+    let collectives = plan
+        .steps
+        .iter()
+        .any(|s| s.kind.is_collective() && s.kind.included(opts.only));
+    if !collectives {
+        return Ok(ex);
+    }
+    if opts.progress {
+        eprintln!(
+            "[replay] rank {} of {}: joining at {}:{} ...",
+            d.rank, d.world_size, d.master_addr, d.master_port
+        );
+    }
+    let comm = crate::dist::connect(plan, d, &ex.bound.device)?;
+    Ok(ex.with_comm(comm, d.timeout))
 }
 
 /// On CUDA, NVML sampling of the replay's GPU on the timer's clock (and its period in ms), or
