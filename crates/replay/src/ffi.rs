@@ -70,6 +70,7 @@ extern "C" {
         dev_index: i32,
         code: *mut i32,
     ) -> *mut C_tensor;
+    #[cfg(feature = "cuda")]
     fn mq_from_blob(
         data: *mut c_void,
         size: *const i64,
@@ -82,6 +83,7 @@ extern "C" {
         release: unsafe extern "C" fn(*mut c_void),
         code: *mut i32,
     ) -> *mut C_tensor;
+    #[cfg(feature = "cuda")]
     fn mq_cuda_set_stream(stream: *mut c_void, device: i32) -> i32;
     fn mq_cuda_memory_stats(device: i32, out: *mut i64) -> i32;
     fn mq_load_library(path: *const c_char) -> i32;
@@ -567,6 +569,7 @@ pub fn empty_strided(
 }
 
 /// Drops the `Box<T>` a [`from_blob`] tensor's storage kept alive.
+#[cfg(feature = "cuda")]
 unsafe extern "C" fn release_owner<T>(ctx: *mut c_void) {
     // SAFETY: ctx is the Box<T> from_blob leaked for exactly this call, released once.
     drop(unsafe { Box::from_raw(ctx.cast::<T>()) });
@@ -578,6 +581,7 @@ unsafe extern "C" fn release_owner<T>(ctx: *mut c_void) {
 /// # Safety
 /// `data` must point to memory of the tensor's device that stays valid while `owner` lives and
 /// spans the bytes the shape, strides and dtype address.
+#[cfg(feature = "cuda")]
 pub unsafe fn from_blob<T: Send + 'static>(
     data: *mut c_void,
     size: &[i64],
@@ -621,6 +625,7 @@ pub unsafe fn from_blob<T: Send + 'static>(
 /// # Safety
 /// `stream` must be a live stream of device `device`'s primary context, alive while libtorch
 /// may use it on this thread.
+#[cfg(feature = "cuda")]
 pub unsafe fn cuda_set_stream(stream: *mut c_void, device: usize) -> Result<(), CallError> {
     match unsafe { mq_cuda_set_stream(stream, device as i32) } {
         0 => Ok(()),
