@@ -6,6 +6,7 @@
 
 mod fidelity;
 mod gpu_check;
+mod results;
 
 use anyhow::{bail, Context, Result};
 // The benches and the fidelity report (as `crate::median`) share the one definition.
@@ -29,6 +30,7 @@ fn main() -> Result<()> {
         ["fidelity", rest @ ..] => fidelity(rest),
         ["bench-ops", rest @ ..] => bench_ops(rest),
         ["gpu-check", rest @ ..] => gpu_check::main(rest, &root(), &shared()),
+        ["results", rest @ ..] => results::main(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n\
@@ -40,7 +42,8 @@ fn main() -> Result<()> {
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
                  fidelity [N] [--models a,b] [--block-ms MS] [--round-parts K] [--svg P] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR]]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (defaults: 100 rounds, 50 ms; --round-parts K: the rounds in K parts, each in processes started anew, default 1); gaps from the profile taken without the execution trace observer (--capture linked: from the linked pair); --busy-host: replay and time the original beside one CPU burner per core; --throttled-host: under a CPU quota of 5 ms per 10 ms (a cgroup, as a container's CPU limit); the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique (and capture) on the quiet captures in place of the busy ones, paired in the same rounds (--against-zoo DIR: its quiet captures from another zoo cache, e.g. one an older zoo.py captured; --against-args 'ARGS': its replays' extra arguments, {{reference}} standing for each model's quiet reference)\n\
                  bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
-                 gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML"
+                 gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML\n\
+                 results [--run NAMES] [--rounds N]  write docs/results.md from the measurements saved under target/mystique-results/ (fidelity and bench parse save theirs); --run fidelity,fidelity-throttled,fidelity-busy,parse,dispatch: measure those first (dispatch: the criterion dispatch benchmark), --rounds N: the fidelity and parse rounds"
             );
             std::process::exit(2)
         }
@@ -291,7 +294,7 @@ fn bench_parse(args: &[&str]) -> Result<()> {
     // End to end: the release CLI (built by `cargo xtask setup`, not here: it links libtorch).
     let cli = root().join("target/release/mystique");
     let cli = cli.exists().then_some(cli);
-    let mut failed = Vec::new();
+    let (mut failed, mut traces) = (Vec::new(), Vec::new());
     for (model, src) in [
         ("transformer", "traces/cpu/transformer.et.json.gz"),
         ("dlrm", "traces/cpu/dlrm.et.json"),
@@ -308,22 +311,34 @@ fn bench_parse(args: &[&str]) -> Result<()> {
                 .arg(&big)
                 .arg("210"))?;
         }
-        failed.extend(bench_parse_one(&big, rounds, cli.as_deref())?);
+        let (missed, figures) = bench_parse_one(&big, rounds, cli.as_deref())?;
+        failed.extend(missed);
+        traces.push(figures);
     }
     if failed.is_empty() {
         println!("\nall goals met (end to end: >= 300 MB/s, >= 25x json.load, peak RSS <= 1.5x the file)");
     } else {
         println!("\ngoals not met: {}", failed.join("; "));
     }
+    let saved = results::save(
+        "parse",
+        &format!("cargo xtask bench parse {rounds}"),
+        serde_json::json!({"measurement": "parse", "rounds": rounds, "traces": traces}),
+    )?;
+    eprintln!(
+        "[bench] saved {} for `cargo xtask results`",
+        saved.display()
+    );
     Ok(())
 }
 
-/// One trace of [`bench_parse`]; returns the goals it missed.
+/// One trace of [`bench_parse`]; returns the goals it missed and its figures
+/// ([`ParseTimes::figures`]).
 fn bench_parse_one(
     big: &std::path::Path,
     rounds: usize,
     cli: Option<&std::path::Path>,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, serde_json::Value)> {
     let size = std::fs::metadata(big)?.len() as f64;
     let mut t = ParseTimes::default();
     for round in 0..rounds {
@@ -356,7 +371,7 @@ fn bench_parse_one(
                 .unwrap_or_default()
         );
     }
-    Ok(t.report(big, size, rounds, cli))
+    Ok((t.report(big, size, rounds, cli), t.figures(big, size)))
 }
 
 /// What [`bench_parse_one`]'s rounds measured, a value per round: seconds and peak RSS bytes.
@@ -480,6 +495,30 @@ impl ParseTimes {
             }
         }
         Ok(())
+    }
+
+    /// The medians of the rounds as JSON for `cargo xtask results` (seconds, bytes; null where
+    /// not measured: no CLI, or no GNU time for its peak RSS), with the file's `size` in bytes.
+    fn figures(&self, big: &std::path::Path, size: f64) -> serde_json::Value {
+        let records: serde_json::Map<String, serde_json::Value> = self
+            .records
+            .iter()
+            .map(|(mode, v)| (mode.clone(), serde_json::json!(median(v))))
+            .collect();
+        let e2e_rss = if self.e2e_rss.len() == self.e2e.len() {
+            median(&self.e2e_rss)
+        } else {
+            f64::NAN
+        };
+        serde_json::json!({
+            "trace": big.file_name().unwrap_or_default().to_string_lossy(),
+            "bytes": size,
+            "inspect_s": median(&self.e2e), "inspect_peak_rss": e2e_rss,
+            "parser_s": median(&self.ours), "parser_peak_rss": median(&self.rss),
+            "graph_s": median(&self.graph),
+            "json_load_s": median(&self.py_s), "json_load_peak_rss": median(&self.py_rss),
+            "records_s": records,
+        })
     }
 
     /// Prints the medians of the rounds against the file's `size` (bytes) and `json.load`;

@@ -5,8 +5,8 @@ use anyhow::Result;
 
 use super::host::ReplayHost;
 use super::references::{REFERENCE_HALVES, REFERENCE_ROUNDS, REFERENCE_SPREAD};
-use super::rounds::{PROCESSES, SPREAD_MODELS};
-use super::zoo::HELD_OUT;
+use super::rounds::{PROCESSES, ROUND_PARTS, SPREAD_MODELS};
+use super::zoo::{Capture, HELD_OUT};
 use super::Harness;
 
 /// One model's line of the table.
@@ -312,8 +312,82 @@ pub(super) fn write_files(h: &Harness, rows: &[(Row, String)]) -> Result<()> {
         out.join(format!("{stem}.json")).display(),
         svg.display()
     );
+    save_results(h, rows)
+}
+
+/// Saves the run's figures for `cargo xtask results` ([`crate::results::save`]): the command
+/// that repeats it and each model's medians. An A/B run compares two builds, not the replay
+/// with the original, and is not saved.
+fn save_results(h: &Harness, rows: &[(Row, String)]) -> Result<()> {
+    if h.opts.against.is_some() {
+        return Ok(());
+    }
+    let (name, host) = match h.opts.host {
+        ReplayHost::Quiet => ("fidelity", "quiet"),
+        ReplayHost::Busy => ("fidelity-busy", "busy"),
+        ReplayHost::Throttled => ("fidelity-throttled", "throttled"),
+    };
+    let figures = serde_json::json!({
+        "measurement": name,
+        "run": {
+            "rounds": h.opts.rounds, "host": host, "subset": h.opts.only.is_some(),
+            "block_ms": h.opts.block_ms, "round_parts": h.opts.round_parts,
+            "capture": match h.opts.capture { Capture::Timing => "timing", Capture::Linked => "linked" },
+            "glibc_heap_defaults": h.opts.glibc_heap_defaults,
+        },
+        "models": rows.iter().map(|(r, _)| serde_json::json!({
+            "model": r.model, "set": r.set,
+            "held_out": HELD_OUT.iter().any(|s| s.set == r.set),
+            "original_ms": r.orig_ms, "plain": r.plain,
+            "gaps_quiet": r.quiet, "gaps_busy": r.busy,
+            "anchored_quiet": r.anch_quiet, "anchored_busy": r.anch_busy,
+            "anchored_cpu_quiet": r.cpu[3], "anchored_cpu_busy": r.cpu[4],
+            "drift_quiet": r.drift[0], "drift_busy": r.drift[1],
+            "failed_ops": r.failed, "nonfinite": r.nonfinite,
+        })).collect::<Vec<_>>(),
+    });
+    let file = format!(
+        "{name}{}",
+        if h.opts.only.is_some() { "-subset" } else { "" }
+    );
+    let path = crate::results::save(&file, &command_line(h), figures)?;
+    eprintln!(
+        "[fidelity] saved {} for `cargo xtask results`",
+        path.display()
+    );
     Ok(())
 }
+
+/// The `cargo xtask fidelity` command line that repeats the run (the options that change its
+/// figures; `--block-ms` and `--round-parts` where they differ from their defaults).
+fn command_line(h: &Harness) -> String {
+    let o = &h.opts;
+    let mut c = format!("cargo xtask fidelity {}", o.rounds);
+    if let Some(models) = &o.only {
+        c += &format!(" --models {}", models.join(","));
+    }
+    if o.block_ms != DEFAULT_BLOCK_MS {
+        c += &format!(" --block-ms {}", o.block_ms);
+    }
+    if o.round_parts != ROUND_PARTS {
+        c += &format!(" --round-parts {}", o.round_parts);
+    }
+    c += match o.host {
+        ReplayHost::Quiet => "",
+        ReplayHost::Busy => " --busy-host",
+        ReplayHost::Throttled => " --throttled-host",
+    };
+    if o.glibc_heap_defaults {
+        c += " --glibc-heap-defaults";
+    }
+    if o.capture == Capture::Linked {
+        c += " --capture linked";
+    }
+    c
+}
+
+/// `--block-ms`'s default ([`super::args`]).
+const DEFAULT_BLOCK_MS: f64 = 50.0;
 
 /// Each model's row as JSON, with what it covers.
 fn rows_json(rows: &[(Row, String)]) -> serde_json::Value {
