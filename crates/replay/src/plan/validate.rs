@@ -108,19 +108,7 @@ impl Plan {
         if self.groups.is_empty() {
             return Err(InvalidPlan::NoGroup);
         }
-        let n = self.n_slots;
-        let slot = |s: Slot, what: &'static str, id: u64| {
-            if (s as usize) < n {
-                Ok(())
-            } else {
-                Err(InvalidPlan::Slot {
-                    node: id,
-                    what,
-                    slot: s,
-                    n_slots: n,
-                })
-            }
-        };
+        let slot = |s, what, id| self.check_slot(s, what, id);
         for (s, spec, _) in &self.externals {
             slot(*s, "external", 0)?;
             if spec.shape.len() != spec.strides.len() || spec.shape.iter().any(|&d| d < 0) {
@@ -150,89 +138,111 @@ impl Plan {
             });
         }
         for st in &self.steps {
-            let id = st.id;
-            if st.op.is_some_and(|o| o as usize >= self.ops.len()) {
-                return Err(InvalidPlan::Index {
-                    node: id,
-                    what: "operator index".into(),
-                });
+            self.validate_step(st)?;
+        }
+        Ok(())
+    }
+
+    /// `s` is one of the plan's slots (`what` it is for, in node `id`, for the message).
+    fn check_slot(&self, s: Slot, what: &'static str, id: u64) -> Result<(), InvalidPlan> {
+        if (s as usize) < self.n_slots {
+            Ok(())
+        } else {
+            Err(InvalidPlan::Slot {
+                node: id,
+                what,
+                slot: s,
+                n_slots: self.n_slots,
+            })
+        }
+    }
+
+    /// Every index of one step inside the plan: its operator, argument, output, freed,
+    /// pass-through and view slots, its process group and waits, its views' shapes.
+    fn validate_step(&self, st: &Step) -> Result<(), InvalidPlan> {
+        let slot = |s, what, id| self.check_slot(s, what, id);
+        let id = st.id;
+        if st.op.is_some_and(|o| o as usize >= self.ops.len()) {
+            return Err(InvalidPlan::Index {
+                node: id,
+                what: "operator index".into(),
+            });
+        }
+        for a in &st.args {
+            for s in a.slots() {
+                slot(s, "argument", id)?;
             }
-            for a in &st.args {
-                for s in a.slots() {
-                    slot(s, "argument", id)?;
-                }
-                if let Arg::ProcessGroup(g) = a {
-                    if *g as usize >= self.groups.len() {
-                        return Err(InvalidPlan::Index {
-                            node: id,
-                            what: format!("process group {g}"),
-                        });
-                    }
-                }
-            }
-            for o in &st.outs {
-                let slots: Vec<Slot> = match o {
-                    Out::Tensor(s) => vec![*s],
-                    Out::List(v) => v.iter().flatten().copied().collect(),
-                    Out::Ignore => vec![],
-                };
-                for s in slots {
-                    slot(s, "output", id)?;
-                }
-            }
-            for (s, _) in &st.out_specs {
-                slot(*s, "output", id)?;
-            }
-            for s in &st.frees {
-                slot(*s, "freed", id)?;
-            }
-            for (a, b) in &st.passthrough {
-                slot(*a, "pass-through", id)?;
-                slot(*b, "pass-through", id)?;
-            }
-            for v in &st.views {
-                slot(v.slot, "view", id)?;
-                slot(v.base, "view base", id)?;
-                if let ViewKind::AttentionLogsumexp { key, .. } = v.kind {
-                    slot(key, "view key", id)?;
-                    if self.version < 4 {
-                        return Err(InvalidPlan::Feature {
-                            version: self.version,
-                            what: "an attention log-sum-exp",
-                            needs: 4,
-                        });
-                    }
-                }
-                if let ViewKind::WeightNormNorms { g, .. } = v.kind {
-                    slot(g, "view magnitude", id)?;
-                    if self.version < 5 {
-                        return Err(InvalidPlan::Feature {
-                            version: self.version,
-                            what: "weight-norm norms",
-                            needs: 5,
-                        });
-                    }
-                }
-                if v.spec.shape.len() != v.spec.strides.len()
-                    || extent(&v.spec.shape, &v.spec.strides).is_none()
-                {
-                    return Err(InvalidPlan::ViewShape {
-                        node: id,
-                        slot: v.slot,
-                        shape: v.spec.shape.clone(),
-                        strides: v.spec.strides.clone(),
-                    });
-                }
-            }
-            if let StepKind::Collective(c) = &st.kind {
-                if c.group as usize >= self.groups.len()
-                    || c.waits.iter().any(|&w| w >= self.steps.len())
-                {
+            if let Arg::ProcessGroup(g) = a {
+                if *g as usize >= self.groups.len() {
                     return Err(InvalidPlan::Index {
                         node: id,
-                        what: "collective group or wait".into(),
+                        what: format!("process group {g}"),
                     });
                 }
+            }
+        }
+        for o in &st.outs {
+            let slots: Vec<Slot> = match o {
+                Out::Tensor(s) => vec![*s],
+                Out::List(v) => v.iter().flatten().copied().collect(),
+                Out::Ignore => vec![],
+            };
+            for s in slots {
+                slot(s, "output", id)?;
+            }
+        }
+        for (s, _) in &st.out_specs {
+            slot(*s, "output", id)?;
+        }
+        for s in &st.frees {
+            slot(*s, "freed", id)?;
+        }
+        for (a, b) in &st.passthrough {
+            slot(*a, "pass-through", id)?;
+            slot(*b, "pass-through", id)?;
+        }
+        for v in &st.views {
+            slot(v.slot, "view", id)?;
+            slot(v.base, "view base", id)?;
+            if let ViewKind::AttentionLogsumexp { key, .. } = v.kind {
+                slot(key, "view key", id)?;
+                if self.version < 4 {
+                    return Err(InvalidPlan::Feature {
+                        version: self.version,
+                        what: "an attention log-sum-exp",
+                        needs: 4,
+                    });
+                }
+            }
+            if let ViewKind::WeightNormNorms { g, .. } = v.kind {
+                slot(g, "view magnitude", id)?;
+                if self.version < 5 {
+                    return Err(InvalidPlan::Feature {
+                        version: self.version,
+                        what: "weight-norm norms",
+                        needs: 5,
+                    });
+                }
+            }
+            if v.spec.shape.len() != v.spec.strides.len()
+                || extent(&v.spec.shape, &v.spec.strides).is_none()
+            {
+                return Err(InvalidPlan::ViewShape {
+                    node: id,
+                    slot: v.slot,
+                    shape: v.spec.shape.clone(),
+                    strides: v.spec.strides.clone(),
+                });
+            }
+        }
+        if let StepKind::Collective(c) = &st.kind {
+            if c.group as usize >= self.groups.len()
+                || c.waits.iter().any(|&w| w >= self.steps.len())
+            {
+                return Err(InvalidPlan::Index {
+                    node: id,
+                    what: "collective group or wait".into(),
+                });
             }
         }
         Ok(())
