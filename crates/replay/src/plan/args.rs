@@ -99,86 +99,99 @@ pub(super) fn build_arg(
             "Generator" => Ok(Arg::None),
             _ => Err(unsupported()),
         },
-        SchemaType::List { elem, size, .. } => {
-            let base = elem.base_name().unwrap_or("");
-            let items = t.list(v);
-            if matches!(**elem, SchemaType::List { .. }) && base == "Tensor" {
-                let lists = nested_tensors(t, a)
-                    .into_iter()
-                    .map(|inner| {
-                        inner
-                            .iter()
-                            .map(|(tv, spec)| {
-                                if is_none(t, *tv) {
-                                    None
-                                } else {
-                                    b.input_slot(step, *tv, spec)
-                                }
-                            })
-                            .collect()
-                    })
-                    .collect();
-                return Ok(Arg::TensorLists(lists));
-            }
-            match (base, elem.is_optional()) {
-                ("Tensor", optional) => {
-                    let ts = arg_tensors(t, a);
-                    let slots = ts
-                        .iter()
-                        .map(|(tv, spec)| {
-                            if is_none(t, *tv) {
-                                None
-                            } else {
-                                b.input_slot(step, *tv, spec)
-                            }
-                        })
-                        .collect();
-                    Ok(Arg::TensorList { slots, optional })
-                }
-                ("int" | "SymInt", _) => {
-                    if let Value::Int(i) = v {
-                        return Ok(Arg::IntList(vec![i; size.unwrap_or(1)]));
-                    }
-                    items
-                        .iter()
-                        .map(|x| {
-                            if let Value::Int(i) = x {
-                                Some(*i)
-                            } else {
-                                None
-                            }
-                        })
-                        .collect::<Option<Vec<_>>>()
-                        .map(Arg::IntList)
-                        .ok_or_else(unsupported)
-                }
-                ("float", _) => items
+        SchemaType::List { elem, size, .. } => list_arg(b, step, elem, *size, a, unsupported),
+        _ => Err(unsupported()),
+    }
+}
+
+/// A list argument (`Tensor[]`, `Tensor[][]`, `int[N]`, `float[]`, `Scalar[]`, `bool[]`) from
+/// the recorded value; `unsupported` says why one cannot be built.
+fn list_arg(
+    b: &mut Builder,
+    step: usize,
+    elem: &SchemaType,
+    size: Option<usize>,
+    a: &et_schema::Arg,
+    unsupported: impl Fn() -> String,
+) -> Result<Arg, String> {
+    let t = b.g.trace;
+    let v = a.value;
+    let base = elem.base_name().unwrap_or("");
+    let items = t.list(v);
+    if matches!(elem, SchemaType::List { .. }) && base == "Tensor" {
+        let lists = nested_tensors(t, a)
+            .into_iter()
+            .map(|inner| {
+                inner
                     .iter()
-                    .map(|x| t.as_f64(*x))
-                    .collect::<Option<Vec<_>>>()
-                    .map(Arg::DoubleList)
-                    .ok_or_else(unsupported),
-                ("Scalar", _) => items
-                    .iter()
-                    .map(|x| t.as_f64(*x))
-                    .collect::<Option<Vec<_>>>()
-                    .map(Arg::ScalarList)
-                    .ok_or_else(unsupported),
-                ("bool", _) => items
-                    .iter()
-                    .map(|x| {
-                        if let Value::Bool(b) = x {
-                            Some(*b as u8)
-                        } else {
+                    .map(|(tv, spec)| {
+                        if is_none(t, *tv) {
                             None
+                        } else {
+                            b.input_slot(step, *tv, spec)
                         }
                     })
-                    .collect::<Option<Vec<_>>>()
-                    .map(Arg::BoolList)
-                    .ok_or_else(unsupported),
-                _ => Err(unsupported()),
-            }
+                    .collect()
+            })
+            .collect();
+        return Ok(Arg::TensorLists(lists));
+    }
+    match (base, elem.is_optional()) {
+        ("Tensor", optional) => {
+            let ts = arg_tensors(t, a);
+            let slots = ts
+                .iter()
+                .map(|(tv, spec)| {
+                    if is_none(t, *tv) {
+                        None
+                    } else {
+                        b.input_slot(step, *tv, spec)
+                    }
+                })
+                .collect();
+            Ok(Arg::TensorList { slots, optional })
         }
+        ("int" | "SymInt", _) => {
+            if let Value::Int(i) = v {
+                return Ok(Arg::IntList(vec![i; size.unwrap_or(1)]));
+            }
+            items
+                .iter()
+                .map(|x| {
+                    if let Value::Int(i) = x {
+                        Some(*i)
+                    } else {
+                        None
+                    }
+                })
+                .collect::<Option<Vec<_>>>()
+                .map(Arg::IntList)
+                .ok_or_else(unsupported)
+        }
+        ("float", _) => items
+            .iter()
+            .map(|x| t.as_f64(*x))
+            .collect::<Option<Vec<_>>>()
+            .map(Arg::DoubleList)
+            .ok_or_else(unsupported),
+        ("Scalar", _) => items
+            .iter()
+            .map(|x| t.as_f64(*x))
+            .collect::<Option<Vec<_>>>()
+            .map(Arg::ScalarList)
+            .ok_or_else(unsupported),
+        ("bool", _) => items
+            .iter()
+            .map(|x| {
+                if let Value::Bool(b) = x {
+                    Some(*b as u8)
+                } else {
+                    None
+                }
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Arg::BoolList)
+            .ok_or_else(unsupported),
         _ => Err(unsupported()),
     }
 }
