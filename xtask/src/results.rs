@@ -209,8 +209,9 @@ pub(crate) fn save(name: &str, command: &str, mut figures: Value) -> Result<Path
     Ok(path)
 }
 
-/// The latest saved output of each measurement in `dir` (by the stamp's date: a `--models`
-/// subset's run and the whole zoo's share a measurement); none where `dir` does not exist.
+/// The latest saved output of each measurement in `dir` (by the stamp's date); none where
+/// `dir` does not exist. A `--models` run of part of the zoo is a check of those models, not
+/// the zoo's figures: it is kept (`fidelity-subset.json`) but never stands for the measurement.
 pub(super) fn load(dir: &Path) -> Result<BTreeMap<String, Value>> {
     let mut latest: BTreeMap<String, Value> = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -227,6 +228,9 @@ pub(super) fn load(dir: &Path) -> Result<BTreeMap<String, Value>> {
         let Some(name) = v["measurement"].as_str().map(String::from) else {
             continue;
         };
+        if v["run"]["subset"].as_bool() == Some(true) {
+            continue;
+        }
         let date = |v: &Value| v["stamp"]["date"].as_str().unwrap_or("").to_string();
         if latest.get(&name).is_none_or(|old| date(old) <= date(&v)) {
             latest.insert(name, v);

@@ -162,8 +162,9 @@ fn splicing_keeps_the_hand_written_text_and_drops_replaced_earlier_blocks() {
     assert!(splice(&format!("{BEGIN}\n"), "x", &s).is_err());
 }
 
-/// The latest saved output of a measurement wins (a subset run after the whole zoo's);
-/// files of other kinds are skipped; a missing folder holds none.
+/// The latest saved output of a measurement wins, but a run of part of the zoo never stands
+/// for the zoo's figures, even when later; files of other kinds are skipped; a missing folder
+/// holds none.
 #[test]
 fn loading_takes_the_latest_output_of_each_measurement() {
     let d = scratch("load");
@@ -177,7 +178,15 @@ fn loading_takes_the_latest_output_of_each_measurement() {
     std::fs::write(d.join("notes.txt"), "not JSON").unwrap();
     let got = load(&d).unwrap();
     assert_eq!(got.keys().collect::<Vec<_>>(), ["fidelity", "parse"]);
-    assert_eq!(got["fidelity"]["run"]["subset"], json!(true));
+    assert_eq!(got["fidelity"]["run"]["subset"], json!(false));
+    let mut later = fixture("fidelity");
+    later["stamp"]["date"] = json!("2026-12-07T08:00:00Z");
+    std::fs::write(d.join("fidelity-throttled.json"), later.to_string()).unwrap();
+    let got = load(&d).unwrap();
+    assert_eq!(
+        got["fidelity"]["stamp"]["date"],
+        json!("2026-12-07T08:00:00Z")
+    );
     assert!(load(&d.join("absent")).unwrap().is_empty());
     std::fs::remove_dir_all(&d).unwrap();
 }
