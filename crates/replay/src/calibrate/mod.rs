@@ -183,8 +183,9 @@ fn measure_ops_between_gaps(
             et_graph::OpsBetweenGaps::BOUNDS.1
         ),
         Err(e) => eprintln!(
-            "warning: the replay alternating the gaps failed ({e}): the gaps follow the \
-             ops back to back"
+            "warning: the replay alternating the gaps failed ({}): the gaps follow the \
+             ops back to back",
+            with_sources(&e)
         ),
     }
 }
@@ -219,8 +220,9 @@ fn rebased_with_gaps(
         }
         Err(e) => {
             eprintln!(
-                "warning: the replay with the gaps in place failed ({e}): the gaps follow the \
-                 calibration's plain time base"
+                "warning: the replay with the gaps in place failed ({}): the gaps follow the \
+                 calibration's plain time base",
+                with_sources(&e)
             );
             model
         }
@@ -446,5 +448,41 @@ impl Linked {
             link,
             original,
         })
+    }
+}
+
+/// An error with its sources, `outer: inner: ...`, for a warning that does not stop the run.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warning_carries_the_error_s_sources() {
+        let e = ReplayError::Materialise(crate::CallError::new(
+            crate::ErrorKind::OutOfMemory,
+            "CPU: not enough memory",
+        ));
+        assert_eq!(
+            with_sources(&e),
+            "materialising inputs: CPU: not enough memory"
+        );
+    }
+
+    #[test]
+    fn iterations_fill_the_budget_within_their_bounds() {
+        assert_eq!(iterations_within(1.0, 0.1, (3, 15)), 10);
+        assert_eq!(iterations_within(1.0, 0.0, (3, 15)), 3);
+        assert_eq!(iterations_within(1.0, 1e-6, (3, 15)), 15);
     }
 }
