@@ -180,10 +180,15 @@ pub struct ReplayArgs {
     #[arg(required_unless_present = "ranks")]
     pub trace: Option<PathBuf>,
     /// Replay every rank together on this machine, one process per rank over loopback: a
-    /// directory of rank traces or a glob ('traces/rank*.et.json.gz'). Ranks are ordered by the
-    /// rank each trace recorded (else by file name).
+    /// directory (every execution trace in it, recognised by its content) or a glob
+    /// ('traces/rank*.et.json.gz'). Each trace's rank comes from its own records, else from a
+    /// number in its file name (_0, -rank3, rank_7, .7.), else from --rank-order.
     #[arg(long, conflicts_with = "trace")]
     pub ranks: Option<String>,
+    /// With --ranks: where neither the traces' records nor their file names tell the ranks
+    /// apart, take the files in listed (natural) order as ranks 0..N-1.
+    #[arg(long, requires = "ranks")]
+    pub rank_order: bool,
     /// Seconds a rank waits for the others (rendezvous, each collective) before it fails.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,

@@ -213,3 +213,148 @@ fn a_killed_rank_fails_the_run_and_leaves_no_process() {
         );
     }
 }
+
+/// A scratch directory of its own for one test.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("mystique-ranks-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Rank `k` of the shared 2-rank Gloo job as JSON, with `rank` (where given) recorded in a
+/// `record_param_comms` record nested in its first allreduce, as PyTorch records it.
+fn gloo_rank(k: usize, rank: Option<i64>) -> serde_json::Value {
+    let path = shared("cpu").join(format!("dist_mlp_w2.rank{k}.et.json"));
+    let mut t: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    if let Some(rank) = rank {
+        let nodes = t["nodes"].as_array_mut().unwrap();
+        let id = nodes
+            .iter()
+            .map(|n| n["id"].as_u64().unwrap())
+            .max()
+            .unwrap()
+            + 1;
+        let parent = nodes
+            .iter()
+            .find(|n| n["name"] == "c10d::allreduce_")
+            .map(|n| n["id"].clone())
+            .unwrap();
+        let empty = serde_json::json!({"values": [], "shapes": [], "types": [], "strides": []});
+        nodes.push(serde_json::json!({
+            "id": id, "name": "record_param_comms", "ctrl_deps": parent,
+            "inputs": empty, "outputs": empty,
+            "attrs": [{"name": "rank", "type": "int64", "value": rank}],
+        }));
+    }
+    t
+}
+
+/// Every rank ran every op and its six collectives, and rank k replayed `expect[k]`.
+fn check_every_collective(j: &serde_json::Value, expect: &[&str]) {
+    assert_eq!(j["world_size"], 2, "{j}");
+    for (k, r) in j["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        let calls: u64 = r["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(calls, 6, "rank {k}: {}", r["collectives"]);
+        let trace = j["traces"][k].as_str().unwrap();
+        assert!(trace.ends_with(expect[k]), "rank {k} replayed {trace}");
+    }
+}
+
+fn replay_ranks(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    bin()
+        .args(["replay", "--ranks"])
+        .arg(dir)
+        .args(["--json", "--threads", "1", "--iters", "1", "--warmup", "0"])
+        .args(["--only", "comm"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// A directory of traces named `<job>_et_<rank>.json` that record no rank, beside a Kineto
+/// trace and another JSON file: the traces are found by their content and ranked by their
+/// file names, whatever order the directory lists them in.
+#[test]
+fn ranks_named_like_et_0_that_record_none_are_ranked_by_file_name() {
+    let d = scratch("by-name");
+    for k in [1, 0] {
+        let t = gloo_rank(k, None);
+        std::fs::write(d.join(format!("job_et_{k}.json")), t.to_string()).unwrap();
+    }
+    std::fs::copy(
+        shared("cpu").join("dist_mlp_w2.rank0.kineto.json.gz"),
+        d.join("job_kineto_0.json.gz"),
+    )
+    .unwrap();
+    std::fs::write(d.join("job.meta.json"), r#"{"iter_ms_median": 3.0}"#).unwrap();
+    let out = replay_ranks(&d, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ranks_from"], "file name");
+    check_every_collective(&j, &["job_et_0.json", "job_et_1.json"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Both traces record rank 0 (as a public 2-rank job does): no evidence; the file names decide,
+/// with a warning, and every collective runs on both ranks.
+#[test]
+fn traces_that_all_record_rank_0_fall_back_to_their_file_names() {
+    let d = scratch("shared-record");
+    for k in [0, 1] {
+        let p = d.join(format!("gpt_et_{k}.json"));
+        std::fs::write(&p, gloo_rank(k, Some(0)).to_string()).unwrap();
+        // The fixture records what it says it does.
+        let t = et_schema::read_trace(&p).unwrap();
+        assert_eq!(et_graph::summary::recorded_rank(&t), Some(0));
+    }
+    let out = replay_ranks(&d, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("do not tell them apart") && err.contains("gpt_et_1.json: 0"),
+        "{err}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ranks_from"], "file name");
+    check_every_collective(&j, &["gpt_et_0.json", "gpt_et_1.json"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// Traces whose records and names give no rank are refused before anything starts, naming the
+/// files and the way out; with `--rank-order` they run as listed.
+#[test]
+fn traces_nothing_tells_apart_need_rank_order() {
+    let d = scratch("listed");
+    std::fs::write(d.join("a.json"), gloo_rank(0, None).to_string()).unwrap();
+    std::fs::write(d.join("b.json"), gloo_rank(1, None).to_string()).unwrap();
+    let out = replay_ranks(&d, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--rank-order")
+            && err.contains("give no rank to a.json, b.json")
+            && !err.contains("[ranks] rank"),
+        "{err}"
+    );
+    let out = replay_ranks(&d, &["--rank-order"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ranks_from"], "listed order");
+    check_every_collective(&j, &["a.json", "b.json"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -192,10 +192,10 @@ fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_sch
     if loaded.len() <= 1 {
         return Ok(loaded);
     }
-    let order = crate::ranks::order(
+    let (order, _) = crate::rank_files::order(
         loaded
             .iter()
-            .map(|(p, _, t)| crate::ranks::RankTrace {
+            .map(|(p, _, t)| crate::rank_files::RankTrace {
                 path: p.clone(),
                 recorded: et_graph::summary::recorded_rank(t),
                 world: replay::plan::process_groups(t)
@@ -204,6 +204,7 @@ fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_sch
                     .filter(|&s| s > 0),
             })
             .collect(),
+        false,
     )?;
     let pos: Vec<usize> = order
         .iter()

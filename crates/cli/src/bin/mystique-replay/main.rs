@@ -10,6 +10,7 @@ mod compare_cmd;
 mod generate_cmd;
 mod package_cmd;
 mod print;
+mod rank_files;
 mod ranks;
 mod replay_cmd;
 

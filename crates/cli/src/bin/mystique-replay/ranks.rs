@@ -7,21 +7,14 @@
 //! `--timeout` after the first failure are killed. Every child dies with this process
 //! (PR_SET_PDEATHSIG), so none is left behind.
 
+use crate::rank_files::{self, RankSource, RankTrace};
 use anyhow::{bail, Context, Result};
 use mystique_cli::args::ReplayArgs;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// One rank's trace, with the rank it recorded (if any).
-pub struct RankTrace {
-    pub path: PathBuf,
-    pub recorded: Option<u64>,
-    pub world: Option<i64>,
-}
 
 pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     let spec = a.ranks.as_deref().unwrap_or_default();
@@ -30,10 +23,14 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         a.kineto.is_none(),
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
-    let traces = order(rank_traces(spec)?)?;
+    let (traces, from) =
+        rank_files::order(rank_files::read(rank_files::list(spec)?)?, a.rank_order)?;
     let n = traces.len();
     if !json_out {
-        eprintln!("replaying {n} ranks together over Gloo on loopback ...");
+        eprintln!(
+            "replaying {n} ranks together over Gloo on loopback (ranks: {}) ...",
+            from.phrase()
+        );
     }
     let timeout = Duration::from_secs(a.timeout);
     let results = launch(n, timeout, |rank| {
@@ -48,7 +45,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         .iter()
         .map(|out| serde_json::from_slice(out).context("a rank's report is not JSON"))
         .collect::<Result<_>>()?;
-    let summary = summarise(&traces, &reports);
+    let summary = summarise(&traces, from, &reports);
     let mut out = std::io::stdout().lock();
     if json_out {
         serde_json::to_writer(&mut out, &summary)?;
@@ -57,58 +54,6 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         print_table(&mut out, &summary)?;
     }
     mystique_cli::OpsFailed::check_reports(reports.iter())
-}
-
-/// Rank trace files: every ET file of a directory, or the files a glob's last component matches.
-fn rank_traces(spec: &str) -> Result<Vec<RankTrace>> {
-    let p = Path::new(spec);
-    let (dir, pattern) = if p.is_dir() {
-        (p.to_path_buf(), None)
-    } else {
-        let dir = p
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let name = p
-            .file_name()
-            .and_then(|f| f.to_str())
-            .with_context(|| format!("--ranks {spec:?}: not a directory or a glob"))?;
-        (dir.to_path_buf(), Some(name.to_string()))
-    };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("--ranks: reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|f| {
-            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            match &pattern {
-                Some(pat) => glob_match(pat, name),
-                // A directory: the plain ETs, not their linked twins or Kineto traces.
-                None => name.contains(".et.json") && !name.contains(".linked.") && f.is_file(),
-            }
-        })
-        .collect();
-    files.sort_by_key(|f| natural_key(f));
-    anyhow::ensure!(
-        files.len() >= 2,
-        "--ranks {spec:?} matches {} trace(s); it takes two ranks or more",
-        files.len()
-    );
-    files
-        .into_iter()
-        .map(|path| {
-            let t = mystique_cli::read_trace(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let world = replay::plan::process_groups(&t)
-                .first()
-                .map(|g| g.size)
-                .filter(|&s| s > 0);
-            Ok(RankTrace {
-                recorded: et_graph::summary::recorded_rank(&t),
-                world,
-                path,
-            })
-        })
-        .collect()
 }
 
 /// Starts `n` ranks (`make(rank)` gives each its command and a label), as torchrun would
@@ -143,78 +88,6 @@ pub fn launch(
         ranks.push(Running::new(rank, child));
     }
     supervise(&mut ranks, timeout)
-}
-
-/// Orders the traces by their recorded ranks (file order where none is recorded) and refuses
-/// sets that cannot be one run: duplicate or missing ranks, or a world size that differs.
-pub fn order(mut traces: Vec<RankTrace>) -> Result<Vec<RankTrace>> {
-    let n = traces.len();
-    for t in &traces {
-        if let Some(w) = t.world {
-            if w as usize != n {
-                bail!(
-                    "{} was captured with {w} ranks, but {n} rank traces were given",
-                    t.path.display()
-                );
-            }
-        }
-    }
-    if traces.iter().all(|t| t.recorded.is_some()) {
-        traces.sort_by_key(|t| t.recorded);
-        for (k, t) in traces.iter().enumerate() {
-            let r = t.recorded.unwrap_or(0);
-            if r as usize != k {
-                let dup = traces.iter().filter(|x| x.recorded == Some(r)).count() > 1;
-                bail!(
-                    "{} rank {r} ({}): the traces must be ranks 0..{} of one run",
-                    if dup { "duplicate" } else { "unexpected" },
-                    t.path.display(),
-                    n - 1
-                );
-            }
-        }
-    } else if traces.iter().any(|t| t.recorded.is_some()) {
-        bail!("some rank traces record their rank and others do not: not one run");
-    }
-    Ok(traces)
-}
-
-/// `*` and `?` in a file name.
-fn glob_match(pat: &str, name: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
-            (Some(b'?'), Some(_)) => go(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
-            _ => false,
-        }
-    }
-    go(pat.as_bytes(), name.as_bytes())
-}
-
-/// File names with their digit runs compared as numbers (rank10 after rank9).
-fn natural_key(p: &Path) -> Vec<(String, u64)> {
-    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut digits = String::new();
-    for c in name.chars() {
-        if c.is_ascii_digit() {
-            digits.push(c);
-        } else {
-            if !digits.is_empty() {
-                out.push((
-                    std::mem::take(&mut text),
-                    digits.parse().unwrap_or(u64::MAX),
-                ));
-                digits.clear();
-            }
-            text.push(c);
-        }
-    }
-    out.push((text, digits.parse().unwrap_or(0)));
-    out
 }
 
 /// The replay arguments each rank gets (its own trace, `--json` and the rendezvous aside).
@@ -426,7 +299,7 @@ fn describe(s: std::process::ExitStatus) -> String {
 /// One object: the per-rank reports and cross-rank figures (slowest rank; per collective op:
 /// calls and bytes per rank, time averaged over ranks, and the waiting it caused: each rank's
 /// time in it beyond the fastest rank's, summed).
-fn summarise(traces: &[RankTrace], reports: &[Value]) -> Value {
+fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Value {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     let slowest = reports
         .iter()
@@ -462,6 +335,7 @@ fn summarise(traces: &[RankTrace], reports: &[Value]) -> Value {
     json!({
         "world_size": reports.len(),
         "traces": traces.iter().map(|t| t.path.display().to_string()).collect::<Vec<_>>(),
+        "ranks_from": from.name(),
         "slowest_rank": slowest,
         "collectives": collectives,
         "ranks": reports,
@@ -472,9 +346,13 @@ fn print_table(out: &mut impl Write, s: &Value) -> Result<()> {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     writeln!(
         out,
-        "ranks      {} over loopback ({})",
+        "ranks      {} over loopback ({}); which trace is which rank: {}",
         s["world_size"].as_u64().unwrap_or(0),
-        s["ranks"][0]["comm"].as_str().unwrap_or("gloo")
+        s["ranks"][0]["comm"].as_str().unwrap_or("gloo"),
+        s["ranks_from"]
+            .as_str()
+            .and_then(RankSource::named)
+            .map_or("?", RankSource::phrase)
     )?;
     writeln!(out, "  rank  replayed  failed  iteration ms  trace")?;
     for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {

@@ -1,0 +1,528 @@
+//! Which file is which rank, for `replay --ranks` and multi-rank packages.
+//!
+//! A directory is read by content: every execution trace in it, whatever its name (a cheap
+//! probe of its first bytes), Kineto traces and other files left out (named with `-v`). A
+//! rank comes from, in order: the rank each trace recorded (its `record_param_comms` records),
+//! then a number in its file name (`_0`, `-rank3`, `rank_7`, `.7.`), then, with `--rank-order`,
+//! the files as listed. Records that several traces share are no evidence (a job whose every
+//! trace recorded rank 0): the next source decides, with a warning. Sets that cannot be one run
+//! (two traces for one rank, a rank missing from 0..N-1, a world size that differs) are refused
+//! before anything starts, naming the files.
+
+use anyhow::{bail, Context, Result};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// One rank's trace: the rank it recorded and the one its file name gives, if any.
+pub struct RankTrace {
+    pub path: PathBuf,
+    /// The rank the trace's own records give.
+    pub recorded: Option<u64>,
+    /// The world size its process groups record.
+    pub world: Option<i64>,
+}
+
+/// Where the ranks of a set came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankSource {
+    /// The traces' own records.
+    Recorded,
+    /// A number in each file name.
+    FileName,
+    /// The files as listed (`--rank-order`).
+    Listed,
+}
+
+impl RankSource {
+    /// How JSON reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RankSource::Recorded => "recorded",
+            RankSource::FileName => "file name",
+            RankSource::Listed => "listed order",
+        }
+    }
+
+    /// The source JSON reports name `name`.
+    pub fn named(name: &str) -> Option<RankSource> {
+        [
+            RankSource::Recorded,
+            RankSource::FileName,
+            RankSource::Listed,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
+
+    /// Where the ranks came from, in a sentence.
+    pub fn phrase(self) -> &'static str {
+        match self {
+            RankSource::Recorded => "the ranks the traces recorded",
+            RankSource::FileName => "the numbers in the file names",
+            RankSource::Listed => "the listed order (--rank-order)",
+        }
+    }
+}
+
+/// What a file's first bytes say it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    ExecutionTrace,
+    Kineto,
+    Other,
+}
+
+/// Bytes of a file's (decompressed) start a probe reads: an ET's top-level `schema` and the
+/// start of its `nodes` come first, a Kineto trace's `schemaVersion`/`traceEvents` too.
+const PROBE_BYTES: u64 = 64 << 10;
+
+/// Classifies `path` by its first bytes (gzip inflated), without parsing it.
+fn probe(path: &Path) -> Kind {
+    let Ok(f) = std::fs::File::open(path) else {
+        return Kind::Other;
+    };
+    let mut raw = Vec::new();
+    if f.take(PROBE_BYTES).read_to_end(&mut raw).is_err() {
+        return Kind::Other;
+    }
+    let head = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        // A truncated gzip stream yields what it could inflate before the error.
+        let _ = flate2::read::GzDecoder::new(&raw[..])
+            .take(PROBE_BYTES)
+            .read_to_end(&mut out);
+        out
+    } else {
+        raw
+    };
+    classify(&String::from_utf8_lossy(&head))
+}
+
+/// An ET has `nodes` and a top-level `schema`, or, where its writer put `nodes` first, node
+/// records with `ctrl_deps` (nested layouts) or `parent` (flat ones); a Kineto trace has
+/// `traceEvents`.
+fn classify(head: &str) -> Kind {
+    let starts_as_object = head.trim_start().starts_with('{');
+    if !starts_as_object {
+        Kind::Other
+    } else if head.contains("\"traceEvents\"") {
+        Kind::Kineto
+    } else if head.contains("\"nodes\"")
+        && ["\"schema\"", "\"ctrl_deps\"", "\"parent\""]
+            .iter()
+            .any(|k| head.contains(k))
+    {
+        Kind::ExecutionTrace
+    } else {
+        Kind::Other
+    }
+}
+
+/// The rank a file name gives: a number after `rank` (`rank3`, `rank_7`, `-rank-2`), else the
+/// last number standing alone between separators (`job_et_0.json`, `trace.7.json`).
+pub fn rank_in_name(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+    let stem = name
+        .trim_end_matches(".gz")
+        .trim_end_matches(".json")
+        .trim_end_matches(".et");
+    // Digit runs with what stands before and after them.
+    let bytes = stem.as_bytes();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            runs.push((start, i));
+        } else {
+            i += 1;
+        }
+    }
+    let number = |(s, e): (usize, usize)| stem[s..e].parse::<u64>().ok();
+    let after_rank = runs.iter().rev().find(|&&(s, _)| {
+        let before = stem[..s].trim_end_matches(['_', '-', '.']);
+        before.ends_with("rank")
+    });
+    if let Some(&run) = after_rank {
+        return number(run);
+    }
+    let alone = |&&(s, e): &&(usize, usize)| {
+        let sep = |c: Option<u8>| c.is_none_or(|c| matches!(c, b'_' | b'-' | b'.'));
+        sep(s.checked_sub(1).map(|k| bytes[k])) && sep(bytes.get(e).copied())
+    };
+    runs.iter().rev().find(alone).copied().and_then(number)
+}
+
+/// Rank trace files of `spec`: every execution trace of a directory (linked twins left out:
+/// they are the same ranks), or the files a glob's last component matches; in natural order.
+pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
+    let p = Path::new(spec);
+    let (dir, pattern) = if p.is_dir() {
+        (p.to_path_buf(), None)
+    } else {
+        let dir = p
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = p
+            .file_name()
+            .and_then(|f| f.to_str())
+            .with_context(|| format!("--ranks {spec:?}: not a directory or a glob"))?;
+        (dir.to_path_buf(), Some(name.to_string()))
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("--ranks: reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|f| f.is_file())
+        .filter(|f| {
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            match &pattern {
+                Some(pat) => glob_match(pat, name),
+                None => is_rank_trace(f, name),
+            }
+        })
+        .collect();
+    files.sort_by_key(|f| natural_key(f));
+    anyhow::ensure!(
+        files.len() >= 2,
+        "--ranks {spec:?} matches {} trace(s); it takes two ranks or more",
+        files.len()
+    );
+    Ok(files)
+}
+
+/// In a directory: an execution trace by its content, not a linked twin.
+fn is_rank_trace(f: &Path, name: &str) -> bool {
+    match probe(f) {
+        Kind::ExecutionTrace if name.contains(".linked.") => {
+            log::info!("--ranks: {name} left out: a linked ET (the same rank as its clean one)");
+            false
+        }
+        Kind::ExecutionTrace => true,
+        Kind::Kineto => {
+            log::info!("--ranks: {name} left out: a Kineto trace");
+            false
+        }
+        Kind::Other => {
+            log::info!("--ranks: {name} left out: not an execution trace");
+            false
+        }
+    }
+}
+
+/// Each file read for the rank it recorded and the world size of its groups.
+pub fn read(files: Vec<PathBuf>) -> Result<Vec<RankTrace>> {
+    files
+        .into_iter()
+        .map(|path| {
+            let t = mystique_cli::read_trace(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let world = replay::plan::process_groups(&t)
+                .first()
+                .map(|g| g.size)
+                .filter(|&s| s > 0);
+            Ok(RankTrace {
+                recorded: et_graph::summary::recorded_rank(&t),
+                world,
+                path,
+            })
+        })
+        .collect()
+}
+
+/// Orders the traces as ranks 0..N-1 by the first source that tells them apart (see the module
+/// doc); `listed`: the files as given may decide (`--rank-order`). Refuses sets that cannot be
+/// one run.
+pub fn order(traces: Vec<RankTrace>, listed: bool) -> Result<(Vec<RankTrace>, RankSource)> {
+    let n = traces.len();
+    for t in &traces {
+        if let Some(w) = t.world {
+            if w as usize != n {
+                bail!(
+                    "{} was captured with {w} ranks, but {n} rank traces were given",
+                    t.path.display()
+                );
+            }
+        }
+    }
+    let recorded: Vec<Option<u64>> = traces.iter().map(|t| t.recorded).collect();
+    if let Some(ranks) = distinct(&recorded) {
+        return Ok((arrange(traces, &ranks, "records")?, RankSource::Recorded));
+    }
+    if recorded.iter().any(Option::is_some) {
+        eprintln!(
+            "warning: the traces' recorded ranks ({}) do not tell them apart: {}",
+            describe(&traces, |t| t.recorded),
+            if listed {
+                "taking them from their file names, else as listed"
+            } else {
+                "taking them from their file names"
+            }
+        );
+    }
+    let named: Vec<Option<u64>> = traces.iter().map(|t| rank_in_name(&t.path)).collect();
+    if let Some(ranks) = distinct(&named) {
+        return Ok((arrange(traces, &ranks, "file name")?, RankSource::FileName));
+    }
+    if listed {
+        return Ok((traces, RankSource::Listed));
+    }
+    bail!(
+        "cannot tell which trace is which rank (0..{}): {}; {}; pass --rank-order to take them \
+         as listed",
+        n - 1,
+        why_not(&traces, "their records", |t| t.recorded),
+        why_not(&traces, "their file names", |t| rank_in_name(&t.path)),
+    )
+}
+
+/// Why `rank` does not give each trace a rank of its own: a rank several traces share (named),
+/// or the traces it gives none.
+fn why_not(traces: &[RankTrace], source: &str, rank: impl Fn(&RankTrace) -> Option<u64>) -> String {
+    let name = |t: &RankTrace| {
+        t.path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string()
+    };
+    let mut by_rank: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    for t in traces {
+        if let Some(r) = rank(t) {
+            by_rank.entry(r).or_default().push(name(t));
+        }
+    }
+    if let Some((r, files)) = by_rank.iter().find(|(_, f)| f.len() > 1) {
+        return format!(
+            "{source} give rank {r} to {} ({})",
+            files.join(" and "),
+            describe(traces, &rank)
+        );
+    }
+    let none: Vec<String> = traces
+        .iter()
+        .filter(|t| rank(t).is_none())
+        .map(name)
+        .collect();
+    format!(
+        "{source} give no rank to {} ({})",
+        none.join(", "),
+        describe(traces, &rank)
+    )
+}
+
+/// The values, when every trace has one and no two share it.
+fn distinct(v: &[Option<u64>]) -> Option<Vec<u64>> {
+    let all: Vec<u64> = v.iter().copied().collect::<Option<_>>()?;
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    (sorted.len() == all.len()).then_some(all)
+}
+
+/// The traces in rank order, where `ranks` (one each, distinct) are exactly 0..N-1.
+fn arrange(traces: Vec<RankTrace>, ranks: &[u64], from: &str) -> Result<Vec<RankTrace>> {
+    let n = traces.len();
+    if let Some((t, r)) = traces.iter().zip(ranks).find(|(_, &r)| r as usize >= n) {
+        bail!(
+            "unexpected rank {r} ({}, from its {from}): the traces must be ranks 0..{} of one run",
+            t.path.display(),
+            n - 1
+        );
+    }
+    let mut slots: Vec<Option<RankTrace>> = (0..n).map(|_| None).collect();
+    for (t, &r) in traces.into_iter().zip(ranks) {
+        slots[r as usize] = Some(t);
+    }
+    Ok(slots.into_iter().flatten().collect())
+}
+
+/// `file: rank` for each trace, `-` where `rank` has none.
+fn describe(traces: &[RankTrace], rank: impl Fn(&RankTrace) -> Option<u64>) -> String {
+    traces
+        .iter()
+        .map(|t| {
+            let name = t.path.file_name().unwrap_or_default().to_string_lossy();
+            match rank(t) {
+                Some(r) => format!("{name}: {r}"),
+                None => format!("{name}: -"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `*` and `?` in a file name.
+fn glob_match(pat: &str, name: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
+            (Some(b'?'), Some(_)) => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    go(pat.as_bytes(), name.as_bytes())
+}
+
+/// File names with their digit runs compared as numbers (rank10 after rank9).
+fn natural_key(p: &Path) -> Vec<(String, u64)> {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut digits = String::new();
+    for c in name.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            if !digits.is_empty() {
+                out.push((
+                    std::mem::take(&mut text),
+                    digits.parse().unwrap_or(u64::MAX),
+                ));
+                digits.clear();
+            }
+            text.push(c);
+        }
+    }
+    out.push((text, digits.parse().unwrap_or(0)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_is_read_from_the_usual_file_names() {
+        let r = |n: &str| rank_in_name(Path::new(n));
+        assert_eq!(r("dist_mlp_w2.rank1.et.json"), Some(1));
+        assert_eq!(r("job_et_0.json"), Some(0));
+        assert_eq!(r("model2_et_11.json.gz"), Some(11));
+        assert_eq!(r("trace-rank3.json"), Some(3));
+        assert_eq!(r("rank_7_of_8.et.json"), Some(7));
+        assert_eq!(r("megatron.7.et.json"), Some(7));
+        assert_eq!(r("RANK-2.json"), Some(2));
+        // A number inside a word is not a rank; no number, none.
+        assert_eq!(r("gpt2.json"), None);
+        assert_eq!(r("first.et.json"), None);
+    }
+
+    #[test]
+    fn files_are_told_apart_by_their_first_bytes() {
+        assert_eq!(
+            classify(r#"{"schema": "1.0.1", "pid": 1, "time": "", "nodes": [{"id": 1"#),
+            Kind::ExecutionTrace
+        );
+        assert_eq!(
+            classify("{\n  \"nodes\": [], \"schema\": \"1.1.1-chakra.0.0.4\""),
+            Kind::ExecutionTrace
+        );
+        assert_eq!(
+            classify(r#"{"schemaVersion": 1, "deviceProperties": [], "traceEvents": ["#),
+            Kind::Kineto
+        );
+        assert_eq!(classify(r#"{"iter_ms_median": 3.1}"#), Kind::Other);
+        assert_eq!(classify("not json at all"), Kind::Other);
+    }
+
+    fn t(path: &str, recorded: Option<u64>) -> RankTrace {
+        RankTrace {
+            path: PathBuf::from(path),
+            recorded,
+            world: None,
+        }
+    }
+
+    fn names(v: &[RankTrace]) -> Vec<String> {
+        v.iter().map(|t| t.path.display().to_string()).collect()
+    }
+
+    #[test]
+    fn ranks_come_from_records_then_names_then_the_listing() {
+        // Recorded ranks, one each: they decide, whatever the names say.
+        let (v, from) = order(vec![t("x_0.json", Some(1)), t("x_1.json", Some(0))], false).unwrap();
+        assert_eq!(
+            (names(&v), from),
+            (
+                vec!["x_1.json".into(), "x_0.json".into()],
+                RankSource::Recorded
+            )
+        );
+        // Both recorded rank 0: no evidence; the file names decide.
+        let (v, from) = order(
+            vec![t("b_et_1.json", Some(0)), t("a_et_0.json", Some(0))],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            (names(&v), from),
+            (
+                vec!["a_et_0.json".into(), "b_et_1.json".into()],
+                RankSource::FileName
+            )
+        );
+        // Nothing tells them apart: refused, unless the listing may decide.
+        let set = || vec![t("first.json", None), t("second.json", None)];
+        let e = order(set(), false).err().unwrap().to_string();
+        assert!(
+            e.contains("--rank-order") && e.contains("first.json: -"),
+            "{e}"
+        );
+        let (v, from) = order(set(), true).unwrap();
+        assert_eq!(
+            (names(&v), from),
+            (
+                vec!["first.json".into(), "second.json".into()],
+                RankSource::Listed
+            )
+        );
+    }
+
+    #[test]
+    fn sets_that_cannot_be_one_run_are_refused_naming_the_file() {
+        // A gap in 0..N-1.
+        let e = order(vec![t("a.json", Some(0)), t("b.json", Some(2))], true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("unexpected rank 2 (b.json, from its records)"),
+            "{e}"
+        );
+        // File names that skip a rank.
+        let e = order(vec![t("r_0.json", None), t("r_5.json", None)], false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("r_5.json"), "{e}");
+        // Two traces record one rank, and the names give none: refused, naming both.
+        let e = order(
+            vec![
+                t("a.json", Some(0)),
+                t("b.json", Some(1)),
+                t("c.json", Some(1)),
+            ],
+            false,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("their records give rank 1 to b.json and c.json"),
+            "{e}"
+        );
+        // A world size other than the set's.
+        let mut w = t("a_0.json", None);
+        w.world = Some(4);
+        let e = order(vec![w, t("a_1.json", None)], false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("captured with 4 ranks"), "{e}");
+    }
+}
