@@ -358,3 +358,42 @@ fn traces_nothing_tells_apart_need_rank_order() {
     check_every_collective(&j, &["a.json", "b.json"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// A trace whose process group has one rank (a single-GPU DDP job) replays alone, no launcher:
+/// its collectives are the identity, said as such, and none fails.
+#[test]
+fn collectives_in_a_group_of_one_run_as_the_identity() {
+    let d = scratch("group-of-one");
+    let mut t = gloo_rank(0, None);
+    for n in t["nodes"].as_array_mut().unwrap() {
+        if n["name"] == "## process_group:init ##" {
+            let groups = n["inputs"]["values"][0].as_str().unwrap();
+            assert!(groups.contains("\"group_size\": 2"), "{groups}");
+            n["inputs"]["values"][0] = groups
+                .replace("\"group_size\": 2", "\"group_size\": 1")
+                .into();
+        }
+    }
+    let p = d.join("ddp_1gpu.et.json");
+    std::fs::write(&p, t.to_string()).unwrap();
+    let j = json(bin().arg("replay").arg(&p).args([
+        "--json",
+        "--threads",
+        "1",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+    ]));
+    assert_eq!(j["ops_failed"], 0, "{}", j["failures"]);
+    assert_eq!(j["ops_replayed"], j["ops_selected"]);
+    let identity: u64 = j["fallbacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["ran_as"].as_str().unwrap().contains("one rank"))
+        .map(|f| f["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(identity, 6, "{}", j["fallbacks"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -119,6 +119,21 @@ pub fn bind(plan: &Plan, device: &Device) -> Bound {
                         fallback: None,
                     };
                 }
+                // A group of one rank has no peers: its collective is the identity (a
+                // single-GPU DDP job's allreduces), with no launcher or rendezvous needed.
+                if plan
+                    .groups
+                    .get(c.group as usize)
+                    .is_some_and(|g| g.size == 1)
+                {
+                    return BoundStep {
+                        exec: Exec::PassThrough,
+                        args: None,
+                        fallback: Some(
+                            "ran as the identity: its process group has one rank (no peers)".into(),
+                        ),
+                    };
+                }
             }
             if let Some(p) = &step.problem {
                 return failing(CallError::unsupported(p.clone()));
