@@ -347,7 +347,8 @@ pub struct CompareArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// One trace per rank (ordered by the rank each recorded).
+    /// One trace per rank, ordered as `replay --ranks` orders them: by the rank each recorded,
+    /// else by the number in its file name.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]

@@ -1,7 +1,8 @@
 //! The `mystique` command line as a library: its grammar ([`args`]) and the commands that need
-//! no libtorch (inspect, graph, link, select, compose, export to DOT or Chakra). `replay`,
-//! `compare` and `env` run in the `mystique-replay` executable, which `mystique` starts in its
-//! place, so that the other commands never load libtorch (0.8 s and 470 MB before any work).
+//! no libtorch (inspect, graph, link, select, compose, export to DOT or Chakra, diff).
+//! `replay`, `compare`, `env`, `generate` and `run` run in the `mystique-replay` executable,
+//! which `mystique` starts in its place, so that the other commands never load libtorch (0.8 s
+//! and 470 MB before any work).
 
 pub mod anonymize;
 pub mod args;

@@ -1,4 +1,5 @@
-//! `mystique-replay`: the part of `mystique` that runs libtorch (`replay`, `compare`, `env`).
+//! `mystique-replay`: the part of `mystique` that runs libtorch (`replay`, `compare`, `env`,
+//! `generate`, `run`).
 //! `mystique` execs it with its own arguments; it parses the same grammar
 //! ([`mystique_cli::args`]) so both accept exactly the same command lines.
 
