@@ -408,6 +408,39 @@ pub fn process_memory() -> Option<ProcessMemory> {
 #[cfg(test)]
 mod memory_tests {
     #[test]
+    fn a_memory_cgroup_limit_bounds_what_is_available() {
+        // v1: the memory controller's line; v2: the unified line.
+        let v1 = "9:name=systemd:/\n4:cpu,cpuacct:/job\n3:memory:/slurm/job_7\n0::/";
+        assert_eq!(
+            super::memory_cgroup(v1),
+            Some(("/slurm/job_7".to_string(), false))
+        );
+        let v2 = "0::/user.slice/session-2.scope";
+        assert_eq!(
+            super::memory_cgroup(v2),
+            Some(("/user.slice/session-2.scope".to_string(), true))
+        );
+        assert_eq!(super::memory_cgroup("5:devices:/\n"), None);
+        // A limit less its usage; no limit: none.
+        assert_eq!(
+            super::headroom("1073741824\n", "73741824\n"),
+            Some(1_000_000_000)
+        );
+        assert_eq!(super::headroom("100", "150"), Some(0));
+        assert_eq!(super::headroom("max\n", "5"), None);
+        assert_eq!(super::headroom("9223372036854771712", "5"), None);
+        // Whatever the cgroup says, never more than the host has.
+        if let (Some(a), Some(info)) = (
+            super::available_memory(),
+            std::fs::read_to_string("/proc/meminfo").ok(),
+        ) {
+            let host = super::proc_bytes(&info, "MemAvailable:").unwrap();
+            // The host's figure moves between the two reads: allow it a little.
+            assert!(a <= host + (64 << 20), "{a} > {host}");
+        }
+    }
+
+    #[test]
     fn process_memory_reads_a_plausible_rss() {
         let m = super::process_memory();
         if cfg!(target_os = "linux") {
@@ -419,11 +452,66 @@ mod memory_tests {
     }
 }
 
-/// Memory the system can give this process now without swapping (Linux `MemAvailable`);
-/// `None` elsewhere.
+/// Memory the system can give this process now without swapping (Linux `MemAvailable`), or
+/// less where its memory cgroup's limit leaves less (a container, a Slurm job); `None`
+/// elsewhere.
 pub fn available_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    proc_bytes(&info, "MemAvailable:")
+    let host = proc_bytes(&info, "MemAvailable:")?;
+    Some(match cgroup_headroom() {
+        Some(room) => host.min(room),
+        None => host,
+    })
+}
+
+/// What this process's memory cgroup still allows (its limit less its usage): cgroup v2's
+/// `memory.max` and `memory.current`, or v1's `memory.limit_in_bytes` and
+/// `memory.usage_in_bytes`; `None` without a limit.
+fn cgroup_headroom() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let (path, v2) = memory_cgroup(&own)?;
+    let read = |name: &str| {
+        let dir = if v2 {
+            format!("/sys/fs/cgroup{path}")
+        } else {
+            format!("/sys/fs/cgroup/memory{path}")
+        };
+        std::fs::read_to_string(format!("{dir}/{name}")).ok()
+    };
+    let (limit, usage) = if v2 {
+        (read("memory.max")?, read("memory.current")?)
+    } else {
+        (
+            read("memory.limit_in_bytes")?,
+            read("memory.usage_in_bytes")?,
+        )
+    };
+    headroom(&limit, &usage)
+}
+
+/// The memory cgroup's path in `/proc/self/cgroup`, and whether it is cgroup v2's (`0::PATH`);
+/// v1's `N:memory:PATH` (or `N:...,memory,...:PATH`) where the memory controller has one.
+fn memory_cgroup(own: &str) -> Option<(String, bool)> {
+    let mut v2 = None;
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            return Some((path.to_string(), false));
+        }
+        if controllers.is_empty() {
+            v2 = Some((path.to_string(), true));
+        }
+    }
+    v2
+}
+
+/// A limit less a usage, both as the cgroup files hold them; `None` for no limit (`max`, or
+/// v1's page-rounded `i64::MAX`).
+fn headroom(limit: &str, usage: &str) -> Option<u64> {
+    let limit: u64 = limit.trim().parse().ok()?;
+    let usage: u64 = usage.trim().parse().ok()?;
+    (limit < 1 << 62).then(|| limit.saturating_sub(usage))
 }
 
 /// The bytes of a `KEY:   1234 kB` line of a Linux `/proc` file.

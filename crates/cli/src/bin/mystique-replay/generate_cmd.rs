@@ -202,6 +202,7 @@ fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_sch
                     .first()
                     .map(|g| g.size)
                     .filter(|&s| s > 0),
+                peak: None,
             })
             .collect(),
         false,

@@ -20,6 +20,15 @@ pub struct RankTrace {
     pub recorded: Option<u64>,
     /// The world size its process groups record.
     pub world: Option<i64>,
+    /// Its replay's estimated peak memory (bytes), where it was estimated.
+    pub peak: Option<Peak>,
+}
+
+/// A rank's estimated peak memory (bytes): of the replay asked for, and of a comm-only one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peak {
+    pub asked: u64,
+    pub comm_only: u64,
 }
 
 /// Where the ranks of a set came from.
@@ -213,8 +222,13 @@ fn is_rank_trace(f: &Path, name: &str) -> bool {
     }
 }
 
-/// Each file read for the rank it recorded and the world size of its groups.
-pub fn read(files: Vec<PathBuf>) -> Result<Vec<RankTrace>> {
+/// Each file read for the rank it recorded, the world size of its groups and its replay's
+/// estimated peak memory (the iterations `iterations` of it, `only` its ops).
+pub fn read(
+    files: Vec<PathBuf>,
+    iterations: Option<&[u64]>,
+    only: et_graph::Kind,
+) -> Result<Vec<RankTrace>> {
     files
         .into_iter()
         .map(|path| {
@@ -224,13 +238,66 @@ pub fn read(files: Vec<PathBuf>) -> Result<Vec<RankTrace>> {
                 .first()
                 .map(|g| g.size)
                 .filter(|&s| s > 0);
+            let g = et_graph::Graph::new(&t);
+            let set = g
+                .select(&et_graph::Selection {
+                    iterations: iterations.map(<[u64]>::to_vec),
+                    ..Default::default()
+                })
+                .with_context(|| format!("selecting in {}", path.display()))?;
+            let plan = replay::plan::compile(&g, &set);
             Ok(RankTrace {
                 recorded: et_graph::summary::recorded_rank(&t),
                 world,
+                peak: Some(Peak {
+                    asked: plan.peak_bytes_estimate(only),
+                    comm_only: plan.peak_bytes_estimate(et_graph::Kind::Comm),
+                }),
                 path,
             })
         })
         .collect()
+}
+
+/// Refuses ranks whose estimated peaks add up to more than `available` bytes (what this machine
+/// and its memory cgroup have), with each rank's figure, the total and what would fit, unless
+/// `force`: every rank checks only itself, before the others have allocated, and a set that
+/// does not fit together ends by the kernel's OOM killer.
+pub fn check_memory(
+    traces: &[RankTrace],
+    available: u64,
+    only: et_graph::Kind,
+    force: bool,
+) -> Result<()> {
+    let peaks: Vec<Peak> = traces.iter().filter_map(|t| t.peak).collect();
+    let total: u64 = peaks.iter().map(|p| p.asked).sum();
+    if force || total <= available {
+        return Ok(());
+    }
+    let per_rank = peaks
+        .iter()
+        .enumerate()
+        .map(|(r, p)| format!("rank {r}: {}", human(p.asked)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let comm: u64 = peaks.iter().map(|p| p.comm_only).sum();
+    let options = if only != et_graph::Kind::Comm && comm <= available {
+        format!("--only comm would need about {}; ", human(comm))
+    } else {
+        String::new()
+    };
+    bail!(
+        "the {} ranks need about {} of memory together ({per_rank}) and {} is available: \
+         {options}fewer iterations (--iteration) need less; --force runs them anyway",
+        traces.len(),
+        human(total),
+        human(available)
+    )
+}
+
+/// Bytes as MiB or GiB.
+fn human(b: u64) -> String {
+    mystique_cli::inspect::human_bytes(b)
 }
 
 /// Orders the traces as ranks 0..N-1 by the first source that tells them apart (see the module
@@ -435,7 +502,38 @@ mod tests {
             path: PathBuf::from(path),
             recorded,
             world: None,
+            peak: None,
         }
+    }
+
+    #[test]
+    fn ranks_that_do_not_fit_together_are_refused_with_what_would() {
+        let gib = 1u64 << 30;
+        let rank = |asked, comm_only| RankTrace {
+            peak: Some(Peak { asked, comm_only }),
+            ..t("r.json", None)
+        };
+        let set = || vec![rank(6 * gib, gib), rank(6 * gib, gib), rank(6 * gib, gib)];
+        // 18 GiB in all, 20 available: runs.
+        check_memory(&set(), 20 * gib, et_graph::Kind::All, false).unwrap();
+        // 16 available: refused, each rank's figure, the total and the comm-only one named.
+        let e = check_memory(&set(), 16 * gib, et_graph::Kind::All, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 ranks need about 18.0 GiB")
+                && e.contains("rank 2: 6.0 GiB")
+                && e.contains("16.0 GiB is available")
+                && e.contains("--only comm would need about 3.0 GiB")
+                && e.contains("--force"),
+            "{e}"
+        );
+        // Already comm-only: no such suggestion; --force: runs.
+        let e = check_memory(&set(), gib, et_graph::Kind::Comm, false)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("--only comm would"), "{e}");
+        check_memory(&set(), gib, et_graph::Kind::All, true).unwrap();
     }
 
     fn names(v: &[RankTrace]) -> Vec<String> {

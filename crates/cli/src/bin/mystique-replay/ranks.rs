@@ -23,8 +23,13 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         a.kineto.is_none(),
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
-    let (traces, from) =
-        rank_files::order(rank_files::read(rank_files::list(spec)?)?, a.rank_order)?;
+    let files = rank_files::list(spec)?;
+    let read = rank_files::read(files, a.iteration.as_deref(), a.run.only)?;
+    let (traces, from) = rank_files::order(read, a.rank_order)?;
+    // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU).
+    if let (true, Some(available)) = (a.device == "cpu", metrics::available_memory()) {
+        rank_files::check_memory(&traces, available, a.run.only, a.run.force)?;
+    }
     let n = traces.len();
     if !json_out {
         eprintln!(
