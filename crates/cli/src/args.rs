@@ -176,7 +176,8 @@ pub enum ComposeOp {
 #[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// ET file (.json, .json.gz, or - for stdin). Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
-    /// MASTER_PORT set), this rank's trace: its collectives run with the other ranks'.
+    /// MASTER_PORT set), this rank's trace, or a directory of every rank's (each rank takes its
+    /// own, ranked as --ranks ranks them): its collectives run with the other ranks'.
     #[arg(required_unless_present = "ranks")]
     pub trace: Option<PathBuf>,
     /// Replay every rank together on this machine, one process per rank over loopback: a
@@ -185,9 +186,10 @@ pub struct ReplayArgs {
     /// number in its file name (_0, -rank3, rank_7, .7.), else from --rank-order.
     #[arg(long, conflicts_with = "trace")]
     pub ranks: Option<String>,
-    /// With --ranks: where neither the traces' records nor their file names tell the ranks
-    /// apart, take the files in listed (natural) order as ranks 0..N-1.
-    #[arg(long, requires = "ranks")]
+    /// With --ranks (or a directory under a launcher): where neither the traces' records nor
+    /// their file names tell the ranks apart, take the files in listed (natural) order as ranks
+    /// 0..N-1.
+    #[arg(long)]
     pub rank_order: bool,
     /// Seconds a rank waits for the others (rendezvous, each collective) before it fails.
     #[arg(long, default_value_t = 60)]

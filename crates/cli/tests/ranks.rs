@@ -397,3 +397,95 @@ fn collectives_in_a_group_of_one_run_as_the_identity() {
     assert_eq!(identity, 6, "{}", j["fallbacks"]);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// The same command on every rank, as clusters launch: PyTorch's own torchrun (from the
+/// libtorch wheel `cargo xtask setup` installed) starts two ranks of `mystique replay DIR`,
+/// each replays the trace of its own RANK, and both join the store torchrun's agent serves
+/// (rank 0 serving one too would fail to bind).
+#[test]
+fn torchrun_starts_each_rank_on_its_own_trace_of_one_directory() {
+    let wheel = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.libtorch");
+    assert!(
+        wheel.join("torch").is_dir(),
+        "{}: no torch wheel (cargo xtask setup installs it)",
+        wheel.display()
+    );
+    let d = scratch("torchrun");
+    let traces = d.join("traces");
+    std::fs::create_dir_all(&traces).unwrap();
+    for k in [0, 1] {
+        let t = gloo_rank(k, None);
+        std::fs::write(traces.join(format!("job_et_{k}.json")), t.to_string()).unwrap();
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let logs = d.join("logs");
+    let out = std::process::Command::new("python3")
+        .env("PYTHONPATH", &wheel)
+        .args(["-m", "torch.distributed.run", "--nproc-per-node", "2"])
+        .args(["--master-port", &port.to_string(), "--redirects", "1"])
+        .arg("--log-dir")
+        .arg(&logs)
+        .arg("--no-python")
+        .arg(env!("CARGO_BIN_EXE_mystique"))
+        .arg("replay")
+        .arg(&traces)
+        .args(["--only", "comm", "--json", "--iters", "1", "--warmup", "0"])
+        .args(["--threads", "1", "--timeout", "30"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // torchrun keeps each rank's stdout: LOG_DIR/RUN/attempt_0/RANK/stdout.log.
+    let mut reports = std::collections::BTreeMap::new();
+    let mut dirs = vec![logs];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.file_name().is_some_and(|n| n == "stdout.log") {
+                let rank: usize = p
+                    .parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let j: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                reports.insert(rank, j);
+            }
+        }
+    }
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for (k, r) in &reports {
+        assert_eq!(r["rank"], *k as u64, "{r}");
+        assert_eq!(r["world_size"], 2);
+        assert!(
+            r["trace"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("job_et_{k}.json")),
+            "rank {k} replayed {}",
+            r["trace"]
+        );
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        let calls: u64 = r["collectives"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(calls, 6, "rank {k}: {}", r["collectives"]);
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -652,6 +652,8 @@ struct MqComm {
   int cuda_mode = 0;
   std::chrono::milliseconds timeout{60000};
   std::string host;
+  // Where this job's keys live in the store: `mystique`, or `mystique/attempt_N` in an agent's.
+  std::string prefix;
   // Groups by index; a null entry is a group this rank is not a member of.
   std::vector<c10::intrusive_ptr<c10d::ProcessGroup>> groups;
   // Names registered in c10d's group registry (functional collectives find groups by name).
@@ -699,9 +701,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_group(MqComm* c, c10::intrusive_ptr<
 
 extern "C" {
 
-// Joins the world: a TCPStore at host:port (rank 0 serves it) and the world group (group 0).
+// Joins the world: a TCPStore at host:port (served by this process where `serve`: rank 0,
+// unless a launcher's agent serves it) and the world group (group 0); every group's keys are
+// under `prefix` (`prefix/world`, `prefix/NAME`).
 MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t timeout_ms,
-                     int cuda_mode, int* code) {
+                     int cuda_mode, int serve, const char* prefix, int* code) {
   MqComm* out = nullptr;
   *code = guarded([&] {
     auto c = std::make_unique<MqComm>();
@@ -709,16 +713,17 @@ MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t tim
     c->rank = rank;
     c->size = size;
     c->host = host;
+    c->prefix = prefix;
     c->timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(port);
-    o.isServer = rank == 0;
+    o.isServer = serve != 0;
     o.numWorkers = size;
     o.waitWorkers = true;
     o.timeout = c->timeout;
     o.useLibUV = false;
     c->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), o);
-    auto world = c10::make_intrusive<c10d::PrefixStore>("mystique/world", c->store);
+    auto world = c10::make_intrusive<c10d::PrefixStore>(c->prefix + "/world", c->store);
     // Each replay thread resolves group names in its own registry: ranks run as threads of
     // one process in tests, and a functional collective must find its own rank's group.
     c10d::set_thread_isolation_mode(true);
@@ -739,7 +744,7 @@ int64_t mq_dist_new_group(MqComm* c, const char* name, const int64_t* ranks, siz
       if (ranks[i] == c->rank) me = static_cast<int>(i);
     c10::intrusive_ptr<c10d::ProcessGroup> pg;
     if (me >= 0) {
-      auto store = c10::make_intrusive<c10d::PrefixStore>(std::string("mystique/") + name, c->store);
+      auto store = c10::make_intrusive<c10d::PrefixStore>(c->prefix + "/" + name, c->store);
       pg = make_group(c, store, me, static_cast<int>(n), name);
       c->register_group(name, pg);
     }

@@ -48,6 +48,12 @@ pub fn connect(plan: &Plan, d: &DistOptions, device: &Device) -> Result<Comm, Re
             )));
         }
     }
+    // Under torchrun's agent, its store already listens at MASTER_ADDR:MASTER_PORT: every
+    // rank joins it (rank 0 serving one too would fail to bind), under the agent's attempt.
+    let (serve, prefix) = match d.store {
+        crate::Store::RankZero => (d.rank == 0, "mystique".to_string()),
+        crate::Store::Agent { attempt } => (false, format!("mystique/attempt_{attempt}")),
+    };
     let mut comm = Comm::init(
         &d.master_addr,
         d.master_port,
@@ -55,6 +61,8 @@ pub fn connect(plan: &Plan, d: &DistOptions, device: &Device) -> Result<Comm, Re
         d.world_size,
         d.timeout,
         cuda_comm(device, d),
+        serve,
+        &prefix,
     )
     .map_err(|e| {
         fail(

@@ -112,6 +112,8 @@ extern "C" {
         size: i32,
         timeout_ms: i64,
         cuda_mode: i32,
+        serve: i32,
+        prefix: *const c_char,
         code: *mut i32,
     ) -> *mut MqComm;
     fn mq_dist_new_group(c: *mut MqComm, name: *const c_char, ranks: *const i64, n: usize) -> i64;
@@ -181,7 +183,9 @@ pub struct Comm {
 unsafe impl Send for Comm {}
 
 impl Comm {
-    /// Joins the world at `host:port` (rank 0 serves the store); blocks until every rank has.
+    /// Joins the world at `host:port` (serving the store there where `serve`), its keys under
+    /// `prefix`; blocks until every rank has.
+    #[allow(clippy::too_many_arguments)]
     pub fn init(
         host: &str,
         port: u16,
@@ -189,8 +193,11 @@ impl Comm {
         size: usize,
         timeout: std::time::Duration,
         cuda: CudaComm,
+        serve: bool,
+        prefix: &str,
     ) -> Result<Comm, CallError> {
         let h = c_string(host)?;
+        let pre = c_string(prefix)?;
         let mut code = 0;
         // SAFETY: a valid C string; the shim returns null and sets code on failure.
         let p = unsafe {
@@ -201,6 +208,8 @@ impl Comm {
                 size as i32,
                 timeout.as_millis() as i64,
                 cuda as i32,
+                serve as i32,
+                pre.as_ptr(),
                 &mut code,
             )
         };

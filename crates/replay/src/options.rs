@@ -123,6 +123,20 @@ pub struct DistOptions {
     /// This rank's place among the ranks on its machine (torchrun's `LOCAL_RANK`), when given:
     /// which GPU `cuda` means for it, and whether it has one of its own for NCCL.
     pub local_rank: Option<usize>,
+    /// Where the ranks' store is: served by rank 0, or by torchrun's agent (its
+    /// `TORCHELASTIC_USE_AGENT_STORE`), whose store rank 0 must join, not serve.
+    pub store: Store,
+}
+
+/// Who serves the rendezvous store at `MASTER_ADDR:MASTER_PORT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Store {
+    /// Rank 0 (`replay --ranks`, a launcher that starts no store).
+    #[default]
+    RankZero,
+    /// torchrun's elastic agent; `attempt` is its restart count (`TORCHELASTIC_RESTART_COUNT`),
+    /// which keys are kept under so that a restarted job does not read a failed one's keys.
+    Agent { attempt: u32 },
 }
 
 impl DistOptions {
@@ -157,7 +171,17 @@ impl DistOptions {
             Some(v) => Some(num("LOCAL_RANK", &v)?),
             None => None,
         };
+        let store = match var("TORCHELASTIC_USE_AGENT_STORE").as_deref() {
+            Some("True" | "true" | "1") => Store::Agent {
+                attempt: match var("TORCHELASTIC_RESTART_COUNT") {
+                    Some(v) => num("TORCHELASTIC_RESTART_COUNT", &v)? as u32,
+                    None => 0,
+                },
+            },
+            _ => Store::RankZero,
+        };
         Ok(Some(DistOptions {
+            store,
             local_rank,
             rank,
             world_size,

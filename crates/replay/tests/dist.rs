@@ -78,6 +78,7 @@ fn two_ranks(
                     master_port: port,
                     timeout: Duration::from_secs(30),
                     local_rank: Some(rank),
+                    store: replay::Store::RankZero,
                 };
                 let (slots, failures) =
                     replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();

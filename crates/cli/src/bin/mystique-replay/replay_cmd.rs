@@ -120,6 +120,19 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     let reference_original = reference_original(a, path)?;
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
+    let own;
+    let path = match (&dist, path.is_dir()) {
+        (Some(d), true) => {
+            own = own_rank_trace(a, path, d)?;
+            &own
+        }
+        (None, true) => anyhow::bail!(
+            "{} is a directory: replay one trace, every rank of a job together with --ranks \
+             DIR, or one rank each under a launcher (torchrun: RANK, WORLD_SIZE)",
+            path.display()
+        ),
+        (_, false) => path,
+    };
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
@@ -176,6 +189,33 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     }
     print_report(&report, gap_model.as_ref(), &trace.source, json)?;
     completed(&report)
+}
+
+/// Under a launcher, the trace in `dir` that is this rank's (ranked as `--ranks` ranks them),
+/// so that every node runs the same command line.
+fn own_rank_trace(
+    a: &ReplayArgs,
+    dir: &Path,
+    d: &replay::DistOptions,
+) -> Result<std::path::PathBuf> {
+    let files = crate::rank_files::list(&dir.display().to_string())?;
+    let read = crate::rank_files::read(files, a.iteration.as_deref(), a.run.only)?;
+    let (traces, from) = crate::rank_files::order(read, a.rank_order)?;
+    anyhow::ensure!(
+        traces.len() == d.world_size,
+        "{} holds {} rank traces, but WORLD_SIZE={}",
+        dir.display(),
+        traces.len(),
+        d.world_size
+    );
+    let own = traces[d.rank].path.clone();
+    log::info!(
+        "rank {}: {} (ranks: {})",
+        d.rank,
+        own.display(),
+        from.phrase()
+    );
+    Ok(own)
 }
 
 /// The original's side of `--reference-out`, checked before the replay (without it the
