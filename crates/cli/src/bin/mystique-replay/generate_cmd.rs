@@ -195,15 +195,7 @@ fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_sch
     let (order, _) = crate::rank_files::order(
         loaded
             .iter()
-            .map(|(p, _, t)| crate::rank_files::RankTrace {
-                path: p.clone(),
-                recorded: et_graph::summary::recorded_rank(t),
-                world: replay::plan::process_groups(t)
-                    .first()
-                    .map(|g| g.size)
-                    .filter(|&s| s > 0),
-                peak: None,
-            })
+            .map(|(p, _, t)| crate::rank_files::RankTrace::of(p.clone(), t))
             .collect(),
         false,
     )?;

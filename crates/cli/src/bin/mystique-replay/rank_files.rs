@@ -10,6 +10,7 @@
 //! before anything starts, naming the files.
 
 use anyhow::{bail, Context, Result};
+use mystique_cli::inspect::human_bytes as human;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -50,17 +51,6 @@ impl RankSource {
             RankSource::FileName => "file name",
             RankSource::Listed => "listed order",
         }
-    }
-
-    /// The source JSON reports name `name`.
-    pub fn named(name: &str) -> Option<RankSource> {
-        [
-            RankSource::Recorded,
-            RankSource::FileName,
-            RankSource::Listed,
-        ]
-        .into_iter()
-        .find(|s| s.name() == name)
     }
 
     /// Where the ranks came from, in a sentence.
@@ -222,41 +212,63 @@ fn is_rank_trace(f: &Path, name: &str) -> bool {
     }
 }
 
-/// Each file read for the rank it recorded, the world size of its groups and its replay's
-/// estimated peak memory (the iterations `iterations` of it, `only` its ops).
-pub fn read(
-    files: Vec<PathBuf>,
-    iterations: Option<&[u64]>,
-    only: et_graph::Kind,
-) -> Result<Vec<RankTrace>> {
+/// What [`read`] estimates each rank's peak memory for: the iterations and ops its replay takes.
+#[derive(Clone, Copy, Debug)]
+pub struct Estimate<'a> {
+    pub iterations: Option<&'a [u64]>,
+    pub only: et_graph::Kind,
+}
+
+impl RankTrace {
+    /// `t`'s rank as it recorded it and the world size of its groups; no estimate.
+    pub fn of(path: PathBuf, t: &et_schema::Trace) -> RankTrace {
+        RankTrace {
+            recorded: et_graph::summary::recorded_rank(t),
+            world: replay::plan::process_groups(t)
+                .first()
+                .map(|g| g.size)
+                .filter(|&s| s > 0),
+            peak: None,
+            path,
+        }
+    }
+}
+
+/// Each file read for the rank it recorded and the world size of its groups, and, with
+/// `estimate`, its replay's estimated peak memory (a plan compiled for it).
+pub fn read(files: Vec<PathBuf>, estimate: Option<Estimate>) -> Result<Vec<RankTrace>> {
     files
         .into_iter()
         .map(|path| {
             let t = mystique_cli::read_trace(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let world = replay::plan::process_groups(&t)
-                .first()
-                .map(|g| g.size)
-                .filter(|&s| s > 0);
-            let g = et_graph::Graph::new(&t);
-            let set = g
-                .select(&et_graph::Selection {
-                    iterations: iterations.map(<[u64]>::to_vec),
-                    ..Default::default()
-                })
-                .with_context(|| format!("selecting in {}", path.display()))?;
-            let plan = replay::plan::compile(&g, &set);
-            Ok(RankTrace {
-                recorded: et_graph::summary::recorded_rank(&t),
-                world,
-                peak: Some(Peak {
-                    asked: plan.peak_bytes_estimate(only),
+            let mut rank = RankTrace::of(path, &t);
+            if let Some(e) = estimate {
+                let g = et_graph::Graph::new(&t);
+                let set = g
+                    .select(&et_graph::Selection {
+                        iterations: e.iterations.map(<[u64]>::to_vec),
+                        ..Default::default()
+                    })
+                    .with_context(|| format!("selecting in {}", rank.path.display()))?;
+                let plan = replay::plan::compile(&g, &set);
+                rank.peak = Some(Peak {
+                    asked: plan.peak_bytes_estimate(e.only),
                     comm_only: plan.peak_bytes_estimate(et_graph::Kind::Comm),
-                }),
-                path,
-            })
+                });
+            }
+            Ok(rank)
         })
         .collect()
+}
+
+/// The rank traces `spec` names ([`list`]), read ([`read`]) and in rank order ([`order`]).
+pub fn discover(
+    spec: &str,
+    estimate: Option<Estimate>,
+    listed: bool,
+) -> Result<(Vec<RankTrace>, RankSource)> {
+    order(read(list(spec)?, estimate)?, listed)
 }
 
 /// Refuses ranks whose estimated peaks add up to more than `available` bytes (what this machine
@@ -293,11 +305,6 @@ pub fn check_memory(
         human(total),
         human(available)
     )
-}
-
-/// Bytes as MiB or GiB.
-fn human(b: u64) -> String {
-    mystique_cli::inspect::human_bytes(b)
 }
 
 /// Orders the traces as ranks 0..N-1 by the first source that tells them apart (see the module

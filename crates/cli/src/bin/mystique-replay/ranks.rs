@@ -23,9 +23,11 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         a.kineto.is_none(),
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
-    let files = rank_files::list(spec)?;
-    let read = rank_files::read(files, a.iteration.as_deref(), a.run.only)?;
-    let (traces, from) = rank_files::order(read, a.rank_order)?;
+    let estimate = rank_files::Estimate {
+        iterations: a.iteration.as_deref(),
+        only: a.run.only,
+    };
+    let (traces, from) = rank_files::discover(spec, Some(estimate), a.rank_order)?;
     // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU).
     if let (true, Some(available)) = (a.device == "cpu", metrics::available_memory()) {
         rank_files::check_memory(&traces, available, a.run.only, a.run.force)?;
@@ -56,7 +58,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         serde_json::to_writer(&mut out, &summary)?;
         writeln!(out)?;
     } else {
-        print_table(&mut out, &summary)?;
+        print_table(&mut out, &summary, from)?;
     }
     mystique_cli::OpsFailed::check_reports(reports.iter())
 }
@@ -347,17 +349,14 @@ fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Value
     })
 }
 
-fn print_table(out: &mut impl Write, s: &Value) -> Result<()> {
+fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     writeln!(
         out,
         "ranks      {} over loopback ({}); which trace is which rank: {}",
         s["world_size"].as_u64().unwrap_or(0),
         s["ranks"][0]["comm"].as_str().unwrap_or("gloo"),
-        s["ranks_from"]
-            .as_str()
-            .and_then(RankSource::named)
-            .map_or("?", RankSource::phrase)
+        from.phrase()
     )?;
     writeln!(out, "  rank  replayed  failed  iteration ms  trace")?;
     for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {

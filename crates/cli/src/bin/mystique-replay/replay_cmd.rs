@@ -198,9 +198,9 @@ fn own_rank_trace(
     dir: &Path,
     d: &replay::DistOptions,
 ) -> Result<std::path::PathBuf> {
-    let files = crate::rank_files::list(&dir.display().to_string())?;
-    let read = crate::rank_files::read(files, a.iteration.as_deref(), a.run.only)?;
-    let (traces, from) = crate::rank_files::order(read, a.rank_order)?;
+    // Which file is this rank's needs no estimate: each rank checks its own memory.
+    let (traces, from) =
+        crate::rank_files::discover(&dir.display().to_string(), None, a.rank_order)?;
     anyhow::ensure!(
         traces.len() == d.world_size,
         "{} holds {} rank traces, but WORLD_SIZE={}",
