@@ -31,12 +31,7 @@ fn both_ranks_of_the_gloo_trace_run_every_collective() {
         assert_eq!(r["world_size"], 2);
         assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
         assert_eq!(r["ops_replayed"], r["ops_selected"]);
-        let calls: u64 = r["collectives"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["count"].as_u64().unwrap())
-            .sum();
+        let calls = collective_calls(r);
         assert_eq!(calls, 6, "rank {k}: {}", r["collectives"]);
     }
     for op in [
@@ -255,27 +250,32 @@ fn check_every_collective(j: &serde_json::Value, expect: &[&str]) {
     assert_eq!(j["world_size"], 2, "{j}");
     for (k, r) in j["ranks"].as_array().unwrap().iter().enumerate() {
         assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
-        let calls: u64 = r["collectives"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["count"].as_u64().unwrap())
-            .sum();
+        let calls = collective_calls(r);
         assert_eq!(calls, 6, "rank {k}: {}", r["collectives"]);
         let trace = j["traces"][k].as_str().unwrap();
         assert!(trace.ends_with(expect[k]), "rank {k} replayed {trace}");
     }
 }
 
-fn replay_ranks(dir: &std::path::Path, extra: &[&str]) -> std::process::Output {
-    bin()
-        .args(["replay", "--ranks"])
+/// Collective calls per iteration in one rank's report.
+fn collective_calls(r: &serde_json::Value) -> u64 {
+    r["collectives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["count"].as_u64().unwrap())
+        .sum()
+}
+
+/// `replay --ranks DIR --only comm` for one quick iteration, with `extra` arguments.
+fn replay_ranks(dir: &std::path::Path, extra: &[&str]) -> std::process::Command {
+    let mut c = bin();
+    c.args(["replay", "--ranks"])
         .arg(dir)
         .args(["--json", "--threads", "1", "--iters", "1", "--warmup", "0"])
         .args(["--only", "comm"])
-        .args(extra)
-        .output()
-        .unwrap()
+        .args(extra);
+    c
 }
 
 /// A directory of traces named `<job>_et_<rank>.json` that record no rank, beside a Kineto
@@ -294,13 +294,7 @@ fn ranks_named_like_et_0_that_record_none_are_ranked_by_file_name() {
     )
     .unwrap();
     std::fs::write(d.join("job.meta.json"), r#"{"iter_ms_median": 3.0}"#).unwrap();
-    let out = replay_ranks(&d, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json(&mut replay_ranks(&d, &[]));
     assert_eq!(j["ranks_from"], "file name");
     check_every_collective(&j, &["job_et_0.json", "job_et_1.json"]);
     std::fs::remove_dir_all(&d).unwrap();
@@ -318,7 +312,7 @@ fn traces_that_all_record_rank_0_fall_back_to_their_file_names() {
         let t = et_schema::read_trace(&p).unwrap();
         assert_eq!(et_graph::summary::recorded_rank(&t), Some(0));
     }
-    let out = replay_ranks(&d, &[]);
+    let out = replay_ranks(&d, &[]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(
@@ -338,7 +332,7 @@ fn traces_nothing_tells_apart_need_rank_order() {
     let d = scratch("listed");
     std::fs::write(d.join("a.json"), gloo_rank(0, None).to_string()).unwrap();
     std::fs::write(d.join("b.json"), gloo_rank(1, None).to_string()).unwrap();
-    let out = replay_ranks(&d, &[]);
+    let out = replay_ranks(&d, &[]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -347,13 +341,7 @@ fn traces_nothing_tells_apart_need_rank_order() {
             && !err.contains("[ranks] rank"),
         "{err}"
     );
-    let out = replay_ranks(&d, &["--rank-order"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let j = json(&mut replay_ranks(&d, &["--rank-order"]));
     assert_eq!(j["ranks_from"], "listed order");
     check_every_collective(&j, &["a.json", "b.json"]);
     std::fs::remove_dir_all(&d).unwrap();
@@ -479,12 +467,7 @@ fn torchrun_starts_each_rank_on_its_own_trace_of_one_directory() {
             r["trace"]
         );
         assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
-        let calls: u64 = r["collectives"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["count"].as_u64().unwrap())
-            .sum();
+        let calls = collective_calls(r);
         assert_eq!(calls, 6, "rank {k}: {}", r["collectives"]);
     }
     std::fs::remove_dir_all(&d).unwrap();
