@@ -132,22 +132,21 @@ fn check_memory(plan: &Plan, bound: &Bound, opts: &ReplayOptions) -> Result<(), 
             return Err(ReplayError::Memory { needed, available });
         }
     }
-    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let mib = |b: f64| b / (1 << 20) as f64;
+    let (external_mib, needed_mib) = (mib(plan.external_bytes() as f64), mib(needed as f64));
     if opts.progress {
         eprintln!(
-            "[replay] materialising {} external inputs (about {:.1} MiB; peak about {:.1} MiB) ...",
+            "[replay] materialising {} external inputs (about {external_mib:.1} MiB; peak about \
+             {needed_mib:.1} MiB) ...",
             plan.externals.len(),
-            plan.external_bytes() as f64 / (1 << 20) as f64,
-            mib(needed)
         );
     }
     log::info!(
-        "plan: {} steps, {} slots, {} external inputs ({:.1} MiB), estimated peak {:.1} MiB",
+        "plan: {} steps, {} slots, {} external inputs ({external_mib:.1} MiB), estimated peak \
+         {needed_mib:.1} MiB",
         plan.steps.len(),
         plan.n_slots,
         plan.externals.len(),
-        plan.external_bytes() as f64 / (1 << 20) as f64,
-        mib(needed)
     );
     Ok(())
 }
