@@ -655,12 +655,23 @@ fn bench_comms(args: &[&str]) -> Result<()> {
     );
     println!(
         "{:>9} {:<11} {:>11} {:>11} {:>10} {:>10} {:>7}",
-        "size", "op", "pytorch us", "replay us", "pt MB/s", "replay MB/s", "ratio"
+        "size", "op", "pytorch us", "replay us", "pt busbw", "rp busbw", "ratio"
     );
+    // nccl-tests' convention: the message size S (an all-gather's whole output, an
+    // all-to-all's whole input) and the factor from algorithm to bus bandwidth.
+    let w = world as f64;
+    let convention = [
+        (1.0, 2.0 * (w - 1.0) / w),
+        (1.0, 1.0),
+        (w, (w - 1.0) / w),
+        (w, (w - 1.0) / w),
+    ];
     for size in [64usize << 10, 1 << 20, 8 << 20] {
         let dir = root().join(format!("target/bench/comms-{size}"));
         let mut pt: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
         let mut ours: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
+        // The replay's own busbw figure (GB/s), per op and round.
+        let mut ours_bus: Vec<Vec<f64>> = vec![Vec::new(); ops.len()];
         let python = |pt: &mut Vec<Vec<f64>>| -> Result<()> {
             let o = Command::new(python())
                 .arg(&script)
@@ -677,7 +688,7 @@ fn bench_comms(args: &[&str]) -> Result<()> {
             }
             Ok(())
         };
-        let replay = |ours: &mut Vec<Vec<f64>>| -> Result<()> {
+        let replay = |ours: &mut Vec<Vec<f64>>, bus: &mut Vec<Vec<f64>>| -> Result<()> {
             let o = Command::new(&bin)
                 .args(["replay", "--ranks"])
                 .arg(&dir)
@@ -701,6 +712,7 @@ fn bench_comms(args: &[&str]) -> Result<()> {
                 let c = &j["collectives"][op];
                 let n = c["count"].as_f64().unwrap_or(0.0).max(1.0);
                 ours[k].push(c["time_ms"].as_f64().unwrap_or(f64::NAN) * 1000.0 / n);
+                bus[k].push(c["busbw_gbps"].as_f64().unwrap_or(f64::NAN));
             }
             Ok(())
         };
@@ -710,29 +722,35 @@ fn bench_comms(args: &[&str]) -> Result<()> {
         for round in 0..rounds {
             if round % 2 == 0 {
                 python(&mut pt)?;
-                replay(&mut ours)?;
+                replay(&mut ours, &mut ours_bus)?;
             } else {
-                replay(&mut ours)?;
+                replay(&mut ours, &mut ours_bus)?;
                 python(&mut pt)?;
             }
         }
         for (k, (name, _)) in ops.iter().enumerate() {
             let ratios: Vec<f64> = pt[k].iter().zip(&ours[k]).map(|(p, o)| p / o).collect();
             let (p, o) = (median(&pt[k]), median(&ours[k]));
-            let mb = |us: f64| size as f64 / us;
+            let (times, factor) = convention[k];
+            let busbw = |us: f64| size as f64 * times * factor / us / 1e3;
             println!(
-                "{:>9} {:<11} {:>11.1} {:>11.1} {:>10.0} {:>10.0} {:>7.2}",
+                "{:>9} {:<11} {:>11.1} {:>11.1} {:>10.3} {:>10.3} {:>7.2}",
                 format!("{} KiB", size >> 10),
                 name,
                 p,
                 o,
-                mb(p),
-                mb(o),
+                busbw(p),
+                median(&ours_bus[k]),
                 median(&ratios)
             );
         }
     }
     println!("ratio: PyTorch's time / the replay's (above 1: the replay's collective is faster)");
+    println!(
+        "busbw: GB/s in nccl-tests' convention (S/t times 2(n-1)/n for all_reduce, (n-1)/n for \
+         all_gather and all_to_all, 1 for broadcast); PyTorch's from its median time, the \
+         replay's as its report gives it"
+    );
     Ok(())
 }
 

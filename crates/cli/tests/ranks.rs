@@ -48,6 +48,103 @@ fn both_ranks_of_the_gloo_trace_run_every_collective() {
     assert!(j["slowest_rank"].as_u64().unwrap() < 2);
 }
 
+/// nccl-tests' bandwidth convention in the report: 2 ranks, so an all-reduce's bus bandwidth
+/// is its algorithm bandwidth (2(n-1)/n = 1), an all-gather's half of it ((n-1)/n), whose
+/// message is its whole output (2 x 64 floats); a barrier moves no data and has none.
+#[test]
+fn collectives_report_algorithm_and_bus_bandwidth_as_nccl_tests_does() {
+    let glob = shared("cpu").join("dist_mlp_w2.rank*.et.json");
+    let j = json(
+        bin()
+            .args([
+                "replay",
+                "--ranks",
+                glob.to_str().unwrap(),
+                "--only",
+                "comm",
+            ])
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+    );
+    let c = &j["collectives"];
+    let bw = |op: &str, k: &str| c[op][k].as_f64().unwrap_or_else(|| panic!("{op} {k}: {c}"));
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    assert!(bw("c10d::allreduce_", "algbw_gbps") > 0.0);
+    assert!(close(
+        bw("c10d::allreduce_", "busbw_gbps"),
+        bw("c10d::allreduce_", "algbw_gbps")
+    ));
+    assert!(close(
+        bw("c10d::allgather_", "busbw_gbps"),
+        bw("c10d::allgather_", "algbw_gbps") / 2.0
+    ));
+    assert_eq!(c["c10d::allgather_"]["size_bytes"], 2 * 64 * 4, "{c}");
+    assert!(c["c10d::barrier"]["busbw_gbps"].is_null(), "{c}");
+    // Each rank's own figures: the same convention over its own time.
+    for r in j["ranks"].as_array().unwrap() {
+        for coll in r["collectives"].as_array().unwrap() {
+            let op = coll["op"].as_str().unwrap();
+            if op == "c10d::barrier" {
+                assert!(coll["busbw_gbps"].is_null());
+                continue;
+            }
+            let (t, s) = (
+                coll["total_ms"].as_f64().unwrap(),
+                coll["size_bytes"].as_f64().unwrap(),
+            );
+            assert!(
+                close(coll["algbw_gbps"].as_f64().unwrap(), s / (t / 1e3) / 1e9),
+                "{coll}"
+            );
+        }
+    }
+}
+
+/// A comm-only replay holds about one collective's tensors at a time: eight ranks of a
+/// tensor-parallel step, twelve 16 MiB fp16 all-reduces each (captured with
+/// `xtask/scripts/tp_allreduce.py DIR 8 12 16`), take two pooled buffers per rank (one, and
+/// a spare while the backend lets go of the last), where holding every collective's tensor
+/// took 192 MiB; the resident peak beyond libtorch's own shows it.
+#[test]
+fn a_comm_only_replay_takes_its_collectives_from_a_pool_of_reused_buffers() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tp_w8");
+    let j = json(&mut replay_ranks(&dir, &[]));
+    // libtorch's own: a replay that holds nothing (a trace without collectives, comm only).
+    let base = json(bin().args([
+        "replay",
+        shared("cpu/mlp.et.json").to_str().unwrap(),
+        "--only",
+        "comm",
+        "--json",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+    ]));
+    let own = base["device_memory"]["peak_bytes"].as_u64().unwrap();
+    const MIB16: u64 = 16 << 20;
+    let ranks = j["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8);
+    for (k, r) in ranks.iter().enumerate() {
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        assert_eq!(collective_calls(r), 12, "rank {k}");
+        assert_eq!(r["collectives"][0]["size_bytes"], 12 * MIB16, "rank {k}");
+        let pool = &r["pool"];
+        assert_eq!(pool["estimated_bytes"], 2 * MIB16, "rank {k}: {pool}");
+        // Made up front; one more only where the backend held two finished collectives'
+        // tensors at once.
+        let bytes = pool["bytes"].as_u64().unwrap();
+        assert!((2 * MIB16..=3 * MIB16).contains(&bytes), "rank {k}: {pool}");
+        assert_eq!(r["estimated_peak_bytes"], pool["estimated_bytes"]);
+        let peak = r["device_memory"]["peak_bytes"].as_u64().unwrap();
+        assert!(
+            peak.saturating_sub(own) < 6 * MIB16,
+            "rank {k}: peak {} MiB, libtorch's own {} MiB",
+            peak >> 20,
+            own >> 20
+        );
+    }
+}
+
 /// The 8-rank DLRM (a 2023 GPU trace, NCCL) replays its communication alone on CPU: every
 /// all_to_all and allreduce on all eight ranks, in the order of the rank each trace recorded.
 #[test]

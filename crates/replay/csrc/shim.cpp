@@ -367,6 +367,25 @@ void mq_storage_info(const at::Tensor* t, uintptr_t* ptr, size_t* nbytes) {
   *nbytes = st.nbytes();
 }
 
+// Whether the tensor is the output of a recorded autograd node (not a leaf, not detached).
+// A view whose base changed in place makes its node again here, which may throw: such a tensor
+// counts as having one (detaching it is still right).
+int mq_has_grad_fn(const at::Tensor* t) {
+  if (!t->defined() || !t->requires_grad()) return 0;
+  try {
+    return t->is_leaf() ? 0 : 1;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// How many holders the tensor's storage has (tensors viewing it, outstanding work holding
+// them): 1 when this tensor is its only user; 0 without a storage.
+size_t mq_storage_use_count(const at::Tensor* t) {
+  if (!t->defined() || !t->has_storage()) return 0;
+  return t->storage().use_count();
+}
+
 // dlopen with RTLD_GLOBAL so that the library's operator registrations run.
 int mq_load_library(const char* path) {
   void* h = dlopen(path, RTLD_NOW | RTLD_GLOBAL);

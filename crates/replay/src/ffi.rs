@@ -89,6 +89,8 @@ extern "C" {
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
+    fn mq_storage_use_count(t: *const C_tensor) -> usize;
+    fn mq_has_grad_fn(t: *const C_tensor) -> i32;
     fn mq_instr_begin(et_path: *const c_char, cuda: i32, record_shapes: i32) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
     fn mq_probe_op() -> f64;
@@ -268,6 +270,18 @@ pub fn storage_info(t: &Tensor) -> (usize, usize) {
     // SAFETY: a live tensor; the shim writes two integers.
     unsafe { mq_storage_info(t.as_ptr(), &mut p, &mut n) };
     (p, n)
+}
+
+/// Whether `t` is the output of a recorded autograd node.
+pub fn has_grad_fn(t: &Tensor) -> bool {
+    // SAFETY: a live tensor; the shim only reads it.
+    unsafe { mq_has_grad_fn(t.as_ptr()) != 0 }
+}
+
+/// How many holders `t`'s storage has (tensors viewing it, work holding them); 0 without one.
+pub fn storage_use_count(t: &Tensor) -> usize {
+    // SAFETY: a live tensor; the shim only reads its storage's reference count.
+    unsafe { mq_storage_use_count(t.as_ptr()) }
 }
 
 /// A string for the shim; one with a NUL byte cannot be passed (an unsupported argument).

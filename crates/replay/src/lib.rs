@@ -41,8 +41,8 @@ pub use error::{CallError, ErrorKind, ReplayError};
 pub use ffi::{flush_denormal, InstrumentError, Instrumentation, Profile, ProfiledEvent};
 pub use options::{DistOptions, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN};
 pub use report::{
-    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
-    Report, StepTiming,
+    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, PoolReport,
+    ProfiledStep, Report, StepTiming,
 };
 
 /// Loads a custom-op library (like `torch.ops.load_library`).

@@ -64,6 +64,13 @@ pub struct Report {
     pub overhead_us_per_op: f64,
     /// Peak bytes of live storages during the first iteration.
     pub peak_bytes: u64,
+    /// Tensors that let go of the autograd graph per iteration, after each forward's last
+    /// recorded step: the replay runs the trace's backward ops itself, so the graph would
+    /// only hold the forward's saved tensors through the whole backward. 0 without autograd.
+    pub graph_released: usize,
+    /// What the plan's estimate said the replay would hold at its peak (checked against the
+    /// memory available before starting; [`crate::Plan::peak_bytes_estimate`]).
+    pub estimated_peak_bytes: u64,
     /// Minor page faults of the process per measured iteration (`None`: not counted on this
     /// platform). A warm model takes about none; many mean the replay keeps re-touching fresh
     /// memory, which costs time the original does not spend.
@@ -74,6 +81,11 @@ pub struct Report {
     pub nonfinite_externals: usize,
     pub external_bytes: u64,
     pub externals: usize,
+    /// A communication-only replay's buffers (`--only comm`): its collectives' tensors are
+    /// views of these, reused once the collective using them completed, so their values are
+    /// not the model's (nothing that reads them runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolReport>,
     /// The device's memory after the run (CPU: the process's resident memory and its peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory: Option<MemorySnapshot>,
@@ -205,6 +217,16 @@ pub struct StepTiming {
     pub launch_us: f64,
 }
 
+/// The buffers of a communication-only replay.
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct PoolReport {
+    /// Buffers made (the most tensors of one dtype and size in use at once, per dtype and size).
+    pub buffers: usize,
+    pub bytes: u64,
+    /// What the plan's estimate said the pool would reach.
+    pub estimated_bytes: u64,
+}
+
 /// One collective op of a replay, per measured iteration.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct CollectiveTiming {
@@ -212,8 +234,21 @@ pub struct CollectiveTiming {
     pub count: usize,
     /// Bytes of the input tensors, as recorded.
     pub bytes: u64,
+    /// The calls' message sizes as nccl-tests counts them (an all-gather's whole output, a
+    /// reduce-scatter's whole input), summed.
+    #[serde(default)]
+    pub size_bytes: u64,
     /// Time in the collective, waiting for its peers included.
     pub total_ms: f64,
+    /// Algorithm bandwidth, `size_bytes` over the time (GB/s, 10^9 bytes), as nccl-tests
+    /// reports it; `None` for what moves no data (a barrier).
+    #[serde(default)]
+    pub algbw_gbps: Option<f64>,
+    /// Bus bandwidth: the algorithm bandwidth times nccl-tests' factor for the kind and group
+    /// size (2(n-1)/n for an all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all,
+    /// 1 for broadcast, reduce, send and recv), comparable across group sizes.
+    #[serde(default)]
+    pub busbw_gbps: Option<f64>,
 }
 
 /// Device memory of a CUDA replay.

@@ -390,3 +390,26 @@ fn only_leaves_steps_out_and_their_dependants_still_run() {
         .iter()
         .all(|f| f.kind == replay::ErrorKind::Unsupported));
 }
+
+/// A training step's replay lets go of the autograd graph after each forward's last recorded
+/// step (it runs the trace's backward ops itself; held, the graph kept every saved tensor
+/// through the backward, a public ResNet step at twice its memory); a replay without
+/// autograd has no graph to let go of.
+#[test]
+fn training_replays_let_go_of_the_forward_graph_before_the_backward() {
+    for m in ["cpu/cnn.et.json.gz", "cpu/transformer.et.json.gz"] {
+        let plan = cpu_plan(m);
+        assert!(!plan.graph_releases.is_empty(), "{m}");
+        let r = replay(m, et_graph::Kind::All);
+        assert_eq!(r.ops_failed, 0, "{m}: {:?}", r.failures);
+        assert!(r.graph_released > 0, "{m}");
+        let opts = replay::ReplayOptions {
+            iters: 1,
+            warmup: 0,
+            autograd: false,
+            ..Default::default()
+        };
+        let plain = replay_with(m, &Default::default(), &opts);
+        assert_eq!(plain.graph_released, 0, "{m}");
+    }
+}

@@ -18,6 +18,7 @@ use tch::{Kind, Tensor};
 
 mod materialise;
 mod pace;
+mod pool;
 mod run;
 mod stack;
 mod step;
@@ -182,6 +183,14 @@ pub struct Executor<'a> {
     fill_ones: Vec<Vec<crate::plan::Slot>>,
     /// Collectives' outstanding work, by the step that waits for it.
     pending: HashMap<usize, Vec<ffi::Works>>,
+    /// With `--only comm`, the collectives' buffers ([`pool::Pool`]): nothing is materialised
+    /// up front and left-out steps make no stand-ins.
+    pool: Option<pool::Pool>,
+    /// With autograd, per step: the slots let go of the graph after it
+    /// ([`Plan::graph_releases`], [`Executor::release_graph`]).
+    graph_release: Vec<bool>,
+    /// Tensors that let go of the graph in the last iteration.
+    graph_released: usize,
     /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which
     /// `--check-values` does not report ([`Executor::produced_nonfinite`]).
     by_design: Vec<bool>,

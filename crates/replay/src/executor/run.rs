@@ -120,7 +120,17 @@ pub fn run(
         },
         arena_bytes: ex.arena_bytes,
     };
-    Ok(rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu))
+    let (mut report, timeline) = rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu);
+    report.estimated_peak_bytes = plan.peak_bytes_estimate(opts.only);
+    report.graph_released = ex.graph_released();
+    report.pool = ex
+        .pooled()
+        .map(|(buffers, bytes)| crate::report::PoolReport {
+            buffers,
+            bytes,
+            estimated_bytes: plan.pooled_peak_bytes(),
+        });
+    Ok((report, timeline))
 }
 
 /// Refuses a replay that would not fit the device's memory (unless `force`), and says what
@@ -134,7 +144,12 @@ fn check_memory(plan: &Plan, bound: &Bound, opts: &ReplayOptions) -> Result<(), 
     }
     let mib = |b: f64| b / (1 << 20) as f64;
     let (external_mib, needed_mib) = (mib(plan.external_bytes() as f64), mib(needed as f64));
-    if opts.progress {
+    if opts.progress && opts.only == et_graph::Kind::Comm {
+        eprintln!(
+            "[replay] communication only: the collectives' tensors come from a pool of \
+             reused buffers (peak about {needed_mib:.1} MiB), their values are not the model's",
+        );
+    } else if opts.progress {
         eprintln!(
             "[replay] materialising {} external inputs (about {external_mib:.1} MiB; peak about \
              {needed_mib:.1} MiB) ...",
@@ -305,6 +320,12 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             return Ok(());
         }
         self.wait_pending(pos)?;
+        if self.ex.pool.is_some() {
+            // Taking buffers is the replay's bookkeeping, not the original's.
+            let t = self.timer.host_us();
+            self.ex.fill_from_pool(pos, &mut self.slots);
+            self.exclude_since(t);
+        }
         // Views computed again (a softmax, an attention's log-sum-exp) are work the original's
         // autograd did not do here (it saved them): out of the timings.
         let computed = step.views.iter().any(|v| !v.kind.is_strided());
@@ -328,6 +349,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             self.ex.pass_through(pos, &mut self.slots);
             self.rec.ran(self.it, pos, Via::Kernel, None);
             self.ex.free(pos, &mut self.slots);
+            self.ex.release_to_pool(pos, &mut self.slots);
             // The original ran this op between its two gaps: the next gap counts from here, or
             // the time spun for this one would count toward it too.
             self.last_op_end = self.timer.host_us();
@@ -338,6 +360,12 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         self.record(pos, outcome)?;
         self.check_values(pos);
         self.ex.free(pos, &mut self.slots);
+        self.ex.release_to_pool(pos, &mut self.slots);
+        if self.ex.graph_release.get(pos).copied().unwrap_or(false) {
+            let t = self.timer.host_us();
+            self.ex.release_graph(pos, &mut self.slots);
+            self.exclude_since(t);
+        }
         self.progress(pos);
         Ok(())
     }

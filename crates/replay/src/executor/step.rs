@@ -25,10 +25,13 @@ impl<'a> Executor<'a> {
         only: et_graph::Kind,
     ) -> Result<Self, ReplayError> {
         bound.device.setup_process()?;
+        // A communication-only replay materialises nothing: its collectives' tensors come from
+        // the pool as they run.
+        let pooled = only == et_graph::Kind::Comm;
         let needed = (only != et_graph::Kind::All).then(|| {
             let mut needed = vec![false; plan.n_slots];
             for (pos, step) in plan.steps.iter().enumerate() {
-                if step.kind.included(only) {
+                if step.kind.included(only) && !pooled {
                     for s in bound.args(plan, pos).iter().flat_map(Arg::slots) {
                         needed[s as usize] = true;
                     }
@@ -43,7 +46,7 @@ impl<'a> Executor<'a> {
         if autograd {
             require_grad(plan, &mut externals);
         }
-        Ok(Executor {
+        let mut ex = Executor {
             plan,
             bound,
             stack: Stack::default(),
@@ -59,7 +62,96 @@ impl<'a> Executor<'a> {
             fill_ones: small_empties(plan),
             pending: HashMap::new(),
             by_design: vec![false; plan.n_slots],
-        })
+            pool: pooled.then(|| super::pool::Pool::new(plan)),
+            graph_release: {
+                let mut at = vec![false; plan.steps.len()];
+                for &p in plan.graph_releases.iter().filter(|_| autograd) {
+                    if let Some(x) = at.get_mut(p) {
+                        *x = true;
+                    }
+                }
+                at
+            },
+            graph_released: 0,
+        };
+        ex.prepare_left_out(only);
+        Ok(ex)
+    }
+
+    /// What leaving steps out needs, made before any iteration (inside the first measured one
+    /// it would count in that iteration's CPU time): the pool's buffers, or the stand-ins of the
+    /// left-out steps' outputs that no input passes through to.
+    fn prepare_left_out(&mut self, only: et_graph::Kind) {
+        if only == et_graph::Kind::All {
+            return;
+        }
+        if let Some(pool) = &mut self.pool {
+            pool.prewarm(self.plan, &self.bound.device);
+            return;
+        }
+        for step in self.plan.steps.iter().filter(|s| !s.kind.included(only)) {
+            for (s, spec) in &step.out_specs {
+                let passed = step.passthrough.iter().any(|(_, to)| to == s);
+                if !passed && self.stand_ins[*s as usize].is_none() {
+                    self.stand_ins[*s as usize] = self.bound.device.synthesise(spec);
+                }
+            }
+        }
+    }
+
+    /// After a forward's last recorded step, the graph the forward built holds every tensor
+    /// it saved for a backward the replay never runs through autograd (it runs the trace's
+    /// backward ops itself): the slots take graph-free aliases of their tensors, so the graph
+    /// goes and each saved tensor lives as long as the trace uses it, as the original's engine
+    /// let each go once its node ran. Without it a training step held its forward's
+    /// activations through the whole backward (a ResNet replay at twice its memory).
+    pub(super) fn release_graph(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+        if !self.graph_release.get(pos).copied().unwrap_or(false) {
+            return;
+        }
+        if pos == self.plan.graph_releases.first().copied().unwrap_or(pos) {
+            self.graph_released = 0;
+        }
+        for t in slots.iter_mut().flatten() {
+            if ffi::has_grad_fn(t) {
+                if let Ok(d) = t.f_detach() {
+                    *t = d;
+                    self.graph_released += 1;
+                }
+            }
+        }
+    }
+
+    /// Tensors that let go of the autograd graph in the last iteration
+    /// ([`Executor::release_graph`]).
+    pub fn graph_released(&self) -> usize {
+        self.graph_released
+    }
+
+    /// With `--only comm`, the buffers the pool made and their bytes.
+    pub fn pooled(&self) -> Option<(usize, u64)> {
+        self.pool.as_ref().map(|p| (p.count, p.bytes))
+    }
+
+    /// With `--only comm`, fills step `pos`'s empty input slots with pooled buffers.
+    pub(super) fn fill_from_pool(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+        let Some(pool) = &mut self.pool else { return };
+        let step = &self.plan.steps[pos];
+        let mut wanted: Vec<crate::plan::Slot> = self
+            .bound
+            .args(self.plan, pos)
+            .iter()
+            .flat_map(Arg::slots)
+            .collect();
+        wanted.extend(step.views.iter().map(|v| v.base));
+        pool.fill(&wanted, slots, &self.bound.device);
+    }
+
+    /// With `--only comm`, drops the slots no later collective touches after step `pos`.
+    pub(super) fn release_to_pool(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+        if let Some(pool) = &self.pool {
+            pool.release(pos, slots);
+        }
     }
 
     /// Runs collectives through these process groups, each waited for at most `timeout`.
@@ -227,6 +319,10 @@ impl<'a> Executor<'a> {
     /// A step left out by `--only`: outputs that are inputs pass through, the others get
     /// stand-ins made on first use and kept.
     pub fn leave_out(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+        if self.pool.is_some() {
+            // The collectives take their buffers from the pool.
+            return;
+        }
         self.pass_inputs(pos, slots);
         let plan = self.plan;
         for (s, spec) in &plan.steps[pos].out_specs {

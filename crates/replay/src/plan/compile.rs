@@ -497,7 +497,9 @@ impl<'g, 't> Compiler<'g, 't> {
                 self.steps[last].frees.push(slot as u32);
             }
         }
+        let graph_releases = graph_releases(self.b.g, &self.steps);
         let mut plan = Plan {
+            graph_releases,
             restored: self.restored,
             version: Plan::VERSION,
             source: t.source.clone(),
@@ -520,6 +522,29 @@ impl<'g, 't> Compiler<'g, 't> {
     }
 }
 
+/// The steps after which a backward op comes before any step that records into the autograd
+/// graph: each forward's last recorded step, where the graph it built is no longer grown.
+fn graph_releases(g: &Graph, steps: &[Step]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut backward_next = false;
+    for (pos, st) in steps.iter().enumerate().rev() {
+        let backward = g
+            .class
+            .get(st.node as usize)
+            .is_some_and(|c| c.contains(OpClass::BACKWARD));
+        if backward {
+            backward_next = true;
+        } else if st.autograd {
+            if backward_next {
+                out.push(pos);
+            }
+            backward_next = false;
+        }
+    }
+    out.reverse();
+    out
+}
+
 /// Why an op without a usable schema cannot run.
 fn missing_schema(t: &Trace, node: &et_schema::Node, collective: bool) -> String {
     if collective {
@@ -531,14 +556,25 @@ fn missing_schema(t: &Trace, node: &et_schema::Node, collective: bool) -> String
     }
 }
 
-/// A collective with the bytes of its recorded input tensors.
+/// A collective with the bytes of its recorded input tensors, and its message size as
+/// nccl-tests counts it ([`Collective::size_bytes`]).
 fn with_bytes(t: &Trace, node: &et_schema::Node, mut c: Collective) -> Collective {
-    c.bytes = t
+    let bytes = |a: &et_schema::Arg| -> u64 {
+        arg_tensors(t, a)
+            .into_iter()
+            .filter_map(|(_, spec)| spec)
+            .map(|s| s.shape.iter().product::<i64>().max(0) as u64 * s.dtype.size_bytes() as u64)
+            .sum()
+    };
+    c.bytes = t.inputs(node).iter().map(bytes).sum();
+    // The largest argument, input or output: an all-gather's output list (or the output of a
+    // functional all-gather), a reduce-scatter's input list, an all-reduce's one buffer.
+    c.size_bytes = t
         .inputs(node)
         .iter()
-        .flat_map(|a| arg_tensors(t, a))
-        .filter_map(|(_, spec)| spec)
-        .map(|s| s.shape.iter().product::<i64>().max(0) as u64 * s.dtype.size_bytes() as u64)
-        .sum();
+        .chain(t.outputs(node))
+        .map(bytes)
+        .max()
+        .unwrap_or(0);
     c
 }

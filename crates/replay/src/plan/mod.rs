@@ -21,6 +21,7 @@ mod collective;
 mod compile;
 mod fill;
 mod placement;
+mod pool;
 mod slots;
 mod validate;
 
@@ -28,6 +29,7 @@ pub use autocast::autocast_of;
 pub use collective::process_groups;
 pub use compile::compile;
 pub use fill::{restore_rounded, Restored};
+pub use pool::{pool_key, PoolKey};
 pub use validate::InvalidPlan;
 
 pub type Slot = u32;
@@ -179,6 +181,53 @@ pub enum StepKind {
     Collective(Box<Collective>),
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Collective {
+    /// The factor from algorithm bandwidth to bus bandwidth in nccl-tests' convention, for a
+    /// group of `n` ranks: 2(n-1)/n for an all-reduce; (n-1)/n for all-gather, reduce-scatter
+    /// and all-to-all; 1 for broadcast, reduce, gather, scatter, send and recv. `None` for
+    /// what moves no data (a barrier) or a kind it does not know.
+    pub fn bus_factor(&self, n: usize) -> Option<f64> {
+        let name: String = self
+            .name
+            .rsplit("::")
+            .next()
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| *c != '_')
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let n = n.max(1) as f64;
+        if name.contains("allreduce") {
+            Some(2.0 * (n - 1.0) / n)
+        } else if ["allgather", "reducescatter", "alltoall"]
+            .iter()
+            .any(|k| name.contains(k))
+        {
+            Some((n - 1.0) / n)
+        } else if ["broadcast", "reduce", "gather", "scatter", "send", "recv"]
+            .iter()
+            .any(|k| name.starts_with(k))
+        {
+            Some(1.0)
+        } else {
+            None
+        }
+    }
+
+    /// [`Collective::size_bytes`], or for a plan compiled without it the bytes of its inputs.
+    pub fn message_bytes(&self) -> u64 {
+        if self.size_bytes > 0 {
+            self.size_bytes
+        } else {
+            self.bytes
+        }
+    }
+}
+
 impl StepKind {
     /// Whether `--only` runs this step. The one place that decides it.
     pub fn included(&self, only: et_graph::Kind) -> bool {
@@ -216,6 +265,11 @@ pub struct Collective {
     pub group: u32,
     /// Bytes of its input tensors as recorded.
     pub bytes: u64,
+    /// Its message size as nccl-tests counts it (`S` in algbw = S / t): the largest of its
+    /// tensor arguments and outputs, so an all-gather's whole output, a reduce-scatter's whole
+    /// input, an all-reduce's buffer. 0 in plans compiled before it was recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub size_bytes: u64,
     /// The sequence number its `record_param_comms` record carries (the collective's, or for a
     /// `wait` record the one it waits for): how PARAM-style traces pair waits with collectives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,6 +394,11 @@ pub struct Plan {
     /// Scalars the trace rounded to 0 that the replay restored (see [`restore_rounded`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored: Vec<Restored>,
+    /// Steps after which no step records into the autograd graph before a backward op runs
+    /// (each forward's last): with autograd, the replay lets go of the graph there (see
+    /// `Executor::release_graph`). Format 6; absent (none) in older plans.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graph_releases: Vec<usize>,
     /// Process groups, the world first (index 0). From the trace's `## process_group:init ##`;
     /// a trace without one (older schemas) has the world alone, its size unknown (0).
     pub groups: Vec<GroupSpec>,
@@ -352,8 +411,10 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 5;
-    /// The oldest format this build still runs. Format 5 only added [`ViewKind::WeightNormNorms`], as format 4 only added
+    pub const VERSION: u32 = 6;
+    /// The oldest format this build still runs. Format 6 only added [`Plan::graph_releases`]
+    /// (an older plan has none, and holds its forward's graph as the build that made it did).
+    /// Format 5 only added [`ViewKind::WeightNormNorms`], as format 4 only added
     /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as
     /// a random external input). Format 3 only added [`Step::views`] (absent, empty): a
     /// format-2 plan is a format-3 plan whose saved views were compiled as external inputs, and
@@ -416,7 +477,11 @@ impl Plan {
     /// An estimate of the peak bytes a replay holds: the external inputs plus the most
     /// intermediates live at once along the steps (a storage counted once while any slot
     /// viewing it is live). Checked against the memory available before materialising.
+    /// A communication-only replay takes its buffers from a pool ([`Plan::pooled_peak_bytes`]).
     pub fn peak_bytes_estimate(&self, only: et_graph::Kind) -> u64 {
+        if only == et_graph::Kind::Comm {
+            return self.pooled_peak_bytes();
+        }
         // In-place updates of external inputs (parameters) are in the external bytes already.
         let external: std::collections::HashSet<u64> =
             self.externals.iter().map(|e| e.1.storage).collect();

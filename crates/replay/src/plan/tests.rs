@@ -759,3 +759,177 @@ fn signatures_key_on_operator_tensors_and_scalars() {
     );
     assert_eq!(p.signature(2), sigs[2]);
 }
+
+const ALLREDUCE: &str = "c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? sparse_indices, int timeout) -> (Tensor[], __torch__.torch.classes.c10d.Work)";
+const ALLGATHER: &str = "c10d::allgather_(Tensor[][] output_tensors, Tensor[] input_tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int timeout) -> (Tensor[][], __torch__.torch.classes.c10d.Work)";
+
+/// `c10d::allreduce_` of tensor `id` (float32, `n` elements, its own storage), in place.
+fn allreduce(b: &mut TraceBuilder, id: u64, n: u64) {
+    b.op("c10d::allreduce_", ALLREDUCE)
+        .input(
+            json!([f32(id, id, n)]),
+            json!([[n]]),
+            "GenericList[Tensor(float)]",
+        )
+        .input(json!("pg"), json!([]), "Object")
+        .input(json!("op"), json!([]), "Object")
+        .input(json!(null), json!([]), "None")
+        .input(json!(-1), json!([]), "Int")
+        .output(
+            json!([f32(id, id, n)]),
+            json!([[n]]),
+            "GenericList[Tensor(float)]",
+        )
+        .output(json!("work"), json!([]), "Object")
+        .done();
+}
+
+/// A comm-only replay's pool holds what is in flight at once: three all-reduces of three
+/// 1,000-element tensors, one after the other, take one buffer (and a spare for the backend's
+/// late release), not three; a fourth of another size takes its own.
+#[test]
+fn the_pool_of_a_comm_only_replay_holds_what_is_in_flight_at_once() {
+    let mut b = TraceBuilder::new();
+    for id in [1, 2, 3] {
+        allreduce(&mut b, id, 1000);
+        add_1d(&mut b, id, id, 10 + id, 1000);
+    }
+    allreduce(&mut b, 4, 10);
+    let p = plan_of(&b);
+    let collectives = p.steps.iter().filter(|s| s.kind.is_collective()).count();
+    assert_eq!(
+        collectives,
+        4,
+        "{:?}",
+        p.steps.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let buffers = p.pooled_buffers();
+    assert_eq!(
+        buffers.get(&(DType::Float32, 1000)),
+        Some(&2),
+        "{buffers:?}"
+    );
+    assert_eq!(buffers.get(&(DType::Float32, 10)), Some(&1), "{buffers:?}");
+    assert_eq!(p.pooled_peak_bytes(), 2 * 4000 + 40);
+    assert_eq!(
+        p.peak_bytes_estimate(et_graph::Kind::Comm),
+        p.pooled_peak_bytes()
+    );
+    // Every slot a collective touches is released after it (no later collective reads it).
+    let releases = p.comm_releases();
+    for (pos, st) in p.steps.iter().enumerate() {
+        if st.kind.is_collective() {
+            assert!(!releases[pos].is_empty(), "step {pos}");
+        } else {
+            assert!(releases[pos].is_empty(), "step {pos}: {:?}", releases[pos]);
+        }
+    }
+}
+
+/// Bandwidth in nccl-tests' convention: an all-gather's message is its whole output (the
+/// inputs it records include the output lists), an all-reduce's its buffer; the bus factors
+/// by kind and group size.
+#[test]
+fn collectives_count_their_message_and_bus_factor_as_nccl_tests_does() {
+    let mut b = TraceBuilder::new();
+    allreduce(&mut b, 1, 100);
+    b.op("c10d::allgather_", ALLGATHER)
+        .input(
+            json!([[
+                f32(2, 2, 100),
+                f32(3, 3, 100),
+                f32(4, 4, 100),
+                f32(5, 5, 100)
+            ]]),
+            json!([[[100], [100], [100], [100]]]),
+            "GenericList[GenericList[Tensor(float),Tensor(float),Tensor(float),Tensor(float)]]",
+        )
+        .input(
+            json!([f32(6, 6, 100)]),
+            json!([[100]]),
+            "GenericList[Tensor(float)]",
+        )
+        .input(json!("pg"), json!([]), "Object")
+        .input(json!(-1), json!([]), "Int")
+        .output(
+            json!([[
+                f32(2, 2, 100),
+                f32(3, 3, 100),
+                f32(4, 4, 100),
+                f32(5, 5, 100)
+            ]]),
+            json!([[[100], [100], [100], [100]]]),
+            "GenericList[GenericList[Tensor(float),Tensor(float),Tensor(float),Tensor(float)]]",
+        )
+        .output(json!("work"), json!([]), "Object")
+        .done();
+    let p = plan_of(&b);
+    let coll = |k: usize| match &p.steps[k].kind {
+        StepKind::Collective(c) => c.as_ref().clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(coll(0).message_bytes(), 400);
+    assert_eq!(coll(1).bytes, 5 * 400, "inputs as recorded");
+    assert_eq!(coll(1).message_bytes(), 4 * 400, "the whole output");
+    let named = |name: &str| Collective {
+        name: name.into(),
+        ..Default::default()
+    };
+    assert_eq!(named("c10d::allreduce_").bus_factor(4), Some(1.5));
+    assert_eq!(named("all_reduce").bus_factor(2), Some(1.0));
+    assert_eq!(
+        named("_c10d_functional::all_gather_into_tensor").bus_factor(4),
+        Some(0.75)
+    );
+    assert_eq!(named("c10d::reduce_scatter_").bus_factor(2), Some(0.5));
+    assert_eq!(named("c10d::alltoall_base_").bus_factor(8), Some(0.875));
+    assert_eq!(named("c10d::broadcast_").bus_factor(8), Some(1.0));
+    assert_eq!(named("c10d::reduce_").bus_factor(8), Some(1.0));
+    assert_eq!(named("c10d::send").bus_factor(2), Some(1.0));
+    assert_eq!(named("c10d::barrier").bus_factor(8), None);
+    assert_eq!(named("wait").bus_factor(8), None);
+}
+
+/// The graph a forward builds is let go after its last recorded step, where a backward op
+/// comes next: once per forward and backward (two here), not inside a forward.
+#[test]
+fn the_graph_is_let_go_after_each_forward_that_a_backward_follows() {
+    let mut b = TraceBuilder::new();
+    let relu = |b: &mut TraceBuilder, seq: i64, x: u64, y: u64| {
+        b.op("aten::relu", "aten::relu(Tensor self) -> Tensor")
+            .seq_id(seq)
+            .input(f32(x, x, 4), json!([4]), "Tensor(float)")
+            .output(f32(y, y, 4), json!([4]), "Tensor(float)")
+            .done();
+    };
+    let backward = |b: &mut TraceBuilder, x: u64, y: u64| {
+        let engine = b
+            .node("autograd::engine::evaluate_function: ReluBackward0")
+            .done();
+        b.op("aten::neg", "aten::neg(Tensor self) -> Tensor")
+            .parent(engine)
+            .input(f32(x, x, 4), json!([4]), "Tensor(float)")
+            .output(f32(y, y, 4), json!([4]), "Tensor(float)")
+            .done();
+    };
+    relu(&mut b, 1, 1, 2);
+    relu(&mut b, 2, 2, 3);
+    backward(&mut b, 3, 4);
+    relu(&mut b, 3, 5, 6);
+    backward(&mut b, 6, 7);
+    let p = plan_of(&b);
+    let names: Vec<(&str, bool)> = p
+        .steps
+        .iter()
+        .map(|s| (s.name.as_str(), s.autograd))
+        .collect();
+    assert_eq!(p.steps.len(), 5, "{names:?}");
+    assert_eq!(p.graph_releases, vec![1, 3], "{names:?}");
+    // Stored plans keep them, and a release past the steps is refused.
+    let mut bad = p.clone();
+    bad.graph_releases.push(5);
+    assert!(matches!(
+        bad.validate(),
+        Err(InvalidPlan::ReleaseStep { step: 5, steps: 5 })
+    ));
+}

@@ -77,6 +77,14 @@ pub enum InvalidPlan {
         /// The plan's step count.
         steps: usize,
     },
+    /// A graph release after a step the plan does not have.
+    #[error("graph release after step {step} of {steps}")]
+    ReleaseStep {
+        /// The step.
+        step: usize,
+        /// The plan's step count.
+        steps: usize,
+    },
     /// An index (operator, process group, collective wait) past its list.
     #[error("node {node}: {what} out of range")]
     Index {
@@ -134,6 +142,12 @@ impl Plan {
         if let Some(r) = self.restored.iter().find(|r| r.step >= self.steps.len()) {
             return Err(InvalidPlan::RestoredStep {
                 step: r.step,
+                steps: self.steps.len(),
+            });
+        }
+        if let Some(&step) = self.graph_releases.iter().find(|&&p| p >= self.steps.len()) {
+            return Err(InvalidPlan::ReleaseStep {
+                step,
                 steps: self.steps.len(),
             });
         }

@@ -23,7 +23,7 @@ impl Recorder<'_> {
         let in_context = self.events_in_context();
         let iters = opts.iters.max(1);
         let ops = self.op_timings(iters);
-        let collectives = self.collective_timings(iters);
+        let collectives = self.collective_timings(iters, rank.map_or(1, |r| r.1));
         let iter = Stats::of(&self.iter_ms);
         let opsum = Stats::of(&self.op_ms);
         let (replayed, failed, skipped) = self.counts;
@@ -80,10 +80,13 @@ impl Recorder<'_> {
             op_samples_ms: self.op_ms.clone(),
             overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
             peak_bytes: self.peak,
+            estimated_peak_bytes: 0,
+            graph_released: 0,
             page_faults_per_iter: self.faults.map(|f| f as f64 / iters as f64),
             nonfinite_externals,
             external_bytes: self.external_bytes,
             externals: plan.externals.len(),
+            pool: None,
             device_memory: device.memory(),
             cuda_memory,
             gpu: gpu_report,
@@ -159,23 +162,54 @@ impl Recorder<'_> {
         ops
     }
 
-    /// Per collective op name, calls, bytes and time per measured iteration.
-    fn collective_timings(&self, iters: usize) -> Vec<CollectiveTiming> {
-        let mut colls: BTreeMap<&str, CollectiveTiming> = BTreeMap::new();
+    /// Per collective op name, calls, bytes and time per measured iteration, and the bandwidth
+    /// in nccl-tests' convention (`world`: the ranks of a group whose size is not recorded).
+    fn collective_timings(&self, iters: usize, world: usize) -> Vec<CollectiveTiming> {
+        // Per op: its timing, and the bus bytes (message bytes times the bus factor) of the
+        // calls whose kind has one.
+        let mut colls: BTreeMap<&str, (CollectiveTiming, Option<f64>)> = BTreeMap::new();
         for (pos, step) in self.plan.steps.iter().enumerate() {
             if let (StepKind::Collective(c), true) = (&step.kind, self.step_calls[pos] > 0) {
-                let e = colls.entry(step.name.as_str()).or_insert(CollectiveTiming {
-                    op: step.name.clone(),
-                    count: 0,
-                    bytes: 0,
-                    total_ms: 0.0,
-                });
-                e.count += self.step_calls[pos] as usize / iters;
+                let (e, bus) = colls.entry(step.name.as_str()).or_insert((
+                    CollectiveTiming {
+                        op: step.name.clone(),
+                        count: 0,
+                        bytes: 0,
+                        size_bytes: 0,
+                        total_ms: 0.0,
+                        algbw_gbps: None,
+                        busbw_gbps: None,
+                    },
+                    None,
+                ));
+                let calls = self.step_calls[pos] as usize / iters;
+                e.count += calls;
                 e.bytes += c.bytes;
+                e.size_bytes += c.message_bytes() * calls as u64;
                 e.total_ms += self.step_total_us[pos] / 1000.0 / iters as f64;
+                let group = self.plan.groups.get(c.group as usize);
+                let n = c
+                    .pg_size
+                    .filter(|&n| n > 0)
+                    .or_else(|| group.map(|g| g.size).filter(|&n| n > 0))
+                    .or_else(|| group.map(|g| g.ranks.len() as i64).filter(|&n| n > 0))
+                    .map_or(world, |n| n as usize);
+                if let Some(f) = c.bus_factor(n) {
+                    *bus = Some(bus.unwrap_or(0.0) + f * (c.message_bytes() * calls as u64) as f64);
+                }
             }
         }
-        colls.into_values().collect()
+        colls
+            .into_values()
+            .map(|(mut c, bus)| {
+                let secs = c.total_ms / 1000.0;
+                if secs > 0.0 && bus.is_some() {
+                    c.algbw_gbps = Some(c.size_bytes as f64 / secs / 1e9);
+                    c.busbw_gbps = bus.map(|b| b / secs / 1e9);
+                }
+                c
+            })
+            .collect()
     }
 
     /// Ops that ran otherwise than the trace's: planned fallbacks, detours taken at run time

@@ -74,6 +74,16 @@ fn print_resources(out: &mut impl Write, r: &replay::Report) -> Result<()> {
         human_bytes(r.external_bytes),
         r.externals
     )?;
+    if let Some(p) = &r.pool {
+        writeln!(
+            out,
+            "pool       communication only: {} reused buffers, {} (estimated {}); the \
+             collectives carry zeros, not the model's values",
+            p.buffers,
+            human_bytes(p.bytes),
+            human_bytes(p.estimated_bytes)
+        )?;
+    }
     if let Some(f) = r.page_faults_per_iter {
         writeln!(out, "faults     {f:.1} minor page faults per iteration")?;
     }
@@ -192,15 +202,25 @@ fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
 /// Collectives and the top ops by time per iteration.
 fn print_ops(out: &mut impl Write, r: &replay::Report) -> Result<()> {
     if !r.collectives.is_empty() {
-        writeln!(out, "collectives per iteration")?;
-        writeln!(out, "  {:>9} {:>6} {:>12}  op", "ms", "calls", "bytes")?;
+        writeln!(
+            out,
+            "collectives per iteration (bandwidth in GB/s as nccl-tests reports it)"
+        )?;
+        writeln!(
+            out,
+            "  {:>9} {:>6} {:>12} {:>8} {:>8}  op",
+            "ms", "calls", "size", "algbw", "busbw"
+        )?;
+        let gbps = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.3}"));
         for c in &r.collectives {
             writeln!(
                 out,
-                "  {:>9.3} {:>6} {:>12}  {}",
+                "  {:>9.3} {:>6} {:>12} {:>8} {:>8}  {}",
                 c.total_ms,
                 c.count,
-                human_bytes(c.bytes),
+                human_bytes(c.size_bytes),
+                gbps(c.algbw_gbps),
+                gbps(c.busbw_gbps),
                 c.op
             )?;
         }

@@ -303,6 +303,10 @@ fn describe(s: std::process::ExitStatus) -> String {
     format!("exit code {}", s.code().unwrap_or(-1))
 }
 
+/// One collective op on one rank: calls, bytes, message bytes, time (ms), and its bus over
+/// algorithm bandwidth (none for what moves no data).
+type RankCollective = (u64, u64, u64, f64, Option<f64>);
+
 /// One object: the per-rank reports and cross-rank figures (slowest rank; per collective op:
 /// calls and bytes per rank, time averaged over ranks, and the waiting it caused: each rank's
 /// time in it beyond the fastest rank's, summed).
@@ -313,29 +317,44 @@ fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Value
         .enumerate()
         .max_by(|a, b| f(&a.1["iter_ms"]["median"]).total_cmp(&f(&b.1["iter_ms"]["median"])))
         .map(|(k, _)| k);
-    let mut per: BTreeMap<String, Vec<(u64, u64, f64)>> = BTreeMap::new();
+    let mut per: BTreeMap<String, Vec<RankCollective>> = BTreeMap::new();
     for r in reports {
         for c in r["collectives"].as_array().into_iter().flatten() {
+            let factor = c["busbw_gbps"]
+                .as_f64()
+                .zip(c["algbw_gbps"].as_f64())
+                .filter(|(_, a)| *a > 0.0)
+                .map(|(b, a)| b / a);
             per.entry(c["op"].as_str().unwrap_or("?").to_string())
                 .or_default()
                 .push((
                     c["count"].as_u64().unwrap_or(0),
                     c["bytes"].as_u64().unwrap_or(0),
+                    c["size_bytes"].as_u64().unwrap_or(0),
                     f(&c["total_ms"]),
+                    factor,
                 ));
         }
     }
     let collectives: BTreeMap<String, Value> = per
         .into_iter()
         .map(|(op, v)| {
-            let min = v.iter().map(|x| x.2).fold(f64::INFINITY, f64::min);
-            let mean = v.iter().map(|x| x.2).sum::<f64>() / v.len().max(1) as f64;
-            let wait: f64 = v.iter().map(|x| x.2 - min).sum();
+            let min = v.iter().map(|x| x.3).fold(f64::INFINITY, f64::min);
+            let mean = v.iter().map(|x| x.3).sum::<f64>() / v.len().max(1) as f64;
+            let wait: f64 = v.iter().map(|x| x.3 - min).sum();
             let count = v.iter().map(|x| x.0).max().unwrap_or(0);
             let bytes = v.iter().map(|x| x.1).max().unwrap_or(0);
+            let size = v.iter().map(|x| x.2).max().unwrap_or(0);
+            // Over the mean time of the ranks, as the time column; no bandwidth for what
+            // moves no data.
+            let factor = v.iter().find_map(|x| x.4);
+            let algbw = (mean > 0.0 && factor.is_some()).then(|| size as f64 / (mean / 1e3) / 1e9);
+            let busbw = algbw.zip(factor).map(|(a, k)| a * k);
             (
                 op,
-                json!({"count": count, "bytes": bytes, "time_ms": mean, "wait_ms": wait, "ranks": v.len()}),
+                json!({"count": count, "bytes": bytes, "size_bytes": size, "time_ms": mean,
+                       "wait_ms": wait, "ranks": v.len(), "algbw_gbps": algbw,
+                       "busbw_gbps": busbw}),
             )
         })
         .collect();
@@ -378,21 +397,25 @@ fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> 
     }
     writeln!(
         out,
-        "collectives per iteration (time: mean over ranks; wait: beyond the fastest rank, summed)"
+        "collectives per iteration (time: mean over ranks; wait: beyond the fastest rank, \
+         summed; bandwidth in GB/s over the mean time, as nccl-tests reports it)"
     )?;
     writeln!(
         out,
-        "  {:>6} {:>12} {:>10} {:>10}  op",
-        "calls", "bytes", "time ms", "wait ms"
+        "  {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}  op",
+        "calls", "size", "time ms", "wait ms", "algbw", "busbw"
     )?;
+    let gbps = |v: &Value| v.as_f64().map_or("-".to_string(), |g| format!("{g:.3}"));
     for (op, c) in s["collectives"].as_object().into_iter().flatten() {
         writeln!(
             out,
-            "  {:>6} {:>12} {:>10.3} {:>10.3}  {op}",
+            "  {:>6} {:>12} {:>10.3} {:>10.3} {:>8} {:>8}  {op}",
             c["count"].as_u64().unwrap_or(0),
-            mystique_cli::inspect::human_bytes(c["bytes"].as_u64().unwrap_or(0)),
+            mystique_cli::inspect::human_bytes(c["size_bytes"].as_u64().unwrap_or(0)),
             f(&c["time_ms"]),
-            f(&c["wait_ms"])
+            f(&c["wait_ms"]),
+            gbps(&c["algbw_gbps"]),
+            gbps(&c["busbw_gbps"])
         )?;
     }
     Ok(())
