@@ -485,24 +485,38 @@ impl Plan {
         // In-place updates of external inputs (parameters) are in the external bytes already.
         let external: std::collections::HashSet<u64> =
             self.externals.iter().map(|e| e.1.storage).collect();
+        // Per slot: its allocation (a key) and the trace's storage id. An output over the
+        // storage of one of its step's inputs (a view, an in-place result) is that input's
+        // allocation; any other output is an allocation of its own, even where the trace's
+        // storage id is one the original's allocator handed out before (a GPU trace's ids
+        // follow addresses its caching allocator reused, while the replay may still hold the
+        // tensor that had it).
         let mut storage_of: HashMap<Slot, (u64, u64)> = HashMap::new();
         let mut live: HashMap<u64, (u64, u32)> = HashMap::new();
         let (mut now, mut peak) = (0u64, 0u64);
         let mut used: std::collections::HashSet<Slot> = std::collections::HashSet::new();
+        let mut next_key = 0u64;
         for st in &self.steps {
             if !st.kind.included(only) {
                 continue;
             }
             used.extend(st.args.iter().flat_map(Arg::slots));
+            let inputs: HashMap<u64, u64> = st
+                .args
+                .iter()
+                .flat_map(Arg::slots)
+                .filter_map(|s| storage_of.get(&s).map(|&(key, storage)| (storage, key)))
+                .collect();
             for (slot, spec) in &st.out_specs {
                 if spec.storage != 0 && external.contains(&spec.storage) {
                     continue;
                 }
-                // Storage 0 (unknown) is a storage of its own per slot.
-                let key = if spec.storage == 0 {
-                    u64::MAX - *slot as u64
-                } else {
-                    spec.storage
+                let key = match inputs.get(&spec.storage).filter(|_| spec.storage != 0) {
+                    Some(&key) => key,
+                    None => {
+                        next_key += 1;
+                        next_key
+                    }
                 };
                 let e = live.entry(key).or_insert((0, 0));
                 if e.1 == 0 {
@@ -510,7 +524,7 @@ impl Plan {
                     e.0 = spec.bytes();
                 }
                 e.1 += 1;
-                storage_of.insert(*slot, (key, spec.bytes()));
+                storage_of.insert(*slot, (key, spec.storage));
             }
             peak = peak.max(now);
             for s in &st.frees {
