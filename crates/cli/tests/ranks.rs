@@ -145,6 +145,55 @@ fn a_comm_only_replay_takes_its_collectives_from_a_pool_of_reused_buffers() {
     }
 }
 
+/// Ranks that do not fit this machine's memory together are refused before any of them
+/// materialises anything, with each rank's figure, the total and what would fit (exit 2); the
+/// figures are the ranks' own plans' (each rank parses its trace once, the launcher only
+/// probes them). `MYSTIQUE_AVAILABLE_MEMORY` stands in for the machine's available memory.
+#[test]
+fn ranks_that_do_not_fit_together_are_refused_before_any_starts() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tp_w8");
+    let available = (300u64 << 20).to_string();
+    let out = bin()
+        .args([
+            "replay",
+            "--ranks",
+            dir.to_str().unwrap(),
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ])
+        .env("MYSTIQUE_AVAILABLE_MEMORY", &available)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    // A full replay: the 16 MiB activation, its all-reduce's and the weight, per rank.
+    assert!(err.contains("the 8 ranks need about 384.0 MiB"), "{err}");
+    assert!(err.contains("rank 7: 48.0 MiB"), "{err}");
+    assert!(err.contains("300.0 MiB is available"), "{err}");
+    assert!(
+        err.contains("--only comm would need about 256.0 MiB"),
+        "{err}"
+    );
+    assert!(!err.contains("iteration 1/"), "a rank started: {err}");
+    // What it suggests fits, and runs.
+    let j = json(
+        bin()
+            .args([
+                "replay",
+                "--ranks",
+                dir.to_str().unwrap(),
+                "--only",
+                "comm",
+                "--json",
+            ])
+            .args(["--iters", "1", "--warmup", "0"])
+            .env("MYSTIQUE_AVAILABLE_MEMORY", &available),
+    );
+    assert_eq!(j["world_size"], 8);
+}
+
 /// The 8-rank DLRM (a 2023 GPU trace, NCCL) replays its communication alone on CPU: every
 /// all_to_all and allreduce on all eight ranks, in the order of the rank each trace recorded.
 #[test]

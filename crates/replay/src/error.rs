@@ -91,6 +91,9 @@ pub enum ReplayError {
         human(*available)
     )]
     Memory { needed: u64, available: u64 },
+    /// Stopped before it started by whoever runs it ([`crate::MemoryGate`]), with why.
+    #[error("{0}")]
+    Stopped(String),
     #[error("rank {rank}: {what}")]
     Dist {
         rank: usize,

@@ -39,7 +39,7 @@ pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
 pub use ffi::{flush_denormal, InstrumentError, Instrumentation, Profile, ProfiledEvent};
-pub use options::{DistOptions, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN};
+pub use options::{DistOptions, MemoryGate, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN};
 pub use report::{
     CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, PoolReport,
     ProfiledStep, Report, StepTiming,

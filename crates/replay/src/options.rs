@@ -79,6 +79,20 @@ pub struct ReplayOptions {
     /// Run the measured iterations in blocks, each started and ended through a caller's
     /// [`Pacer`] (`None`: back to back).
     pub pace: Option<Pace>,
+    /// Asked before anything is materialised, with the plan's estimated peak for the replay
+    /// asked for and for a comm-only one (bytes): a launcher that starts several ranks on one
+    /// machine checks their memory together, and `Err(why)` stops this one.
+    pub memory_gate: Option<MemoryGate>,
+}
+
+/// See [`ReplayOptions::memory_gate`].
+#[derive(Clone)]
+pub struct MemoryGate(pub std::sync::Arc<dyn Fn(u64, u64) -> Result<(), String> + Send + Sync>);
+
+impl std::fmt::Debug for MemoryGate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoryGate")
+    }
 }
 
 /// Measured iterations in blocks of `every`, each waiting for the caller's go: a harness stands
@@ -239,6 +253,7 @@ impl Default for ReplayOptions {
             force: false,
             nvml_period_ms: 20,
             pace: None,
+            memory_gate: None,
         }
     }
 }

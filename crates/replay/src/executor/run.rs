@@ -137,6 +137,10 @@ pub fn run(
 /// it is about to materialise.
 fn check_memory(plan: &Plan, bound: &Bound, opts: &ReplayOptions) -> Result<(), ReplayError> {
     let needed = plan.peak_bytes_estimate(opts.only);
+    if let Some(gate) = &opts.memory_gate {
+        let comm_only = plan.peak_bytes_estimate(et_graph::Kind::Comm);
+        (gate.0)(needed, comm_only).map_err(ReplayError::Stopped)?;
+    }
     if let Some(available) = bound.device.available_memory() {
         if needed > available && !opts.force {
             return Err(ReplayError::Memory { needed, available });

@@ -175,7 +175,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         vec![run_rank(dir, &m, a, 0)?]
     } else {
         let timeout = std::time::Duration::from_secs(a.timeout);
-        let outs = crate::ranks::launch(m.ranks.len(), timeout, |_| {
+        let outs = crate::ranks::launch(m.ranks.len(), timeout, None, |_| {
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
             cmd.arg("run")
                 .arg(dir)

@@ -14,15 +14,13 @@ use mystique_cli::inspect::human_bytes as human;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-/// One rank's trace: the rank it recorded and the one its file name gives, if any.
+/// One rank's trace: the rank it recorded and the world size its groups record, if any.
 pub struct RankTrace {
     pub path: PathBuf,
     /// The rank the trace's own records give.
     pub recorded: Option<u64>,
     /// The world size its process groups record.
     pub world: Option<i64>,
-    /// Its replay's estimated peak memory (bytes), where it was estimated.
-    pub peak: Option<Peak>,
 }
 
 /// A rank's estimated peak memory (bytes): of the replay asked for, and of a comm-only one.
@@ -212,15 +210,8 @@ fn is_rank_trace(f: &Path, name: &str) -> bool {
     }
 }
 
-/// What [`read`] estimates each rank's peak memory for: the iterations and ops its replay takes.
-#[derive(Clone, Copy, Debug)]
-pub struct Estimate<'a> {
-    pub iterations: Option<&'a [u64]>,
-    pub only: et_graph::Kind,
-}
-
 impl RankTrace {
-    /// `t`'s rank as it recorded it and the world size of its groups; no estimate.
+    /// `t`'s rank as it recorded it and the world size of its groups.
     pub fn of(path: PathBuf, t: &et_schema::Trace) -> RankTrace {
         RankTrace {
             recorded: et_graph::summary::recorded_rank(t),
@@ -228,47 +219,149 @@ impl RankTrace {
                 .first()
                 .map(|g| g.size)
                 .filter(|&s| s > 0),
-            peak: None,
             path,
         }
     }
+
+    /// The rank and world size `path` recorded, read without parsing the trace: its bytes are
+    /// searched for the records that hold them (`record_param_comms`, `## process_group:init
+    /// ##`), and only those nodes are parsed.
+    pub fn probe(path: PathBuf) -> Result<RankTrace> {
+        let bytes =
+            et_schema::read_input(&path).with_context(|| format!("reading {}", path.display()))?;
+        let t = records_of(&bytes, &path)?;
+        Ok(RankTrace::of(path, &t))
+    }
 }
 
-/// Each file read for the rank it recorded and the world size of its groups, and, with
-/// `estimate`, its replay's estimated peak memory (a plan compiled for it).
-pub fn read(files: Vec<PathBuf>, estimate: Option<Estimate>) -> Result<Vec<RankTrace>> {
-    files
-        .into_iter()
-        .map(|path| {
-            let t = mystique_cli::read_trace(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let mut rank = RankTrace::of(path, &t);
-            if let Some(e) = estimate {
-                let g = et_graph::Graph::new(&t);
-                let set = g
-                    .select(&et_graph::Selection {
-                        iterations: e.iterations.map(<[u64]>::to_vec),
-                        ..Default::default()
-                    })
-                    .with_context(|| format!("selecting in {}", rank.path.display()))?;
-                let plan = replay::plan::compile(&g, &set);
-                rank.peak = Some(Peak {
-                    asked: plan.peak_bytes_estimate(e.only),
-                    comm_only: plan.peak_bytes_estimate(et_graph::Kind::Comm),
-                });
+/// Nodes of these names are all a rank's identity needs; at most this many of each are parsed.
+const IDENTITY_RECORDS: [(&str, usize); 2] = [
+    ("\"record_param_comms\"", 64),
+    ("\"## process_group:init ##\"", 1),
+];
+
+/// A trace of `bytes`' identity records alone (see [`RankTrace::probe`]), under the file's
+/// own schema version. A record whose object cannot be cut out or parsed is passed over.
+fn records_of(bytes: &[u8], path: &Path) -> Result<et_schema::Trace> {
+    let head = &bytes[..bytes.len().min(PROBE_BYTES as usize)];
+    let schema = schema_of(head).unwrap_or("1.1.1-chakra.0.0.4");
+    let mut nodes: Vec<&[u8]> = Vec::new();
+    for (name, most) in IDENTITY_RECORDS {
+        let finder = memchr::memmem::Finder::new(name.as_bytes());
+        let (mut found, mut last_end) = (0, 0);
+        for at in finder.find_iter(bytes) {
+            if found == most {
+                break;
             }
-            Ok(rank)
-        })
-        .collect()
+            if at < last_end {
+                continue;
+            }
+            if let Some((start, end)) = enclosing_object(bytes, at) {
+                last_end = end;
+                found += 1;
+                nodes.push(&bytes[start..end]);
+            }
+        }
+    }
+    // The records' parents are not among them: no tree to check.
+    let opts = et_schema::ParseOptions {
+        threads: 1,
+        validate: false,
+        ..Default::default()
+    };
+    let parse = |text: &[u8]| et_schema::parse_trace(text, &path.display().to_string(), &opts);
+    let wrap = |nodes: &[&[u8]]| {
+        let mut text = format!("{{\"schema\": {schema:?}, \"nodes\": [").into_bytes();
+        for (k, n) in nodes.iter().enumerate() {
+            if k > 0 {
+                text.push(b',');
+            }
+            text.extend_from_slice(n);
+        }
+        text.extend_from_slice(b"]}");
+        text
+    };
+    // Together, else each alone (one that does not parse left out).
+    if let Ok(t) = parse(&wrap(&nodes)) {
+        return Ok(t);
+    }
+    let good: Vec<&[u8]> = nodes
+        .iter()
+        .copied()
+        .filter(|n| parse(&wrap(&[n])).is_ok())
+        .collect();
+    parse(&wrap(&good)).with_context(|| format!("reading the rank records of {}", path.display()))
 }
 
-/// The rank traces `spec` names ([`list`]), read ([`read`]) and in rank order ([`order`]).
-pub fn discover(
-    spec: &str,
-    estimate: Option<Estimate>,
-    listed: bool,
-) -> Result<(Vec<RankTrace>, RankSource)> {
-    order(read(list(spec)?, estimate)?, listed)
+/// The top-level `schema` string in the first bytes of an ET.
+fn schema_of(head: &[u8]) -> Option<&str> {
+    let at = memchr::memmem::find(head, b"\"schema\"")?;
+    let rest = std::str::from_utf8(&head[at + 8..]).ok().or_else(|| {
+        // Cut inside a multi-byte character: what is valid of it.
+        let r = &head[at + 8..];
+        std::str::from_utf8(&r[..std::str::from_utf8(r).err()?.valid_up_to()]).ok()
+    })?;
+    let rest = rest
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
+    rest.split('"').next()
+}
+
+/// The innermost JSON object around byte `at` (a node record, around its name): the nearest
+/// `{` before it whose matching `}` comes after it. Objects that end before it are the node's
+/// own values where its writer put them before the name (sorted keys put `attrs` and `inputs`
+/// first). `None` past 64 candidates.
+fn enclosing_object(bytes: &[u8], at: usize) -> Option<(usize, usize)> {
+    let mut before = at;
+    for _ in 0..64 {
+        let start = memchr::memrchr(b'{', &bytes[..before])?;
+        if let Some(end) = object_end(bytes, start).filter(|&e| e > at) {
+            return Some((start, end));
+        }
+        before = start;
+    }
+    None
+}
+
+/// The end (one past its `}`) of the object opening at `start`, strings and escapes followed.
+fn object_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (k, &b) in bytes[start..].iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return (b == b'}').then_some(start + k + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Each file probed for the rank it recorded and the world size of its groups
+/// ([`RankTrace::probe`]).
+pub fn read(files: Vec<PathBuf>) -> Result<Vec<RankTrace>> {
+    files.into_iter().map(RankTrace::probe).collect()
+}
+
+/// The rank traces `spec` names ([`list`]), probed ([`read`]) and in rank order ([`order`]).
+pub fn discover(spec: &str, listed: bool) -> Result<(Vec<RankTrace>, RankSource)> {
+    order(read(list(spec)?)?, listed)
 }
 
 /// Refuses ranks whose estimated peaks add up to more than `available` bytes (what this machine
@@ -276,12 +369,11 @@ pub fn discover(
 /// `force`: every rank checks only itself, before the others have allocated, and a set that
 /// does not fit together ends by the kernel's OOM killer.
 pub fn check_memory(
-    traces: &[RankTrace],
+    peaks: &[Peak],
     available: u64,
     only: et_graph::Kind,
     force: bool,
 ) -> Result<()> {
-    let peaks: Vec<Peak> = traces.iter().filter_map(|t| t.peak).collect();
     let total: u64 = peaks.iter().map(|p| p.asked).sum();
     if force || total <= available {
         return Ok(());
@@ -301,7 +393,7 @@ pub fn check_memory(
     bail!(
         "the {} ranks need about {} of memory together ({per_rank}) and {} is available: \
          {options}fewer iterations (--iteration) need less; --force runs them anyway",
-        traces.len(),
+        peaks.len(),
         human(total),
         human(available)
     )
@@ -509,17 +601,73 @@ mod tests {
             path: PathBuf::from(path),
             recorded,
             world: None,
-            peak: None,
         }
+    }
+
+    /// The probe reads what a full parse reads (the rank, the world size) from the records
+    /// alone, on every shared multi-rank trace: schema 1.0.1 (the DLRM, inputs and parents
+    /// as that version wrote them) and 1.1.x (Gloo, gzipped or not).
+    #[test]
+    fn a_probe_reads_the_rank_and_world_a_full_parse_reads() {
+        let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+        let mut files: Vec<PathBuf> = (0..2)
+            .map(|k| shared.join(format!("cpu/dist_mlp_w2.rank{k}.et.json")))
+            .chain(
+                (0..2).map(|k| shared.join(format!("cpu/dist_mlp_w2.rank{k}.linked.et.json.gz"))),
+            )
+            .collect();
+        let dlrm = shared.join("public/param_dlrm_8rank_1.0.1");
+        let mut listed: Vec<PathBuf> = std::fs::read_dir(&dlrm)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| probe(p) == Kind::ExecutionTrace)
+            .collect();
+        listed.sort();
+        assert_eq!(listed.len(), 8, "{listed:?}");
+        files.extend(listed);
+        let mut ranks = std::collections::BTreeSet::new();
+        for f in files {
+            let full = RankTrace::of(f.clone(), &mystique_cli::read_trace(&f).unwrap());
+            let probed = RankTrace::probe(f.clone()).unwrap();
+            assert_eq!(
+                (probed.recorded, probed.world),
+                (full.recorded, full.world),
+                "{}",
+                f.display()
+            );
+            ranks.insert((full.world, full.recorded));
+        }
+        // The Gloo job records its world of 2 and no rank (no record_param_comms); the DLRM
+        // (no group records) its eight ranks, told apart.
+        assert!(ranks.contains(&(Some(2), None)), "{ranks:?}");
+        assert_eq!(ranks.len(), 1 + 8, "{ranks:?}");
+    }
+
+    /// A node record is cut out of the bytes by its braces, strings and escapes followed.
+    #[test]
+    fn a_record_is_cut_out_by_its_braces() {
+        let text = br#"{"nodes": [{"id": 2, "name": "record_param_comms", "attrs": [{"name": "x", "value": "a } \" {"}]}, {"id": 3}]}"#;
+        let at = memchr::memmem::find(text, b"record_param_comms").unwrap();
+        let (s, e) = enclosing_object(text, at).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&text[s..e]).unwrap(),
+            r#"{"id": 2, "name": "record_param_comms", "attrs": [{"name": "x", "value": "a } \" {"}]}"#
+        );
+        assert_eq!(enclosing_object(b"{\"a\": [1, 2", 3), None);
+        // Keys sorted: the node's objects before its name are passed over.
+        let sorted = br#"[{"attrs": [{"name": "rank"}], "inputs": {"values": []}, "name": "record_param_comms"}]"#;
+        let at = memchr::memmem::find(sorted, b"record_param_comms").unwrap();
+        assert_eq!(enclosing_object(sorted, at), Some((1, sorted.len() - 1)));
+        assert_eq!(
+            schema_of(br#"{"schema" : "1.0.1-chakra.0.0.4", "pid": 1"#),
+            Some("1.0.1-chakra.0.0.4")
+        );
     }
 
     #[test]
     fn ranks_that_do_not_fit_together_are_refused_with_what_would() {
         let gib = 1u64 << 30;
-        let rank = |asked, comm_only| RankTrace {
-            peak: Some(Peak { asked, comm_only }),
-            ..t("r.json", None)
-        };
+        let rank = |asked, comm_only| Peak { asked, comm_only };
         let set = || vec![rank(6 * gib, gib), rank(6 * gib, gib), rank(6 * gib, gib)];
         // 18 GiB in all, 20 available: runs.
         check_memory(&set(), 20 * gib, et_graph::Kind::All, false).unwrap();

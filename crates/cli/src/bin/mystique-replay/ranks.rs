@@ -23,15 +23,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         a.kineto.is_none(),
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
-    let estimate = rank_files::Estimate {
-        iterations: a.iteration.as_deref(),
-        only: a.run.only,
-    };
-    let (traces, from) = rank_files::discover(spec, Some(estimate), a.rank_order)?;
-    // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU).
-    if let (true, Some(available)) = (a.device == "cpu", metrics::available_memory()) {
-        rank_files::check_memory(&traces, available, a.run.only, a.run.force)?;
-    }
+    let (traces, from) = rank_files::discover(spec, a.rank_order)?;
     let n = traces.len();
     if !json_out {
         eprintln!(
@@ -40,7 +32,23 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         );
     }
     let timeout = Duration::from_secs(a.timeout);
-    let results = launch(n, timeout, |rank| {
+    // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU):
+    // each rank says what its plan needs, and none starts until they fit together.
+    let available = std::env::var(AVAILABLE_ENV)
+        .ok()
+        .map(|v| {
+            v.parse::<u64>()
+                .with_context(|| format!("{AVAILABLE_ENV}={v:?} is not a number of bytes"))
+        })
+        .transpose()?
+        .or_else(metrics::available_memory);
+    let (only, force) = (a.run.only, a.run.force);
+    let check = move |peaks: &[rank_files::Peak]| match available {
+        Some(available) => rank_files::check_memory(peaks, available, only, force),
+        None => Ok(()),
+    };
+    let gate: Option<&MemoryCheck> = (a.device == "cpu").then_some(&check as _);
+    let results = launch(n, timeout, gate, |rank| {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("replay")
             .arg(&traces[rank].path)
@@ -69,6 +77,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
 pub fn launch(
     n: usize,
     timeout: Duration,
+    gate: Option<&MemoryCheck>,
     make: impl Fn(usize) -> Result<(Command, String)>,
 ) -> Result<Vec<Vec<u8>>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -76,6 +85,7 @@ pub fn launch(
         .context("finding a free loopback port for the rendezvous")?
         .port();
     let mut ranks: Vec<Running> = Vec::with_capacity(n);
+    let (tx, rx) = std::sync::mpsc::channel();
     for rank in 0..n {
         let (mut cmd, label) = make(rank)?;
         cmd.env("RANK", rank.to_string())
@@ -84,17 +94,105 @@ pub fn launch(
             .env("LOCAL_WORLD_SIZE", n.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .stdin(Stdio::null())
+            .stdin(if gate.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if gate.is_some() {
+            cmd.env(GATE_ENV, "1");
+        }
         die_with_parent(&mut cmd);
         let child = cmd
             .spawn()
             .with_context(|| format!("starting rank {rank}"))?;
         eprintln!("[ranks] rank {rank}: pid {} ({label})", child.id());
-        ranks.push(Running::new(rank, child));
+        ranks.push(Running::new(rank, child, tx.clone()));
+    }
+    drop(tx);
+    if let Some(check) = gate {
+        open_gate(&mut ranks, &rx, check)?;
     }
     supervise(&mut ranks, timeout)
+}
+
+/// Checks the ranks' estimated peaks together (refusing them all, or not).
+pub type MemoryCheck = dyn Fn(&[rank_files::Peak]) -> Result<()>;
+
+/// Set for a rank whose launcher checks the ranks' memory together: before materialising,
+/// the rank prints its plan's estimates on stderr ([`GATE_LINE`]) and waits for `go` on stdin.
+const GATE_ENV: &str = "MYSTIQUE_MEMORY_GATE";
+/// What a rank's gate line starts with: `mystique-gate ASKED COMM_ONLY` (bytes).
+const GATE_LINE: &str = "mystique-gate ";
+/// Bytes of memory `--ranks` takes as available instead of what this machine and its cgroup
+/// have: to see what a larger or smaller machine would refuse, and for tests.
+const AVAILABLE_ENV: &str = "MYSTIQUE_AVAILABLE_MEMORY";
+
+/// In a rank started with [`GATE_ENV`]: the gate that tells its launcher what its plan needs
+/// and waits for its go.
+pub fn gate_from_env() -> Option<replay::MemoryGate> {
+    std::env::var_os(GATE_ENV)?;
+    Some(replay::MemoryGate(std::sync::Arc::new(
+        |asked, comm_only| {
+            eprintln!("{GATE_LINE}{asked} {comm_only}");
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            if line.trim() == "go" {
+                Ok(())
+            } else {
+                Err(
+                    "stopped before starting: the ranks do not fit this machine's memory together \
+                 (the launcher says why)"
+                        .into(),
+                )
+            }
+        },
+    )))
+}
+
+/// Waits for every rank's estimate, checks them together, then lets every rank go, or stops
+/// them all (their stdin closed) and says why. A rank that ends before it gets there leaves
+/// the others to [`supervise`], which reports it.
+fn open_gate(
+    ranks: &mut [Running],
+    rx: &std::sync::mpsc::Receiver<(usize, rank_files::Peak)>,
+    check: &MemoryCheck,
+) -> Result<()> {
+    let mut peaks: Vec<Option<rank_files::Peak>> = vec![None; ranks.len()];
+    while peaks.iter().any(Option::is_none) {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((rank, p)) => peaks[rank] = Some(p),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let ended = ranks
+            .iter_mut()
+            .any(|r| peaks[r.rank].is_none() && !matches!(r.child.try_wait(), Ok(None)));
+        if ended {
+            break;
+        }
+    }
+    let all: Option<Vec<rank_files::Peak>> = peaks.into_iter().collect();
+    let verdict = match &all {
+        Some(p) => check(p),
+        // A rank ended first: supervise names it; the others must not wait for a go.
+        None => Ok(()),
+    };
+    for r in ranks.iter_mut() {
+        if let Some(mut stdin) = r.child.stdin.take() {
+            if all.is_some() && verdict.is_ok() {
+                let _ = stdin.write_all(b"go\n");
+            }
+        }
+    }
+    if verdict.is_err() {
+        for r in ranks.iter_mut() {
+            let _ = r.child.wait();
+        }
+    }
+    verdict
 }
 
 /// The replay arguments each rank gets (its own trace, `--json` and the rendezvous aside).
@@ -174,7 +272,11 @@ struct Running {
 }
 
 impl Running {
-    fn new(rank: usize, mut child: Child) -> Running {
+    fn new(
+        rank: usize,
+        mut child: Child,
+        gate: std::sync::mpsc::Sender<(usize, rank_files::Peak)>,
+    ) -> Running {
         let mut out = child.stdout.take().expect("piped stdout");
         let err = child.stderr.take().expect("piped stderr");
         let last_error = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -188,6 +290,13 @@ impl Running {
             }),
             stderr: std::thread::spawn(move || {
                 for line in std::io::BufReader::new(err).lines().map_while(|l| l.ok()) {
+                    if let Some(figures) = line.strip_prefix(GATE_LINE) {
+                        let mut v = figures.split(' ').map(|x| x.parse::<u64>().ok());
+                        if let (Some(Some(asked)), Some(Some(comm_only))) = (v.next(), v.next()) {
+                            let _ = gate.send((rank, rank_files::Peak { asked, comm_only }));
+                            continue;
+                        }
+                    }
                     eprintln!("[rank {rank}] {line}");
                     if line.starts_with("error:") || line.trim_start().starts_with("caused by:") {
                         let mut l = last.lock().unwrap_or_else(|e| e.into_inner());

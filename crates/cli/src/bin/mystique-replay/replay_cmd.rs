@@ -170,6 +170,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             }),
             None => None,
         },
+        memory_gate: crate::ranks::gate_from_env(),
         ..a.run.options()
     };
     if !json {
@@ -198,9 +199,8 @@ fn own_rank_trace(
     dir: &Path,
     d: &replay::DistOptions,
 ) -> Result<std::path::PathBuf> {
-    // Which file is this rank's needs no estimate: each rank checks its own memory.
-    let (traces, from) =
-        crate::rank_files::discover(&dir.display().to_string(), None, a.rank_order)?;
+    // Which file is this rank's, from probes of the traces: each rank parses only its own.
+    let (traces, from) = crate::rank_files::discover(&dir.display().to_string(), a.rank_order)?;
     anyhow::ensure!(
         traces.len() == d.world_size,
         "{} holds {} rank traces, but WORLD_SIZE={}",
