@@ -670,6 +670,7 @@ struct MqComm {
   // through NCCL (one GPU per rank).
   int cuda_mode = 0;
   std::chrono::milliseconds timeout{60000};
+  // This host's address for Gloo's connections.
   std::string host;
   // Where this job's keys live in the store: `mystique`, or `mystique/attempt_N` in an agent's.
   std::string prefix;
@@ -722,16 +723,17 @@ extern "C" {
 
 // Joins the world: a TCPStore at host:port (served by this process where `serve`: rank 0,
 // unless a launcher's agent serves it) and the world group (group 0); every group's keys are
-// under `prefix` (`prefix/world`, `prefix/NAME`).
-MqComm* mq_dist_init(const char* host, int port, int rank, int size, int64_t timeout_ms,
-                     int cuda_mode, int serve, const char* prefix, int* code) {
+// under `prefix` (`prefix/world`, `prefix/NAME`). Gloo's connections use this host's address
+// `local` (the master's address is another host's on every other node).
+MqComm* mq_dist_init(const char* host, const char* local, int port, int rank, int size,
+                     int64_t timeout_ms, int cuda_mode, int serve, const char* prefix, int* code) {
   MqComm* out = nullptr;
   *code = guarded([&] {
     auto c = std::make_unique<MqComm>();
     c->cuda_mode = cuda_mode;
     c->rank = rank;
     c->size = size;
-    c->host = host;
+    c->host = local;
     c->prefix = prefix;
     c->timeout = std::chrono::milliseconds(timeout_ms);
     c10d::TCPStoreOptions o;

@@ -109,6 +109,7 @@ extern "C" {
     fn mq_events_free(ev: *mut MqEvents);
     fn mq_dist_init(
         host: *const c_char,
+        local: *const c_char,
         port: i32,
         rank: i32,
         size: i32,
@@ -186,10 +187,12 @@ unsafe impl Send for Comm {}
 
 impl Comm {
     /// Joins the world at `host:port` (serving the store there where `serve`), its keys under
-    /// `prefix`; blocks until every rank has.
+    /// `prefix`, its Gloo connections on this host's address `local`; blocks until every rank
+    /// has.
     #[allow(clippy::too_many_arguments)]
     pub fn init(
         host: &str,
+        local: &str,
         port: u16,
         rank: usize,
         size: usize,
@@ -199,12 +202,14 @@ impl Comm {
         prefix: &str,
     ) -> Result<Comm, CallError> {
         let h = c_string(host)?;
+        let l = c_string(local)?;
         let pre = c_string(prefix)?;
         let mut code = 0;
         // SAFETY: a valid C string; the shim returns null and sets code on failure.
         let p = unsafe {
             mq_dist_init(
                 h.as_ptr(),
+                l.as_ptr(),
                 port as i32,
                 rank as i32,
                 size as i32,
