@@ -755,3 +755,52 @@ fn two_ranks_on_two_network_hosts_run_every_collective() {
         "{sent} bytes sent by the second host"
     );
 }
+
+/// A GPU job replays whole on the CPU where it fits: compute and collectives of every rank
+/// (chakra's NCCL all-gather job, its trace as both of its ranks: every op, the ten
+/// all-gathers over Gloo). Where it does not, the memory check says so before any rank
+/// starts: the 8-rank DLRM's embedding tables need about 4.8 GiB on each of five ranks.
+#[test]
+fn a_gpu_job_replays_whole_on_the_cpu_where_it_fits() {
+    let d = scratch("gpu-whole");
+    for k in [0, 1] {
+        std::fs::copy(
+            shared("public/chakra_allgather_1.0.2.et.json"),
+            d.join(format!("allgather_et_{k}.json")),
+        )
+        .unwrap();
+    }
+    let j = json(
+        bin()
+            .args(["replay", "--ranks", d.to_str().unwrap(), "--json"])
+            .args(["--iters", "1", "--warmup", "0"]),
+    );
+    for (k, r) in j["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        assert_eq!(r["ops_replayed"], r["ops_selected"], "rank {k}");
+        assert_eq!(r["ops_skipped"], 0, "rank {k}: the whole job");
+        assert_eq!(collective_calls(r), 10, "rank {k}: {}", r["collectives"]);
+        assert!(
+            r["comm"].as_str().unwrap().contains("NCCL"),
+            "{}",
+            r["comm"]
+        );
+    }
+    let out = bin()
+        .args([
+            "replay",
+            "--ranks",
+            shared("public/param_dlrm_8rank_1.0.1").to_str().unwrap(),
+        ])
+        .args(["--iters", "1", "--warmup", "0"])
+        .env("MYSTIQUE_AVAILABLE_MEMORY", (16u64 << 30).to_string())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("rank 0: 4.8 GiB") && err.contains("--only comm would need"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
