@@ -358,10 +358,12 @@ pub struct GenerateArgs {
     /// The package directory to create (must not exist, or be empty).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// The Kineto trace captured with a single-rank ET: the original's timing goes in the
-    /// manifest.
+    /// The Kineto trace captured with the ET: the original's timing goes in the manifest. For
+    /// a multi-rank package, one per rank (repeat the option): each rank keeps its own, matched
+    /// by the rank the profile recorded (`distributedInfo`), else the number in its file name,
+    /// else the order given (that of the traces).
     #[arg(long)]
-    pub kineto: Option<PathBuf>,
+    pub kineto: Vec<PathBuf>,
     /// The original's iteration time (ms), when no Kineto trace is at hand.
     #[arg(long)]
     pub original_ms: Option<f64>,

@@ -68,6 +68,9 @@ pub struct RankEntry {
     pub source_sha256: String,
     /// Ops in its replay set.
     pub ops: usize,
+    /// This rank's original timing, from its own Kineto trace (multi-rank packages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<Original>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -85,7 +88,8 @@ pub struct SelectionRecord {
 pub struct Original {
     pub iter_ms: f64,
     pub ops_ms: Option<f64>,
-    /// `kineto` or `--original-ms`.
+    /// `kineto`, `reference`, `--original-ms`, or for a multi-rank package's whole step
+    /// `kineto (slowest of N ranks)`.
     pub from: String,
 }
 

@@ -221,6 +221,59 @@ fn a_two_rank_package_runs_its_ranks_together() {
     }
 }
 
+/// A multi-rank package keeps each rank's original timing from its own Kineto trace, matched
+/// to its rank by the rank the profile recorded (here given in the opposite order of the
+/// traces, and the traces themselves out of rank order); the job's step is its slowest
+/// rank's. A profile count that is not one per rank is refused.
+#[test]
+fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
+    let pkg = tmp("dist-timed.pkg");
+    let et = |k: usize| shared(&format!("cpu/dist_mlp_w2.rank{k}.linked.et.json.gz"));
+    let kineto = |k: usize| shared(&format!("cpu/dist_mlp_w2.rank{k}.kineto.json.gz"));
+    let (k0, k1) = (kineto(0), kineto(1));
+    generate(
+        &[et(1), et(0)],
+        &pkg,
+        &[
+            "--kineto",
+            k0.to_str().unwrap(),
+            "--kineto",
+            k1.to_str().unwrap(),
+        ],
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    let ms = |k: usize| m["ranks"][k]["original"]["iter_ms"].as_f64().unwrap();
+    // Each rank's own: what a single-rank package of that pair records.
+    for k in [0, 1] {
+        let one = tmp(&format!("dist-rank{k}.pkg"));
+        generate(&[et(k)], &one, &["--kineto", kineto(k).to_str().unwrap()]);
+        let m1: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(one.join("manifest.json")).unwrap()).unwrap();
+        let original = m1["original"]["iter_ms"].as_f64().unwrap();
+        assert!(
+            (ms(k) - original).abs() < 1e-9,
+            "rank {k}: {} vs {original}",
+            ms(k)
+        );
+    }
+    assert!(ms(0) != ms(1), "{m}");
+    assert_eq!(m["original"]["iter_ms"].as_f64().unwrap(), ms(0).max(ms(1)));
+    assert_eq!(m["original"]["from"], "kineto (slowest of 2 ranks)");
+    let r = run(&pkg, &tmp("dist-timed.result.json"));
+    assert_eq!(r["ranks"].as_array().unwrap().len(), 2);
+    // One profile for two ranks: refused before anything is written.
+    let o = bin()
+        .arg("generate")
+        .args([et(0), et(1)])
+        .args(["--kineto", k0.to_str().unwrap(), "-o"])
+        .arg(tmp("dist-one-profile.pkg"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("one profile per rank"));
+}
+
 /// What-if edits go into the package (and its manifest says which); the package still runs.
 #[test]
 fn what_if_packages_record_their_edits_and_run() {

@@ -73,8 +73,9 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let built = (|| -> Result<(Manifest, Anonymized)> {
         let mut b = PackageBuilder::new(a, &tmp, &edits, reference);
+        let mut profiles = profiles_by_rank(a, &loaded)?;
         for (rank, (path, sha, t)) in loaded.iter().enumerate() {
-            b.add_rank(rank, path, sha, t, &sel)?;
+            b.add_rank(rank, path, sha, t, &sel, profiles[rank].take())?;
         }
         b.finish()
     })();
@@ -112,8 +113,19 @@ fn check_output(a: &GenerateArgs) -> Result<()> {
         mystique_cli::output::check(m, &inputs)?;
     }
     anyhow::ensure!(
-        a.kineto.is_none() || a.traces.len() == 1,
-        "--kineto takes the Kineto trace of a single-rank package"
+        a.kineto.len() <= 1 || a.kineto.len() == a.traces.len(),
+        "--kineto: {} profiles for {} traces (one per rank, or none)",
+        a.kineto.len(),
+        a.traces.len()
+    );
+    anyhow::ensure!(
+        !a.emulate_gaps || a.traces.len() == 1,
+        "--emulate-gaps packages the gaps of a single-rank trace"
+    );
+    anyhow::ensure!(
+        a.kineto.len() != 1 || a.traces.len() == 1,
+        "--kineto: one profile per rank ({} traces)",
+        a.traces.len()
     );
     Ok(())
 }
@@ -178,6 +190,62 @@ impl WhatIf {
         }
         Ok(new)
     }
+}
+
+/// The `--kineto` profiles read, by rank of `loaded` (the traces in rank order): matched by
+/// the rank each profile recorded, else the number in its file name, else as given (the
+/// traces' order as given). `None` for every rank without them.
+fn profiles_by_rank(
+    a: &GenerateArgs,
+    loaded: &[(PathBuf, String, et_schema::Trace)],
+) -> Result<Vec<Option<(PathBuf, et_schema::kineto::KinetoTrace)>>> {
+    let n = loaded.len();
+    if a.kineto.is_empty() {
+        return Ok((0..n).map(|_| None).collect());
+    }
+    let read: Vec<(PathBuf, et_schema::kineto::KinetoTrace)> = a
+        .kineto
+        .iter()
+        .map(|k| Ok((k.clone(), mystique_cli::read_kineto(k)?)))
+        .collect::<Result<_>>()?;
+    if n == 1 {
+        return Ok(read.into_iter().map(Some).collect());
+    }
+    let distinct = |ranks: Vec<Option<u64>>| -> Option<Vec<u64>> {
+        let all: Vec<u64> = ranks.into_iter().collect::<Option<_>>()?;
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        (sorted.len() == n && sorted.iter().all(|&r| (r as usize) < n)).then_some(all)
+    };
+    let recorded = read
+        .iter()
+        .map(|(_, kt)| kt.rank.and_then(|r| u64::try_from(r).ok()))
+        .collect();
+    let named = read
+        .iter()
+        .map(|(k, _)| crate::rank_files::rank_in_name(k))
+        .collect();
+    // As given: the k-th profile is the k-th trace's, wherever that trace's rank put it.
+    let given = read
+        .iter()
+        .enumerate()
+        .map(|(k, _)| {
+            loaded
+                .iter()
+                .position(|(p, _, _)| *p == a.traces[k])
+                .map(|r| r as u64)
+        })
+        .collect();
+    let ranks = distinct(recorded)
+        .or_else(|| distinct(named))
+        .or_else(|| distinct(given))
+        .context("--kineto: cannot tell which profile is which rank's")?;
+    let mut out: Vec<Option<_>> = (0..n).map(|_| None).collect();
+    for (r, p) in ranks.into_iter().zip(read) {
+        out[r as usize] = Some(p);
+    }
+    Ok(out)
 }
 
 /// Every trace read, with its file's SHA-256, ordered by the rank each recorded (in the given
@@ -254,7 +322,8 @@ impl<'a> PackageBuilder<'a> {
     }
 
     /// Adds rank `rank`: its selection, edited and anonymised, as the packaged trace; the plan
-    /// compiled from that trace as `run` will read it; rank 0's profile where given.
+    /// compiled from that trace as `run` will read it; its profile's timing where given (and
+    /// for a single rank, the profile itself with `--emulate-gaps`).
     fn add_rank(
         &mut self,
         rank: usize,
@@ -262,19 +331,17 @@ impl<'a> PackageBuilder<'a> {
         sha: &str,
         t: &et_schema::Trace,
         sel: &et_graph::Selection,
+        kineto: Option<(PathBuf, et_schema::kineto::KinetoTrace)>,
     ) -> Result<()> {
         let a = self.a;
         let g = Graph::new(t);
         let set = g.select(sel)?;
-        // Rank 0's profile, read once: its timing here, its gaps' link below.
-        let kineto = match (rank, &a.kineto) {
-            (0, Some(k)) => Some((k, mystique_cli::read_kineto(k)?)),
-            _ => None,
-        };
-        if let Some((_, kt)) = &kineto {
-            let link = et_graph::link(&g, &set, kt)?;
+        let mut original = None;
+        if let Some((k, kt)) = &kineto {
+            let link = et_graph::link(&g, &set, kt)
+                .with_context(|| format!("linking {} to {}", k.display(), path.display()))?;
             let o = et_graph::typical_timing(&g, &set, kt, &link);
-            self.original = Some(Original {
+            original = Some(Original {
                 iter_ms: o.span_us / 1000.0,
                 ops_ms: Some(o.op_us.iter().flatten().sum::<f64>() / 1000.0),
                 from: "kineto".into(),
@@ -308,7 +375,7 @@ impl<'a> PackageBuilder<'a> {
             }
         }
         if let (true, Some((k, kt))) = (a.emulate_gaps, kineto) {
-            self.add_profile(&pg, k, kt)?;
+            self.add_profile(&pg, &k, kt)?;
         }
         let plan_name = format!("rank{rank}.plan.json.gz");
         for (file, bytes) in [
@@ -322,12 +389,17 @@ impl<'a> PackageBuilder<'a> {
             plan.steps.len(),
             path.display()
         );
+        let single = a.traces.len() == 1;
+        if single {
+            self.original = original.clone();
+        }
         self.ranks.push(RankEntry {
             rank,
             trace: trace_name,
             plan: plan_name,
             source_sha256: sha.to_string(),
             ops: plan.steps.len(),
+            original: original.filter(|_| !single),
         });
         Ok(())
     }
@@ -376,6 +448,19 @@ impl<'a> PackageBuilder<'a> {
     fn finish(self) -> Result<(Manifest, Anonymized)> {
         let a = self.a;
         let mut original = self.original;
+        // A multi-rank job's step ends when its slowest rank's does.
+        let per_rank: Vec<&Original> = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.original.as_ref())
+            .collect();
+        if per_rank.len() == self.ranks.len() && per_rank.len() > 1 {
+            original = Some(Original {
+                iter_ms: per_rank.iter().map(|o| o.iter_ms).fold(0.0, f64::max),
+                ops_ms: None,
+                from: format!("kineto (slowest of {} ranks)", per_rank.len()),
+            });
+        }
         if let Some(r) = self.reference {
             // The original's iteration uninstrumented, where the profile's was not.
             original = Some(Original {

@@ -61,6 +61,7 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         dist: replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?,
         gaps_us: gap_model.as_ref().map(|g| g.gaps_us.clone()),
         gaps_base_us: gap_model.as_ref().map(|g| g.base_step_us.clone()),
+        memory_gate: crate::ranks::gate_from_env(),
         ..Default::default()
     };
     let (report, _) = replay::executor::run(&plan, &bound, &opts)?;
@@ -175,7 +176,15 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         vec![run_rank(dir, &m, a, 0)?]
     } else {
         let timeout = std::time::Duration::from_secs(a.timeout);
-        let outs = crate::ranks::launch(m.ranks.len(), timeout, None, |_| {
+        // On the CPU the ranks share this machine's memory: checked together, as --ranks does.
+        let available = metrics::available_memory();
+        let force = a.force;
+        let check = move |peaks: &[crate::rank_files::Peak]| match available {
+            Some(av) => crate::rank_files::check_memory(peaks, av, et_graph::Kind::All, force),
+            None => Ok(()),
+        };
+        let gate: Option<&crate::ranks::MemoryCheck> = (a.device == "cpu").then_some(&check as _);
+        let outs = crate::ranks::launch(m.ranks.len(), timeout, gate, |_| {
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
             cmd.arg("run")
                 .arg(dir)
@@ -224,9 +233,17 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         )?;
         writeln!(o, "result     {}", out.display())?;
         for r in &result.ranks {
+            let original = m
+                .ranks
+                .get(r.rank)
+                .and_then(|e| e.original.as_ref())
+                .map_or(String::new(), |o| {
+                    let ms = r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                    format!("; original {:.3} ms ({:.2}x)", o.iter_ms, ms / o.iter_ms)
+                });
             writeln!(
                 o,
-                "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms{}",
+                "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms{}{original}",
                 r.rank,
                 r.report["ops_replayed"],
                 r.report["ops_selected"],
