@@ -10,9 +10,11 @@ pub mod chakra;
 pub mod compose_cmd;
 pub mod diff_cmd;
 pub mod graph_cmd;
+pub mod input;
 pub mod inspect;
 pub mod output;
 pub mod package;
+pub mod signals;
 
 use anyhow::Result;
 use args::{Cli, Cmd, ComposeOp};

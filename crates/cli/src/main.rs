@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
+    mystique_cli::signals::install();
     let cli = Cli::parse();
     match mystique_cli::run(cli) {
         Some(result) => mystique_cli::exit(result),

@@ -33,6 +33,35 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Where `p` is or would be: its longest existing ancestor made canonical, joined with the
+/// rest of it (`None` where no ancestor resolves).
+fn resolved(p: &Path) -> Option<PathBuf> {
+    let p = if p.is_relative() {
+        std::env::current_dir().ok()?.join(p)
+    } else {
+        p.to_path_buf()
+    };
+    let mut rest = Vec::new();
+    let mut at = p.as_path();
+    loop {
+        if let Ok(c) = at.canonicalize() {
+            return Some(rest.iter().rev().fold(c, |acc, n| acc.join(n)));
+        }
+        rest.push(at.file_name()?.to_owned());
+        at = at.parent()?;
+    }
+}
+
+/// Whether two paths name the same file, existing or not.
+pub fn same_path(a: &Path, b: &Path) -> bool {
+    same_file(a, b) || matches!((resolved(a), resolved(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Whether `out` is, or would be written, inside directory `dir` (existing or not).
+pub fn inside(out: &Path, dir: &Path) -> bool {
+    matches!((resolved(out), resolved(dir)), (Some(o), Some(d)) if o.starts_with(&d))
+}
+
 /// Checks an output path before work starts: it is not one of `inputs`, not a directory, and
 /// its directory exists and takes a new file.
 pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
@@ -58,16 +87,56 @@ pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
             dir.display()
         );
     }
-    let probe = dir.join(format!(".mystique-probe-{}", std::process::id()));
-    std::fs::File::create(&probe).with_context(|| {
+    let probe = create_exclusive(&dir, "mystique-probe").with_context(|| {
         format!(
             "cannot write {}: {} is not writable",
             out.display(),
             dir.display()
         )
     })?;
-    let _ = std::fs::remove_file(&probe);
+    drop(probe);
     Ok(())
+}
+
+/// A new file in `dir` under a name no other process can guess ([`crate::signals::temp_name`]),
+/// created exclusively and without following a link (a name planted in a shared directory
+/// fails the creation instead of redirecting the write), registered for removal on every exit
+/// path, signals included.
+pub fn create_exclusive(dir: &Path, stem: &str) -> Result<(std::fs::File, crate::signals::Temp)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let path = dir.join(crate::signals::temp_name(stem));
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.custom_flags(libc::O_NOFOLLOW);
+        }
+        match o.open(&path) {
+            Ok(f) => return Ok((f, crate::signals::Temp::register(path))),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("no name"), anyhow::Error::from))
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))
+}
+
+/// A new directory in `dir` under a name no other process can guess, created exclusively (an
+/// existing name or link fails it), registered for removal as [`create_exclusive`]'s files.
+pub fn create_exclusive_dir(dir: &Path, stem: &str) -> Result<crate::signals::Temp> {
+    let mut last = None;
+    for _ in 0..8 {
+        let path = dir.join(crate::signals::temp_name(stem));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(crate::signals::Temp::register(path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+    Err(last.map_or_else(|| anyhow::anyhow!("no name"), anyhow::Error::from))
+        .with_context(|| format!("creating a temporary directory in {}", dir.display()))
 }
 
 /// Writes `out` atomically (`-`: stdout): `write` fills a temporary file beside it, which then
@@ -82,26 +151,20 @@ pub fn write_atomic(out: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>
     let name = out
         .file_name()
         .with_context(|| format!("{} has no file name", out.display()))?;
-    let tmp = dir_of(out).join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
     let result = (|| -> Result<()> {
-        let f =
-            std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let (f, tmp) = create_exclusive(&dir_of(out), &name.to_string_lossy())?;
         let mut w = std::io::BufWriter::new(f);
         write(&mut w)?;
         w.flush()?;
         w.into_inner()
             .map_err(|e| e.into_error())?
             .sync_all()
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, out).with_context(|| format!("replacing {}", out.display()))
+            .with_context(|| format!("writing {}", tmp.path().display()))?;
+        // rename replaces `out` itself, a link planted there included: never its target.
+        std::fs::rename(tmp.path(), out).with_context(|| format!("replacing {}", out.display()))?;
+        tmp.keep();
+        Ok(())
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
     result.with_context(|| format!("writing {}", out.display()))
 }
 

@@ -54,8 +54,38 @@ pub struct Manifest {
     pub gaps: Option<Gaps>,
     /// With `--anonymize`: how many names of each kind were replaced by hashes.
     pub anonymized: Option<BTreeMap<String, usize>>,
-    /// Every other file of the package and its SHA-256.
+    /// Every other file of the package and its SHA-256 (a name given twice is refused).
+    #[serde(deserialize_with = "unique_keys")]
     pub files: BTreeMap<String, String>,
+}
+
+/// A JSON object into a map, refusing a key given twice (serde's maps keep the last).
+fn unique_keys<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<BTreeMap<String, String>, D::Error> {
+    struct Unique;
+    impl<'de> serde::de::Visitor<'de> for Unique {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an object of file names and hashes")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut m = BTreeMap::new();
+            while let Some((k, v)) = a.next_entry::<String, String>()? {
+                if m.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!(
+                        "the file {k:?} is named twice"
+                    )));
+                }
+                m.insert(k, v);
+            }
+            Ok(m)
+        }
+    }
+    d.deserialize_map(Unique)
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -170,12 +200,13 @@ pub fn check_name(name: &str) -> Result<()> {
 /// Reads and checks a package's manifest: its format, its file names, and every file's hash.
 pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
     let path = dir.join(MANIFEST);
-    let bytes = std::fs::read(&path).with_context(|| {
-        format!(
+    if !path.exists() && std::fs::symlink_metadata(&path).is_err() {
+        bail!(
             "{} is not a mystique package (no {MANIFEST})",
             dir.display()
-        )
-    })?;
+        );
+    }
+    let bytes = crate::input::read_bounded(&path, "manifest", crate::input::MANIFEST_MAX, true)?;
     let m: Manifest =
         serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
     if m.format != PACKAGE_FORMAT {
@@ -212,7 +243,7 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
             r.check().context("the manifest's reference")?;
         }
     }
-    for (name, hash) in &m.files {
+    for name in m.files.keys() {
         check_name(name)?;
         let p = dir.join(name);
         let meta = std::fs::symlink_metadata(&p)
@@ -220,22 +251,43 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
         if !meta.file_type().is_file() {
             bail!("the package's {name} is not a plain file (a link?): refused");
         }
-        let got = sha256_hex(&std::fs::read(&p)?);
-        if &got != hash {
-            bail!(
-                "the package's {name} does not match its manifest (sha256 {got}, manifest {hash}): it was changed after it was generated"
-            );
-        }
+        raw_file(dir, &m, name)?;
     }
     Ok((m, sha256_hex(&bytes)))
 }
 
-/// A package file's bytes, decompressed when gzipped (its hash was checked by
-/// [`read_manifest`]; the size is bounded by et-schema's decompression limits).
-pub fn read_file(dir: &Path, name: &str) -> Result<Vec<u8>> {
+/// The most bytes one file of a package may hold (before decompression).
+const PACKAGE_FILE_MAX: u64 = 16 << 30;
+
+/// A package file's bytes as stored, read once and checked against the manifest's hash: what
+/// was hashed is what the caller gets (a file swapped after [`read_manifest`] checked it is
+/// refused here, not used).
+fn raw_file(dir: &Path, m: &Manifest, name: &str) -> Result<Vec<u8>> {
     check_name(name)?;
-    let p = dir.join(name);
-    et_schema::read_input(&p).with_context(|| format!("reading {}", p.display()))
+    let hash = m
+        .files
+        .get(name)
+        .with_context(|| format!("the manifest records no hash for {name:?}"))?;
+    let bytes = crate::input::read_bounded(
+        &dir.join(name),
+        &format!("the package's {name}"),
+        PACKAGE_FILE_MAX,
+        true,
+    )?;
+    let got = sha256_hex(&bytes);
+    if &got != hash {
+        bail!(
+            "the package's {name} does not match its manifest (sha256 {got}, manifest {hash}): it was changed after it was generated"
+        );
+    }
+    Ok(bytes)
+}
+
+/// A package file's bytes, hashed as read against the manifest and decompressed when gzipped
+/// (within et-schema's decompression limits).
+pub fn read_file(dir: &Path, m: &Manifest, name: &str) -> Result<Vec<u8>> {
+    let raw = raw_file(dir, m, name)?;
+    et_schema::decompress(raw, name).with_context(|| format!("reading the package's {name}"))
 }
 
 #[cfg(test)]
@@ -259,5 +311,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("load_library"), "{e}");
+    }
+
+    /// What a package's reader uses is what it hashed: a file changed after the manifest was
+    /// checked is refused when it is read, not used.
+    #[test]
+    fn a_file_changed_after_the_check_is_refused_when_read() {
+        let dir = std::env::temp_dir().join(format!("mystique-pkg-toctou-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.bin"), b"checked").unwrap();
+        let m = Manifest {
+            format: PACKAGE_FORMAT.into(),
+            created_by: String::new(),
+            libtorch: String::new(),
+            schema: String::new(),
+            ranks: Vec::new(),
+            selection: SelectionRecord::default(),
+            what_if: Vec::new(),
+            devices_recorded: Vec::new(),
+            seed: 0,
+            warmup: 0,
+            iters: 1,
+            ops_from: Vec::new(),
+            original: None,
+            gaps: None,
+            anonymized: None,
+            files: [("a.bin".to_string(), sha256_hex(b"checked"))].into(),
+        };
+        std::fs::write(dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+        let (m, _) = read_manifest(&dir).unwrap();
+        assert_eq!(read_file(&dir, &m, "a.bin").unwrap(), b"checked");
+        std::fs::write(dir.join("a.bin"), b"swapped").unwrap();
+        let e = read_file(&dir, &m, "a.bin").unwrap_err().to_string();
+        assert!(e.contains("does not match its manifest"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -15,6 +15,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The input is not a regular file (a device such as `/dev/zero`, a FIFO, a directory):
+    /// such an input can be endless, or block forever. Stdin is read when asked for by `-`.
+    #[error("{path} is not a regular file ({kind}): refused (pass a trace file, or - for stdin)")]
+    NotAFile {
+        /// The input.
+        path: String,
+        /// What it is instead.
+        kind: &'static str,
+    },
     /// A gzip input is corrupt or cut short.
     #[error("{path}: gzip stream is corrupt or truncated after {decompressed} decompressed bytes: {source}")]
     Gzip {

@@ -63,8 +63,8 @@ pub use parse::record_bench;
 #[cfg(feature = "bench-hooks")]
 pub use parse::records_read_by_visitors;
 pub use parse::{
-    decompress, decompress_with, open_input, parse_input, parse_trace, read_input, read_input_with,
-    read_trace, read_trace_with, validate, Input, ParseOptions, ReadOptions,
+    decompress, decompress_with, not_a_file, open_input, parse_input, parse_trace, read_input,
+    read_input_with, read_trace, read_trace_with, validate, Input, ParseOptions, ReadOptions,
     DEFAULT_MAX_DECOMPRESSED, MAX_DECOMPRESSED_ENV,
 };
 pub use types::{TypeParseError, ValueType};

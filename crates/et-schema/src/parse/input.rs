@@ -102,12 +102,69 @@ pub fn read_input_with(path: &Path, ropts: &ReadOptions) -> Result<Vec<u8>> {
             })?;
         v
     } else {
-        std::fs::read(path).map_err(|source| Error::Io {
-            path: name.clone(),
-            source,
-        })?
+        read_regular(path)?
     };
     decompress_with(raw, &name, ropts)
+}
+
+/// What kind of file `meta` describes, for [`Error::NotAFile`]; `None` for a regular file.
+pub fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
+    let t = meta.file_type();
+    if t.is_file() {
+        return None;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_char_device() || t.is_block_device() {
+            return Some("a device");
+        }
+        if t.is_fifo() {
+            return Some("a FIFO");
+        }
+        if t.is_socket() {
+            return Some("a socket");
+        }
+    }
+    Some(if t.is_dir() {
+        "a directory"
+    } else {
+        "not a plain file"
+    })
+}
+
+/// Opens `path` for reading without waiting: a FIFO opens at once (and is then refused as not
+/// a regular file) instead of blocking until some writer opens it. A regular file's reads
+/// ignore the flag.
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    o.open(path)
+}
+
+/// The bytes of `path`, which must be a regular file (checked on the opened file, so what was
+/// checked is what is read).
+fn read_regular(path: &Path) -> Result<Vec<u8>> {
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = open_nonblocking(path).map_err(io)?;
+    let meta = f.metadata().map_err(io)?;
+    if let Some(kind) = not_a_file(&meta) {
+        return Err(Error::NotAFile {
+            path: path.display().to_string(),
+            kind,
+        });
+    }
+    let mut v = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    f.read_to_end(&mut v).map_err(io)?;
+    Ok(v)
 }
 
 /// Plain files below this size are read, not mapped: mapping costs more than it saves there.
@@ -222,7 +279,7 @@ fn map_file(path: &Path) -> Result<Option<Input>> {
         path: path.display().to_string(),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut f = open_nonblocking(path).map_err(io)?;
     let meta = f.metadata().map_err(io)?;
     if !meta.is_file() || meta.len() < MAP_MIN || usize::try_from(meta.len()).is_err() {
         return Ok(None);

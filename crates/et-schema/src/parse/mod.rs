@@ -27,8 +27,8 @@ pub use bench::record_bench;
 pub use bench::records_read_by_visitors;
 pub(crate) use errors::serde_message;
 pub use input::{
-    decompress, decompress_with, open_input, read_input, read_input_with, Input, ReadOptions,
-    DEFAULT_MAX_DECOMPRESSED, MAX_DECOMPRESSED_ENV,
+    decompress, decompress_with, not_a_file, open_input, read_input, read_input_with, Input,
+    ReadOptions, DEFAULT_MAX_DECOMPRESSED, MAX_DECOMPRESSED_ENV,
 };
 
 use crate::error::{clip, Error, Result, MSG_MAX};

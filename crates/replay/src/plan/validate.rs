@@ -77,6 +77,14 @@ pub enum InvalidPlan {
         /// The plan's step count.
         steps: usize,
     },
+    /// More slots than the plan names values.
+    #[error("{n_slots} slots for {mentions} values named: refused")]
+    Slots {
+        /// The plan's slot count.
+        n_slots: usize,
+        /// How many values its steps and external inputs name.
+        mentions: usize,
+    },
     /// A graph release after a step the plan does not have.
     #[error("graph release after step {step} of {steps}")]
     ReleaseStep {
@@ -153,6 +161,32 @@ impl Plan {
         }
         for st in &self.steps {
             self.validate_step(st)?;
+        }
+        // Slots are made for the values the plan names: a slot count beyond every mention of
+        // one is a count no compile made (a stored 10^12 would be allocated up front).
+        let mentions = self.externals.len()
+            + self
+                .steps
+                .iter()
+                .map(|st| {
+                    st.args.iter().map(|a| a.slots().len()).sum::<usize>()
+                        + st.outs.len()
+                        + st.out_specs.len()
+                        + st.views.len()
+                        + st.outs
+                            .iter()
+                            .map(|o| match o {
+                                Out::List(v) => v.len(),
+                                _ => 0,
+                            })
+                            .sum::<usize>()
+                })
+                .sum::<usize>();
+        if self.n_slots > mentions.saturating_add(1) {
+            return Err(InvalidPlan::Slots {
+                n_slots: self.n_slots,
+                mentions,
+            });
         }
         Ok(())
     }

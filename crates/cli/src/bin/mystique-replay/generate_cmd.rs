@@ -68,9 +68,12 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         .with_context(|| format!("{} has no directory name", out.display()))?
         .to_string_lossy()
         .into_owned();
-    let tmp = out.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp_dir = mystique_cli::output::create_exclusive_dir(&parent, &name)?;
+    let tmp = tmp_dir.path().to_path_buf();
     let built = (|| -> Result<(Manifest, Anonymized)> {
         let mut b = PackageBuilder::new(a, &tmp, &edits, reference);
         let mut profiles = profiles_by_rank(a, &loaded)?;
@@ -79,17 +82,13 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         }
         b.finish()
     })();
-    let (manifest, anon) = match built {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
+    // On an error the temporary directory goes with `tmp_dir`.
+    let (manifest, anon) = built?;
     if out.exists() {
         std::fs::remove_dir(out)?;
     }
     std::fs::rename(&tmp, out).with_context(|| format!("creating {}", out.display()))?;
+    tmp_dir.keep();
     if let Some(m) = &a.map {
         let text = serde_json::to_vec_pretty(&anon.map)?;
         mystique_cli::output::write_atomic(m, |w| Ok(w.write_all(&text)?))?;
@@ -110,6 +109,15 @@ fn check_output(a: &GenerateArgs) -> Result<()> {
         }
     }
     if let Some(m) = &a.map {
+        // The map undoes the anonymisation: it must never travel with the package.
+        if mystique_cli::output::inside(m, out) {
+            bail!(
+                "--map {} is inside the package {}: the mapping would ship with it; write it \
+                 elsewhere",
+                m.display(),
+                out.display()
+            );
+        }
         mystique_cli::output::check(m, &inputs)?;
     }
     anyhow::ensure!(

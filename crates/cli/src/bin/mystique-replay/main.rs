@@ -17,6 +17,7 @@ mod replay_cmd;
 
 fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
+    mystique_cli::signals::install();
     if let Ok(id) = std::env::var(mystique_cli::BUILD_ENV) {
         if id != mystique_cli::BUILD_ID {
             eprintln!(

@@ -1,7 +1,7 @@
 //! `mystique run`: a benchmark package replayed (formats and checks in `mystique_cli::package`;
 //! `generate_cmd` makes packages). `diff` needs no libtorch and runs in `mystique` itself.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use et_graph::Graph;
 use mystique_cli::args::RunPackageArgs;
 use mystique_cli::package::{
@@ -31,6 +31,29 @@ fn machine(device: &replay::Device) -> Machine {
     }
 }
 
+/// The most warm-up or measured iterations a manifest may ask for; more must be asked for on
+/// the command line (`--warmup`, `--iters`), where whoever runs the package chose them.
+const MANIFEST_ITERS_MAX: usize = 100_000;
+
+/// The warm-up and measured iterations of a run: the command line's, else the manifest's
+/// within [`MANIFEST_ITERS_MAX`].
+fn iterations(m: &Manifest, a: &RunPackageArgs) -> Result<(usize, usize)> {
+    let take = |given: Option<usize>, stored: usize, flag: &str| -> Result<usize> {
+        match given {
+            Some(n) => Ok(n),
+            None if stored <= MANIFEST_ITERS_MAX => Ok(stored),
+            None => bail!(
+                "the manifest asks for {stored} {flag} iterations, more than the \
+                 {MANIFEST_ITERS_MAX} a package may ask for: pass --{flag} N to run that many"
+            ),
+        }
+    };
+    Ok((
+        take(a.warmup, m.warmup, "warmup")?,
+        take(a.iters, m.iters, "iters")?,
+    ))
+}
+
 /// Runs one rank's plan of a package (this process's rank under RANK/WORLD_SIZE).
 fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result<RankResult> {
     let entry = m
@@ -38,23 +61,32 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         .iter()
         .find(|r| r.rank == rank)
         .with_context(|| format!("the package has no rank {rank}"))?;
-    let bytes = package::read_file(dir, &entry.plan)?;
+    let bytes = package::read_file(dir, m, &entry.plan)?;
     let plan: Plan = serde_json::from_slice(&bytes)
         .with_context(|| format!("the package's {} is not a replay plan", entry.plan))?;
     plan.validate()
         .map_err(|e| anyhow::anyhow!("the package's {}: {e}", entry.plan))?;
+    // The plan is the one the manifest describes: as many steps as it says the rank has ops.
+    anyhow::ensure!(
+        plan.steps.len() == entry.ops && entry.ops > 0,
+        "the package's {} has {} steps where the manifest says rank {rank} has {} ops: refused",
+        entry.plan,
+        plan.steps.len(),
+        entry.ops
+    );
+    let (warmup, iters) = iterations(m, a)?;
     let device = replay::Device::parse(&a.device)?;
     tch::manual_seed(m.seed as i64);
     let gap_model = match (&m.gaps, a.no_gaps) {
-        (Some(gaps), false) => Some(package_gaps(dir, entry, gaps, device, plan.steps.len())?),
+        (Some(gaps), false) => Some(package_gaps(dir, m, entry, gaps, device, plan.steps.len())?),
         _ => None,
     };
     let bound = replay::bind(&plan, &device);
     let timeout = std::time::Duration::from_secs(a.timeout);
     let opts = replay::ReplayOptions {
         device,
-        warmup: a.warmup.unwrap_or(m.warmup),
-        iters: a.iters.unwrap_or(m.iters),
+        warmup,
+        iters,
         per_step: true,
         progress: true,
         force: a.force,
@@ -99,20 +131,21 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
 /// own trace and profile, anchored on its reference when it carries one.
 fn package_gaps(
     dir: &Path,
+    m: &Manifest,
     entry: &RankEntry,
     gaps: &package::Gaps,
     device: replay::Device,
     steps: usize,
 ) -> Result<et_graph::GapModel> {
     let t = et_schema::parse_trace(
-        &package::read_file(dir, &entry.trace)?,
+        &package::read_file(dir, m, &entry.trace)?,
         &entry.trace,
         &Default::default(),
     )?;
     let g = Graph::new(&t);
     let set = g.replay_set(None);
     let k =
-        et_schema::kineto::parse_kineto(&package::read_file(dir, &gaps.profile)?, &gaps.profile)
+        et_schema::kineto::parse_kineto(&package::read_file(dir, m, &gaps.profile)?, &gaps.profile)
             .with_context(|| format!("the package's {}", gaps.profile))?;
     for w in &k.warnings {
         eprintln!("warning: the package's {}: {w}", gaps.profile);
@@ -158,6 +191,14 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         dir.with_file_name(format!("{name}.result.json"))
     });
     mystique_cli::output::check(&out, &[dir.join(MANIFEST).as_path()])?;
+    if mystique_cli::output::inside(&out, dir) {
+        bail!(
+            "{} is inside the package {}: write the result elsewhere (a package is not \
+             changed by running it)",
+            out.display(),
+            dir.display()
+        );
+    }
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }

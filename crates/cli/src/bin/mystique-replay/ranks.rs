@@ -253,6 +253,9 @@ fn die_with_parent(cmd: &mut Command) {
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
+                // The launcher waits for SIGINT/SIGTERM/SIGHUP on a thread of its own, with
+                // them blocked; a rank takes them as signals do.
+                mystique_cli::signals::unblock();
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }

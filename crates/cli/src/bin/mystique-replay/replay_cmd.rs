@@ -5,7 +5,7 @@ use et_graph::{Graph, Selection};
 use mystique_cli::args::{ReplayArgs, RunArgs};
 use replay::calibrate;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What `RunArgs` mean to a replay.
 pub(crate) trait RunOptions {
@@ -111,11 +111,24 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     };
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
     // Outputs are checked before the long work, so a bad path does not lose the report.
-    for p in [&a.trace_out, &a.gpu_svg, &a.reference_out]
+    // Every input of the command, the profile and the reference included: no output may be
+    // one of them, nor two outputs the same file.
+    let mut inputs: Vec<&Path> = vec![path.as_path()];
+    inputs.extend(a.kineto.as_deref());
+    inputs.extend(a.reference.as_deref());
+    inputs.extend(a.load_library.iter().map(PathBuf::as_path));
+    let outputs: Vec<&PathBuf> = [&a.trace_out, &a.gpu_svg, &a.reference_out]
         .into_iter()
         .flatten()
-    {
-        mystique_cli::output::check(p, &[path.as_path()])?;
+        .collect();
+    for (k, p) in outputs.iter().enumerate() {
+        mystique_cli::output::check(p, &inputs)?;
+        if outputs[..k]
+            .iter()
+            .any(|q| mystique_cli::output::same_path(p, q))
+        {
+            anyhow::bail!("{} is given for two outputs", p.display());
+        }
     }
     let reference_original = reference_original(a, path)?;
     let timeout = std::time::Duration::from_secs(a.timeout);

@@ -1,0 +1,137 @@
+//! Temporary files and directories that must not outlive the command, even when it is
+//! interrupted: [`install`] blocks SIGINT, SIGTERM and SIGHUP in every thread and waits for
+//! them on a thread of its own, which removes what is registered ([`Temp`]) and then ends the
+//! process by the same signal (its exit status says which, as an uncaught signal's would).
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+static TEMPS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+const SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn set() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is initialised by sigemptyset before use.
+    let mut s: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `s` is a valid sigset_t.
+    unsafe {
+        libc::sigemptyset(&mut s);
+        for sig in SIGNALS {
+            libc::sigaddset(&mut s, sig);
+        }
+    }
+    s
+}
+
+/// Call first in `main`, before any thread starts (threads inherit the blocked signals).
+pub fn install() {
+    let s = set();
+    // SAFETY: a valid set; only this thread's mask changes, inherited by threads made later.
+    if unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &s, std::ptr::null_mut()) } != 0 {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: a valid set and out-pointer.
+            if unsafe { libc::sigwait(&s, &mut sig) } != 0 {
+                return;
+            }
+            remove_all();
+            // SAFETY: back to the default action, unblocked, and raised: the process ends as
+            // the signal would have ended it.
+            unsafe {
+                libc::signal(sig, libc::SIG_DFL);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &s, std::ptr::null_mut());
+                libc::raise(sig);
+            }
+            std::process::exit(128 + sig);
+        });
+    if spawned.is_err() {
+        unblock();
+    }
+}
+
+/// Unblocks the signals [`install`] blocked: for a child process between fork and exec (it
+/// inherits the mask), so that it can be interrupted. Async-signal-safe.
+pub fn unblock() {
+    let s = set();
+    // SAFETY: a valid set.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &s, std::ptr::null_mut()) };
+}
+
+fn remove_all() {
+    let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
+    for p in temps.iter() {
+        remove(p);
+    }
+}
+
+fn remove(p: &Path) {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir_all(p);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(p);
+        }
+        Err(_) => {}
+    }
+}
+
+/// A temporary path removed when dropped (unless [`Temp::keep`] was called) and on SIGINT,
+/// SIGTERM or SIGHUP.
+pub struct Temp {
+    path: PathBuf,
+    kept: bool,
+}
+
+impl Temp {
+    /// Registers `path` (already created by the caller).
+    pub fn register(path: PathBuf) -> Temp {
+        TEMPS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(path.clone());
+        Temp { path, kept: false }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// It was renamed into place: nothing to remove.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let mut temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = temps.iter().position(|p| *p == self.path) {
+            temps.swap_remove(k);
+        }
+        drop(temps);
+        if !self.kept {
+            remove(&self.path);
+        }
+    }
+}
+
+/// A name no other process can guess: `.{stem}.tmp-{pid}-{16 random hex digits}`.
+pub fn temp_name(stem: &str) -> String {
+    let mut r = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        r = t.to_le_bytes();
+    }
+    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    format!(".{stem}.tmp-{}-{hex}", std::process::id())
+}
