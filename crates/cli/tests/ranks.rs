@@ -277,6 +277,25 @@ fn mismatched_rank_sets_are_refused() {
 /// no process behind.
 #[test]
 fn a_killed_rank_fails_the_run_and_leaves_no_process() {
+    let log = signal_rank_1_mid_replay(libc::SIGKILL);
+    assert!(log.contains("rank 1 failed first"), "{log}");
+    assert!(log.contains("signal 9"), "{log}");
+}
+
+/// A rank stopped mid-replay (SIGSTOP) is named as the one that stopped responding, not the
+/// healthy rank whose collective timed out waiting for it, and the run ends with no process
+/// left (a stopped one included).
+#[test]
+fn a_stopped_rank_is_named_as_the_one_that_stopped() {
+    let log = signal_rank_1_mid_replay(libc::SIGSTOP);
+    assert!(log.contains("rank 1 stopped responding"), "{log}");
+    assert!(!log.contains("rank 0 failed first"), "{log}");
+}
+
+/// Starts both ranks of the Gloo job for a long replay, sends rank 1 `signal` once they run
+/// their collectives, and returns the launcher's stderr once it ended (exit 2, checked), every
+/// rank's process gone.
+fn signal_rank_1_mid_replay(signal: libc::c_int) -> String {
     let glob = shared("cpu").join("dist_mlp_w2.rank*.et.json");
     let mut child = bin()
         .args([
@@ -285,13 +304,8 @@ fn a_killed_rank_fails_the_run_and_leaves_no_process() {
             glob.to_str().unwrap(),
             "--threads",
             "1",
-            "--iters",
-            "1000000",
-            "--warmup",
-            "0",
-            "--timeout",
-            "10",
         ])
+        .args(["--iters", "1000000", "--warmup", "0", "--timeout", "10"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -319,10 +333,11 @@ fn a_killed_rank_fails_the_run_and_leaves_no_process() {
             pids.push(pid);
         }
     }
-    // Let the ranks get into their collectives, then kill rank 1.
+    // Let the ranks get into their collectives, then signal rank 1.
     std::thread::sleep(Duration::from_secs(2));
     assert!(std::path::Path::new(&format!("/proc/{}", pids[0])).exists());
-    unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) };
+    // SAFETY: a signal to a rank process this test started.
+    unsafe { libc::kill(pids[1] as i32, signal) };
     let started = Instant::now();
     let mut rest = String::new();
     let reader = std::thread::spawn(move || {
@@ -335,14 +350,12 @@ fn a_killed_rank_fails_the_run_and_leaves_no_process() {
         }
         if started.elapsed() > Duration::from_secs(60) {
             let _ = child.kill();
-            panic!("the launcher did not end within 60 s of a rank's death");
+            panic!("the launcher did not end within 60 s of signal {signal} to a rank");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     log.push_str(&reader.join().unwrap());
     assert_eq!(status.code(), Some(2), "{log}");
-    assert!(log.contains("rank 1 failed first"), "{log}");
-    assert!(log.contains("signal 9"), "{log}");
     for pid in pids {
         // Reaped by the launcher: no process (not even a zombie) under that pid.
         assert!(
@@ -353,6 +366,7 @@ fn a_killed_rank_fails_the_run_and_leaves_no_process() {
             "rank process {pid} is still there: {log}"
         );
     }
+    log
 }
 
 /// A scratch directory of its own for one test.

@@ -54,6 +54,11 @@ impl Pool {
         }
     }
 
+    /// The slots released after step `pos`.
+    pub fn released(&self, pos: usize) -> &[Slot] {
+        self.releases.get(pos).map_or(&[][..], Vec::as_slice)
+    }
+
     /// Drops the slots released after step `pos`.
     pub fn release(&self, pos: usize, slots: &mut [Option<Tensor>]) {
         for &s in self.releases.get(pos).map_or(&[][..], Vec::as_slice) {

@@ -266,6 +266,8 @@ struct Iteration<'e, 'p, 'q, 'r> {
     last_op_end: f64,
     last_progress: f64,
     owed: Owed,
+    /// In the first iteration: the live storages, counted step by step for its peak.
+    live: Option<super::LiveCounter>,
 }
 
 impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
@@ -278,6 +280,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         opts: &'r ReplayOptions,
     ) -> Self {
         let slots = ex.fresh_slots();
+        let live = (it == 0).then(|| super::LiveCounter::of(&slots));
         let timed = Vec::with_capacity(ex.plan.steps.len());
         timer.clear();
         let waited_at_start = rec.waited_us();
@@ -300,6 +303,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             last_op_end,
             last_progress: last_op_end,
             owed: Owed::default(),
+            live,
         }
     }
 
@@ -320,6 +324,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             self.ex.leave_out(pos, &mut self.slots);
             self.rec.skipped();
             self.ex.free(pos, &mut self.slots);
+            self.count_live(pos, true);
             self.exclude_since(t);
             return Ok(());
         }
@@ -354,6 +359,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             self.rec.ran(self.it, pos, Via::Kernel, None);
             self.ex.free(pos, &mut self.slots);
             self.ex.release_to_pool(pos, &mut self.slots);
+            self.count_live(pos, true);
             // The original ran this op between its two gaps: the next gap counts from here, or
             // the time spun for this one would count toward it too.
             self.last_op_end = self.timer.host_us();
@@ -365,6 +371,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         self.check_values(pos);
         self.ex.free(pos, &mut self.slots);
         self.ex.release_to_pool(pos, &mut self.slots);
+        self.count_live(pos, true);
         if self.ex.graph_release.get(pos).copied().unwrap_or(false) {
             let t = self.timer.host_us();
             self.ex.release_graph(pos, &mut self.slots);
@@ -516,9 +523,40 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             });
         }
         if self.it == 0 {
-            self.rec.live(live_bytes(&self.slots));
+            self.count_live(pos, false);
+            if let Some(l) = &self.live {
+                self.rec.live(l.now);
+            }
         }
         self.exclude_since(t_untimed);
+    }
+
+    /// In the first iteration, the live storages after step `pos` touched its slots (with
+    /// `freed`, after it freed and released its slots too).
+    fn count_live(&mut self, pos: usize, freed: bool) {
+        let Some(live) = &mut self.live else { return };
+        let st = &self.ex.plan.steps[pos];
+        let mut touched: Vec<crate::plan::Slot> = st.args.iter().flat_map(Arg::slots).collect();
+        touched.extend(st.out_specs.iter().map(|(s, _)| *s));
+        touched.extend(st.views.iter().flat_map(|v| [v.slot, v.base]));
+        touched.extend(st.passthrough.iter().flat_map(|(a, b)| [*a, *b]));
+        for o in &st.outs {
+            match o {
+                Out::Tensor(s) => touched.push(*s),
+                Out::List(v) => touched.extend(v.iter().flatten()),
+                Out::Ignore => {}
+            }
+        }
+        if freed {
+            touched.extend(&st.frees);
+            if let Some(p) = &self.ex.pool {
+                touched.extend(p.released(pos));
+            }
+        }
+        for s in touched {
+            let s = s as usize;
+            live.update(s, self.slots.get(s).and_then(Option::as_ref));
+        }
     }
 
     /// Long iterations say where they are (every 5 s, checked every 1024 steps).

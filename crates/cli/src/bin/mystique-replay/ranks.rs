@@ -325,6 +325,10 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
     let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
     let mut first_failure: Option<(usize, Instant)> = None;
     let mut killed = Vec::new();
+    // Since when each rank has been stopped (SIGSTOP, a debugger): it answers no collective,
+    // and the ranks waiting for it would time out and be blamed in its place.
+    let mut stopped_since: Vec<Option<Instant>> = vec![None; ranks.len()];
+    let mut stopped_rank: Option<usize> = None;
     loop {
         for (k, r) in ranks.iter_mut().enumerate() {
             if status[k].is_none() {
@@ -333,10 +337,33 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
                     if !ran(s) && first_failure.is_none() {
                         first_failure = Some((k, Instant::now()));
                     }
+                } else if is_stopped(r.child.id()) {
+                    let since = *stopped_since[k].get_or_insert_with(Instant::now);
+                    if stopped_rank.is_none()
+                        && (first_failure.is_some() || since.elapsed() > timeout)
+                    {
+                        stopped_rank = Some(k);
+                    }
+                } else {
+                    stopped_since[k] = None;
                 }
             }
         }
         if status.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some(k) = stopped_rank {
+            // The stopped rank is the cause: end the run now, naming it.
+            first_failure = Some((k, Instant::now()));
+            for (j, r) in ranks.iter_mut().enumerate() {
+                if status[j].is_none() {
+                    let _ = r.child.kill();
+                    status[j] = r.child.wait().ok();
+                    if j != k {
+                        killed.push(j);
+                    }
+                }
+            }
             break;
         }
         if let Some((_, at)) = first_failure {
@@ -359,6 +386,15 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         outputs.push(out.join().unwrap_or_default());
         let err = std::mem::replace(&mut r.stderr, std::thread::spawn(|| ()));
         let _ = err.join();
+    }
+    if let Some(k) = stopped_rank {
+        let secs = stopped_since[k].map_or(0.0, |t| t.elapsed().as_secs_f64());
+        bail!(
+            "rank {} stopped responding: its process was stopped (SIGSTOP or a debugger) for \
+             {secs:.1} s, so the others waited for it in their collectives; it and the ranks \
+             still running ({killed:?}) were killed",
+            ranks[k].rank
+        );
     }
     if let Some((k, _)) = first_failure {
         let why = ranks[k]
@@ -397,6 +433,22 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
         );
     }
     Ok(outputs)
+}
+
+/// Whether process `pid` is stopped (state `T` or `t` in `/proc/PID/stat`: a stop signal or a
+/// tracer holds it).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The state follows the command name, which is in parentheses and may hold any byte.
+            let after = &s[s.rfind(')')? + 1..];
+            after
+                .split_whitespace()
+                .next()
+                .map(|st| st == "T" || st == "t")
+        })
+        .unwrap_or(false)
 }
 
 /// Whether a rank ran to its end: every op, or with failed ops (its report printed, exit 3).

@@ -1,0 +1,156 @@
+//! Stored plans as a forger or a damaged disk hands them over: thousands of mutations of real
+//! compiled plans (numbers replaced by extremes, entries dropped or duplicated, values swapped
+//! between fields) read as a package's reader reads them. Each is refused by `Plan::validate`
+//! with an error or, where valid, binds and sizes itself without a panic. A seeded mutator, not
+//! coverage-guided fuzzing: every run tries the same mutants, so a failure reproduces.
+
+use serde_json::Value;
+
+/// A path under `../shared/traces`.
+fn shared(rel: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/traces")
+        .join(rel)
+}
+
+/// xorshift64*: small, seeded, good enough to pick mutations.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Every value of the tree, by its path of keys and indices.
+fn paths(v: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    out.push(at.clone());
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                at.push(k.clone());
+                paths(x, at, out);
+                at.pop();
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                at.push(i.to_string());
+                paths(x, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_mut<'a>(v: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    path.iter().try_fold(v, |v, k| match v {
+        Value::Object(m) => m.get_mut(k),
+        Value::Array(a) => a.get_mut(k.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+/// One mutation of `v` at a random place.
+fn mutate(v: &mut Value, rng: &mut Rng, all: &[Vec<String>]) {
+    let path = &all[rng.below(all.len())];
+    let donor = {
+        let other = &all[rng.below(all.len())];
+        at_mut(&mut v.clone(), other)
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let Some(x) = at_mut(v, path) else { return };
+    const EXTREMES: [i64; 8] = [
+        -1,
+        0,
+        1,
+        i32::MAX as i64,
+        u32::MAX as i64,
+        i64::MAX,
+        i64::MIN,
+        1 << 40,
+    ];
+    match rng.below(6) {
+        0 => *x = Value::from(EXTREMES[rng.below(EXTREMES.len())]),
+        1 => *x = donor,
+        2 => match x {
+            Value::Array(a) if !a.is_empty() => {
+                let k = rng.below(a.len());
+                a.remove(k);
+            }
+            _ => *x = Value::Null,
+        },
+        3 => match x {
+            Value::Array(a) if !a.is_empty() => {
+                let k = rng.below(a.len());
+                let dup = a[k].clone();
+                a.push(dup);
+            }
+            _ => *x = Value::Array(vec![]),
+        },
+        4 => *x = Value::from(f64::MAX),
+        _ => *x = Value::from("\u{0}x"),
+    }
+}
+
+#[test]
+fn mutated_plans_are_refused_or_bind_without_a_panic() {
+    tch::set_num_threads(1);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut refused, mut unreadable, mut valid, mut ran) = (0usize, 0usize, 0usize, 0usize);
+    for rel in [
+        "cpu/mlp.et.json",
+        "cpu/cnn.et.json.gz",
+        "cpu/dist_mlp_w2.rank0.et.json",
+    ] {
+        let t = et_schema::read_trace(&shared(rel)).unwrap();
+        let g = et_graph::Graph::new(&t);
+        let plan = replay::plan::compile(&g, &g.replay_set(None));
+        let base = serde_json::to_value(&plan).unwrap();
+        let mut all = Vec::new();
+        paths(&base, &mut Vec::new(), &mut all);
+        for _ in 0..1500 {
+            let mut v = base.clone();
+            for _ in 0..1 + rng.below(3) {
+                mutate(&mut v, &mut rng, &all);
+            }
+            let Ok(p) = serde_json::from_value::<replay::plan::Plan>(v) else {
+                unreadable += 1;
+                continue;
+            };
+            if p.validate().is_err() {
+                refused += 1;
+                continue;
+            }
+            valid += 1;
+            // What `run` does with a plan before it allocates: bind it, size it, key it.
+            let bound = replay::bind(&p, &replay::Device::Cpu);
+            assert_eq!(bound.steps.len(), p.steps.len());
+            let _ = p.peak_bytes_estimate(et_graph::Kind::All);
+            let _ = p.peak_bytes_estimate(et_graph::Kind::Comm);
+            let _ = p.signatures();
+            // And one iteration of those that are small: an error or a report, never a panic.
+            if p.peak_bytes_estimate(et_graph::Kind::All) < 64 << 20 {
+                let opts = replay::ReplayOptions {
+                    iters: 1,
+                    warmup: 0,
+                    ..Default::default()
+                };
+                let _ = replay::executor::run(&p, &bound, &opts);
+                ran += 1;
+            }
+        }
+    }
+    eprintln!(
+        "4500 mutants: {unreadable} unreadable, {refused} refused, {valid} valid ({ran} run)"
+    );
+    assert!(refused > 0 && valid > 0, "{unreadable} {refused} {valid}");
+}
