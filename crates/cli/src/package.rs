@@ -313,6 +313,96 @@ mod tests {
         assert!(e.contains("load_library"), "{e}");
     }
 
+    /// Manifests as a forger hands them over: thousands of seeded mutations of a real one
+    /// (values replaced by extremes, strings, nulls; entries dropped or doubled; bytes cut) are
+    /// read without a panic, each refused or read.
+    #[test]
+    fn mutated_manifests_are_refused_or_read_without_a_panic() {
+        let dir = std::env::temp_dir().join(format!("mystique-pkg-mut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("rank0.et.json.gz"), b"t").unwrap();
+        std::fs::write(dir.join("rank0.plan.json.gz"), b"p").unwrap();
+        let files: BTreeMap<String, String> = [
+            ("rank0.et.json.gz".to_string(), sha256_hex(b"t")),
+            ("rank0.plan.json.gz".to_string(), sha256_hex(b"p")),
+        ]
+        .into();
+        let m = Manifest {
+            format: PACKAGE_FORMAT.into(),
+            created_by: "mystique".into(),
+            libtorch: "2.11.0".into(),
+            schema: "1.1.1".into(),
+            ranks: vec![RankEntry {
+                rank: 0,
+                trace: "rank0.et.json.gz".into(),
+                plan: "rank0.plan.json.gz".into(),
+                source_sha256: "00".into(),
+                ops: 3,
+                original: None,
+            }],
+            selection: SelectionRecord::default(),
+            what_if: Vec::new(),
+            devices_recorded: vec!["cpu".into()],
+            seed: 0,
+            warmup: 1,
+            iters: 2,
+            ops_from: Vec::new(),
+            original: Some(Original {
+                iter_ms: 1.0,
+                ops_ms: None,
+                from: "kineto".into(),
+            }),
+            gaps: None,
+            anonymized: None,
+            files,
+        };
+        let text = serde_json::to_string_pretty(&m).unwrap().into_bytes();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n.max(1) as u64) as usize
+        };
+        let pieces: [&[u8]; 9] = [
+            b"-1",
+            b"1e309",
+            b"18446744073709551616",
+            b"null",
+            b"\"../x\"",
+            b"[]",
+            b"{}",
+            b"\"\\u0000\"",
+            b"\"rank0.plan.json.gz\": \"00\",",
+        ];
+        let (mut read, mut refused) = (0, 0);
+        for _ in 0..3000 {
+            let mut t = text.clone();
+            for _ in 0..1 + next(3) {
+                let at = next(t.len());
+                match next(4) {
+                    0 => t.truncate(at),
+                    1 => {
+                        let end = (at + 1 + next(12)).min(t.len());
+                        t.drain(at..end);
+                    }
+                    _ => {
+                        let p = pieces[next(pieces.len())];
+                        t.splice(at..at, p.iter().copied());
+                    }
+                }
+            }
+            std::fs::write(dir.join(MANIFEST), &t).unwrap();
+            match read_manifest(&dir) {
+                Ok(_) => read += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        assert!(refused > 0, "{read} read, {refused} refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// What a package's reader uses is what it hashed: a file changed after the manifest was
     /// checked is refused when it is read, not used.
     #[test]
