@@ -103,9 +103,7 @@ pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
 /// fails the creation instead of redirecting the write), registered for removal on every exit
 /// path, signals included.
 pub fn create_exclusive(dir: &Path, stem: &str) -> Result<(std::fs::File, crate::signals::Temp)> {
-    let mut last = None;
-    for _ in 0..8 {
-        let path = dir.join(crate::signals::temp_name(stem));
+    exclusive(dir, stem, "file", |path| {
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create_new(true);
         #[cfg(unix)]
@@ -113,30 +111,35 @@ pub fn create_exclusive(dir: &Path, stem: &str) -> Result<(std::fs::File, crate:
             use std::os::unix::fs::OpenOptionsExt;
             o.custom_flags(libc::O_NOFOLLOW);
         }
-        match o.open(&path) {
-            Ok(f) => return Ok((f, crate::signals::Temp::register(path))),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
-        }
-    }
-    Err(last.map_or_else(|| anyhow::anyhow!("no name"), anyhow::Error::from))
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))
+        o.open(path)
+    })
 }
 
 /// A new directory in `dir` under a name no other process can guess, created exclusively (an
 /// existing name or link fails it), registered for removal as [`create_exclusive`]'s files.
 pub fn create_exclusive_dir(dir: &Path, stem: &str) -> Result<crate::signals::Temp> {
+    exclusive(dir, stem, "directory", |p| std::fs::create_dir(p)).map(|((), t)| t)
+}
+
+/// `make` at a fresh unguessable name in `dir`, tried again (8 times in all) where the name
+/// exists; what it made, registered as a [`crate::signals::Temp`].
+fn exclusive<T>(
+    dir: &Path,
+    stem: &str,
+    what: &str,
+    make: impl Fn(&Path) -> std::io::Result<T>,
+) -> Result<(T, crate::signals::Temp)> {
     let mut last = None;
     for _ in 0..8 {
         let path = dir.join(crate::signals::temp_name(stem));
-        match std::fs::create_dir(&path) {
-            Ok(()) => return Ok(crate::signals::Temp::register(path)),
+        match make(&path) {
+            Ok(made) => return Ok((made, crate::signals::Temp::register(path))),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
         }
     }
     Err(last.map_or_else(|| anyhow::anyhow!("no name"), anyhow::Error::from))
-        .with_context(|| format!("creating a temporary directory in {}", dir.display()))
+        .with_context(|| format!("creating a temporary {what} in {}", dir.display()))
 }
 
 /// Writes `out` atomically (`-`: stdout): `write` fills a temporary file beside it, which then

@@ -123,15 +123,23 @@ impl Drop for Temp {
 /// A name no other process can guess: `.{stem}.tmp-{pid}-{16 random hex digits}`.
 pub fn temp_name(stem: &str) -> String {
     let mut r = [0u8; 8];
+    random_bytes(&mut r);
+    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
+    format!(".{stem}.tmp-{}-{hex}", std::process::id())
+}
+
+/// Fills `out` from `/dev/urandom`, else (no such device) with the clock's nanoseconds.
+pub fn random_bytes(out: &mut [u8]) {
     if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut r))
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, out))
         .is_err()
     {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        r = t.to_le_bytes();
+            .map_or(0, |d| d.as_nanos())
+            .to_le_bytes();
+        for (b, t) in out.iter_mut().zip(t.iter().cycle()) {
+            *b = *t;
+        }
     }
-    let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
-    format!(".{stem}.tmp-{}-{hex}", std::process::id())
 }

@@ -14,6 +14,18 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// `mystique generate TRACE -o PKG`, which must succeed.
+fn generate(trace: &Path, pkg: &Path) {
+    let g = bin()
+        .arg("generate")
+        .arg(trace)
+        .arg("-o")
+        .arg(pkg)
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+}
+
 /// `sh -c 'PLANT; exec mystique ARGS'`: the planting shell's PID is the command's (exec keeps
 /// it), so a name made of the PID can be planted before the command runs.
 fn planted(plant: &str, args: &[&str]) -> std::process::Output {
@@ -59,16 +71,7 @@ fn links_planted_in_the_output_directory_redirect_no_write() {
     et_schema::read_trace(&out).unwrap();
     // `run -o` probes its output directory: a link at the probe's name truncates nothing.
     let pkg = d.join("pkg");
-    let g = bin()
-        .args([
-            "generate",
-            mlp.to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    generate(&mlp, &pkg);
     let result = d.join("result.json");
     let plant = format!("ln -sf {v} {}/.mystique-probe-$$", d.display());
     let o = planted(
@@ -119,16 +122,7 @@ fn devices_fifos_and_links_are_refused_as_inputs() {
     }
     let mlp = shared("cpu/mlp.et.json");
     let pkg = d.join("pkg");
-    let g = bin()
-        .args([
-            "generate",
-            mlp.to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    generate(&mlp, &pkg);
     let manifest = pkg.join("manifest.json");
     let swap = |make: &dyn Fn(&Path)| {
         std::fs::remove_file(&manifest).ok();
@@ -201,15 +195,7 @@ fn outputs_never_land_on_inputs_or_inside_a_package() {
     assert_eq!(r["ops_failed"], 0);
     assert!(beside.is_file());
     let pkg = d.join("pkg");
-    let g = bin()
-        .args([
-            "generate",
-            et.to_str().unwrap(),
-            "-o",
-            pkg.to_str().unwrap(),
-        ])
-        .output();
-    assert!(g.unwrap().status.success());
+    generate(&et, &pkg);
     let plan = pkg.join("rank0.plan.json.gz");
     let plan_before = std::fs::read(&plan).unwrap();
     let o = bin()
@@ -249,16 +235,7 @@ fn plans_and_manifests_that_lie_are_refused() {
     let et = shared("cpu/mlp.et.json");
     let fresh = |name: &str| {
         let pkg = d.join(name);
-        let g = bin()
-            .args([
-                "generate",
-                et.to_str().unwrap(),
-                "-o",
-                pkg.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+        generate(&et, &pkg);
         pkg
     };
     let run = |pkg: &Path, extra: &[&str]| {

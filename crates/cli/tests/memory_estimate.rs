@@ -3,7 +3,7 @@
 //! multi-rank sets. One test, run alone in its binary: replays of several GB one at a time.
 
 mod common;
-use common::{bin, json, shared};
+use common::{bin, shared};
 use serde_json::Value;
 
 /// What libtorch's kernels keep beyond the plan's tensors that no estimate from the plan can
@@ -17,19 +17,7 @@ const KERNELS_OWN: u64 = 32 << 20;
 /// by its own memory check (exit 2) and reported as not measured.
 #[test]
 fn the_memory_estimate_is_within_a_quarter_of_the_resident_peak() {
-    let own = json(bin().args([
-        "replay",
-        shared("cpu/mlp.et.json").to_str().unwrap(),
-        "--only",
-        "comm",
-        "--json",
-        "--iters",
-        "1",
-        "--warmup",
-        "0",
-    ]))["device_memory"]["peak_bytes"]
-        .as_u64()
-        .unwrap();
+    let own = common::libtorch_own();
     let singles = [
         "cpu/cnn.et.json.gz",
         "cpu/dlrm.et.json",

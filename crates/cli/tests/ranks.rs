@@ -108,19 +108,7 @@ fn collectives_report_algorithm_and_bus_bandwidth_as_nccl_tests_does() {
 fn a_comm_only_replay_takes_its_collectives_from_a_pool_of_reused_buffers() {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tp_w8");
     let j = json(&mut replay_ranks(&dir, &[]));
-    // libtorch's own: a replay that holds nothing (a trace without collectives, comm only).
-    let base = json(bin().args([
-        "replay",
-        shared("cpu/mlp.et.json").to_str().unwrap(),
-        "--only",
-        "comm",
-        "--json",
-        "--iters",
-        "1",
-        "--warmup",
-        "0",
-    ]));
-    let own = base["device_memory"]["peak_bytes"].as_u64().unwrap();
+    let own = common::libtorch_own();
     const MIB16: u64 = 16 << 20;
     let ranks = j["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 8);

@@ -25,3 +25,22 @@ pub fn json(cmd: &mut Command) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Resident bytes of libtorch's own, in a replay that holds nothing: a trace without
+/// collectives, replayed comm only (not every test binary needs it).
+#[allow(dead_code)]
+pub fn libtorch_own() -> u64 {
+    json(bin().args([
+        "replay",
+        shared("cpu/mlp.et.json").to_str().unwrap(),
+        "--only",
+        "comm",
+        "--json",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+    ]))["device_memory"]["peak_bytes"]
+        .as_u64()
+        .unwrap()
+}

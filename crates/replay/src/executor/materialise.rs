@@ -83,14 +83,7 @@ pub fn materialise(
                 .max()
                 .unwrap_or(0)
                 .max(1);
-            let flat = TensorSpec {
-                shape: vec![extent],
-                strides: vec![1],
-                dtype,
-                storage: 0,
-                offset: 0,
-            };
-            (flat, members)
+            (TensorSpec::flat(dtype, extent), members)
         })
         .collect();
     // On CUDA, one arena for them all, each storage at a 256-byte boundary (what cudaMalloc

@@ -35,14 +35,21 @@ impl Pool {
         need.sort_unstable_by_key(|((d, n), _)| (d.name(), *n));
         for (key, count) in need {
             for _ in 0..count {
-                let Some(b) = device.synthesise(&flat(key)) else {
+                if self.make(key, device).is_none() {
                     return;
-                };
-                self.bytes = self.bytes.saturating_add(flat(key).bytes());
-                self.count += 1;
-                self.buffers.entry(key).or_default().push(b);
+                }
             }
         }
+    }
+
+    /// A new buffer of `key`, counted and kept; the pool's handle to it.
+    fn make(&mut self, key: PoolKey, device: &Device) -> Option<Tensor> {
+        let flat = TensorSpec::flat(key.0, key.1);
+        let b = device.synthesise(&flat)?;
+        self.bytes = self.bytes.saturating_add(flat.bytes());
+        self.count += 1;
+        self.buffers.entry(key).or_default().push(b.shallow_clone());
+        Some(b)
     }
 
     /// Fills each empty slot of `wanted` with a view of a pooled buffer of its spec.
@@ -61,7 +68,7 @@ impl Pool {
 
     /// Drops the slots released after step `pos`.
     pub fn release(&self, pos: usize, slots: &mut [Option<Tensor>]) {
-        for &s in self.releases.get(pos).map_or(&[][..], Vec::as_slice) {
+        for &s in self.released(pos) {
             if let Some(x) = slots.get_mut(s as usize) {
                 *x = None;
             }
@@ -70,33 +77,20 @@ impl Pool {
 
     /// A view of a free buffer for slot `s` (a new buffer when none is free).
     fn take(&mut self, s: Slot, device: &Device) -> Option<Tensor> {
-        let spec = self.specs.get(s as usize)?.as_ref()?;
-        let key = pool_key(spec);
-        let list = self.buffers.entry(key).or_default();
+        let key = pool_key(self.specs.get(s as usize)?.as_ref()?);
         // The pool's own handle is the storage's only user: no slot views it, and no work
         // (an outstanding collective holds its tensors) uses it.
-        let base = match list.iter().find(|b| ffi::storage_use_count(b) <= 1) {
-            Some(b) => b.shallow_clone(),
-            None => {
-                let b = device.synthesise(&flat(key))?;
-                self.bytes = self.bytes.saturating_add(flat(key).bytes());
-                self.count += 1;
-                list.push(b.shallow_clone());
-                b
-            }
+        let free = self
+            .buffers
+            .get(&key)
+            .and_then(|list| list.iter().find(|b| ffi::storage_use_count(b) <= 1))
+            .map(Tensor::shallow_clone);
+        let base = match free {
+            Some(b) => b,
+            None => self.make(key, device)?,
         };
+        let spec = self.specs[s as usize].as_ref()?;
         base.f_as_strided(spec.shape.as_slice(), spec.strides.as_slice(), 0)
             .ok()
-    }
-}
-
-/// A contiguous buffer of `key`'s dtype and elements.
-fn flat((dtype, n): PoolKey) -> TensorSpec {
-    TensorSpec {
-        shape: vec![n],
-        strides: vec![1],
-        dtype,
-        storage: 0,
-        offset: 0,
     }
 }

@@ -61,6 +61,17 @@ impl TensorSpec {
         (self.extent().max(0) as u64).saturating_mul(self.dtype.size_bytes() as u64)
     }
 
+    /// A contiguous one-dimensional buffer of `n` elements of `dtype` (storage unknown).
+    pub fn flat(dtype: DType, n: i64) -> TensorSpec {
+        TensorSpec {
+            shape: vec![n],
+            strides: vec![1],
+            dtype,
+            storage: 0,
+            offset: 0,
+        }
+    }
+
     /// Elements of storage this view reaches (offset included).
     /// Saturating: a hostile shape gives a huge extent (refused as too big), never an overflow.
     pub fn extent(&self) -> i64 {

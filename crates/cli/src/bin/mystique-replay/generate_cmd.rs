@@ -38,14 +38,7 @@ fn gzip(bytes: &[u8]) -> Result<Vec<u8>> {
 
 fn random_key() -> Vec<u8> {
     let mut k = vec![0u8; 32];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut k);
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        k[..16].copy_from_slice(&t.to_le_bytes());
-    }
+    mystique_cli::signals::random_bytes(&mut k);
     k
 }
 
@@ -219,12 +212,9 @@ fn profiles_by_rank(
     if n == 1 {
         return Ok(read.into_iter().map(Some).collect());
     }
-    let distinct = |ranks: Vec<Option<u64>>| -> Option<Vec<u64>> {
-        let all: Vec<u64> = ranks.into_iter().collect::<Option<_>>()?;
-        let mut sorted = all.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        (sorted.len() == n && sorted.iter().all(|&r| (r as usize) < n)).then_some(all)
+    // One rank each, every one of 0..n.
+    let distinct = |ranks: Vec<Option<u64>>| {
+        crate::rank_files::distinct(&ranks).filter(|all| all.iter().all(|&r| (r as usize) < n))
     };
     let recorded = read
         .iter()

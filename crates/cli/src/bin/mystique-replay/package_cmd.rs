@@ -218,13 +218,12 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     } else {
         let timeout = std::time::Duration::from_secs(a.timeout);
         // On the CPU the ranks share this machine's memory: checked together, as --ranks does.
-        let available = metrics::available_memory();
-        let force = a.force;
-        let check = move |peaks: &[crate::rank_files::Peak]| match available {
-            Some(av) => crate::rank_files::check_memory(peaks, av, et_graph::Kind::All, force),
-            None => Ok(()),
+        let gate = crate::ranks::MemoryGate {
+            available: metrics::available_memory(),
+            only: et_graph::Kind::All,
+            force: a.force,
         };
-        let gate: Option<&crate::ranks::MemoryCheck> = (a.device == "cpu").then_some(&check as _);
+        let gate = (a.device == "cpu").then_some(&gate);
         let outs = crate::ranks::launch(m.ranks.len(), timeout, gate, |_| {
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
             cmd.arg("run")

@@ -481,7 +481,7 @@ fn why_not(traces: &[RankTrace], source: &str, rank: impl Fn(&RankTrace) -> Opti
 }
 
 /// The values, when every trace has one and no two share it.
-fn distinct(v: &[Option<u64>]) -> Option<Vec<u64>> {
+pub fn distinct(v: &[Option<u64>]) -> Option<Vec<u64>> {
     let all: Vec<u64> = v.iter().copied().collect::<Option<_>>()?;
     let mut sorted = all.clone();
     sorted.sort_unstable();

@@ -42,13 +42,12 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         })
         .transpose()?
         .or_else(metrics::available_memory);
-    let (only, force) = (a.run.only, a.run.force);
-    let check = move |peaks: &[rank_files::Peak]| match available {
-        Some(available) => rank_files::check_memory(peaks, available, only, force),
-        None => Ok(()),
+    let gate = MemoryGate {
+        available,
+        only: a.run.only,
+        force: a.run.force,
     };
-    let gate: Option<&MemoryCheck> = (a.device == "cpu").then_some(&check as _);
-    let results = launch(n, timeout, gate, |rank| {
+    let results = launch(n, timeout, (a.device == "cpu").then_some(&gate), |rank| {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("replay")
             .arg(&traces[rank].path)
@@ -77,7 +76,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
 pub fn launch(
     n: usize,
     timeout: Duration,
-    gate: Option<&MemoryCheck>,
+    gate: Option<&MemoryGate>,
     make: impl Fn(usize) -> Result<(Command, String)>,
 ) -> Result<Vec<Vec<u8>>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -112,14 +111,28 @@ pub fn launch(
         ranks.push(Running::new(rank, child, tx.clone()));
     }
     drop(tx);
-    if let Some(check) = gate {
-        open_gate(&mut ranks, &rx, check)?;
+    if let Some(gate) = gate {
+        open_gate(&mut ranks, &rx, gate)?;
     }
     supervise(&mut ranks, timeout)
 }
 
-/// Checks the ranks' estimated peaks together (refusing them all, or not).
-pub type MemoryCheck = dyn Fn(&[rank_files::Peak]) -> Result<()>;
+/// The ranks' estimated peaks checked together against `available` bytes (none known: no
+/// check), for the replay `only` asks for, unless `force`.
+pub struct MemoryGate {
+    pub available: Option<u64>,
+    pub only: et_graph::Kind,
+    pub force: bool,
+}
+
+impl MemoryGate {
+    fn check(&self, peaks: &[rank_files::Peak]) -> Result<()> {
+        match self.available {
+            Some(available) => rank_files::check_memory(peaks, available, self.only, self.force),
+            None => Ok(()),
+        }
+    }
+}
 
 /// Set for a rank whose launcher checks the ranks' memory together: before materialising,
 /// the rank prints its plan's estimates on stderr ([`GATE_LINE`]) and waits for `go` on stdin.
@@ -158,7 +171,7 @@ pub fn gate_from_env() -> Option<replay::MemoryGate> {
 fn open_gate(
     ranks: &mut [Running],
     rx: &std::sync::mpsc::Receiver<(usize, rank_files::Peak)>,
-    check: &MemoryCheck,
+    gate: &MemoryGate,
 ) -> Result<()> {
     let mut peaks: Vec<Option<rank_files::Peak>> = vec![None; ranks.len()];
     while peaks.iter().any(Option::is_none) {
@@ -176,7 +189,7 @@ fn open_gate(
     }
     let all: Option<Vec<rank_files::Peak>> = peaks.into_iter().collect();
     let verdict = match &all {
-        Some(p) => check(p),
+        Some(p) => gate.check(p),
         // A rank ended first: supervise names it; the others must not wait for a go.
         None => Ok(()),
     };
