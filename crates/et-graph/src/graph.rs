@@ -276,6 +276,7 @@ impl<'t> Graph<'t> {
             } else if let Some(p) = self
                 .ancestors(i)
                 .filter(|&a| self.class[a as usize].contains(OpClass::OP))
+                .filter(|&a| !self.p2p_inside_p2p(i, a))
                 .last()
             {
                 Some(Skip::CoveredBy(self.id(p)))
@@ -305,6 +306,16 @@ impl<'t> Graph<'t> {
             }
         }
         ReplaySet { ops, skip }
+    }
+}
+
+impl Graph<'_> {
+    /// Whether node `i` and its op ancestor `a` are both point-to-point ops: then `i` is a call
+    /// of its own, not part of `a` (see [`crate::summary::is_point_to_point`]).
+    fn p2p_inside_p2p(&self, i: u32, a: u32) -> bool {
+        let t = self.trace;
+        crate::summary::is_point_to_point(t, &t.nodes[i as usize])
+            && crate::summary::is_point_to_point(t, &t.nodes[a as usize])
     }
 }
 

@@ -85,6 +85,17 @@ pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
     None
 }
 
+/// Whether node `n` is a point-to-point op (`c10d::send`, `c10d::recv_`,
+/// `c10d::recv_any_source_`). The observer records an `irecv` issued while an `isend` is still
+/// open inside the send's node, though it is a call of its own: nested in another
+/// point-to-point op, it is still replayed and counted on its own (a send never calls a recv).
+pub fn is_point_to_point(t: &Trace, n: &et_schema::Node) -> bool {
+    matches!(
+        t.name(n),
+        "c10d::send" | "c10d::recv_" | "c10d::recv_any_source_"
+    )
+}
+
 /// The rank a trace was captured on, where it recorded one: a `record_param_comms` record's
 /// `rank` attribute, or (older schemas) the integer input just before its collective's name.
 pub fn recorded_rank(t: &Trace) -> Option<u64> {
@@ -207,6 +218,10 @@ impl Summary {
                     break;
                 }
                 let pn = &t.nodes[pi];
+                if is_point_to_point(t, n) && is_point_to_point(t, pn) {
+                    p = pn.parent.filter(|&q| q != pn.id);
+                    continue;
+                }
                 if is_coll(pn) && !is_backend_annotation(t.name(pn)) {
                     nested = true;
                     break;
