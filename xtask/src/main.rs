@@ -708,8 +708,8 @@ fn bench_comms(args: &[&str]) -> Result<()> {
                 bail!("replay --ranks {} failed", dir.display());
             }
             let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
-            for (k, (_, op)) in ops.iter().enumerate() {
-                let c = &j["collectives"][op];
+            for (k, (kind, _)) in ops.iter().enumerate() {
+                let c = &j["collectives"][kind];
                 let n = c["count"].as_f64().unwrap_or(0.0).max(1.0);
                 ours[k].push(c["time_ms"].as_f64().unwrap_or(f64::NAN) * 1000.0 / n);
                 bus[k].push(c["busbw_gbps"].as_f64().unwrap_or(f64::NAN));

@@ -282,6 +282,50 @@ pub struct ReplayArgs {
     /// the kernel says) before the report.
     #[arg(long, value_name = "N", conflicts_with = "ranks")]
     pub paced: Option<usize>,
+    #[command(flatten)]
+    pub comm: CommArgs,
+}
+
+/// How the collectives run: PARAM comms-replay's modes and filters.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CommArgs {
+    /// A barrier on each collective's process group before and after it: the report gives
+    /// the collective's own latency apart from the time ranks waited for each other at the
+    /// barrier before it (skew_us) and its latency until every rank had it done
+    /// (global_latency_us). Sends and receives run without barriers.
+    #[arg(long)]
+    pub blocking: bool,
+    /// Issue each collective when the trace issued it, counted from the iteration's first op
+    /// (a linked Kineto trace gives the times: --kineto, or with --ranks each rank's profile
+    /// beside its trace, NAME.kineto.json[.gz]): with --only comm the compute left out is
+    /// waited out as recorded, so the job's communication keeps its pattern in time.
+    #[arg(long)]
+    pub paced_by_trace: bool,
+    /// Replay the communication on N ranks, fewer than captured (PARAM's auto-shrink; with
+    /// --only comm): ranks 0..N-1 replay their own traces, each process group keeps its
+    /// members among them, all-gather outputs and reduce-scatter inputs follow their group's
+    /// size, all-to-all splits keep the kept ranks' entries. A collective whose root or peer
+    /// is not kept is refused by name.
+    #[arg(long, value_name = "N")]
+    pub world: Option<usize>,
+    /// With --world under a launcher: the capture's world size, where the trace does not
+    /// record it (--ranks passes it to each rank).
+    #[arg(long, value_name = "N", hide = true)]
+    pub captured_world: Option<usize>,
+    /// Known inputs through each collective (every rank puts its group rank + 1 in every
+    /// element) and its result verified after it completes; a wrong result stops the replay
+    /// naming the rank, collective and node. The check overwrites the collectives' values, so
+    /// a full replay's compute after them reads those.
+    #[arg(long)]
+    pub check_collectives: bool,
+    /// With --only comm: only collectives of these kinds (comma-separated: all_reduce,
+    /// all_gather, reduce_scatter, all_to_all, broadcast, reduce, gather, scatter, send, recv,
+    /// barrier); waits always run.
+    #[arg(long, value_name = "KINDS", value_delimiter = ',')]
+    pub allow_collectives: Option<Vec<String>>,
+    /// With --only comm: only the first N collectives of each rank's iteration.
+    #[arg(long, value_name = "N")]
+    pub max_collectives: Option<usize>,
 }
 
 /// How a replay runs, shared by `replay` and `compare`.

@@ -101,6 +101,16 @@ pub enum ReplayError {
         #[source]
         source: CallError,
     },
+    #[error(transparent)]
+    CommSelect(#[from] crate::plan::CommSelectError),
+    /// `--check-collectives` found a collective whose result is not what its inputs make.
+    #[error("rank {rank}: collective {op} (node {id}) returned wrong values: {what}")]
+    CollectiveMismatch {
+        rank: usize,
+        op: String,
+        id: u64,
+        what: String,
+    },
     #[error("loading {path}")]
     Library {
         path: String,

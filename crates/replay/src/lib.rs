@@ -39,10 +39,13 @@ pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
 pub use ffi::{flush_denormal, InstrumentError, Instrumentation, Profile, ProfiledEvent};
-pub use options::{DistOptions, MemoryGate, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN};
+pub use options::{
+    CommOptions, DistOptions, MemoryGate, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN,
+};
 pub use report::{
-    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, PoolReport,
-    ProfiledStep, Report, StepTiming,
+    CheckReport, CollectiveCall, CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport,
+    Latency, NonFinite, OpTiming, PacedReport, PoolReport, ProfiledStep, Report, SizeBucket,
+    StepTiming,
 };
 
 /// Loads a custom-op library (like `torch.ops.load_library`).
@@ -61,6 +64,11 @@ pub fn replay(
     opts: &ReplayOptions,
 ) -> Result<(Report, metrics::Timeline), ReplayError> {
     let plan = plan::compile(g, set);
+    let plan = if opts.comm.select == plan::CommSelection::default() {
+        plan
+    } else {
+        plan.select_comm(&opts.comm.select)?
+    };
     let bound = bind(&plan, &opts.device);
     executor::run(&plan, &bound, opts)
 }

@@ -83,6 +83,34 @@ pub struct ReplayOptions {
     /// asked for and for a comm-only one (bytes): a launcher that starts several ranks on one
     /// machine checks their memory together, and `Err(why)` stops this one.
     pub memory_gate: Option<MemoryGate>,
+    /// How the collectives run beyond the trace's order: blocking, paced, checked.
+    pub comm: CommOptions,
+}
+
+/// How a replay's collectives run, as PARAM's comms replay offers it.
+#[derive(Clone, Debug, Default)]
+pub struct CommOptions {
+    /// A barrier on the collective's process group before and after each collective: the
+    /// collective's own latency apart from the time the ranks waited for each other (the
+    /// barrier before it) and from its completion on every rank (the barrier after it).
+    /// Every collective completes before the next step, waits paired with it included.
+    pub blocking: bool,
+    /// Per step, when the trace issued it (µs from the iteration's first op): each collective
+    /// waits for its time, so a communication-only replay keeps the job's pattern in time
+    /// (the compute left out waited out as recorded). `None` for steps issued at once.
+    pub paced_us: Option<Vec<Option<f64>>>,
+    /// The recorded iteration's span (ms), reported beside the paced iteration's.
+    pub paced_span_ms: Option<f64>,
+    /// Known inputs through each collective (this rank's group rank + 1 in every element) and
+    /// its result verified after it completes; a mismatch stops the run naming the rank,
+    /// collective and node. Collectives complete before the next step, as with `blocking`.
+    pub check: bool,
+    /// Which collectives run, on how many ranks ([`crate::plan::CommSelection`]; applied to
+    /// the plan before it runs).
+    pub select: crate::plan::CommSelection,
+    /// Fault injection for the check: this rank's input to the collective at this node id is
+    /// wrong (its value + 1000), so that the check must find it.
+    pub corrupt_node: Option<u64>,
 }
 
 /// See [`ReplayOptions::memory_gate`].
@@ -254,6 +282,7 @@ impl Default for ReplayOptions {
             nvml_period_ms: 20,
             pace: None,
             memory_gate: None,
+            comm: CommOptions::default(),
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::device::MemorySnapshot;
 use crate::error::ErrorKind;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Failure {
@@ -121,9 +122,18 @@ pub struct Report {
     /// How the collectives ran (backend, groups, and what was mapped), when they ran for real.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comm: Option<String>,
-    /// Per collective op: calls, bytes and time per measured iteration.
+    /// Per collective kind: calls, bytes, time and latency statistics.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub collectives: std::collections::BTreeMap<String, CollectiveTiming>,
+    /// Every collective step with each measured call's latency.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub collectives: Vec<CollectiveTiming>,
+    pub collective_calls: Vec<CollectiveCall>,
+    /// With `--paced-by-trace`: the trace's iteration beside this one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paced: Option<PacedReport>,
+    /// With `--check-collectives`: what was verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckReport>,
     /// Emulated time outside operators per iteration (ms), as spun: the gap model's total at
     /// `gap_pace`; 0 without `--emulate-gaps`.
     pub gaps_ms: f64,
@@ -227,19 +237,35 @@ pub struct PoolReport {
     pub estimated_bytes: u64,
 }
 
-/// One collective op of a replay, per measured iteration.
+/// The collectives of one kind (`all_reduce`, `all_to_all`, ...; [`crate::plan::KINDS`]) in a
+/// replay: per measured iteration, and each call's latency over every measured iteration.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
 pub struct CollectiveTiming {
-    pub op: String,
+    /// The ops of this kind that ran (`c10d::allreduce_`, ...).
+    pub ops: Vec<String>,
+    /// Calls per iteration.
     pub count: usize,
-    /// Bytes of the input tensors, as recorded.
+    /// Calls measured (every measured iteration's).
+    pub calls: usize,
+    /// Bytes of the input tensors per iteration, as recorded.
     pub bytes: u64,
-    /// The calls' message sizes as nccl-tests counts them (an all-gather's whole output, a
-    /// reduce-scatter's whole input), summed.
+    /// The calls' message sizes per iteration as nccl-tests counts them (an all-gather's whole
+    /// output, a reduce-scatter's whole input), summed.
     #[serde(default)]
     pub size_bytes: u64,
-    /// Time in the collective, waiting for its peers included.
+    /// Time in the collectives per iteration, waiting for their peers included (with
+    /// `--blocking`, the collectives alone: the barrier before each took the waiting).
     pub total_ms: f64,
+    /// Each call's latency (µs) over the measured calls.
+    pub latency_us: Latency,
+    /// With `--blocking`: each call's wait at the barrier before it, for the ranks that came
+    /// later (the skew between ranks, apart from the collective's own latency).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew_us: Option<Latency>,
+    /// With `--blocking`: each call's latency until every rank had it done (its own latency
+    /// and the barrier after it), as PARAM's global latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_latency_us: Option<Latency>,
     /// Algorithm bandwidth, `size_bytes` over the time (GB/s, 10^9 bytes), as nccl-tests
     /// reports it; `None` for what moves no data (a barrier).
     #[serde(default)]
@@ -249,6 +275,111 @@ pub struct CollectiveTiming {
     /// 1 for broadcast, reduce, send and recv), comparable across group sizes.
     #[serde(default)]
     pub busbw_gbps: Option<f64>,
+    /// By message size: the calls whose message is at most `max_bytes` (a power of two) and
+    /// above half of it.
+    #[serde(default)]
+    pub sizes: Vec<SizeBucket>,
+}
+
+/// Latency statistics over calls (µs): nearest-rank percentiles.
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct Latency {
+    pub min: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub max: f64,
+    /// The sum over the calls.
+    pub total: f64,
+}
+
+impl Latency {
+    /// Of these samples (all zero for none).
+    pub fn of(samples: &[f64]) -> Latency {
+        if samples.is_empty() {
+            return Latency::default();
+        }
+        let mut v = samples.to_vec();
+        v.sort_by(f64::total_cmp);
+        let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Latency {
+            min: v[0],
+            p50: rank(0.50),
+            p95: rank(0.95),
+            max: v[v.len() - 1],
+            total: v.iter().sum(),
+        }
+    }
+}
+
+/// The calls of one kind whose message size falls in `(max_bytes / 2, max_bytes]`.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct SizeBucket {
+    /// A power of two (0: calls that move no data).
+    pub max_bytes: u64,
+    pub calls: usize,
+    /// Their message bytes, summed over the measured calls.
+    pub bytes: u64,
+    pub latency_us: Latency,
+}
+
+impl SizeBucket {
+    /// The bucket of a message of `bytes`.
+    pub fn bound(bytes: u64) -> u64 {
+        if bytes == 0 {
+            0
+        } else {
+            bytes.next_power_of_two()
+        }
+    }
+}
+
+/// One collective step of the replay, every measured call of it: PARAM's per-op record.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct CollectiveCall {
+    /// The ET node id.
+    pub id: u64,
+    pub op: String,
+    pub kind: String,
+    /// Its process group's name as recorded (`0`: the world).
+    pub group: String,
+    /// Ranks in its group (0: not recorded).
+    pub group_size: usize,
+    /// Its message as nccl-tests counts it.
+    pub size_bytes: u64,
+    /// Bytes of its input tensors, as recorded.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Latency of each measured call (µs), in order.
+    pub latency_us: Vec<f64>,
+    /// With `--blocking`: the wait at the barrier before each call (µs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skew_us: Vec<f64>,
+    /// With `--blocking`: the barrier after each call (µs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after_us: Vec<f64>,
+}
+
+/// How a `--paced-by-trace` replay kept to the trace's times.
+#[derive(Clone, Copy, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct PacedReport {
+    /// The iteration as the trace recorded it, from its first op's start to its last one's
+    /// end (ms).
+    pub trace_ms: f64,
+    /// Collectives issued at their recorded time.
+    pub collectives: usize,
+    /// When the trace issued the last of them (ms from the iteration's first op): a paced
+    /// iteration lasts at least this long.
+    pub last_collective_ms: f64,
+}
+
+/// What `--check-collectives` checked.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct CheckReport {
+    /// Collective calls per iteration whose results were verified (every one held what its
+    /// inputs make; a mismatch stops the replay).
+    pub checked: usize,
+    /// Ops this check has no model of (their results are not verified), with their calls.
+    pub unchecked: std::collections::BTreeMap<String, usize>,
 }
 
 /// Device memory of a CUDA replay.
@@ -285,4 +416,116 @@ pub struct RestoredScalar {
     pub value: f64,
     pub count: usize,
     pub why: String,
+}
+
+impl CollectiveTiming {
+    /// Per kind, the timing of these calls (one rank's, or several ranks' for a job: then per
+    /// iteration means per rank and iteration); `world`: the group size of a call whose group
+    /// size is not recorded.
+    pub fn by_kind<'c>(
+        calls: impl Iterator<Item = &'c CollectiveCall>,
+        iters: usize,
+        world: usize,
+    ) -> BTreeMap<String, CollectiveTiming> {
+        let mut kinds: BTreeMap<String, Vec<&CollectiveCall>> = BTreeMap::new();
+        for c in calls {
+            kinds.entry(c.kind.clone()).or_default().push(c);
+        }
+        kinds
+            .into_iter()
+            .map(|(kind, list)| (kind, CollectiveTiming::of(&list, iters, world)))
+            .collect()
+    }
+
+    /// The timing of one kind's calls (`list`: every step of the kind, each with its measured
+    /// calls), per iteration of `iters`.
+    pub fn of(list: &[&CollectiveCall], iters: usize, world: usize) -> CollectiveTiming {
+        let factor = |c: &CollectiveCall| {
+            let n = if c.group_size > 0 {
+                c.group_size
+            } else {
+                world
+            };
+            crate::plan::Collective {
+                name: c.op.clone(),
+                ..Default::default()
+            }
+            .bus_factor(n)
+        };
+        let input_bytes = |c: &CollectiveCall| c.bytes;
+        let iters = iters.max(1);
+        let mut ops: Vec<String> = list.iter().map(|c| c.op.clone()).collect();
+        ops.sort();
+        ops.dedup();
+        let all: Vec<f64> = list
+            .iter()
+            .flat_map(|c| c.latency_us.iter().copied())
+            .collect();
+        let calls = all.len();
+        let total_us: f64 = all.iter().sum();
+        let size_bytes: u64 = list
+            .iter()
+            .map(|c| c.size_bytes * c.latency_us.len() as u64)
+            .sum::<u64>()
+            / iters as u64;
+        let bytes: u64 = list
+            .iter()
+            .map(|c| input_bytes(c) * c.latency_us.len() as u64)
+            .sum::<u64>()
+            / iters as u64;
+        let bus: Option<f64> = list
+            .iter()
+            .filter_map(|c| {
+                factor(c).map(|f| f * (c.size_bytes * c.latency_us.len() as u64) as f64)
+            })
+            .reduce(|a, b| a + b);
+        let secs = total_us / 1e6;
+        let moved = bus.is_some() && secs > 0.0;
+        let mut buckets: BTreeMap<u64, (usize, u64, Vec<f64>)> = BTreeMap::new();
+        for c in list {
+            let b = buckets.entry(SizeBucket::bound(c.size_bytes)).or_default();
+            b.0 += c.latency_us.len();
+            b.1 += c.size_bytes * c.latency_us.len() as u64;
+            b.2.extend(&c.latency_us);
+        }
+        let joined = |f: fn(&CollectiveCall) -> &Vec<f64>| {
+            let v: Vec<f64> = list.iter().flat_map(|c| f(c).iter().copied()).collect();
+            (!v.is_empty()).then(|| Latency::of(&v))
+        };
+        let skew_us = joined(|c| &c.skew_us);
+        let after = joined(|c| &c.after_us);
+        let global_latency_us = after.map(|_| {
+            let v: Vec<f64> = list
+                .iter()
+                .flat_map(|c| c.latency_us.iter().zip(&c.after_us).map(|(a, b)| a + b))
+                .collect();
+            Latency::of(&v)
+        });
+        CollectiveTiming {
+            ops,
+            count: calls / iters,
+            calls,
+            bytes,
+            size_bytes,
+            total_ms: total_us / 1000.0 / iters as f64,
+            latency_us: Latency::of(&all),
+            skew_us,
+            global_latency_us,
+            algbw_gbps: moved.then(|| (size_bytes * iters as u64) as f64 / secs / 1e9),
+            busbw_gbps: if moved {
+                bus.map(|b| b / secs / 1e9)
+            } else {
+                None
+            },
+            sizes: buckets
+                .into_iter()
+                .map(|(max_bytes, (calls, bytes, lat))| SizeBucket {
+                    max_bytes,
+                    calls,
+                    bytes,
+                    latency_us: Latency::of(&lat),
+                })
+                .collect(),
+        }
+    }
 }

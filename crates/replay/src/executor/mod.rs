@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tch::{Kind, Tensor};
 
+mod comms;
 mod materialise;
 mod pace;
 mod pool;
@@ -191,6 +192,11 @@ pub struct Executor<'a> {
     graph_release: Vec<bool>,
     /// Tensors that let go of the graph in the last iteration.
     graph_released: usize,
+    /// Every collective completes before the next step (`--blocking`, `--check-collectives`):
+    /// none is left outstanding until a later wait.
+    complete_each: bool,
+    /// `c10d::barrier`, found on the first `--blocking` barrier.
+    barrier_op: Option<ffi::Op>,
     /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which
     /// `--check-values` does not report ([`Executor::produced_nonfinite`]).
     by_design: Vec<bool>,

@@ -1,6 +1,7 @@
 //! The run: warm-up, measured and instrumented iterations, and one iteration's loop over the
 //! steps.
 
+use super::comms;
 use super::pace::{spin_running, Gaps, Owed};
 use super::*;
 
@@ -191,7 +192,9 @@ fn join<'a>(
         );
     }
     let comm = crate::dist::connect(plan, d, &ex.bound.device)?;
-    Ok(ex.with_comm(comm, d.timeout))
+    Ok(ex
+        .with_comm(comm, d.timeout)
+        .completing_each_collective(opts.comm.blocking || opts.comm.check))
 }
 
 /// On CUDA, NVML sampling of the replay's GPU on the timer's clock (and its period in ms), or
@@ -268,6 +271,34 @@ struct Iteration<'e, 'p, 'q, 'r> {
     owed: Owed,
     /// In the first iteration: the live storages, counted step by step for its peak.
     live: Option<super::LiveCounter>,
+    /// The last `--blocking` barrier before a collective: how long this rank waited there
+    /// for the others (µs).
+    skew_us: f64,
+    /// Checked collectives whose outputs are verified once they completed.
+    unchecked: Vec<(usize, comms::Expected)>,
+}
+
+/// How one collective step runs (see [`Iteration::collective_mode`]).
+#[derive(Clone, Copy)]
+struct CollectiveMode {
+    barriers: bool,
+    check: bool,
+}
+
+/// Waits until the timer's host clock reads `target` (µs): sleeping while more than 2 ms
+/// remain, spinning the rest (a sleep overshoots by up to a time slice).
+fn wait_until(timer: &Timer, target: f64) {
+    loop {
+        let left = target - timer.host_us();
+        if left <= 0.0 {
+            return;
+        }
+        if left > 2000.0 {
+            std::thread::sleep(std::time::Duration::from_micros((left - 1000.0) as u64));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
@@ -304,6 +335,8 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             last_progress: last_op_end,
             owed: Owed::default(),
             live,
+            skew_us: 0.0,
+            unchecked: Vec::new(),
         }
     }
 
@@ -319,7 +352,9 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         let plan = self.ex.plan;
         let step = &plan.steps[pos];
         if !step.kind.included(self.opts.only) {
-            // Not part of what is measured: neither its gap nor its bookkeeping.
+            // Not part of what is measured: neither its gap nor its bookkeeping. Sends and
+            // receives outstanding until here complete first.
+            self.wait_pending(pos)?;
             let t = self.timer.host_us();
             self.ex.leave_out(pos, &mut self.slots);
             self.rec.skipped();
@@ -354,6 +389,8 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             );
         }
         self.probe(pos);
+        let coll = self.collective_mode(pos);
+        let expected = self.before_collective(pos, coll)?;
         if matches!(self.ex.bound.steps[pos].exec, Exec::PassThrough) {
             self.ex.pass_through(pos, &mut self.slots);
             self.rec.ran(self.it, pos, Via::Kernel, None);
@@ -368,6 +405,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         let outcome = self.call(pos);
         self.ex.settle(pos, &mut self.slots, &outcome);
         self.record(pos, outcome)?;
+        self.after_collective(pos, coll, expected)?;
         self.check_values(pos);
         self.ex.free(pos, &mut self.slots);
         self.ex.release_to_pool(pos, &mut self.slots);
@@ -379,6 +417,113 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         }
         self.progress(pos);
         Ok(())
+    }
+
+    /// How step `pos` runs as a collective under [`crate::CommOptions`]: `None` for a step
+    /// that is not one (or a wait, which moves no data).
+    fn collective_mode(&self, pos: usize) -> Option<CollectiveMode> {
+        let crate::plan::StepKind::Collective(c) = &self.ex.plan.steps[pos].kind else {
+            return None;
+        };
+        if c.kind() == "wait" || self.ex.comm.is_none() {
+            return None;
+        }
+        Some(CollectiveMode {
+            // A barrier between a send and its peer's matching receive would wait for ever.
+            barriers: self.opts.comm.blocking && !c.is_point_to_point(),
+            check: self.opts.comm.check,
+        })
+    }
+
+    /// Before collective step `pos`: its recorded time waited for (`paced_us`), its inputs
+    /// filled with known values (`check`, outside the timings), the barrier before it
+    /// (`blocking`). Returns what its outputs must hold when checked.
+    fn before_collective(
+        &mut self,
+        pos: usize,
+        mode: Option<CollectiveMode>,
+    ) -> Result<Option<comms::Expected>, ReplayError> {
+        let Some(mode) = mode else { return Ok(None) };
+        let plan = self.ex.plan;
+        if let Some(Some(at)) = self.opts.comm.paced_us.as_ref().and_then(|p| p.get(pos)) {
+            let target = self.timer.host_at(self.start) + at;
+            wait_until(self.timer, target);
+        }
+        let mut expected = None;
+        if mode.check {
+            let t = self.timer.host_us();
+            let corrupt = self.opts.comm.corrupt_node == Some(plan.steps[pos].id);
+            expected = self.ex.check_inputs(pos, &mut self.slots, corrupt);
+            if self.it == 0 {
+                self.rec.checked(expected.is_some(), &plan.steps[pos].name);
+            }
+            self.exclude_since(t);
+        }
+        if mode.barriers {
+            let t = self.timer.host_us();
+            self.barrier(pos, "the barrier before")?;
+            self.skew_us = self.timer.host_us() - t;
+        }
+        Ok(expected)
+    }
+
+    /// After collective step `pos`: the barrier after it (`blocking`), its outputs verified
+    /// (`check`; a receive's once it completed).
+    fn after_collective(
+        &mut self,
+        pos: usize,
+        mode: Option<CollectiveMode>,
+        expected: Option<comms::Expected>,
+    ) -> Result<(), ReplayError> {
+        let Some(mode) = mode else { return Ok(()) };
+        if mode.barriers {
+            let t = self.timer.host_us();
+            self.barrier(pos, "the barrier after")?;
+            if self.phase == Phase::Measured {
+                let post = self.timer.host_us() - t;
+                self.rec.barriers(pos, self.skew_us, post);
+            }
+        }
+        if let Some(e) = expected {
+            self.unchecked.push((pos, e));
+        }
+        if self.ex.pending.is_empty() {
+            self.verify_checked()?;
+        }
+        Ok(())
+    }
+
+    /// Verifies the checked collectives that completed (all of them: none is outstanding).
+    fn verify_checked(&mut self) -> Result<(), ReplayError> {
+        if self.unchecked.is_empty() {
+            return Ok(());
+        }
+        let t = self.timer.host_us();
+        for (pos, e) in std::mem::take(&mut self.unchecked) {
+            if let Err(what) = self.ex.check_outputs(&e) {
+                let step = &self.ex.plan.steps[pos];
+                return Err(ReplayError::CollectiveMismatch {
+                    rank: self.ex.rank().map_or(0, |r| r.0),
+                    op: step.name.clone(),
+                    id: step.id,
+                    what,
+                });
+            }
+        }
+        self.exclude_since(t);
+        Ok(())
+    }
+
+    /// A `--blocking` barrier on step `pos`'s group.
+    fn barrier(&mut self, pos: usize, which: &str) -> Result<(), ReplayError> {
+        self.ex.barrier(pos).map_err(|e| {
+            let step = &self.ex.plan.steps[pos];
+            ReplayError::Dist {
+                rank: self.ex.rank().map_or(0, |r| r.0),
+                what: format!("{which} collective {} (node {})", step.name, step.id),
+                source: e,
+            }
+        })
     }
 
     /// Waits for the asynchronous collectives step `pos` needs finished.
@@ -397,7 +542,11 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
                     step.name, step.id
                 ),
                 source: e,
-            })
+            })?;
+        if self.ex.pending.is_empty() {
+            self.verify_checked()?;
+        }
+        Ok(())
     }
 
     /// With `probe_mechanisms`, the probes of the probe iterations before step `pos`.
@@ -576,7 +725,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
     }
 
     /// Waits for the iteration's outstanding collectives, then records its time.
-    fn finish(self, pace: Option<&mut GapPace>) -> Result<Vec<(usize, f64)>, ReplayError> {
+    fn finish(mut self, pace: Option<&mut GapPace>) -> Result<Vec<(usize, f64)>, ReplayError> {
         if let Err(e) = self.ex.wait_pending(None) {
             return Err(ReplayError::Dist {
                 rank: self.ex.rank().map_or(0, |r| r.0),
@@ -584,6 +733,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
                 source: e,
             });
         }
+        self.verify_checked()?;
         let end = self.timer.mark();
         self.timer.resolve();
         if let Some(p) = pace {

@@ -73,6 +73,8 @@ impl<'a> Executor<'a> {
                 at
             },
             graph_released: 0,
+            complete_each: false,
+            barrier_op: None,
         };
         ex.prepare_left_out(only);
         Ok(ex)
@@ -158,6 +160,12 @@ impl<'a> Executor<'a> {
     pub fn with_comm(mut self, comm: Comm, timeout: std::time::Duration) -> Self {
         self.comm = Some(comm);
         self.timeout = timeout;
+        self
+    }
+
+    /// Every collective completes before the next step runs (blocking and checked replays).
+    pub fn completing_each_collective(mut self, on: bool) -> Self {
+        self.complete_each = on;
         self
     }
 
@@ -396,7 +404,22 @@ impl<'a> Executor<'a> {
                 // the original; else it completes before anything reads its tensors.
                 let later = match &self.plan.steps[pos].kind {
                     crate::plan::StepKind::Collective(c) => {
-                        c.waits.iter().copied().filter(|&w| w > pos).min()
+                        // Blocking and checked replays complete each collective at once.
+                        let paired = c.waits.iter().copied().filter(|&w| w > pos).min();
+                        paired.filter(|_| !self.complete_each).or_else(|| {
+                            // A send or receive completes at the first later step that is not
+                            // one (the iteration's end at the latest): its peer may issue the
+                            // matching call only after its own next point-to-point call.
+                            c.is_point_to_point().then(|| {
+                                let steps = &self.plan.steps[pos + 1..];
+                                let next = steps.iter().position(|s| {
+                                    !matches!(&s.kind,
+                                        crate::plan::StepKind::Collective(n)
+                                            if n.is_point_to_point())
+                                });
+                                pos + 1 + next.unwrap_or(steps.len())
+                            })
+                        })
                     }
                     _ => None,
                 };

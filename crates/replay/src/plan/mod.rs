@@ -18,6 +18,7 @@ mod args;
 mod autocast;
 mod codec;
 mod collective;
+mod comms;
 mod compile;
 mod fill;
 mod placement;
@@ -27,6 +28,7 @@ mod validate;
 
 pub use autocast::autocast_of;
 pub use collective::process_groups;
+pub use comms::{CommSelectError, CommSelection, KINDS};
 pub use compile::compile;
 pub use fill::{restore_rounded, Restored};
 pub use pool::{pool_key, PoolKey};
@@ -227,6 +229,13 @@ impl Collective {
         } else {
             None
         }
+    }
+
+    /// A send or a receive: its peer's matching call may come after further point-to-point
+    /// calls of this rank (a ring's `isend` then `irecv`), so it completes only when the run
+    /// reaches a step that is not one.
+    pub fn is_point_to_point(&self) -> bool {
+        matches!(self.name.as_str(), "send" | "recv" | "recv_any_source")
     }
 
     /// [`Collective::size_bytes`], or for a plan compiled without it the bytes of its inputs.

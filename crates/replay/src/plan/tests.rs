@@ -933,3 +933,116 @@ fn the_graph_is_let_go_after_each_forward_that_a_backward_follows() {
         Err(InvalidPlan::ReleaseStep { step: 5, steps: 5 })
     ));
 }
+
+/// Collective kinds as PARAM and nccl-tests name them, whatever op or record carries them.
+#[test]
+fn collectives_have_the_kinds_param_names() {
+    let kind = |name: &str| {
+        Collective {
+            name: name.into(),
+            ..Default::default()
+        }
+        .kind()
+    };
+    assert_eq!(kind("c10d::allreduce_"), "all_reduce");
+    assert_eq!(kind("allreduce"), "all_reduce");
+    assert_eq!(kind("c10d::_allgather_base_"), "all_gather");
+    assert_eq!(
+        kind("_c10d_functional::all_gather_into_tensor"),
+        "all_gather"
+    );
+    assert_eq!(kind("c10d::_reduce_scatter_base_"), "reduce_scatter");
+    assert_eq!(kind("c10d::alltoall_base_"), "all_to_all");
+    assert_eq!(kind("all_to_allv"), "all_to_all");
+    assert_eq!(kind("c10d::reduce_"), "reduce");
+    assert_eq!(kind("c10d::recv_"), "recv");
+    assert_eq!(kind("wait"), "wait");
+    assert_eq!(kind("something_else"), "something_else");
+}
+
+/// A 4-rank job shrunk to 2: the world and the groups keep their kept members, an
+/// all-to-all keeps the kept ranks' splits with tensors to match, an all-gather's output
+/// follows the group's size; unknown kinds in a filter, and peers not kept, are refused.
+#[test]
+fn a_job_shrinks_to_fewer_ranks_with_its_tensors_resized() {
+    let mut b = TraceBuilder::new();
+    let pg = "__torch__.torch.classes.c10d.ProcessGroup process_group";
+    b.op(
+        "c10d::alltoall_base_",
+        &format!(
+            "c10d::alltoall_base_(Tensor output, Tensor input, {pg}, int[] output_split_sizes, \
+             int[] input_split_sizes, int timeout) -> __torch__.torch.classes.c10d.Work"
+        ),
+    )
+    .input(f32(1, 1, 10), json!([10, 8]), "Tensor(float)")
+    .input(f32(2, 2, 10), json!([10, 8]), "Tensor(float)")
+    .input(json!("<Object>"), json!([]), "Object")
+    .input(json!([1, 2, 3, 4]), json!([]), "GenericList[Int]")
+    .input(json!([4, 3, 2, 1]), json!([]), "GenericList[Int]")
+    .input(json!(-1), json!([]), "Int")
+    .output(json!("<Object>"), json!([]), "Object")
+    .done();
+    b.op(
+        "c10d::_allgather_base_",
+        &format!(
+            "c10d::_allgather_base_(Tensor output_tensor, Tensor input_tensor, {pg}, \
+             bool async_op=True, int timeout=-1) -> (Tensor, __torch__.torch.classes.c10d.Work)"
+        ),
+    )
+    .input(f32(3, 3, 16), json!([16]), "Tensor(float)")
+    .input(f32(4, 4, 4), json!([4]), "Tensor(float)")
+    .input(json!("<Object>"), json!([]), "Object")
+    .input(json!(false), json!([]), "Bool")
+    .input(json!(-1), json!([]), "Int")
+    .output(json!("<Object>"), json!([]), "Object")
+    .done();
+    let mut p = plan_of(&b);
+    p.groups[0].size = 4;
+    let sel = |world| CommSelection {
+        world: Some((world, 4)),
+        ..Default::default()
+    };
+    let q = p.select_comm(&sel(2)).unwrap();
+    assert_eq!(q.groups[0].size, 2);
+    let specs = q.slot_specs();
+    let shape = |a: &Arg| match a {
+        Arg::Tensor(s) => specs[*s as usize].unwrap().shape.clone(),
+        other => panic!("{other:?}"),
+    };
+    let a2a = &q.steps[0].args;
+    assert_eq!(a2a[3], Arg::IntList(vec![1, 2]));
+    assert_eq!(a2a[4], Arg::IntList(vec![4, 3]));
+    assert_eq!(shape(&a2a[0]), [3, 8]);
+    assert_eq!(shape(&a2a[1]), [7, 8]);
+    assert_eq!(shape(&q.steps[1].args[0]), [8]);
+    assert_eq!(shape(&q.steps[1].args[1]), [4]);
+    // Unchanged on the captured world; refused on more ranks or an unknown kind.
+    assert_eq!(p.select_comm(&sel(4)).unwrap(), p);
+    assert!(p.select_comm(&sel(5)).is_err());
+    let bad = CommSelection {
+        kinds: Some(vec!["allreduce".into()]),
+        ..Default::default()
+    };
+    assert!(p
+        .select_comm(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("not a collective kind"));
+    // Filters: the first collective only; the other is left out of a comm-only replay.
+    let first = CommSelection {
+        max: Some(1),
+        ..Default::default()
+    };
+    let f = p.select_comm(&first).unwrap();
+    assert_eq!(f.included(et_graph::Kind::Comm), 1);
+}
+
+/// Latency statistics: nearest-rank percentiles, and zeros for no samples.
+#[test]
+fn latency_statistics_take_nearest_rank_percentiles() {
+    let v: Vec<f64> = (1..=20).map(f64::from).collect();
+    let l = crate::report::Latency::of(&v);
+    assert_eq!((l.min, l.p50, l.p95, l.max), (1.0, 10.0, 19.0, 20.0));
+    assert_eq!(l.total, 210.0);
+    assert_eq!(crate::report::Latency::of(&[]).max, 0.0);
+}

@@ -23,7 +23,9 @@ impl Recorder<'_> {
         let in_context = self.events_in_context();
         let iters = opts.iters.max(1);
         let ops = self.op_timings(iters);
-        let collectives = self.collective_timings(iters, rank.map_or(1, |r| r.1));
+        let collective_calls = self.collective_calls();
+        let collectives =
+            self.collective_timings(&collective_calls, iters, rank.map_or(1, |r| r.1));
         let iter = Stats::of(&self.iter_ms);
         let opsum = Stats::of(&self.op_ms);
         let (replayed, failed, skipped) = self.counts;
@@ -100,6 +102,28 @@ impl Recorder<'_> {
             rank: rank.map(|r| r.0),
             world_size: rank.map(|r| r.1),
             collectives,
+            collective_calls,
+            paced: opts.comm.paced_span_ms.map(|trace_ms| {
+                let at: Vec<f64> = opts.comm.paced_us.as_ref().map_or(Vec::new(), |at| {
+                    plan.steps
+                        .iter()
+                        .zip(at)
+                        .filter(|(s, _)| match &s.kind {
+                            StepKind::Collective(c) => {
+                                c.kind() != "wait" && s.kind.included(opts.only)
+                            }
+                            _ => false,
+                        })
+                        .filter_map(|(_, t)| *t)
+                        .collect()
+                });
+                crate::report::PacedReport {
+                    trace_ms,
+                    collectives: at.len(),
+                    last_collective_ms: at.iter().copied().fold(0.0, f64::max) / 1000.0,
+                }
+            }),
+            check: self.check.take(),
             gaps_ms,
             gap_pace,
             steps: self.step_timings(),
@@ -162,54 +186,53 @@ impl Recorder<'_> {
         ops
     }
 
-    /// Per collective op name, calls, bytes and time per measured iteration, and the bandwidth
-    /// in nccl-tests' convention (`world`: the ranks of a group whose size is not recorded).
-    fn collective_timings(&self, iters: usize, world: usize) -> Vec<CollectiveTiming> {
-        // Per op: its timing, and the bus bytes (message bytes times the bus factor) of the
-        // calls whose kind has one.
-        let mut colls: BTreeMap<&str, (CollectiveTiming, Option<f64>)> = BTreeMap::new();
-        for (pos, step) in self.plan.steps.iter().enumerate() {
-            if let (StepKind::Collective(c), true) = (&step.kind, self.step_calls[pos] > 0) {
-                let (e, bus) = colls.entry(step.name.as_str()).or_insert((
-                    CollectiveTiming {
-                        op: step.name.clone(),
-                        count: 0,
-                        bytes: 0,
-                        size_bytes: 0,
-                        total_ms: 0.0,
-                        algbw_gbps: None,
-                        busbw_gbps: None,
-                    },
-                    None,
-                ));
-                let calls = self.step_calls[pos] as usize / iters;
-                e.count += calls;
-                e.bytes += c.bytes;
-                e.size_bytes += c.message_bytes() * calls as u64;
-                e.total_ms += self.step_total_us[pos] / 1000.0 / iters as f64;
-                let group = self.plan.groups.get(c.group as usize);
-                let n = c
+    /// Every collective step that ran, with each measured call's latency.
+    fn collective_calls(&self) -> Vec<CollectiveCall> {
+        let plan = self.plan;
+        self.coll_calls
+            .iter()
+            .filter_map(|(&pos, samples)| {
+                let step = &plan.steps[pos];
+                let StepKind::Collective(c) = &step.kind else {
+                    return None;
+                };
+                let group = plan.groups.get(c.group as usize);
+                let group_size = c
                     .pg_size
                     .filter(|&n| n > 0)
                     .or_else(|| group.map(|g| g.size).filter(|&n| n > 0))
                     .or_else(|| group.map(|g| g.ranks.len() as i64).filter(|&n| n > 0))
-                    .map_or(world, |n| n as usize);
-                if let Some(f) = c.bus_factor(n) {
-                    *bus = Some(bus.unwrap_or(0.0) + f * (c.message_bytes() * calls as u64) as f64);
-                }
-            }
-        }
-        colls
-            .into_values()
-            .map(|(mut c, bus)| {
-                let secs = c.total_ms / 1000.0;
-                if secs > 0.0 && bus.is_some() {
-                    c.algbw_gbps = Some(c.size_bytes as f64 / secs / 1e9);
-                    c.busbw_gbps = bus.map(|b| b / secs / 1e9);
-                }
-                c
+                    .unwrap_or(0) as usize;
+                Some(CollectiveCall {
+                    id: step.id,
+                    op: step.name.clone(),
+                    kind: c.kind(),
+                    group: c
+                        .pg_name
+                        .clone()
+                        .or_else(|| group.map(|g| g.name.clone()))
+                        .unwrap_or_else(|| "0".into()),
+                    group_size,
+                    size_bytes: c.message_bytes(),
+                    bytes: c.bytes,
+                    latency_us: samples.latency.clone(),
+                    skew_us: samples.skew.clone(),
+                    after_us: samples.after.clone(),
+                })
             })
             .collect()
+    }
+
+    /// Per collective kind: calls, bytes and time per measured iteration, latency statistics
+    /// over the calls, and the bandwidth in nccl-tests' convention (`world`: the ranks of a
+    /// group whose size is not recorded).
+    fn collective_timings(
+        &self,
+        calls: &[CollectiveCall],
+        iters: usize,
+        world: usize,
+    ) -> BTreeMap<String, CollectiveTiming> {
+        CollectiveTiming::by_kind(calls.iter(), iters, world)
     }
 
     /// Ops that ran otherwise than the trace's: planned fallbacks, detours taken at run time

@@ -11,8 +11,8 @@ use crate::ffi::Profile;
 use crate::options::ReplayOptions;
 use crate::plan::{Plan, StepKind};
 use crate::report::{
-    CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite, OpTiming, ProfiledStep,
-    Report, StepTiming,
+    CollectiveCall, CollectiveTiming, CudaMemory, Failure, Fallback, GpuReport, NonFinite,
+    OpTiming, ProfiledStep, Report, StepTiming,
 };
 use metrics::{Counter, Slice, Stats, Timeline};
 use std::collections::BTreeMap;
@@ -84,6 +84,19 @@ pub(crate) struct Recorder<'a> {
     /// The replaying thread's run delay, read around each step with
     /// [`ReplayOptions::running_time`].
     run_delay: Option<metrics::cpu::RunDelay>,
+    /// Per collective step: each measured call's latency, and with `--blocking` the barriers
+    /// before and after it (µs).
+    coll_calls: BTreeMap<usize, CallSamples>,
+    /// With `--check-collectives`: what the first iteration verified.
+    check: Option<crate::report::CheckReport>,
+}
+
+/// One collective step's measured calls (µs).
+#[derive(Default)]
+struct CallSamples {
+    latency: Vec<f64>,
+    skew: Vec<f64>,
+    after: Vec<f64>,
 }
 
 impl<'a> Recorder<'a> {
@@ -141,6 +154,8 @@ impl<'a> Recorder<'a> {
             op_probes: [Vec::new(), Vec::new()],
             node_probes: [Vec::new(), Vec::new()],
             cuda_comm: None,
+            coll_calls: BTreeMap::new(),
+            check: opts.comm.check.then(Default::default),
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
                 metrics::cpu::RunDelay::of_this_thread()
@@ -225,6 +240,26 @@ impl<'a> Recorder<'a> {
         }
     }
 
+    /// With `--blocking`, in a measured iteration: collective step `pos` waited `skew` µs at
+    /// the barrier before it and `after` µs at the one after it.
+    pub fn barriers(&mut self, pos: usize, skew: f64, after: f64) {
+        let c = self.coll_calls.entry(pos).or_default();
+        c.skew.push(skew);
+        c.after.push(after);
+    }
+
+    /// With `--check-collectives`, in the first iteration: a collective op checked, or one
+    /// the check has no model of.
+    pub fn checked(&mut self, verified: bool, op: &str) {
+        if let Some(c) = &mut self.check {
+            if verified {
+                c.checked += 1;
+            } else {
+                *c.unchecked.entry(op.to_string()).or_default() += 1;
+            }
+        }
+    }
+
     /// A step left out by `--only`.
     #[inline]
     pub fn skipped(&mut self) {
@@ -291,6 +326,9 @@ impl<'a> Recorder<'a> {
                 launch
             };
             sum += d;
+            if self.plan.steps[pos].kind.is_collective() {
+                self.coll_calls.entry(pos).or_default().latency.push(d);
+            }
             self.step_total_us[pos] += d;
             self.step_launch_us[pos] += launch;
             self.step_calls[pos] += 1;

@@ -202,28 +202,32 @@ fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
 /// Collectives and the top ops by time per iteration.
 fn print_ops(out: &mut impl Write, r: &replay::Report) -> Result<()> {
     if !r.collectives.is_empty() {
+        print_collectives(out, &r.collectives, None)?;
+    }
+    if let Some(p) = &r.paced {
         writeln!(
             out,
-            "collectives per iteration (bandwidth in GB/s as nccl-tests reports it)"
+            "paced      {} collectives issued at the trace's times; iteration {:.3} ms, the \
+             trace's {:.3} ms",
+            p.collectives, r.iter_ms.median, p.trace_ms
         )?;
+    }
+    if let Some(c) = &r.check {
+        let unchecked: Vec<String> = c
+            .unchecked
+            .iter()
+            .map(|(op, n)| format!("{op} x{n}"))
+            .collect();
         writeln!(
             out,
-            "  {:>9} {:>6} {:>12} {:>8} {:>8}  op",
-            "ms", "calls", "size", "algbw", "busbw"
+            "checked    {} collective calls per iteration returned what their inputs make{}",
+            c.checked,
+            if unchecked.is_empty() {
+                String::new()
+            } else {
+                format!(" (not modelled, not verified: {})", unchecked.join(", "))
+            }
         )?;
-        let gbps = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.3}"));
-        for c in &r.collectives {
-            writeln!(
-                out,
-                "  {:>9.3} {:>6} {:>12} {:>8} {:>8}  {}",
-                c.total_ms,
-                c.count,
-                human_bytes(c.size_bytes),
-                gbps(c.algbw_gbps),
-                gbps(c.busbw_gbps),
-                c.op
-            )?;
-        }
     }
     writeln!(out, "top ops by time per iteration")?;
     let gpu = r.timing == "cuda events";
@@ -353,6 +357,91 @@ pub(crate) fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> R
                 "gaps put on this host by the iteration's speed"
             }
         )?;
+    }
+    Ok(())
+}
+
+/// The collectives by kind: calls and time per iteration, latency statistics over the calls,
+/// bandwidth as nccl-tests reports it, and by message size where a kind has several sizes.
+/// `waits`: per kind, the time ranks spent beyond the fastest rank (a job's summary).
+pub fn print_collectives(
+    out: &mut impl Write,
+    kinds: &std::collections::BTreeMap<String, replay::CollectiveTiming>,
+    waits: Option<&std::collections::BTreeMap<String, f64>>,
+) -> Result<()> {
+    let blocking = kinds.values().any(|c| c.skew_us.is_some());
+    writeln!(
+        out,
+        "collectives per iteration{} (latency per call in µs over the measured calls; \
+         bandwidth in GB/s as nccl-tests reports it)",
+        if waits.is_some() { ", per rank" } else { "" }
+    )?;
+    let mut head = format!(
+        "  {:<15} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "kind", "calls", "size", "time ms", "min", "p50", "p95", "max", "algbw", "busbw"
+    );
+    if waits.is_some() {
+        head.push_str(&format!(" {:>9}", "wait ms"));
+    }
+    if blocking {
+        head.push_str(&format!(" {:>9} {:>9}", "skew p50", "global95"));
+    }
+    writeln!(out, "{head}")?;
+    let gbps = |v: Option<f64>| v.map_or("-".to_string(), |g| format!("{g:.3}"));
+    for (kind, c) in kinds {
+        let l = &c.latency_us;
+        let mut row = format!(
+            "  {kind:<15} {:>6} {:>10} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>8}",
+            c.count,
+            human_bytes(c.size_bytes),
+            c.total_ms,
+            l.min,
+            l.p50,
+            l.p95,
+            l.max,
+            gbps(c.algbw_gbps),
+            gbps(c.busbw_gbps)
+        );
+        if let Some(w) = waits {
+            row.push_str(&format!(" {:>9.3}", w.get(kind).copied().unwrap_or(0.0)));
+        }
+        if blocking {
+            let f = |v: Option<&replay::Latency>, p: fn(&replay::Latency) -> f64| {
+                v.map_or("-".to_string(), |x| format!("{:.1}", p(x)))
+            };
+            row.push_str(&format!(
+                " {:>9} {:>9}",
+                f(c.skew_us.as_ref(), |x| x.p50),
+                f(c.global_latency_us.as_ref(), |x| x.p95)
+            ));
+        }
+        writeln!(out, "{row}")?;
+        if c.sizes.len() > 1 {
+            // Measured calls per call of an iteration (iterations, times ranks in a job).
+            let per = (c.calls as f64 / c.count.max(1) as f64).max(1.0);
+            for b in &c.sizes {
+                let l = &b.latency_us;
+                writeln!(
+                    out,
+                    "    <= {:<9} {:>6} {:>10} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                    human_bytes(b.max_bytes),
+                    {
+                        let x = b.calls as f64 / per;
+                        if x.fract() == 0.0 {
+                            format!("{x}")
+                        } else {
+                            format!("{x:.2}")
+                        }
+                    },
+                    "",
+                    "",
+                    l.min,
+                    l.p50,
+                    l.p95,
+                    l.max
+                )?;
+            }
+        }
     }
     Ok(())
 }

@@ -24,7 +24,33 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
     let (traces, from) = rank_files::discover(spec, a.rank_order)?;
-    let n = traces.len();
+    let captured = traces.len();
+    // With --world N, ranks 0..N-1 replay their own traces.
+    let n = match a.comm.world {
+        Some(n) => {
+            anyhow::ensure!(
+                (1..=captured).contains(&n),
+                "--world {n}: the capture has {captured} ranks; --world replays on fewer"
+            );
+            n
+        }
+        None => captured,
+    };
+    let traces = &traces[..n];
+    // Each rank's profile, for --paced-by-trace: beside its trace.
+    let kineto: Vec<Option<std::path::PathBuf>> = traces
+        .iter()
+        .map(|t| {
+            let k = crate::comm_cmd::kineto_beside(&t.path);
+            anyhow::ensure!(
+                k.is_some() || !a.comm.paced_by_trace,
+                "--paced-by-trace: no Kineto trace beside {} (NAME.kineto.json[.gz] for \
+                 NAME[.linked].et.json[.gz])",
+                t.path.display()
+            );
+            Ok(k)
+        })
+        .collect::<Result<_>>()?;
     if !json_out {
         eprintln!(
             "replaying {n} ranks together over Gloo on loopback (ranks: {}) ...",
@@ -52,14 +78,17 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         cmd.arg("replay")
             .arg(&traces[rank].path)
             .arg("--json")
-            .args(child_args(a, rank));
+            .args(child_args(a, rank, captured));
+        if let (true, Some(k)) = (a.comm.paced_by_trace, &kineto[rank]) {
+            cmd.arg("--kineto").arg(k);
+        }
         Ok((cmd, traces[rank].path.display().to_string()))
     })?;
     let reports: Vec<Value> = results
         .iter()
         .map(|out| serde_json::from_slice(out).context("a rank's report is not JSON"))
         .collect::<Result<_>>()?;
-    let summary = summarise(&traces, from, &reports);
+    let summary = summarise(traces, from, &reports)?;
     let mut out = std::io::stdout().lock();
     if json_out {
         serde_json::to_writer(&mut out, &summary)?;
@@ -209,7 +238,7 @@ fn open_gate(
 }
 
 /// The replay arguments each rank gets (its own trace, `--json` and the rendezvous aside).
-fn child_args(a: &ReplayArgs, rank: usize) -> Vec<String> {
+fn child_args(a: &ReplayArgs, rank: usize, captured: usize) -> Vec<String> {
     let mut v = vec![
         "--device".into(),
         a.device.clone(),
@@ -236,10 +265,27 @@ fn child_args(a: &ReplayArgs, rank: usize) -> Vec<String> {
         ("--strict", a.strict),
         ("--no-autograd", a.run.no_autograd),
         ("--check-values", a.run.check_values),
+        ("--blocking", a.comm.blocking),
+        ("--paced-by-trace", a.comm.paced_by_trace),
+        ("--check-collectives", a.comm.check_collectives),
     ] {
         if on {
             v.push(flag.into());
         }
+    }
+    if let Some(n) = a.comm.world {
+        v.extend([
+            "--world".into(),
+            n.to_string(),
+            "--captured-world".into(),
+            captured.to_string(),
+        ]);
+    }
+    if let Some(k) = &a.comm.allow_collectives {
+        v.extend(["--allow-collectives".into(), k.join(",")]);
+    }
+    if let Some(m) = a.comm.max_collectives {
+        v.extend(["--max-collectives".into(), m.to_string()]);
     }
     for l in &a.load_library {
         v.extend(["--load-library".into(), l.display().to_string()]);
@@ -480,69 +526,61 @@ fn describe(s: std::process::ExitStatus) -> String {
     format!("exit code {}", s.code().unwrap_or(-1))
 }
 
-/// One collective op on one rank: calls, bytes, message bytes, time (ms), and its bus over
-/// algorithm bandwidth (none for what moves no data).
-type RankCollective = (u64, u64, u64, f64, Option<f64>);
-
-/// One object: the per-rank reports and cross-rank figures (slowest rank; per collective op:
-/// calls and bytes per rank, time averaged over ranks, and the waiting it caused: each rank's
-/// time in it beyond the fastest rank's, summed).
-fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Value {
+/// One object: the per-rank reports and cross-rank figures: the slowest rank, and per
+/// collective kind the statistics over every rank's calls (per rank and iteration), with the
+/// waiting each kind caused (each rank's time in it beyond the fastest rank's, summed).
+fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Result<Value> {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
     let slowest = reports
         .iter()
         .enumerate()
         .max_by(|a, b| f(&a.1["iter_ms"]["median"]).total_cmp(&f(&b.1["iter_ms"]["median"])))
         .map(|(k, _)| k);
-    let mut per: BTreeMap<String, Vec<RankCollective>> = BTreeMap::new();
+    let mut calls: Vec<replay::CollectiveCall> = Vec::new();
+    // Per kind, each rank's time in it per iteration.
+    let mut per_rank_ms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in reports {
-        for c in r["collectives"].as_array().into_iter().flatten() {
-            let factor = c["busbw_gbps"]
-                .as_f64()
-                .zip(c["algbw_gbps"].as_f64())
-                .filter(|(_, a)| *a > 0.0)
-                .map(|(b, a)| b / a);
-            per.entry(c["op"].as_str().unwrap_or("?").to_string())
+        let mine: Vec<replay::CollectiveCall> = match r.get("collective_calls") {
+            Some(v) => serde_json::from_value(v.clone())
+                .context("a rank's report lists its collectives in another format")?,
+            None => Vec::new(),
+        };
+        for (kind, c) in r["collectives"].as_object().into_iter().flatten() {
+            per_rank_ms
+                .entry(kind.clone())
                 .or_default()
-                .push((
-                    c["count"].as_u64().unwrap_or(0),
-                    c["bytes"].as_u64().unwrap_or(0),
-                    c["size_bytes"].as_u64().unwrap_or(0),
-                    f(&c["total_ms"]),
-                    factor,
-                ));
+                .push(f(&c["total_ms"]));
         }
+        calls.extend(mine);
     }
-    let collectives: BTreeMap<String, Value> = per
+    let iters = reports
+        .first()
+        .and_then(|r| r["iters"].as_u64())
+        .unwrap_or(1) as usize;
+    let world = reports.len();
+    // Per rank and iteration: every rank's calls over iterations x ranks.
+    let kinds = replay::CollectiveTiming::by_kind(calls.iter(), iters * world.max(1), world);
+    let collectives: BTreeMap<String, Value> = kinds
         .into_iter()
-        .map(|(op, v)| {
-            let min = v.iter().map(|x| x.3).fold(f64::INFINITY, f64::min);
-            let mean = v.iter().map(|x| x.3).sum::<f64>() / v.len().max(1) as f64;
-            let wait: f64 = v.iter().map(|x| x.3 - min).sum();
-            let count = v.iter().map(|x| x.0).max().unwrap_or(0);
-            let bytes = v.iter().map(|x| x.1).max().unwrap_or(0);
-            let size = v.iter().map(|x| x.2).max().unwrap_or(0);
-            // Over the mean time of the ranks, as the time column; no bandwidth for what
-            // moves no data.
-            let factor = v.iter().find_map(|x| x.4);
-            let algbw = (mean > 0.0 && factor.is_some()).then(|| size as f64 / (mean / 1e3) / 1e9);
-            let busbw = algbw.zip(factor).map(|(a, k)| a * k);
-            (
-                op,
-                json!({"count": count, "bytes": bytes, "size_bytes": size, "time_ms": mean,
-                       "wait_ms": wait, "ranks": v.len(), "algbw_gbps": algbw,
-                       "busbw_gbps": busbw}),
-            )
+        .map(|(kind, c)| {
+            let times = per_rank_ms.get(&kind).cloned().unwrap_or_default();
+            let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+            let wait: f64 = times.iter().map(|t| t - min).sum();
+            let mut v = serde_json::to_value(&c).unwrap_or_default();
+            v["time_ms"] = json!(c.total_ms);
+            v["wait_ms"] = json!(wait);
+            v["ranks"] = json!(times.len());
+            (kind, v)
         })
         .collect();
-    json!({
+    Ok(json!({
         "world_size": reports.len(),
         "traces": traces.iter().map(|t| t.path.display().to_string()).collect::<Vec<_>>(),
         "ranks_from": from.name(),
         "slowest_rank": slowest,
         "collectives": collectives,
         "ranks": reports,
-    })
+    }))
 }
 
 fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> {
@@ -572,28 +610,50 @@ fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> 
     if let Some(k) = s["slowest_rank"].as_u64() {
         writeln!(out, "slowest    rank {k}")?;
     }
-    writeln!(
-        out,
-        "collectives per iteration (time: mean over ranks; wait: beyond the fastest rank, \
-         summed; bandwidth in GB/s over the mean time, as nccl-tests reports it)"
-    )?;
-    writeln!(
-        out,
-        "  {:>6} {:>12} {:>10} {:>10} {:>8} {:>8}  op",
-        "calls", "size", "time ms", "wait ms", "algbw", "busbw"
-    )?;
-    let gbps = |v: &Value| v.as_f64().map_or("-".to_string(), |g| format!("{g:.3}"));
-    for (op, c) in s["collectives"].as_object().into_iter().flatten() {
+    let kinds: BTreeMap<String, replay::CollectiveTiming> = s["collectives"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.clone(), serde_json::from_value(v.clone()).ok()?)))
+        .collect();
+    let waits: BTreeMap<String, f64> = s["collectives"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), f(&v["wait_ms"])))
+        .collect();
+    if !kinds.is_empty() {
+        crate::print::print_collectives(out, &kinds, Some(&waits))?;
         writeln!(
             out,
-            "  {:>6} {:>12} {:>10.3} {:>10.3} {:>8} {:>8}  {op}",
-            c["count"].as_u64().unwrap_or(0),
-            mystique_cli::inspect::human_bytes(c["size_bytes"].as_u64().unwrap_or(0)),
-            f(&c["time_ms"]),
-            f(&c["wait_ms"]),
-            gbps(&c["algbw_gbps"]),
-            gbps(&c["busbw_gbps"])
+            "  (time: mean over ranks; wait: each rank's time beyond the fastest rank's, summed)"
         )?;
+    }
+    for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {
+        if let Some(p) = r.get("paced").filter(|p| !p.is_null()) {
+            writeln!(
+                out,
+                "paced      rank {k}: iteration {:.3} ms, the trace's {:.3} ms ({} collectives at \
+                 their recorded times)",
+                f(&r["iter_ms"]["median"]),
+                f(&p["trace_ms"]),
+                p["collectives"]
+            )?;
+        }
+        if let Some(c) = r.get("check").filter(|c| !c.is_null()) {
+            writeln!(
+                out,
+                "checked    rank {k}: {} collective calls per iteration verified{}",
+                c["checked"],
+                match c["unchecked"].as_object().filter(|m| !m.is_empty()) {
+                    Some(m) => format!(
+                        " (not modelled: {})",
+                        m.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                    None => String::new(),
+                }
+            )?;
+        }
     }
     Ok(())
 }

@@ -134,9 +134,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
     let own;
+    let mut in_dir = None;
     let path = match (&dist, path.is_dir()) {
         (Some(d), true) => {
-            own = own_rank_trace(a, path, d)?;
+            let (p, n) = own_rank_trace(a, path, d)?;
+            own = p;
+            in_dir = Some(n);
             &own
         }
         (None, true) => anyhow::bail!(
@@ -161,6 +164,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         iterations: a.iteration.clone(),
         ..Default::default()
     })?;
+    let comm = crate::comm_cmd::options(a, &g, &set, dist.as_ref(), in_dir)?;
     let gap_model = gap_model(a, &g, &set, device)?;
     let gaps_us = gap_model.as_ref().map(|m| m.gaps_us.clone());
     let gaps_base_us = gap_model.as_ref().map(|m| m.base_step_us.clone());
@@ -184,6 +188,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             None => None,
         },
         memory_gate: crate::ranks::gate_from_env(),
+        comm,
         ..a.run.options()
     };
     if !json {
@@ -211,11 +216,16 @@ fn own_rank_trace(
     a: &ReplayArgs,
     dir: &Path,
     d: &replay::DistOptions,
-) -> Result<std::path::PathBuf> {
+) -> Result<(std::path::PathBuf, usize)> {
     // Which file is this rank's, from probes of the traces: each rank parses only its own.
     let (traces, from) = crate::rank_files::discover(&dir.display().to_string(), a.rank_order)?;
+    // With --world, ranks 0..WORLD_SIZE-1 of a larger capture replay.
+    let fits = match a.comm.world {
+        Some(_) => traces.len() >= d.world_size,
+        None => traces.len() == d.world_size,
+    };
     anyhow::ensure!(
-        traces.len() == d.world_size,
+        fits,
         "{} holds {} rank traces, but WORLD_SIZE={}",
         dir.display(),
         traces.len(),
@@ -228,7 +238,7 @@ fn own_rank_trace(
         own.display(),
         from.phrase()
     );
-    Ok(own)
+    Ok((own, traces.len()))
 }
 
 /// The original's side of `--reference-out`, checked before the replay (without it the

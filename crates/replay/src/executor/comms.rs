@@ -1,0 +1,276 @@
+//! How collectives run beyond the trace's order (`CommOptions`): a barrier around each one
+//! (`--blocking`), and known inputs through each one with its result verified
+//! (`--check-collectives`).
+
+use super::*;
+use crate::plan::StepKind;
+
+/// What a checked collective's outputs must hold: per output tensor (with the rows of its
+/// first dimension to compare, `None`: all of it), the value of every element.
+pub(crate) type Expected = Vec<(Tensor, Option<(i64, i64)>, f64)>;
+
+/// The value group rank `j` puts in every element of its inputs.
+fn value_of(j: i64) -> f64 {
+    (j + 1) as f64
+}
+
+/// What reduction `code` (`c10d::ReduceOp`) makes of every group rank's value, for a group of
+/// `n` ranks; `None` for one this check does not model (bitwise, pre-multiplied).
+fn reduced(code: u8, n: i64) -> Option<f64> {
+    let values = (0..n).map(value_of);
+    match code {
+        0 => Some(values.sum()),
+        1 => Some(values.sum::<f64>() / n as f64),
+        2 => Some(values.product()),
+        3 => Some(1.0),
+        4 => Some(n as f64),
+        _ => None,
+    }
+}
+
+impl Executor<'_> {
+    /// This rank's place in step `pos`'s process group: (group rank, group size).
+    fn place_in_group(&self, pos: usize) -> Option<(i64, i64)> {
+        let comm = self.comm.as_ref()?;
+        let StepKind::Collective(c) = &self.plan.steps[pos].kind else {
+            return None;
+        };
+        let g = self.plan.groups.get(c.group as usize)?;
+        if g.ranks.is_empty() {
+            Some((comm.rank as i64, comm.size as i64))
+        } else {
+            let me = g.ranks.iter().position(|&r| r == comm.rank as i64)?;
+            Some((me as i64, g.ranks.len() as i64))
+        }
+    }
+
+    /// A barrier on step `pos`'s process group (`--blocking`), waited for.
+    pub(super) fn barrier(&mut self, pos: usize) -> Result<(), CallError> {
+        let Some(comm) = self.comm.as_ref() else {
+            return Ok(());
+        };
+        let StepKind::Collective(c) = &self.plan.steps[pos].kind else {
+            return Ok(());
+        };
+        if self.barrier_op.is_none() {
+            self.barrier_op = Some(ffi::Op::find("c10d::barrier", "")?);
+        }
+        let op = self.barrier_op.as_ref().expect("found above");
+        let token = Tensor::zeros([1], (Kind::Uint8, tch::Device::Cpu));
+        let st = &mut self.stack;
+        st.tensor(&token);
+        let pushed = st
+            .group(comm, c.group as i64)
+            .and_then(|()| {
+                st.int_list(&[]);
+                st.bool(false);
+                st.default_of(op, 4)
+            })
+            .and_then(|()| st.call(op, false))
+            .and_then(|()| st.wait_works(self.timeout));
+        st.clear();
+        pushed
+    }
+
+    /// With `--check-collectives`, before step `pos` (a collective) runs: fills its inputs with
+    /// known values (each group rank's value, [`value_of`]) and returns what its outputs must
+    /// hold after it; `None` for a step it does not check. `corrupt`: this rank's inputs are
+    /// off by 1000 (fault injection, to see the check fail).
+    pub(super) fn check_inputs(
+        &self,
+        pos: usize,
+        slots: &mut [Option<Tensor>],
+        corrupt: bool,
+    ) -> Option<Expected> {
+        let (me, n) = self.place_in_group(pos)?;
+        let args = self.bound.args(self.plan, pos);
+        let tensor = |k: usize| match args.get(k) {
+            Some(Arg::Tensor(s)) => slots[*s as usize].as_ref().map(Tensor::shallow_clone),
+            _ => None,
+        };
+        let list = |k: usize| -> Vec<Tensor> {
+            match args.get(k) {
+                Some(Arg::TensorList { slots: l, .. }) => l
+                    .iter()
+                    .flatten()
+                    .filter_map(|s| slots[*s as usize].as_ref().map(Tensor::shallow_clone))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let lists = |k: usize| -> Vec<Tensor> {
+            match args.get(k) {
+                Some(Arg::TensorLists(ls)) => ls
+                    .first()
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|s| slots[*s as usize].as_ref().map(Tensor::shallow_clone))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let int = |k: usize| match args.get(k) {
+            Some(Arg::Int(v)) => Some(*v),
+            _ => None,
+        };
+        let reduce_op = |k: usize| match args.get(k) {
+            Some(Arg::ReduceOp(c)) => *c,
+            _ => 0,
+        };
+        let mine = value_of(me) + if corrupt { 1000.0 } else { 0.0 };
+        let fill = |ts: &[Tensor], v: f64| {
+            for t in ts {
+                let mut t = t.shallow_clone();
+                let _ = t.f_fill_(v);
+            }
+        };
+        let whole = |ts: Vec<Tensor>, v: f64| -> Expected {
+            ts.into_iter().map(|t| (t, None, v)).collect()
+        };
+        // Chunks of the first dimension: one per group rank, each from its rank.
+        let chunks = |t: Tensor, rows: &[i64]| -> Expected {
+            let mut at = 0;
+            rows.iter()
+                .enumerate()
+                .map(|(j, &r)| {
+                    let e = (t.shallow_clone(), Some((at, r)), value_of(j as i64));
+                    at += r;
+                    e
+                })
+                .collect()
+        };
+        let equal_rows = |t: &Tensor| -> Vec<i64> {
+            let d0 = t.size().first().copied().unwrap_or(0);
+            vec![d0 / n.max(1); n as usize]
+        };
+        let name = self.plan.steps[pos].name.as_str();
+        let expected = match name {
+            "c10d::allreduce_" => {
+                let ts = list(0);
+                fill(&ts, mine);
+                whole(ts, reduced(reduce_op(2), n)?)
+            }
+            "c10d::broadcast_" => {
+                let ts = list(0);
+                fill(&ts, mine);
+                whole(ts, value_of(int(2)?))
+            }
+            "c10d::reduce_" => {
+                let ts = list(0);
+                fill(&ts, mine);
+                let root = int(3)?;
+                if me == root {
+                    whole(ts, reduced(reduce_op(2), n)?)
+                } else {
+                    Vec::new()
+                }
+            }
+            "c10d::allgather_" => {
+                fill(&list(1), mine);
+                let outs = lists(0);
+                outs.into_iter()
+                    .enumerate()
+                    .map(|(j, t)| (t, None, value_of(j as i64)))
+                    .collect()
+            }
+            "c10d::_allgather_base_" => {
+                let (out, input) = (tensor(0)?, tensor(1)?);
+                fill(std::slice::from_ref(&input), mine);
+                let rows = equal_rows(&out);
+                chunks(out, &rows)
+            }
+            "c10d::reduce_scatter_" => {
+                fill(&lists(1), mine);
+                whole(list(0), reduced(reduce_op(3), n)?)
+            }
+            "c10d::_reduce_scatter_base_" => {
+                let (out, input) = (tensor(0)?, tensor(1)?);
+                fill(std::slice::from_ref(&input), mine);
+                whole(vec![out], reduced(reduce_op(3), n)?)
+            }
+            "c10d::alltoall_base_" => {
+                let (out, input) = (tensor(0)?, tensor(1)?);
+                fill(std::slice::from_ref(&input), mine);
+                let rows = match args.get(3) {
+                    Some(Arg::IntList(v)) if v.len() == n as usize => v.clone(),
+                    _ => equal_rows(&out),
+                };
+                chunks(out, &rows)
+            }
+            "c10d::alltoall_" => {
+                fill(&list(1), mine);
+                list(0)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(j, t)| (t, None, value_of(j as i64)))
+                    .collect()
+            }
+            "c10d::gather_" => {
+                fill(&list(1), mine);
+                if me == int(3)? {
+                    lists(0)
+                        .into_iter()
+                        .enumerate()
+                        .map(|(j, t)| (t, None, value_of(j as i64)))
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            }
+            "c10d::scatter_" => {
+                // The root sends group rank k the value of k.
+                for (k, t) in lists(1).iter().enumerate() {
+                    let off = if corrupt { 1000.0 } else { 0.0 };
+                    fill(std::slice::from_ref(t), value_of(k as i64) + off);
+                }
+                whole(list(0), value_of(me))
+            }
+            "c10d::send" => {
+                fill(&list(0), mine);
+                Vec::new()
+            }
+            "c10d::recv_" => whole(list(0), value_of(int(2)?)),
+            // Nothing to verify: it completed on every rank.
+            "c10d::barrier" => Vec::new(),
+            _ => return None,
+        };
+        Some(expected)
+    }
+
+    /// After a checked collective completed: where an output does not hold what its inputs
+    /// make, what it held.
+    pub(super) fn check_outputs(&self, expected: &Expected) -> Result<(), String> {
+        for (k, (t, rows, want)) in expected.iter().enumerate() {
+            let t = match rows {
+                Some((at, n)) if *n > 0 => match t.f_narrow(0, *at, *n) {
+                    Ok(x) => x,
+                    Err(e) => return Err(format!("output {k}: {e}")),
+                },
+                Some(_) => continue,
+                None => t.shallow_clone(),
+            };
+            if t.numel() == 0 || t.kind() == Kind::Bool {
+                continue;
+            }
+            let as_f64 = |x: Result<Tensor, tch::TchError>| {
+                x.and_then(|x| x.f_to_kind(Kind::Double))
+                    .ok()
+                    .and_then(|x| x.f_double_value(&[]).ok())
+            };
+            let (lo, hi) = (as_f64(t.f_min()), as_f64(t.f_max()));
+            let close =
+                |v: Option<f64>| v.is_some_and(|v| (v - want).abs() <= 1e-3 * want.abs().max(1.0));
+            if !close(lo) || !close(hi) {
+                let rows = rows.map_or(String::new(), |(a, n)| format!(" rows {a}..{}", a + n));
+                return Err(format!(
+                    "output {k}{rows} should hold {want} in every element (each rank's inputs \
+                     hold its group rank + 1), it holds {} to {}",
+                    lo.map_or("?".into(), |v| v.to_string()),
+                    hi.map_or("?".into(), |v| v.to_string())
+                ));
+            }
+        }
+        Ok(())
+    }
+}
