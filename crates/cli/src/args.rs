@@ -286,6 +286,13 @@ pub struct ReplayArgs {
     pub comm: CommArgs,
 }
 
+/// How `--rebalance` re-splits all-to-all(v) collectives.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rebalance {
+    /// Every rank sends each rank of the group the same rows.
+    Equal,
+}
+
 /// How the collectives run: PARAM comms-replay's modes and filters.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct CommArgs {
@@ -323,6 +330,11 @@ pub struct CommArgs {
     /// barrier); waits always run.
     #[arg(long, value_name = "KINDS", value_delimiter = ',')]
     pub allow_collectives: Option<Vec<String>>,
+    /// With --only comm: re-balance all-to-all(v) splits. `equal` (PARAM's policy): every
+    /// rank of the group sends each the same rows, the group's mean of what its ranks sent in
+    /// the trace, agreed on with an all-reduce at the first call.
+    #[arg(long, value_name = "POLICY")]
+    pub rebalance: Option<Rebalance>,
     /// With --only comm: only the first N collectives of each rank's iteration.
     #[arg(long, value_name = "N")]
     pub max_collectives: Option<usize>,

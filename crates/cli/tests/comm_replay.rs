@@ -281,3 +281,76 @@ fn filters_keep_the_kinds_and_the_number_of_collectives_asked() {
         "{err}"
     );
 }
+
+/// `--trace-out` with `--ranks`: one timeline, a process row per rank, every rank's
+/// collectives on one axis: a barrier's slices overlap on every rank (none leaves it before
+/// the last one arrived), up to the reading of each rank's two clocks (microseconds).
+#[test]
+fn the_ranks_collectives_share_one_timeline() {
+    let dir = std::env::temp_dir().join(format!("mystique-comm-tl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("job.json");
+    let j = json(comm(&every_w4(), &["--trace-out"]).arg(&out));
+    let t: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let world = j["world_size"].as_u64().unwrap();
+    let mut barriers = Vec::new();
+    for pid in 1..=world {
+        let mine: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["pid"] == pid && e["cat"] == "collective")
+            .collect();
+        let calls = j["ranks"][(pid - 1) as usize]["collective_calls"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert_eq!(mine.len(), calls, "rank {}", pid - 1);
+        let b = mine
+            .iter()
+            .find(|e| e["args"]["kind"] == "barrier")
+            .unwrap();
+        let ts = b["ts"].as_f64().unwrap();
+        barriers.push((ts, ts + b["dur"].as_f64().unwrap()));
+    }
+    let last_in = barriers.iter().map(|b| b.0).fold(f64::MIN, f64::max);
+    let first_out = barriers.iter().map(|b| b.1).fold(f64::MAX, f64::min);
+    assert!(last_in <= first_out + 100.0, "{barriers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--rebalance equal`: the DLRM's all-to-alls, whose splits differ from rank to rank as
+/// recorded, send the same rows to every rank once re-split (on 8 ranks, and on 2 with
+/// `--world`), and still carry what their inputs make.
+#[test]
+fn equal_rebalancing_gives_every_rank_the_same_all_to_all() {
+    let sizes = |j: &Value| -> Vec<Vec<u64>> {
+        j["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r["collective_calls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|c| c["kind"] == "all_to_all")
+                    .map(|c| c["size_bytes"].as_u64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    let recorded = sizes(&json(&mut comm(&dlrm(), &[])));
+    assert!(recorded.iter().any(|s| s != &recorded[0]), "{recorded:?}");
+    for extra in [&[][..], &["--world", "2"][..]] {
+        let mut args = vec!["--rebalance", "equal", "--check-collectives"];
+        args.extend(extra);
+        let j = json(&mut comm(&dlrm(), &args));
+        let even = sizes(&j);
+        assert_eq!(even[0].len(), 5, "{even:?}");
+        assert!(even.iter().all(|s| s == &even[0]), "{extra:?}: {even:?}");
+        for r in j["ranks"].as_array().unwrap() {
+            assert_eq!(r["check"]["checked"], 8, "{}", r["check"]);
+        }
+    }
+}

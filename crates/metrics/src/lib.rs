@@ -83,17 +83,26 @@ pub fn minor_page_faults() -> Option<u64> {
 
 /// A monotonic CPU clock anchored at creation; `now_us` is microseconds since then.
 #[derive(Clone, Copy, Debug)]
-pub struct Clock(Instant);
+pub struct Clock(Instant, f64);
 
 impl Default for Clock {
     fn default() -> Self {
-        Clock(Instant::now())
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_nanos() as f64 / 1000.0);
+        Clock(Instant::now(), unix)
     }
 }
 
 impl Clock {
     pub fn now_us(&self) -> f64 {
         self.0.elapsed().as_nanos() as f64 / 1000.0
+    }
+
+    /// The wall-clock time of its anchor (µs since the Unix epoch): what puts the timelines of
+    /// several processes on one host on one axis.
+    pub fn origin_unix_us(&self) -> f64 {
+        self.1
     }
 }
 

@@ -108,6 +108,9 @@ pub struct CommOptions {
     /// Which collectives run, on how many ranks ([`crate::plan::CommSelection`]; applied to
     /// the plan before it runs).
     pub select: crate::plan::CommSelection,
+    /// All-to-all(v) splits re-balanced: every rank of the group sends each the same rows, the
+    /// group's mean (PARAM's `equal` policy), agreed on at the first call.
+    pub rebalance_equal: bool,
     /// Fault injection for the check: this rank's input to the collective at this node id is
     /// wrong (its value + 1000), so that the check must find it.
     pub corrupt_node: Option<u64>,

@@ -131,6 +131,9 @@ pub struct Report {
     /// With `--paced-by-trace`: the trace's iteration beside this one's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paced: Option<PacedReport>,
+    /// The wall-clock time (µs since the Unix epoch) of the timeline's zero: what puts
+    /// several ranks' `--trace-out` timelines on one axis.
+    pub timeline_origin_unix_us: f64,
     /// With `--check-collectives`: what was verified.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<CheckReport>,

@@ -28,6 +28,14 @@ fn reduced(code: u8, n: i64) -> Option<f64> {
     }
 }
 
+/// An all-to-all's equal re-split (`--rebalance equal`): its arguments with the split sizes
+/// replaced, and its output and input tensors of the new size.
+pub(crate) struct Rebalanced {
+    pub args: Vec<Arg>,
+    out: Tensor,
+    input: Tensor,
+}
+
 impl Executor<'_> {
     /// This rank's place in step `pos`'s process group: (group rank, group size).
     fn place_in_group(&self, pos: usize) -> Option<(i64, i64)> {
@@ -83,7 +91,10 @@ impl Executor<'_> {
         corrupt: bool,
     ) -> Option<Expected> {
         let (me, n) = self.place_in_group(pos)?;
-        let args = self.bound.args(self.plan, pos);
+        let args = match self.rebalanced.get(&pos) {
+            Some(r) => r.args.as_slice(),
+            None => self.bound.args(self.plan, pos),
+        };
         let tensor = |k: usize| match args.get(k) {
             Some(Arg::Tensor(s)) => slots[*s as usize].as_ref().map(Tensor::shallow_clone),
             _ => None,
@@ -273,4 +284,96 @@ impl Executor<'_> {
         }
         Ok(())
     }
+
+    /// With `--rebalance equal`, before all-to-all step `pos` (`c10d::alltoall_base_`): every
+    /// rank of its group sends each the same rows, the mean of what the group's ranks sent in
+    /// the trace split evenly (PARAM's `equal` policy). The first call agrees on it with an
+    /// all-reduce of the ranks' rows over the group; later calls reuse it. Puts the step's
+    /// tensors in `slots`. Returns the message bytes when it first re-split the step.
+    pub(super) fn rebalance(
+        &mut self,
+        pos: usize,
+        slots: &mut [Option<Tensor>],
+    ) -> Result<Option<u64>, CallError> {
+        if self.plan.steps[pos].name != "c10d::alltoall_base_" {
+            return Ok(None);
+        }
+        let args = self.bound.args(self.plan, pos).to_vec();
+        let (Some(Arg::Tensor(out)), Some(Arg::Tensor(input))) = (args.first(), args.get(1)) else {
+            return Ok(None);
+        };
+        let (out, input) = (*out as usize, *input as usize);
+        let mut first = None;
+        if !self.rebalanced.contains_key(&pos) {
+            let Some((_, n)) = self.place_in_group(pos) else {
+                return Ok(None);
+            };
+            let Some(t) = slots[input].as_ref().map(Tensor::shallow_clone) else {
+                return Ok(None);
+            };
+            let shape = t.size();
+            let rows = shape.first().copied().unwrap_or(0);
+            let total = self.group_sum(pos, rows)?;
+            // As PARAM rounds it: the group's rows over n x n, times n per rank.
+            let per_rank = ((total as f64 / (n * n) as f64).round() as i64) * n;
+            let split = vec![per_rank / n; n as usize];
+            let mut new_shape = shape.clone();
+            if new_shape.is_empty() {
+                new_shape.push(per_rank);
+            } else {
+                new_shape[0] = per_rank;
+            }
+            let opts = (t.kind(), t.device());
+            let make = || Tensor::f_zeros(new_shape.as_slice(), opts);
+            let (o, i) = (make().map_err(tch_error)?, make().map_err(tch_error)?);
+            let bytes = (i.numel() * i.kind().elt_size_in_bytes()) as u64;
+            let mut new_args = args.clone();
+            new_args[3] = Arg::IntList(split.clone());
+            new_args[4] = Arg::IntList(split);
+            first = Some(bytes);
+            self.rebalanced.insert(
+                pos,
+                Rebalanced {
+                    args: new_args,
+                    out: o,
+                    input: i,
+                },
+            );
+        }
+        let r = &self.rebalanced[&pos];
+        slots[out] = Some(r.out.shallow_clone());
+        slots[input] = Some(r.input.shallow_clone());
+        Ok(first)
+    }
+
+    /// The sum of `value` over step `pos`'s process group (an all-reduce of one int64).
+    fn group_sum(&mut self, pos: usize, value: i64) -> Result<i64, CallError> {
+        let Some(comm) = self.comm.as_ref() else {
+            return Ok(value);
+        };
+        let StepKind::Collective(c) = &self.plan.steps[pos].kind else {
+            return Ok(value);
+        };
+        let op = ffi::Op::find("c10d::allreduce_", "")?;
+        let t = Tensor::from_slice(&[value]);
+        let st = &mut self.stack;
+        st.tensor_list(&[Some(&t)]);
+        let done = st
+            .group(comm, c.group as i64)
+            .and_then(|()| {
+                st.reduce_op(0);
+                st.none();
+                st.bool(false);
+                st.default_of(&op, 5)
+            })
+            .and_then(|()| st.call(&op, false))
+            .and_then(|()| st.wait_works(self.timeout));
+        st.clear();
+        done?;
+        Ok(t.int64_value(&[0]))
+    }
+}
+
+fn tch_error(e: tch::TchError) -> CallError {
+    CallError::new(ErrorKind::Other, e.to_string())
 }

@@ -195,6 +195,8 @@ pub struct Executor<'a> {
     /// Every collective completes before the next step (`--blocking`, `--check-collectives`):
     /// none is left outstanding until a later wait.
     complete_each: bool,
+    /// With `--rebalance equal`: the all-to-all steps re-split so far.
+    rebalanced: HashMap<usize, comms::Rebalanced>,
     /// `c10d::barrier`, found on the first `--blocking` barrier.
     barrier_op: Option<ffi::Op>,
     /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which

@@ -123,6 +123,7 @@ pub fn run(
     };
     let (mut report, timeline) = rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu);
     report.estimated_peak_bytes = plan.peak_bytes_estimate(opts.only);
+    report.timeline_origin_unix_us = timer.clock().origin_unix_us();
     report.graph_released = ex.graph_released();
     report.pool = ex
         .pooled()
@@ -448,6 +449,24 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         if let Some(Some(at)) = self.opts.comm.paced_us.as_ref().and_then(|p| p.get(pos)) {
             let target = self.timer.host_at(self.start) + at;
             wait_until(self.timer, target);
+        }
+        if self.opts.comm.rebalance_equal {
+            let t = self.timer.host_us();
+            let resized = self.ex.rebalance(pos, &mut self.slots).map_err(|e| {
+                let step = &plan.steps[pos];
+                ReplayError::Dist {
+                    rank: self.ex.rank().map_or(0, |r| r.0),
+                    what: format!(
+                        "agreeing on equal splits for {} (node {})",
+                        step.name, step.id
+                    ),
+                    source: e,
+                }
+            })?;
+            if let Some(bytes) = resized {
+                self.rec.resized(pos, bytes);
+            }
+            self.exclude_since(t);
         }
         let mut expected = None;
         if mode.check {

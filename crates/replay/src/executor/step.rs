@@ -75,6 +75,7 @@ impl<'a> Executor<'a> {
             graph_released: 0,
             complete_each: false,
             barrier_op: None,
+            rebalanced: HashMap::new(),
         };
         ex.prepare_left_out(only);
         Ok(ex)
@@ -381,7 +382,10 @@ impl<'a> Executor<'a> {
             }
             Via::Kernel | Via::Float32 => {}
         }
-        let args = self.bound.args(self.plan, pos);
+        let args = match self.rebalanced.get(&pos) {
+            Some(r) => r.args.as_slice(),
+            None => self.bound.args(self.plan, pos),
+        };
         let comm = self.comm.as_ref();
         let collective = self.plan.steps[pos].kind.is_collective();
         let autocast = self.plan.steps[pos].autocast;

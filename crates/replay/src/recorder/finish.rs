@@ -124,6 +124,7 @@ impl Recorder<'_> {
                 }
             }),
             check: self.check.take(),
+            timeline_origin_unix_us: 0.0,
             gaps_ms,
             gap_pace,
             steps: self.step_timings(),
@@ -213,8 +214,12 @@ impl Recorder<'_> {
                         .or_else(|| group.map(|g| g.name.clone()))
                         .unwrap_or_else(|| "0".into()),
                     group_size,
-                    size_bytes: c.message_bytes(),
-                    bytes: c.bytes,
+                    size_bytes: self
+                        .resized
+                        .get(&pos)
+                        .copied()
+                        .unwrap_or_else(|| c.message_bytes()),
+                    bytes: self.resized.get(&pos).copied().unwrap_or(c.bytes),
                     latency_us: samples.latency.clone(),
                     skew_us: samples.skew.clone(),
                     after_us: samples.after.clone(),

@@ -89,6 +89,8 @@ pub(crate) struct Recorder<'a> {
     coll_calls: BTreeMap<usize, CallSamples>,
     /// With `--check-collectives`: what the first iteration verified.
     check: Option<crate::report::CheckReport>,
+    /// Collectives whose message the replay resized (`--rebalance equal`): their bytes.
+    resized: std::collections::HashMap<usize, u64>,
 }
 
 /// One collective step's measured calls (µs).
@@ -156,6 +158,7 @@ impl<'a> Recorder<'a> {
             cuda_comm: None,
             coll_calls: BTreeMap::new(),
             check: opts.comm.check.then(Default::default),
+            resized: std::collections::HashMap::new(),
             // Opened here, on the thread that replays.
             run_delay: if opts.running_time {
                 metrics::cpu::RunDelay::of_this_thread()
@@ -246,6 +249,12 @@ impl<'a> Recorder<'a> {
         let c = self.coll_calls.entry(pos).or_default();
         c.skew.push(skew);
         c.after.push(after);
+    }
+
+    /// Collective step `pos` now moves `bytes` (its input and output each), not its recorded
+    /// message (`--rebalance equal`).
+    pub fn resized(&mut self, pos: usize, bytes: u64) {
+        self.resized.insert(pos, bytes);
     }
 
     /// With `--check-collectives`, in the first iteration: a collective op checked, or one
@@ -348,13 +357,21 @@ impl<'a> Recorder<'a> {
             if last && self.opts.trace_out.is_some() {
                 let step = &self.plan.steps[pos];
                 // On CUDA, the launch on the host (tid 1) and the work on the device (tid 2).
+                let (cat, args) = match &step.kind {
+                    StepKind::Collective(c) => (
+                        "collective",
+                        serde_json::json!({"id": step.id, "kind": c.kind(),
+                            "size_bytes": c.message_bytes(), "group": c.pg_name}),
+                    ),
+                    StepKind::Compute => ("op", serde_json::json!({"id": step.id})),
+                };
                 self.slices.push(Slice {
                     name: step.name.clone(),
-                    cat: "op",
+                    cat,
                     ts: timer.host_at(t0),
                     dur: launch,
                     tid: 1,
-                    args: serde_json::json!({"id": step.id}),
+                    args,
                 });
                 if self.device_timing {
                     self.slices.push(Slice {

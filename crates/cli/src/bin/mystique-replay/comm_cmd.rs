@@ -25,6 +25,7 @@ pub fn options(
         ("--world", c.world.is_some()),
         ("--allow-collectives", c.allow_collectives.is_some()),
         ("--max-collectives", c.max_collectives.is_some()),
+        ("--rebalance", c.rebalance.is_some()),
     ] {
         ensure!(
             !given || comm_only,
@@ -87,6 +88,7 @@ pub fn options(
         paced_us,
         paced_span_ms,
         check: c.check_collectives,
+        rebalance_equal: c.rebalance == Some(mystique_cli::args::Rebalance::Equal),
         corrupt_node,
         select: replay::plan::CommSelection {
             kinds: c

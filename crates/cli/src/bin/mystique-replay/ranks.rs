@@ -89,6 +89,9 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         .map(|out| serde_json::from_slice(out).context("a rank's report is not JSON"))
         .collect::<Result<_>>()?;
     let summary = summarise(traces, from, &reports)?;
+    if let Some(p) = &a.trace_out {
+        merge_timelines(p, &reports)?;
+    }
     let mut out = std::io::stdout().lock();
     if json_out {
         serde_json::to_writer(&mut out, &summary)?;
@@ -284,6 +287,9 @@ fn child_args(a: &ReplayArgs, rank: usize, captured: usize) -> Vec<String> {
     if let Some(k) = &a.comm.allow_collectives {
         v.extend(["--allow-collectives".into(), k.join(",")]);
     }
+    if a.comm.rebalance.is_some() {
+        v.extend(["--rebalance".into(), "equal".into()]);
+    }
     if let Some(m) = a.comm.max_collectives {
         v.extend(["--max-collectives".into(), m.to_string()]);
     }
@@ -291,17 +297,56 @@ fn child_args(a: &ReplayArgs, rank: usize, captured: usize) -> Vec<String> {
         v.extend(["--load-library".into(), l.display().to_string()]);
     }
     if let Some(p) = &a.trace_out {
-        // One Chrome trace per rank: out.json -> out.rank3.json.
-        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("replay");
-        let ext = p.extension().and_then(|s| s.to_str()).unwrap_or("json");
+        // One Chrome trace per rank (out.json -> out.rank3.json), merged into out.json.
         v.extend([
             "--trace-out".into(),
-            p.with_file_name(format!("{stem}.rank{rank}.{ext}"))
-                .display()
-                .to_string(),
+            rank_timeline(p, rank).display().to_string(),
         ]);
     }
     v
+}
+
+/// Where rank `rank` writes its timeline for `--trace-out P`: `out.json` -> `out.rank3.json`.
+fn rank_timeline(p: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("replay");
+    let ext = p.extension().and_then(|s| s.to_str()).unwrap_or("json");
+    p.with_file_name(format!("{stem}.rank{rank}.{ext}"))
+}
+
+/// `--trace-out P` with `--ranks`: every rank's timeline in `P`, one process row per rank, on
+/// one axis (each rank's clock put on the wall clock of its start), so that each collective
+/// shows on every rank at once.
+fn merge_timelines(p: &std::path::Path, reports: &[Value]) -> Result<()> {
+    let origins: Vec<f64> = reports
+        .iter()
+        .map(|r| r["timeline_origin_unix_us"].as_f64().unwrap_or(0.0))
+        .collect();
+    let base = origins.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut events: Vec<Value> = Vec::new();
+    for (rank, origin) in origins.iter().enumerate() {
+        let path = rank_timeline(p, rank);
+        let text = std::fs::read(&path)
+            .with_context(|| format!("reading rank {rank}'s timeline {}", path.display()))?;
+        let j: Value = serde_json::from_slice(&text)
+            .with_context(|| format!("{} is not a Chrome trace", path.display()))?;
+        for mut e in j["traceEvents"].as_array().cloned().unwrap_or_default() {
+            e["pid"] = json!(rank + 1);
+            if let Some(ts) = e["ts"].as_f64() {
+                e["ts"] = json!(ts + origin - base);
+            }
+            if e["name"] == "process_name" {
+                e["args"]["name"] = json!(format!("rank {rank}"));
+            }
+            events.push(e);
+        }
+    }
+    mystique_cli::output::write_atomic(p, |w| {
+        serde_json::to_writer(
+            &mut *w,
+            &json!({"traceEvents": events, "displayTimeUnit": "ms"}),
+        )?;
+        Ok(())
+    })
 }
 
 /// Makes a child die with this process, so that no rank outlives its launcher.
