@@ -204,30 +204,12 @@ impl Collective {
     /// and all-to-all; 1 for broadcast, reduce, gather, scatter, send and recv. `None` for
     /// what moves no data (a barrier) or a kind it does not know.
     pub fn bus_factor(&self, n: usize) -> Option<f64> {
-        let name: String = self
-            .name
-            .rsplit("::")
-            .next()
-            .unwrap_or_default()
-            .chars()
-            .filter(|c| *c != '_')
-            .collect::<String>()
-            .to_ascii_lowercase();
         let n = n.max(1) as f64;
-        if name.contains("allreduce") {
-            Some(2.0 * (n - 1.0) / n)
-        } else if ["allgather", "reducescatter", "alltoall"]
-            .iter()
-            .any(|k| name.contains(k))
-        {
-            Some((n - 1.0) / n)
-        } else if ["broadcast", "reduce", "gather", "scatter", "send", "recv"]
-            .iter()
-            .any(|k| name.starts_with(k))
-        {
-            Some(1.0)
-        } else {
-            None
+        match self.kind().as_str() {
+            "all_reduce" => Some(2.0 * (n - 1.0) / n),
+            "all_gather" | "reduce_scatter" | "all_to_all" => Some((n - 1.0) / n),
+            "broadcast" | "reduce" | "gather" | "scatter" | "send" | "recv" => Some(1.0),
+            _ => None,
         }
     }
 
