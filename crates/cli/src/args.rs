@@ -319,15 +319,15 @@ pub struct CommArgs {
     /// record it (--ranks passes it to each rank).
     #[arg(long, value_name = "N", hide = true)]
     pub captured_world: Option<usize>,
-    /// Known inputs through each collective (every rank puts its group rank + 1 in every
-    /// element) and its result verified after it completes; a wrong result stops the replay
-    /// naming the rank, collective and node. The check overwrites the collectives' values, so
-    /// a full replay's compute after them reads those.
+    /// Known inputs through each collective (every rank puts its group rank + 1 in what it
+    /// copies, 1 in what it reduces) and its result verified after it completes; a wrong
+    /// result stops the replay naming the rank, collective and node. The check overwrites the
+    /// collectives' values, so a full replay's compute after them reads those.
     #[arg(long)]
     pub check_collectives: bool,
     /// With --only comm: only collectives of these kinds (comma-separated: all_reduce,
     /// all_gather, reduce_scatter, all_to_all, broadcast, reduce, gather, scatter, send, recv,
-    /// barrier); waits always run.
+    /// barrier; send and recv together); waits always run.
     #[arg(long, value_name = "KINDS", value_delimiter = ',')]
     pub allow_collectives: Option<Vec<String>>,
     /// With --only comm: re-balance all-to-all(v) splits. `equal` (PARAM's policy): every
@@ -335,7 +335,7 @@ pub struct CommArgs {
     /// the trace, agreed on with an all-reduce at the first call.
     #[arg(long, value_name = "POLICY")]
     pub rebalance: Option<Rebalance>,
-    /// With --only comm: only the first N collectives of each rank's iteration.
+    /// With --only comm: only the first N collectives of each process group in the iteration.
     #[arg(long, value_name = "N")]
     pub max_collectives: Option<usize>,
 }

@@ -93,7 +93,9 @@ pub struct CommOptions {
     /// A barrier on the collective's process group before and after each collective: the
     /// collective's own latency apart from the time the ranks waited for each other (the
     /// barrier before it) and from its completion on every rank (the barrier after it).
-    /// Every collective completes before the next step, waits paired with it included.
+    /// Every collective completes before the next step, waits paired with it included (a send
+    /// or receive at the first later step that is not one: its peer's matching call may come
+    /// after that rank's next send or receive).
     pub blocking: bool,
     /// Per step, when the trace issued it (µs from the iteration's first op): each collective
     /// waits for its time, so a communication-only replay keeps the job's pattern in time
@@ -101,9 +103,10 @@ pub struct CommOptions {
     pub paced_us: Option<Vec<Option<f64>>>,
     /// The recorded iteration's span (ms), reported beside the paced iteration's.
     pub paced_span_ms: Option<f64>,
-    /// Known inputs through each collective (this rank's group rank + 1 in every element) and
-    /// its result verified after it completes; a mismatch stops the run naming the rank,
-    /// collective and node. Collectives complete before the next step, as with `blocking`.
+    /// Known inputs through each collective (this rank's group rank + 1 in every element of
+    /// what it copies, 1 in what it reduces; outputs zeroed first) and its result verified
+    /// after it completes; a mismatch stops the run naming the rank, collective and node.
+    /// Collectives complete before the next step, as with `blocking`.
     pub check: bool,
     /// Which collectives run, on how many ranks ([`crate::plan::CommSelection`]; applied to
     /// the plan before it runs).
@@ -112,7 +115,7 @@ pub struct CommOptions {
     /// group's mean (PARAM's `equal` policy), agreed on at the first call.
     pub rebalance_equal: bool,
     /// Fault injection for the check: this rank's input to the collective at this node id is
-    /// wrong (its value + 1000), so that the check must find it.
+    /// wrong (its value + 100), so that the check must find it.
     pub corrupt_node: Option<u64>,
 }
 

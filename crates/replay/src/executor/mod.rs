@@ -182,8 +182,9 @@ pub struct Executor<'a> {
     /// Per step, small outputs of `empty*` ops to fill with ones after the call (see
     /// [`small_empties`]).
     fill_ones: Vec<Vec<crate::plan::Slot>>,
-    /// Collectives' outstanding work, by the step that waits for it.
-    pending: HashMap<usize, Vec<ffi::Works>>,
+    /// Collectives' outstanding work, by the step that waits for it: (the collective's
+    /// step, its work).
+    pending: HashMap<usize, Vec<(usize, ffi::Works)>>,
     /// With `--only comm`, the collectives' buffers ([`pool::Pool`]): nothing is materialised
     /// up front and left-out steps make no stand-ins.
     pool: Option<pool::Pool>,

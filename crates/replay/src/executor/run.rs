@@ -426,7 +426,9 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         let crate::plan::StepKind::Collective(c) = &self.ex.plan.steps[pos].kind else {
             return None;
         };
-        if c.kind() == "wait" || self.ex.comm.is_none() {
+        // A collective of a one-rank group runs as the identity (bound as a pass-through).
+        let identity = matches!(self.ex.bound.steps[pos].exec, Exec::PassThrough);
+        if c.kind() == "wait" || self.ex.comm.is_none() || identity {
             return None;
         }
         Some(CollectiveMode {
@@ -552,7 +554,8 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         }
         let plan = self.ex.plan;
         let step = &plan.steps[pos];
-        self.ex
+        let completed = self
+            .ex
             .wait_pending(Some(pos))
             .map_err(|e| ReplayError::Dist {
                 rank: self.ex.rank().map_or(0, |r| r.0),
@@ -562,10 +565,24 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
                 ),
                 source: e,
             })?;
+        self.completed(&completed);
         if self.ex.pending.is_empty() {
             self.verify_checked()?;
         }
         Ok(())
+    }
+
+    /// The collectives of steps `steps`, left outstanding past their calls, completed now.
+    fn completed(&mut self, steps: &[usize]) {
+        if steps.is_empty() {
+            return;
+        }
+        let now = self.timer.mark();
+        for &from in steps {
+            if let Some(t) = self.timed.iter_mut().rev().find(|t| t.pos == from) {
+                t.done = Some(now);
+            }
+        }
     }
 
     /// With `probe_mechanisms`, the probes of the probe iterations before step `pos`.
@@ -629,6 +646,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
                 start: t0,
                 end: t1,
                 waited_us,
+                done: None,
             });
         }
         outcome
@@ -745,12 +763,15 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
 
     /// Waits for the iteration's outstanding collectives, then records its time.
     fn finish(mut self, pace: Option<&mut GapPace>) -> Result<Vec<(usize, f64)>, ReplayError> {
-        if let Err(e) = self.ex.wait_pending(None) {
-            return Err(ReplayError::Dist {
-                rank: self.ex.rank().map_or(0, |r| r.0),
-                what: "waiting for the iteration's outstanding collectives".into(),
-                source: e,
-            });
+        match self.ex.wait_pending(None) {
+            Ok(done) => self.completed(&done),
+            Err(e) => {
+                return Err(ReplayError::Dist {
+                    rank: self.ex.rank().map_or(0, |r| r.0),
+                    what: "waiting for the iteration's outstanding collectives".into(),
+                    source: e,
+                })
+            }
         }
         self.verify_checked()?;
         let end = self.timer.mark();

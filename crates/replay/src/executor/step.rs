@@ -186,15 +186,18 @@ impl<'a> Executor<'a> {
 
     /// Waits for the collectives whose work step `pos` waits for (a `wait` record), or with
     /// `pos == None` for every outstanding one (an iteration's end).
-    pub fn wait_pending(&mut self, pos: Option<usize>) -> Result<(), CallError> {
-        let due: Vec<ffi::Works> = match pos {
+    /// Returns the steps whose collectives completed.
+    pub fn wait_pending(&mut self, pos: Option<usize>) -> Result<Vec<usize>, CallError> {
+        let due: Vec<(usize, ffi::Works)> = match pos {
             Some(p) => self.pending.remove(&p).unwrap_or_default(),
             None => self.pending.drain().flat_map(|(_, w)| w).collect(),
         };
-        for w in due {
+        let mut done = Vec::with_capacity(due.len());
+        for (from, w) in due {
             w.wait(self.timeout)?;
+            done.push(from);
         }
-        Ok(())
+        Ok(done)
     }
 
     /// Slots holding step `pos`'s inputs: fresh slots after steps `0..pos` ran once as in an
@@ -415,11 +418,24 @@ impl<'a> Executor<'a> {
                             // one (the iteration's end at the latest): its peer may issue the
                             // matching call only after its own next point-to-point call.
                             c.is_point_to_point().then(|| {
+                                // A receive's tensors are written when it completes: a later
+                                // step that touches them (a send forwarding what came in)
+                                // waits for it.
+                                let written: Vec<crate::plan::Slot> = if c.kind() == "recv" {
+                                    args.iter().flat_map(Arg::slots).collect()
+                                } else {
+                                    Vec::new()
+                                };
                                 let steps = &self.plan.steps[pos + 1..];
                                 let next = steps.iter().position(|s| {
-                                    !matches!(&s.kind,
+                                    let p2p = matches!(&s.kind,
                                         crate::plan::StepKind::Collective(n)
-                                            if n.is_point_to_point())
+                                            if n.is_point_to_point());
+                                    !p2p || s
+                                        .args
+                                        .iter()
+                                        .flat_map(Arg::slots)
+                                        .any(|x| written.contains(&x))
                                 });
                                 pos + 1 + next.unwrap_or(steps.len())
                             })
@@ -430,7 +446,7 @@ impl<'a> Executor<'a> {
                 match later {
                     Some(w) => {
                         if let Some(works) = self.stack.take_works() {
-                            self.pending.entry(w).or_default().push(works);
+                            self.pending.entry(w).or_default().push((pos, works));
                         }
                         Ok(())
                     }

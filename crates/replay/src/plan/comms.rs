@@ -66,7 +66,8 @@ impl Collective {
 pub struct CommSelection {
     /// Only collectives of these kinds ([`KINDS`]); waits always run.
     pub kinds: Option<Vec<String>>,
-    /// Only the first this many collectives of the iteration (waits not counted).
+    /// Only the first this many collectives of each process group in the iteration (waits
+    /// not counted): every member of a group keeps the same ones.
     pub max: Option<usize>,
     /// Replay on this many ranks, of `captured` (the trace's world size): ranks `0..world`
     /// replay their own traces, every process group keeps its members among them, and the
@@ -89,6 +90,11 @@ pub enum CommSelectError {
         world: usize,
         why: String,
     },
+    #[error(
+        "--allow-collectives: send and recv go together (a send whose receive is left out \
+         waits for ever)"
+    )]
+    OneSided,
     #[error("--world {world}: the capture has {captured} ranks; --world replays on fewer")]
     World { world: usize, captured: usize },
 }
@@ -105,8 +111,16 @@ impl Plan {
                     return Err(CommSelectError::UnknownKind(k.clone()));
                 }
             }
+            // A send whose receive is left out would wait for ever, and the reverse.
+            let has = |k: &str| kinds.iter().any(|x| x == k);
+            if has("send") != has("recv") {
+                return Err(CommSelectError::OneSided);
+            }
         }
-        let mut kept = 0usize;
+        // Counted per process group: its members issue its collectives in the same order, so
+        // each keeps the same ones (counted over the whole iteration, a rank of a subgroup
+        // could keep a collective its peers left out, and wait for it until the timeout).
+        let mut kept: HashMap<u32, usize> = HashMap::new();
         for st in &mut plan.steps {
             let StepKind::Collective(c) = &st.kind else {
                 continue;
@@ -116,9 +130,10 @@ impl Plan {
                 continue;
             }
             let wanted = sel.kinds.as_ref().is_none_or(|k| k.contains(&kind));
-            let under_cap = sel.max.is_none_or(|m| kept < m);
+            let n = kept.entry(c.group).or_default();
+            let under_cap = sel.max.is_none_or(|m| *n < m);
             if wanted && under_cap {
-                kept += 1;
+                *n += 1;
             } else {
                 st.kind = StepKind::Compute;
             }

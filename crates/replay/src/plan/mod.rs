@@ -200,15 +200,17 @@ fn is_zero(n: &u64) -> bool {
 
 impl Collective {
     /// The factor from algorithm bandwidth to bus bandwidth in nccl-tests' convention, for a
-    /// group of `n` ranks: 2(n-1)/n for an all-reduce; (n-1)/n for all-gather, reduce-scatter
-    /// and all-to-all; 1 for broadcast, reduce, gather, scatter, send and recv. `None` for
+    /// group of `n` ranks: 2(n-1)/n for an all-reduce; (n-1)/n for all-gather, reduce-scatter,
+    /// all-to-all, gather and scatter; 1 for broadcast, reduce, send and recv. `None` for
     /// what moves no data (a barrier) or a kind it does not know.
     pub fn bus_factor(&self, n: usize) -> Option<f64> {
         let n = n.max(1) as f64;
         match self.kind().as_str() {
             "all_reduce" => Some(2.0 * (n - 1.0) / n),
-            "all_gather" | "reduce_scatter" | "all_to_all" => Some((n - 1.0) / n),
-            "broadcast" | "reduce" | "gather" | "scatter" | "send" | "recv" => Some(1.0),
+            "all_gather" | "reduce_scatter" | "all_to_all" | "gather" | "scatter" => {
+                Some((n - 1.0) / n)
+            }
+            "broadcast" | "reduce" | "send" | "recv" => Some(1.0),
             _ => None,
         }
     }

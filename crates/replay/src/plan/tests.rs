@@ -958,6 +958,17 @@ fn collectives_have_the_kinds_param_names() {
     assert_eq!(kind("c10d::recv_"), "recv");
     assert_eq!(kind("wait"), "wait");
     assert_eq!(kind("something_else"), "something_else");
+    // nccl-tests' bus factors follow the kind: gather and scatter move (n-1)/n of the message.
+    let four = |name: &str| {
+        Collective {
+            name: name.into(),
+            ..Default::default()
+        }
+        .bus_factor(4)
+    };
+    assert_eq!(four("c10d::gather_"), Some(0.75));
+    assert_eq!(four("c10d::broadcast_"), Some(1.0));
+    assert_eq!(four("c10d::barrier"), None);
 }
 
 /// A 4-rank job shrunk to 2: the world and the groups keep their kept members, an

@@ -324,6 +324,7 @@ impl<'a> Recorder<'a> {
             start: t0,
             end: t1,
             waited_us,
+            done,
         } in timed
         {
             // The time the thread waited for a CPU is the host's, not the op's (with
@@ -336,7 +337,16 @@ impl<'a> Recorder<'a> {
             };
             sum += d;
             if self.plan.steps[pos].kind.is_collective() {
-                self.coll_calls.entry(pos).or_default().latency.push(d);
+                let latency = match done {
+                    Some(t2) if timer.on_device() => timer.us(t2) - timer.us(t0),
+                    Some(t2) => timer.host_at(t2) - timer.host_at(t0) - waited_us,
+                    None => d,
+                };
+                self.coll_calls
+                    .entry(pos)
+                    .or_default()
+                    .latency
+                    .push(latency);
             }
             self.step_total_us[pos] += d;
             self.step_launch_us[pos] += launch;
@@ -547,6 +557,9 @@ pub(crate) struct Timed {
     pub start: Mark,
     pub end: Mark,
     pub waited_us: f64,
+    /// A collective left outstanding past its call (a send or receive, one the trace waits
+    /// for later): when the wait for it returned. Its latency runs to there.
+    pub done: Option<Mark>,
 }
 
 /// Seconds as `42 s`, `3 min 20 s`, `1 h 05 min`.

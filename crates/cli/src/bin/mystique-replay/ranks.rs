@@ -581,7 +581,8 @@ fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Resul
         .enumerate()
         .max_by(|a, b| f(&a.1["iter_ms"]["median"]).total_cmp(&f(&b.1["iter_ms"]["median"])))
         .map(|(k, _)| k);
-    let mut calls: Vec<replay::CollectiveCall> = Vec::new();
+    // Per kind: every rank's calls, and how many ranks ran it.
+    let mut by_kind: BTreeMap<String, (Vec<replay::CollectiveCall>, usize)> = BTreeMap::new();
     // Per kind, each rank's time in it per iteration.
     let mut per_rank_ms: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in reports {
@@ -595,16 +596,26 @@ fn summarise(traces: &[RankTrace], from: RankSource, reports: &[Value]) -> Resul
                 .entry(kind.clone())
                 .or_default()
                 .push(f(&c["total_ms"]));
+            by_kind.entry(kind.clone()).or_default().1 += 1;
         }
-        calls.extend(mine);
+        for c in mine {
+            by_kind.entry(c.kind.clone()).or_default().0.push(c);
+        }
     }
     let iters = reports
         .first()
         .and_then(|r| r["iters"].as_u64())
         .unwrap_or(1) as usize;
     let world = reports.len();
-    // Per rank and iteration: every rank's calls over iterations x ranks.
-    let kinds = replay::CollectiveTiming::by_kind(calls.iter(), iters * world.max(1), world);
+    // Per rank (of those that ran the kind) and iteration.
+    let kinds: BTreeMap<String, replay::CollectiveTiming> = by_kind
+        .into_iter()
+        .map(|(kind, (calls, ranks))| {
+            let list: Vec<&replay::CollectiveCall> = calls.iter().collect();
+            let t = replay::CollectiveTiming::of(&list, iters * ranks.max(1), world);
+            (kind, t)
+        })
+        .collect();
     let collectives: BTreeMap<String, Value> = kinds
         .into_iter()
         .map(|(kind, c)| {
