@@ -87,10 +87,56 @@ pub fn env_report() -> String {
         Ok((v, n)) => format!("NVML {v}, {n} device(s)"),
         Err(e) => e.to_string(),
     };
+    let (torch, libs) = torch_in_use();
     format!(
-        "libtorch 2.11.0 (tch 0.24.0), {} intra-op threads; {cuda}; {nvml}",
-        tch::get_num_threads()
+        "libtorch 2.11.0 (tch 0.24.0), {} intra-op threads; {cuda}; {nvml}\n{torch}\n\
+         libraries: {}",
+        tch::get_num_threads(),
+        if libs.is_empty() {
+            "(not listed: no /proc/self/maps)".to_string()
+        } else {
+            libs.join(", ")
+        }
     )
+}
+
+/// Which torch this process uses, in words (the Python environment's, as the wheel's launcher
+/// found it, or the one it was built with), and the libtorch libraries it loaded (their paths,
+/// from `/proc/self/maps`).
+fn torch_in_use() -> (String, Vec<String>) {
+    let libs = loaded_libtorch();
+    let torch = match (
+        std::env::var("MYSTIQUE_TORCH_VERSION"),
+        std::env::var("MYSTIQUE_TORCH"),
+    ) {
+        (Ok(v), Ok(dir)) => format!("torch {v} of the Python environment, at {dir}"),
+        _ => format!(
+            "torch 2.11.0 libraries as linked at build time{}",
+            libs.first()
+                .and_then(|l| std::path::Path::new(l).parent())
+                .map_or(String::new(), |d| format!(", from {}", d.display()))
+        ),
+    };
+    (torch, libs)
+}
+
+/// The libtorch and c10 libraries mapped into this process.
+fn loaded_libtorch() -> Vec<String> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    let mut libs: Vec<String> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            let name = p.rsplit('/').next().unwrap_or_default();
+            name.starts_with("libtorch") || name.starts_with("libc10")
+        })
+        .map(str::to_string)
+        .collect();
+    libs.sort();
+    libs.dedup();
+    libs
 }
 
 /// The runtime as JSON: libtorch version and threads, CUDA devices, NVML.
@@ -108,5 +154,7 @@ pub fn env_json() -> serde_json::Value {
         "cuda_unavailable": driver.err().map(|e| e.to_string()),
         "nvml_driver": nvml.as_ref().ok().map(|n| n.0.clone()),
         "nvml_unavailable": nvml.err().map(|e| e.to_string()),
+        "torch": torch_in_use().0,
+        "libraries": loaded_libtorch(),
     })
 }
