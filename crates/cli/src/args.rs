@@ -403,10 +403,13 @@ pub struct CompareArgs {
     pub run: RunArgs,
 }
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct GenerateArgs {
     /// One trace per rank, ordered as `replay --ranks` orders them: by the rank each recorded,
-    /// else by the number in its file name.
+    /// else by the number in its file name. Or a capture (`mystique.capture`'s files, or their
+    /// directory): its `NAME.et.json`, with `NAME.kineto.json` (the original's timing and
+    /// gaps, as --kineto --emulate-gaps), `NAME.reference.json` (as --reference) and
+    /// `NAME.meta.json` (the uninstrumented iteration, as --original-ms) where present.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
     #[command(flatten)]

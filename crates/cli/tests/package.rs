@@ -397,3 +397,66 @@ fn packages_with_gaps_emulate_them_where_they_run() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains(name));
 }
+
+/// A capture's directory (`mystique.capture`'s files: `NAME.et.json`, `.kineto.json`,
+/// `.meta.json`) packages with no further flag: its timing profile as the gaps, its meta's
+/// uninstrumented iteration as the original's time. A reference among the files anchors it
+/// and the original's time is the reference's; a profile given twice is refused.
+#[test]
+fn a_capture_directory_packages_with_everything_it_holds() {
+    let cap = tmp("capture");
+    std::fs::create_dir_all(&cap).unwrap();
+    let cpu = shared("cpu");
+    // The linked pair's ET stands for the capture's (its profile links to it).
+    for (from, to) in [
+        ("mlp.linked.et.json", "mlp.et.json"),
+        ("mlp.kineto.json", "mlp.kineto.json"),
+        ("mlp.meta.json", "mlp.meta.json"),
+    ] {
+        std::fs::copy(cpu.join(from), cap.join(to)).unwrap();
+    }
+    // A leftover of an interrupted capture is not part of it.
+    std::fs::write(cap.join(".mlp.et.json.partial-1"), b"{").unwrap();
+    let pkg = tmp("capture.pkg");
+    generate(std::slice::from_ref(&cap), &pkg, &[]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cap.join("mlp.meta.json")).unwrap()).unwrap();
+    assert_eq!(m["original"]["from"], "--original-ms", "{m}");
+    assert_eq!(m["original"]["iter_ms"], meta["iter_ms_median"]);
+    assert!(!m["gaps"].is_null(), "{m}");
+
+    // With a reference (as `replay --reference-out` writes it): anchored on it.
+    let reference = cap.join("mlp.reference.json");
+    let o = bin()
+        .args(["replay"])
+        .arg(cap.join("mlp.et.json"))
+        .args(["--iters", "2", "--warmup", "1", "--threads", "1"])
+        .arg("--reference-out")
+        .arg(&reference)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files: Vec<PathBuf> = ["et", "kineto", "meta", "reference"]
+        .iter()
+        .map(|k| cap.join(format!("mlp.{k}.json")))
+        .collect();
+    let anchored = tmp("capture-ref.pkg");
+    generate(&files, &anchored, &[]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(anchored.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["original"]["from"], "reference", "{m}");
+    assert!(!m["gaps"]["reference"].is_null(), "{m}");
+    let o = bin()
+        .arg("generate")
+        .arg(&cap)
+        .arg("--kineto")
+        .arg(cap.join("mlp.kineto.json"))
+        .arg("-o")
+        .arg(tmp("twice.pkg"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("give it once"), "{err}");
+}

@@ -45,6 +45,8 @@ fn random_key() -> Vec<u8> {
 /// Writes a benchmark package of the given traces: checks every input and option first, then
 /// builds the package in a temporary directory beside the output and renames it into place.
 pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
+    let expanded = from_capture(a)?;
+    let a = &expanded;
     let out = &a.output;
     check_output(a)?;
     let reference = a
@@ -88,6 +90,116 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     }
     print_summary(out, &manifest, json);
     Ok(())
+}
+
+/// What a capture's files stand for, by their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CaptureFile {
+    Trace,
+    Kineto,
+    Reference,
+    Meta,
+}
+
+impl CaptureFile {
+    fn of(p: &Path) -> Option<CaptureFile> {
+        let name = p.file_name()?.to_str()?;
+        let name = name.strip_suffix(".gz").unwrap_or(name);
+        let stem = name.strip_suffix(".json")?;
+        Some(match stem.rsplit('.').next()? {
+            "et" => CaptureFile::Trace,
+            "kineto" => CaptureFile::Kineto,
+            "reference" => CaptureFile::Reference,
+            "meta" => CaptureFile::Meta,
+            _ => return None,
+        })
+    }
+}
+
+/// The arguments with a capture's files put in their places: a directory stands for the
+/// files in it; `NAME.kineto.json` is `--kineto` (and `--emulate-gaps`, unless anonymised or
+/// several ranks), `NAME.reference.json` `--reference`, `NAME.meta.json`'s uninstrumented
+/// iteration `--original-ms` (one rank), the traces the rest. Options given on the command
+/// line win. Plain traces pass as they are.
+fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
+    let mut files = Vec::new();
+    for p in &a.traces {
+        if p.is_dir() {
+            let mut in_dir: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.is_file()
+                        && !f
+                            .file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with('.'))
+                })
+                .collect();
+            in_dir.sort();
+            let kept: Vec<PathBuf> = in_dir
+                .into_iter()
+                .filter(|f| CaptureFile::of(f).is_some())
+                .collect();
+            anyhow::ensure!(
+                !kept.is_empty(),
+                "{} holds no capture (NAME.et.json, NAME.kineto.json, ...)",
+                p.display()
+            );
+            files.extend(kept);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    let mut out = a.clone();
+    out.traces.clear();
+    let mut kineto = Vec::new();
+    let (mut reference, mut metas) = (None, Vec::new());
+    for f in files {
+        match CaptureFile::of(&f) {
+            Some(CaptureFile::Kineto) => kineto.push(f),
+            Some(CaptureFile::Reference) => {
+                if let Some(r) = reference.replace(f.clone()) {
+                    bail!("two references: {} and {}", r.display(), f.display());
+                }
+            }
+            Some(CaptureFile::Meta) => metas.push(f),
+            // A trace, by its name or (any other file given) as the user says.
+            _ => out.traces.push(f),
+        }
+    }
+    anyhow::ensure!(
+        !out.traces.is_empty(),
+        "no execution trace among the inputs"
+    );
+    let single = out.traces.len() == 1;
+    anyhow::ensure!(
+        a.kineto.is_empty() || kineto.is_empty(),
+        "a Kineto trace among the inputs and --kineto: give it once"
+    );
+    anyhow::ensure!(
+        a.reference.is_none() || reference.is_none(),
+        "a reference among the inputs and --reference: give it once"
+    );
+    if a.kineto.is_empty() && !kineto.is_empty() {
+        out.kineto = kineto;
+        out.emulate_gaps = a.emulate_gaps || (single && !a.anonymize);
+    }
+    if a.reference.is_none() && out.emulate_gaps {
+        out.reference = reference;
+    }
+    if a.original_ms.is_none() && single && out.reference.is_none() {
+        if let [m] = metas.as_slice() {
+            let v: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(m).with_context(|| format!("reading {}", m.display()))?,
+            )
+            .with_context(|| format!("{} is not JSON", m.display()))?;
+            out.original_ms = v["iter_ms_median"]
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0);
+        }
+    }
+    Ok(out)
 }
 
 /// The output is a new or empty directory, the anonymisation map no input, and `--kineto`
