@@ -7,6 +7,7 @@
 mod fidelity;
 mod gpu_check;
 mod results;
+mod wheel;
 
 use anyhow::{bail, Context, Result};
 // The benches and the fidelity report (as `crate::median`) share the one definition.
@@ -26,6 +27,8 @@ fn main() -> Result<()> {
         ["bench", "parse", rest @ ..] => bench_parse(rest),
         ["bench", "comms", rest @ ..] => bench_comms(rest),
         ["example"] => example(),
+        ["wheel"] => wheel::build().map(|_| ()),
+        ["wheel", "--check"] => wheel::check(),
         ["replay", rest @ ..] => replay(rest),
         ["fidelity", rest @ ..] => fidelity(rest),
         ["bench-ops", rest @ ..] => bench_ops(rest),
@@ -37,7 +40,8 @@ fn main() -> Result<()> {
                  setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
                  example        setup, then inspect and replay the bundled example trace\n\
                  replay TRACE [ARGS]  setup, then mystique replay TRACE ARGS (e.g. --iters 20 --json)\n\
-                 test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test)\n\
+                 test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test) and check the wheel\n\
+                 wheel [--check]  build the mystique-rs wheel (pip install target/wheels/mystique_rs-*.whl); --check: install it in a fresh venv and capture, replay, package there (part of test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
                  fidelity [N] [--models a,b] [--block-ms MS] [--round-parts K] [--svg P] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR]]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (defaults: 100 rounds, 50 ms; --round-parts K: the rounds in K parts, each in processes started anew, default 1); gaps from the profile taken without the execution trace observer (--capture linked: from the linked pair); --busy-host: replay and time the original beside one CPU burner per core; --throttled-host: under a CPU quota of 5 ms per 10 ms (a cgroup, as a container's CPU limit); the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique (and capture) on the quiet captures in place of the busy ones, paired in the same rounds (--against-zoo DIR: its quiet captures from another zoo cache, e.g. one an older zoo.py captured; --against-args 'ARGS': its replays' extra arguments, {{reference}} standing for each model's quiet reference)\n\
@@ -261,6 +265,8 @@ fn test(extra: &[&str]) -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // The wheel: built, installed in a fresh environment, capturing and replaying there.
+    wheel::check().context("the wheel's check")?;
     eprintln!(
         "[test] all tests passed in {:.0} s",
         t.elapsed().as_secs_f64()

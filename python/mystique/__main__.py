@@ -1,0 +1,5 @@
+"""`python -m mystique ...`: the `mystique` command."""
+
+from ._launcher import main
+
+main()

@@ -1,0 +1,179 @@
+"""Capture a training or inference step the way mystique's replay checks assume.
+
+    import mystique
+    mystique.capture(step, out="captures/", name="model")
+
+`step` is a callable that runs one iteration (forward, backward and optimizer step for
+training; a forward for inference). The capture:
+
+1. warms the step up, then times it uninstrumented: each iteration's wall time and the time
+   the thread waited for a CPU in it (the kernel's run delay);
+2. records one iteration under the execution trace observer alone (a clean ET: what the
+   replay runs);
+3. profiles further iterations under the profiler alone (CPU activities, and CUDA ones when
+   the step uses a GPU), after a warm-up inside the same profiling session (the profiler's
+   own first-time costs are paid there): the original's time in and between ops, which
+   `mystique replay --kineto --emulate-gaps` reproduces;
+4. writes `NAME.et.json`, `NAME.kineto.json` and `NAME.meta.json` (the uninstrumented timing);
+   with `reference=True` it also replays the trace on this host beside the original and
+   writes `NAME.reference.json`, which `replay --emulate-gaps --reference` anchors on.
+
+Under torch.distributed every rank writes its own files, `NAME.rankR.*`, its rank and the
+world size in its meta. An error in `step` propagates unchanged; no partial file is left.
+"""
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Warm-up iterations before the uninstrumented timing.
+WARMUP = 5
+# Timed uninstrumented iterations.
+ITERS = 20
+# Profiled iterations: each is one sample of every gap; the replay takes each gap typical of
+# them, so one iteration's stall does not count.
+PROFILED = 10
+# The profiler's warm-up inside its session, in milliseconds of iterations (at least one, at
+# most 20): a fresh session's first events cost far more than later ones.
+PROFILER_WARMUP_MS = 50.0
+
+
+def _run_delay_ms():
+    """How long this thread has waited for a CPU so far (ms): the second field of
+    /proc/thread-self/schedstat (ns); None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _rank():
+    """(rank, world size) under an initialised torch.distributed, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
+            profiled=PROFILED, reference=False):
+    """Captures `step` (a callable running one iteration) into `out`; returns the paths
+    written, by kind (`et`, `kineto`, `meta`, and `reference` when asked for)."""
+    import torch
+    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+
+    if not callable(step):
+        raise TypeError("mystique.capture: `step` must be a callable that runs one iteration")
+    if iters < 1 or profiled < 1 or warmup < 0:
+        raise ValueError("mystique.capture: iters and profiled must be at least 1, warmup at least 0")
+    if not name or os.sep in name:
+        raise ValueError(f"mystique.capture: name {name!r} must be a plain file name")
+    ranked = _rank()
+    if reference and ranked is not None and ranked[1] > 1:
+        raise ValueError(
+            "mystique.capture: reference=True replays the trace alone, which a rank of a "
+            "distributed job cannot (its collectives need the other ranks)"
+        )
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = name if ranked is None else f"{name}.rank{ranked[0]}"
+    kinds = ["et", "kineto", "meta"] + (["reference"] if reference else [])
+    final = {k: out / f"{base}.{k}.json" for k in kinds}
+    partial = {k: out / f".{base}.{k}.json.partial-{os.getpid()}" for k in kinds}
+
+    placed = []
+
+    def sync():
+        if uses_cuda:
+            torch.cuda.synchronize()
+
+    try:
+        for _ in range(warmup):
+            step()
+        uses_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        sync()
+        times, waited0 = [], _run_delay_ms()
+        for _ in range(iters):
+            t = time.perf_counter()
+            step()
+            sync()
+            times.append((time.perf_counter() - t) * 1e3)
+        waited1 = _run_delay_ms()
+        wait_ms = None
+        if waited0 is not None and waited1 is not None:
+            wait_ms = min(max(waited1 - waited0, 0.0) / iters, statistics.median(times) * 0.99)
+
+        obs = ExecutionTraceObserver().register_callback(str(partial["et"]))
+        obs.start()
+        try:
+            step()
+            sync()
+        finally:
+            obs.stop()
+            obs.unregister_callback()
+
+        median = statistics.median(times)
+        prof_warmup = min(20, max(1, math.ceil(PROFILER_WARMUP_MS / max(median, 1e-3))))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if uses_cuda else [])
+        with profile(activities=activities, record_shapes=True,
+                     schedule=schedule(wait=0, warmup=prof_warmup, active=profiled),
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(partial["kineto"]))) as prof:
+            for _ in range(prof_warmup + profiled):
+                step()
+                sync()
+                prof.step()
+
+        meta = dict(
+            model=name, torch=torch.__version__, threads=torch.get_num_threads(),
+            device="cuda" if uses_cuda else "cpu", iters=iters,
+            iter_ms_median=median, iter_ms_min=min(times), iter_ms_max=max(times),
+            wait_ms=wait_ms, profiled_iterations=list(range(1, profiled + 1)),
+            timing_warmup=prof_warmup, captured_by="mystique.capture",
+        )
+        if ranked is not None:
+            meta.update(rank=ranked[0], world=ranked[1])
+        partial["meta"].write_text(json.dumps(meta, indent=1) + "\n")
+        # The capture's files in place, then the reference of the trace under its own name.
+        for k in ("et", "kineto", "meta"):
+            os.replace(partial[k], final[k])
+            placed.append(final[k])
+        if reference:
+            _reference(final["et"], partial["reference"], median, wait_ms,
+                       torch.get_num_threads(), uses_cuda)
+            os.replace(partial["reference"], final["reference"])
+    except BaseException:
+        for p in list(partial.values()) + placed:
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+        raise
+    return {k: str(p) for k, p in final.items()}
+
+
+def _reference(et, out, original_ms, wait_ms, threads, cuda):
+    """Replays `et` plainly on this host, right after the original was timed, and writes the
+    reference (`replay --reference-out`): the pair's ratio here."""
+    cmd = [sys.executable, "-m", "mystique", "replay", str(et), "--reference-out", str(out),
+           "--original-ms", repr(original_ms), "--threads", str(threads)]
+    if wait_ms is not None:
+        cmd += ["--original-wait-ms", repr(wait_ms)]
+    if cuda:
+        cmd += ["--device", "cuda"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    # Exit 3: some ops failed; the reference (of the ops that ran) is written all the same.
+    if done.returncode == 3:
+        sys.stderr.write("mystique.capture: some ops failed in the reference replay: "
+                         f"{done.stderr.strip()[-500:]}\n")
+    elif done.returncode != 0:
+        raise RuntimeError(
+            f"mystique.capture: the reference replay failed (exit {done.returncode}): "
+            f"{done.stderr.strip()[-2000:]}"
+        )
