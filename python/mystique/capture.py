@@ -62,6 +62,17 @@ def _rank():
     return None
 
 
+def _agree_max(value):
+    """The largest `value` over the ranks of the default process group."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             profiled=PROFILED, reference=False):
     """Captures `step` (a callable running one iteration) into `out`; returns the paths
@@ -121,6 +132,10 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
 
         median = statistics.median(times)
         prof_warmup = min(20, max(1, math.ceil(PROFILER_WARMUP_MS / max(median, 1e-3))))
+        if ranked is not None:
+            # Every rank must run as many steps as the others (their collectives pair up): the
+            # largest warm-up any rank asks for.
+            prof_warmup = _agree_max(prof_warmup)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if uses_cuda else [])
         with profile(activities=activities, record_shapes=True,
                      schedule=schedule(wait=0, warmup=prof_warmup, active=profiled),
