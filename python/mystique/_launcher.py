@@ -103,8 +103,11 @@ def _exec(binary, argv, needs_torch):
 def main():
     """`mystique ...`: the front binary; torch is needed by the subcommands that load it."""
     argv = sys.argv[1:]
-    command = next((a for a in argv if not a.startswith("-")), None)
-    _exec("mystique", argv, needs_torch=command in _LIBTORCH_COMMANDS)
+    words = [a for a in argv if not a.startswith("-")]
+    command = words[0] if words else None
+    # `compose world` finds the ranks as `replay --ranks` does, in mystique-replay.
+    needs = command in _LIBTORCH_COMMANDS or words[:2] == ["compose", "world"]
+    _exec("mystique", argv, needs_torch=needs)
 
 
 def main_replay():

@@ -26,6 +26,7 @@ fn main() -> Result<()> {
         ["test", rest @ ..] => test(rest),
         ["bench", "parse", rest @ ..] => bench_parse(rest),
         ["bench", "comms", rest @ ..] => bench_comms(rest),
+        ["bench", "world", rest @ ..] => bench_world(rest),
         ["example"] => example(),
         ["wheel"] => wheel::build().map(|_| ()),
         ["wheel", "--check"] => wheel::check(),
@@ -44,6 +45,7 @@ fn main() -> Result<()> {
                  wheel [--check]  build the mystique-rs wheel (pip install target/wheels/mystique_rs-*.whl); --check: install it in a fresh venv and capture, replay, package there (part of test)\n\
                  bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
                  bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
+                 bench world [N...]  compose world --chakra: time and peak memory for N ranks (default 1024 8192) from small captures\n\
                  fidelity [N] [--models a,b] [--block-ms MS] [--round-parts K] [--svg P] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR]]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (defaults: 100 rounds, 50 ms; --round-parts K: the rounds in K parts, each in processes started anew, default 1); gaps from the profile taken without the execution trace observer (--capture linked: from the linked pair); --busy-host: replay and time the original beside one CPU burner per core; --throttled-host: under a CPU quota of 5 ms per 10 ms (a cgroup, as a container's CPU limit); the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique (and capture) on the quiet captures in place of the busy ones, paired in the same rounds (--against-zoo DIR: its quiet captures from another zoo cache, e.g. one an older zoo.py captured; --against-args 'ARGS': its replays' extra arguments, {{reference}} standing for each model's quiet reference)\n\
                  bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
                  gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML\n\
@@ -638,6 +640,97 @@ fn fidelity(args: &[&str]) -> Result<()> {
         &bin,
         &cache_dir().join("torch-2.11.0"),
     )
+}
+
+/// `cargo xtask bench world [N ...]`: `mystique compose world --chakra --astra-sim` from small
+/// captures to N ranks (by default 1,024 and 8,192): wall time, peak RSS (GNU time's %M, where
+/// `/usr/bin/time` exists) and bytes written, for a job whose rank traces keep their size at
+/// any world (the 8-rank tensor-parallel all-reduces of `tests/data/tp_w8`) and for the shared
+/// 2-rank DDP job, whose all-gather takes one buffer per rank (each rank's trace grows with N,
+/// so the job with N², and it is timed up to 2,048 ranks).
+fn bench_world(args: &[&str]) -> Result<()> {
+    setup()?;
+    let sizes: Vec<usize> = if args.is_empty() {
+        vec![1024, 8192]
+    } else {
+        args.iter()
+            .map(|a| {
+                a.parse()
+                    .with_context(|| format!("{a:?} is not a number of ranks"))
+            })
+            .collect::<Result<_>>()?
+    };
+    let bin = root().join("target/release/mystique");
+    let jobs = [
+        (
+            "tp_w8 (8 ranks, all-reduces)",
+            root()
+                .join("crates/cli/tests/data/tp_w8")
+                .display()
+                .to_string(),
+            usize::MAX,
+        ),
+        (
+            "dist_mlp_w2 (2 ranks, DDP with an all-gather)",
+            shared()
+                .join("traces/cpu/dist_mlp_w2.rank*.et.json")
+                .display()
+                .to_string(),
+            2048,
+        ),
+    ];
+    let gnu_time = std::path::Path::new("/usr/bin/time");
+    println!(
+        "{:<48} {:>6} {:>9} {:>12} {:>12} {:>12}",
+        "capture", "ranks", "seconds", "ms per rank", "peak RSS MB", "written MB"
+    );
+    for (label, spec, most) in &jobs {
+        for &n in sizes.iter().filter(|&&n| n <= *most) {
+            let out = std::env::temp_dir()
+                .join(format!("mystique-bench-world-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&out);
+            let rss_file = out.with_extension("rss");
+            let mut cmd = if gnu_time.exists() {
+                let mut c = Command::new(gnu_time);
+                c.args(["-f", "%M", "-o"]).arg(&rss_file).arg(&bin);
+                c
+            } else {
+                Command::new(&bin)
+            };
+            cmd.args([
+                "compose",
+                "world",
+                spec,
+                "--world",
+                &n.to_string(),
+                "--chakra",
+            ])
+            .args(["--astra-sim", "--json", "-o"])
+            .arg(&out);
+            let t = Instant::now();
+            let o = cmd.output()?;
+            let secs = t.elapsed().as_secs_f64();
+            if !o.status.success() {
+                bail!(
+                    "compose world {n} failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            let j: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+            let rss = std::fs::read_to_string(&rss_file)
+                .ok()
+                .and_then(|s| s.trim().lines().last()?.parse::<f64>().ok())
+                .map_or("-".to_string(), |k| format!("{:.0}", k / 1024.0));
+            println!(
+                "{label:<48} {n:>6} {secs:>9.2} {:>12.2} {rss:>12} {:>12.1}",
+                secs * 1000.0 / n as f64,
+                j["bytes_written"].as_f64().unwrap_or(0.0) / 1e6
+            );
+            let _ = std::fs::remove_dir_all(&out);
+            let _ = std::fs::remove_file(&rss_file);
+        }
+    }
+    Ok(())
 }
 
 /// `cargo xtask bench comms [ROUNDS]`: the collectives of a replay against the same collectives

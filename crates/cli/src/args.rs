@@ -161,6 +161,33 @@ pub enum ComposeOp {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// The captured job's rank traces at another world size (its data-parallel dimension):
+    /// every new rank made from the captured rank in the same model-parallel position, process
+    /// groups made again, each collective's sizes following the world by its kind. The output
+    /// takes every other command (inspect, replay --ranks, export, generate) as a captured job.
+    World {
+        /// Every rank's trace: a directory, a glob ('traces/rank*.et.json.gz') or the files.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// The world size to write (more or fewer ranks than captured).
+        #[arg(long, value_name = "N")]
+        world: usize,
+        /// The directory to create (new or empty): `worldN.rankR.et.json.gz` per rank.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Write each rank's Chakra execution trace (`worldN.R.et`, as ASTRA-sim names them)
+        /// instead of its ET: a large world for a simulator without writing its ETs.
+        #[arg(long)]
+        chakra: bool,
+        /// With --chakra: order each rank's nodes as ASTRA-sim's feeder wants (as `export
+        /// --astra-sim`).
+        #[arg(long, requires = "chakra")]
+        astra_sim: bool,
+        /// Where neither the traces' records nor their file names tell the ranks apart, take
+        /// the files in listed order as ranks 0..N-1.
+        #[arg(long)]
+        rank_order: bool,
+    },
     /// Remove the selected ops and their subtrees.
     Remove {
         /// ET file (.json or .json.gz), or - for stdin.

@@ -138,6 +138,8 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
                 filters,
                 output,
             } => compose_cmd::remove(&trace, &filters, &output),
+            // Finding the ranks is mystique-replay's (as for `replay --ranks`).
+            ComposeOp::World { .. } => return None,
         },
         Cmd::Diff { a, b, svg } => diff_cmd::run(&a, &b, svg.as_deref(), json),
         Cmd::Replay(_) | Cmd::Compare(_) | Cmd::Env | Cmd::Generate(_) | Cmd::Run(_) => {

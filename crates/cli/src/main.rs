@@ -1,8 +1,9 @@
 //! The `mystique` command line: parses arguments, calls the crates, prints. No logic of its own.
 //!
-//! This binary does not link libtorch. `replay`, `compare`, `env`, `generate` and `run` are run
-//! by `mystique-replay`, installed beside it, which this process becomes (exec) with the same
-//! arguments, standard streams and exit status: users see one command.
+//! This binary does not link libtorch. `replay`, `compare`, `env`, `generate`, `run` and
+//! `compose world` are run by `mystique-replay`, installed beside it, which this process
+//! becomes (exec) with the same arguments, standard streams and exit status: users see one
+//! command.
 
 use anyhow::{Context, Result};
 use clap::Parser;

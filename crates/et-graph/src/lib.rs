@@ -29,6 +29,7 @@ pub mod graph;
 pub mod link;
 pub mod select;
 pub mod summary;
+pub mod world;
 
 pub use class::OpClass;
 pub use fidelity::{

@@ -15,6 +15,7 @@ mod print;
 mod rank_files;
 mod ranks;
 mod replay_cmd;
+mod world_cmd;
 
 fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
@@ -36,6 +37,27 @@ fn main() -> ExitCode {
         Cmd::Compare(a) => compare_cmd::compare(&a, json),
         Cmd::Generate(a) => generate_cmd::generate(&a, json),
         Cmd::Run(a) => package_cmd::run(&a, json),
+        Cmd::Compose {
+            op:
+                mystique_cli::args::ComposeOp::World {
+                    traces,
+                    world,
+                    output,
+                    chakra,
+                    astra_sim,
+                    rank_order,
+                },
+        } => world_cmd::run(
+            &world_cmd::WorldArgs {
+                traces,
+                world,
+                output,
+                chakra,
+                astra_sim,
+                rank_order,
+            },
+            json,
+        ),
         Cmd::Env => {
             if json {
                 println!("{}", replay::env_json());

@@ -1,0 +1,166 @@
+//! `mystique compose world TRACES --world N -o DIR`: a captured job's rank traces at another
+//! world size (`et_graph::world`), written as ETs or as Chakra traces for a simulator.
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::rank_files;
+
+/// The command's arguments (`ComposeOp::World`).
+pub struct WorldArgs {
+    pub traces: Vec<PathBuf>,
+    pub world: usize,
+    pub output: PathBuf,
+    pub chakra: bool,
+    pub astra_sim: bool,
+    pub rank_order: bool,
+}
+
+pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
+    anyhow::ensure!(a.world > 0, "--world must be at least 1");
+    let files: Vec<PathBuf> = match a.traces.as_slice() {
+        [one] => rank_files::discover(&one.display().to_string(), a.rank_order)?
+            .0
+            .into_iter()
+            .map(|t| t.path)
+            .collect(),
+        many => {
+            let probed = rank_files::read(many.to_vec())?;
+            rank_files::order(probed, a.rank_order)?
+                .0
+                .into_iter()
+                .map(|t| t.path)
+                .collect()
+        }
+    };
+    let inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
+    if a.output.exists() {
+        let empty = a.output.is_dir() && a.output.read_dir()?.next().is_none();
+        anyhow::ensure!(
+            empty,
+            "{} exists and is not an empty directory",
+            a.output.display()
+        );
+    }
+    for p in &inputs {
+        anyhow::ensure!(
+            !mystique_cli::output::inside(p, &a.output),
+            "{} is inside the output directory {}",
+            p.display(),
+            a.output.display()
+        );
+    }
+    let t0 = Instant::now();
+    let traces: Vec<et_schema::Trace> = files
+        .iter()
+        .map(|p| mystique_cli::read_trace(p))
+        .collect::<Result<_>>()?;
+    let job = et_graph::world::Job::new(&traces)?;
+    let name = a
+        .output
+        .file_name()
+        .with_context(|| format!("{} has no directory name", a.output.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let parent = match a.output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let tmp_dir = mystique_cli::output::create_exclusive_dir(&parent, &name)?;
+    let tmp = tmp_dir.path().to_path_buf();
+    let n = a.world;
+    let mut first = None;
+    let mut last_progress = Instant::now();
+    let mut bytes = 0u64;
+    for rank in 0..n {
+        let (t, scaled) = job.rank_trace(rank, n)?;
+        let file = if a.chakra {
+            let g = et_graph::Graph::new(&t);
+            let set = g.replay_set(None);
+            let x = mystique_cli::chakra::convert(&g, &set, a.astra_sim);
+            let mut buf = Vec::new();
+            x.write(&mut buf)?;
+            let f = tmp.join(format!("world{n}.{rank}.et"));
+            std::fs::write(&f, &buf)?;
+            bytes += buf.len() as u64;
+            f
+        } else {
+            let text = et_schema::write_trace_to_vec(&t);
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(&text)?;
+            let gz = e.finish()?;
+            let f = tmp.join(format!("world{n}.rank{rank}.et.json.gz"));
+            std::fs::write(&f, &gz)?;
+            bytes += gz.len() as u64;
+            f
+        };
+        log::debug!("rank {rank}: {}", file.display());
+        if first.is_none() {
+            first = Some(scaled);
+        }
+        if !json && last_progress.elapsed().as_secs_f64() > 5.0 {
+            eprintln!("[compose world] {} of {n} ranks written ...", rank + 1);
+            last_progress = Instant::now();
+        }
+    }
+    if a.output.exists() {
+        std::fs::remove_dir(&a.output)?;
+    }
+    std::fs::rename(&tmp, &a.output).with_context(|| format!("creating {}", a.output.display()))?;
+    tmp_dir.keep();
+    let scaled = first.unwrap_or_default();
+    let layout = job.layout();
+    let secs = t0.elapsed().as_secs_f64();
+    if json {
+        let j = serde_json::json!({
+            "output": a.output.display().to_string(),
+            "what": if a.chakra { "chakra" } else { "et" },
+            "captured": traces.len(),
+            "world": n,
+            "layout": {"model_parallel": layout.block, "data_parallel": layout.blocks},
+            "data_parallel_after": n / layout.block,
+            "rank0_from": scaled.from,
+            "ops_added_per_rank": scaled.ops_added,
+            "collectives": scaled.by_kind,
+            "bytes_written": bytes,
+            "seconds": secs,
+        });
+        println!("{j}");
+    } else {
+        println!(
+            "world      {n} ranks from {} captured ({} x {} model-parallel; data-parallel {} -> \
+             {}), {} files in {} ({:.1} MB, {secs:.2} s)",
+            traces.len(),
+            layout.blocks,
+            layout.block,
+            layout.blocks,
+            n / layout.block,
+            n,
+            a.output.display(),
+            bytes as f64 / 1e6
+        );
+        println!(
+            "collectives per rank (rank 0, made from captured rank {})",
+            scaled.from
+        );
+        println!(
+            "  {:>5} {:>12} {:>12}  {:<16} how",
+            "calls", "bytes before", "bytes after", "kind"
+        );
+        for (kind, k) in &scaled.by_kind {
+            println!(
+                "  {:>5} {:>12} {:>12}  {kind:<16} {}",
+                k.calls, k.bytes_before, k.bytes_after, k.how
+            );
+        }
+        if scaled.ops_added > 0 {
+            println!(
+                "ops added  {} per rank: the per-rank output buffers an op made for an all-gather",
+                scaled.ops_added
+            );
+        }
+    }
+    Ok(())
+}

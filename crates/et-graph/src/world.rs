@@ -1,0 +1,1151 @@
+//! A captured job at another world size: the rank traces of its data-parallel dimension
+//! synthesised for `N` ranks from the ranks that were captured.
+//!
+//! Every new rank is made from a captured rank in the same position of the other parallel
+//! dimensions: its model-parallel position within its block of consecutive ranks, and its role
+//! in rooted collectives (a rank beyond the capture copies the last captured block, whose ranks
+//! root nothing). The process groups are made again for `N` (the world, the model-parallel
+//! blocks, the data-parallel groups across them), and each collective's recorded sizes follow
+//! `N` by its kind: all-reduce, broadcast, reduce and barrier keep their bytes; all-gather
+//! outputs and reduce-scatter inputs have one part per group rank; all-to-all splits are
+//! re-split evenly (the mean part of the capture to each rank); send and receive peers keep
+//! their offset from the rank. A per-rank output buffer an op made right before an all-gather
+//! (a list of `torch.zeros` the model filled one per rank) is made once per new rank too.
+//! `record_param_comms` records (rank, group size, message sizes, splits) follow. What cannot
+//! be scaled is refused by name.
+
+use crate::Graph;
+use et_schema::{Arg, Node, TensorRef, Trace, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Why a job cannot be scaled.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum WorldError {
+    /// No trace was given.
+    #[error("no traces")]
+    Empty,
+    /// A world of no rank.
+    #[error("--world {0}: a world needs at least one rank")]
+    Zero(usize),
+    #[error(
+        "process group {name:?} (ranks {ranks:?}) is neither the world nor a block of consecutive \
+         ranks of one size (a model-parallel group) nor a data-parallel group across such \
+         blocks: its size at {world} ranks cannot be told from the trace"
+    )]
+    /// A process group whose size at another world size the trace does not tell.
+    Group {
+        /// Its `pg_name`.
+        name: String,
+        /// Its ranks as recorded.
+        ranks: Vec<i64>,
+        /// The captured world size.
+        world: usize,
+    },
+    #[error(
+        "--world {world}: the model-parallel blocks hold {block} ranks each; the world must be a \
+         multiple of that"
+    )]
+    /// A world that is not a whole number of model-parallel blocks.
+    NotMultiple {
+        /// The world asked for.
+        world: usize,
+        /// Ranks per block.
+        block: usize,
+    },
+    /// A collective whose sizes or peers cannot follow the world size.
+    #[error("{op} (node {id}, rank {rank}): {why}")]
+    Collective {
+        /// The op's name.
+        op: String,
+        /// Its node id.
+        id: u64,
+        /// The new rank being made.
+        rank: usize,
+        /// Why it cannot be scaled.
+        why: String,
+    },
+    /// Traces that are not a whole number of model-parallel blocks.
+    #[error("the traces record blocks of {traces} ranks but {given} traces were given")]
+    Ranks {
+        /// Ranks per block.
+        traces: usize,
+        /// Traces given.
+        given: usize,
+    },
+}
+
+/// The process groups as `## process_group:init ##` records them.
+#[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
+struct PgInit {
+    #[serde(default)]
+    pg_name: String,
+    #[serde(default)]
+    pg_desc: String,
+    #[serde(default)]
+    backend_config: String,
+    #[serde(default)]
+    ranks: Vec<i64>,
+    #[serde(default)]
+    group_size: i64,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// How the job's ranks lie: model-parallel blocks of `block` consecutive ranks, `blocks` of
+/// them (the data-parallel size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Ranks per model-parallel block (1: a purely data-parallel job).
+    pub block: usize,
+    /// Blocks: the data-parallel size.
+    pub blocks: usize,
+}
+
+/// One collective kind's bytes per rank before and after (a rank's sum over its calls).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct KindScaled {
+    /// Its calls.
+    pub calls: usize,
+    /// Bytes of their tensor arguments in the captured rank's trace.
+    pub bytes_before: u64,
+    /// And in the new rank's.
+    pub bytes_after: u64,
+    /// How its sizes followed the world.
+    pub how: &'static str,
+}
+
+/// What a scaling did, for one new rank.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Scaled {
+    /// The captured rank it was made from.
+    pub from: usize,
+    /// Per collective kind (as the trace names it), its calls and bytes.
+    pub by_kind: BTreeMap<String, KindScaled>,
+    /// Ops made again for the new ranks' parts (per-rank output buffers).
+    pub ops_added: usize,
+}
+
+/// The captured job: its traces in rank order and how its ranks lie.
+pub struct Job<'t> {
+    traces: &'t [Trace],
+    layout: Layout,
+    groups: Vec<PgInit>,
+    /// Per all-to-all-v of the iteration (in order), the part each rank sends each rank at
+    /// any world size: the mean over the capture's ranks and peers, so that every new rank
+    /// agrees with every other on what it receives.
+    a2a_parts: Vec<Option<i64>>,
+}
+
+impl<'t> Job<'t> {
+    /// The job of `traces` (rank order), its layout read from the process groups rank 0
+    /// recorded.
+    pub fn new(traces: &'t [Trace]) -> Result<Job<'t>, WorldError> {
+        let first = traces.first().ok_or(WorldError::Empty)?;
+        let captured = traces.len();
+        let groups = pg_init(first).map(|(_, g)| g).unwrap_or_default();
+        let mut block = 1usize;
+        for g in &groups {
+            if g.pg_desc == "default_pg" || g.ranks.is_empty() {
+                continue;
+            }
+            if let Some(b) = mp_block(&g.ranks) {
+                if block == 1 || block == b {
+                    block = b;
+                    continue;
+                }
+            }
+            if !is_dp_group(&g.ranks) {
+                return Err(WorldError::Group {
+                    name: g.pg_name.clone(),
+                    ranks: g.ranks.clone(),
+                    world: captured,
+                });
+            }
+        }
+        // The data-parallel groups must stride by the block.
+        for g in &groups {
+            if g.ranks.len() > 1 && is_dp_group(&g.ranks) && mp_block(&g.ranks).is_none() {
+                let stride = (g.ranks[1] - g.ranks[0]) as usize;
+                if stride != block {
+                    return Err(WorldError::Group {
+                        name: g.pg_name.clone(),
+                        ranks: g.ranks.clone(),
+                        world: captured,
+                    });
+                }
+            }
+        }
+        if !captured.is_multiple_of(block) {
+            return Err(WorldError::Ranks {
+                traces: block,
+                given: captured,
+            });
+        }
+        Ok(Job {
+            traces,
+            layout: Layout {
+                block,
+                blocks: captured / block,
+            },
+            groups,
+            a2a_parts: a2a_parts(traces),
+        })
+    }
+
+    /// How the job's ranks lie.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The captured rank new rank `rank` is made from: the same position in its block, in the
+    /// same block while the capture has it, else in the capture's last block.
+    pub fn template(&self, rank: usize) -> usize {
+        let Layout { block, blocks } = self.layout;
+        let (b, pos) = (rank / block, rank % block);
+        b.min(blocks - 1) * block + pos
+    }
+
+    /// Rank `rank`'s trace at world size `world`, and what was scaled.
+    pub fn rank_trace(&self, rank: usize, world: usize) -> Result<(Trace, Scaled), WorldError> {
+        if world == 0 {
+            return Err(WorldError::Zero(world));
+        }
+        if !world.is_multiple_of(self.layout.block) {
+            return Err(WorldError::NotMultiple {
+                world,
+                block: self.layout.block,
+            });
+        }
+        let from = self.template(rank);
+        let mut s = Synth {
+            t: self.traces[from].clone(),
+            rank,
+            from,
+            world,
+            captured: self.traces.len(),
+            layout: self.layout,
+            scaled: Scaled {
+                from,
+                ..Default::default()
+            },
+            next_tensor: 0,
+            next_storage: 0,
+            a2a_parts: &self.a2a_parts,
+            a2a_seen: 0,
+        };
+        s.init_ids();
+        s.groups(&self.groups);
+        s.collectives()?;
+        Ok((s.t, s.scaled))
+    }
+}
+
+/// Per `c10d::alltoall_base_` of the iteration (the k-th of every rank's), the mean rows a
+/// rank sends a rank over the capture: every rank's rows sent, summed, over ranks x ranks.
+/// `None` where the ranks do not hold the same number of them.
+fn a2a_parts(traces: &[Trace]) -> Vec<Option<i64>> {
+    let per_rank: Vec<Vec<i64>> = traces
+        .iter()
+        .map(|t| {
+            let g = Graph::new(t);
+            g.order
+                .iter()
+                .map(|&i| &t.nodes[i as usize])
+                .filter(|n| t.name(n) == "c10d::alltoall_base_")
+                .map(|n| {
+                    let a = t.inputs(n);
+                    let splits = a
+                        .get(4)
+                        .and_then(|x| t.int_list(x.value))
+                        .unwrap_or_default();
+                    if splits.is_empty() {
+                        a.get(1)
+                            .and_then(|x| t.int_list(x.shape))
+                            .and_then(|s| s.first().copied())
+                            .unwrap_or(0)
+                    } else {
+                        splits.iter().sum()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let n = traces.len() as i64;
+    let calls = per_rank.first().map_or(0, Vec::len);
+    (0..calls)
+        .map(|k| {
+            let rows: Option<Vec<i64>> = per_rank.iter().map(|r| r.get(k).copied()).collect();
+            rows.map(|r| r.iter().sum::<i64>() / (n * n).max(1))
+        })
+        .collect()
+}
+
+/// The `## process_group:init ##` node's index and its groups.
+fn pg_init(t: &Trace) -> Option<(usize, Vec<PgInit>)> {
+    let k = t
+        .nodes
+        .iter()
+        .position(|n| t.name(n) == "## process_group:init ##")?;
+    let text = t.inputs(&t.nodes[k]).first().and_then(|a| match a.value {
+        Value::Str(s) => Some(t.str(s).to_string()),
+        _ => None,
+    })?;
+    let groups = serde_json::from_str(&text).ok()?;
+    Some((k, groups))
+}
+
+/// The block size, when `ranks` is a block of consecutive ranks starting at a multiple of its
+/// size.
+fn mp_block(ranks: &[i64]) -> Option<usize> {
+    let n = ranks.len() as i64;
+    let consecutive = ranks.windows(2).all(|w| w[1] == w[0] + 1);
+    (n > 1 && consecutive && ranks[0] % n == 0).then_some(n as usize)
+}
+
+/// Whether `ranks` are evenly strided (a data-parallel group across blocks).
+fn is_dp_group(ranks: &[i64]) -> bool {
+    ranks.len() > 1 && {
+        let d = ranks[1] - ranks[0];
+        d > 0 && ranks.windows(2).all(|w| w[1] - w[0] == d)
+    }
+}
+
+/// A new part of a list: the captured part it copies, and its fresh tensor.
+type Fresh = (TensorRef, TensorRef);
+
+/// The synthesis of one rank's trace.
+struct Synth<'j> {
+    a2a_parts: &'j [Option<i64>],
+    /// All-to-all-v calls re-split so far.
+    a2a_seen: usize,
+    t: Trace,
+    rank: usize,
+    from: usize,
+    world: usize,
+    captured: usize,
+    layout: Layout,
+    scaled: Scaled,
+    next_tensor: u64,
+    next_storage: u64,
+}
+
+/// A collective node's group: its ranks (global) as recorded, the new ones, and this rank's
+/// place in both.
+struct GroupShape {
+    /// Group size in the capture and at the new world size.
+    n: usize,
+    n2: usize,
+}
+
+impl Synth<'_> {
+    fn init_ids(&mut self) {
+        self.next_tensor = self.t.tensors.iter().map(|x| x.id).max().unwrap_or(0) + 1;
+        self.next_storage = self.t.tensors.iter().map(|x| x.storage).max().unwrap_or(0) + 1;
+    }
+
+    /// The groups made again for the new world: the world's size, the blocks, and the
+    /// data-parallel groups across the blocks.
+    fn groups(&mut self, captured: &[PgInit]) {
+        let Some((k, _)) = pg_init(&self.t) else {
+            return;
+        };
+        let Layout { block, .. } = self.layout;
+        let blocks2 = self.world / block;
+        let mut out = Vec::with_capacity(captured.len());
+        let mut mp_made = false;
+        let mut dp_made = false;
+        for g in captured {
+            if g.pg_desc == "default_pg" || g.ranks.is_empty() {
+                let mut w = g.clone();
+                w.group_size = self.world as i64;
+                out.push(w);
+            } else if mp_block(&g.ranks).is_some() && block > 1 {
+                // One entry per block at the new size, named after the captured one's.
+                if !mp_made {
+                    for b in 0..blocks2 {
+                        let mut x = g.clone();
+                        x.ranks = ((b * block) as i64..((b + 1) * block) as i64).collect();
+                        x.group_size = block as i64;
+                        x.pg_name = format!("{}_mp{b}", g.pg_name);
+                        out.push(x);
+                    }
+                    mp_made = true;
+                }
+            } else if !dp_made {
+                for pos in 0..block {
+                    let mut x = g.clone();
+                    x.ranks = (0..blocks2).map(|b| (b * block + pos) as i64).collect();
+                    x.group_size = blocks2 as i64;
+                    x.pg_name = format!("{}_dp{pos}", g.pg_name);
+                    out.push(x);
+                }
+                dp_made = true;
+            }
+        }
+        let text = serde_json::to_string(&out).unwrap_or_default();
+        let sym = self.t.strings.intern(&text);
+        let start = self.t.nodes[k].inputs.start as usize;
+        self.t.args[start].value = Value::Str(sym);
+    }
+
+    /// The size of the group a collective node runs on, captured and new: the world unless
+    /// the node records a smaller group size.
+    fn group_of(&self, recorded: Option<i64>) -> GroupShape {
+        let Layout { block, blocks } = self.layout;
+        match recorded {
+            Some(n) if n as usize == block && block > 1 && n as usize != self.captured => {
+                GroupShape {
+                    n: block,
+                    n2: block,
+                }
+            }
+            Some(n) if n as usize == blocks && block > 1 && n as usize != self.captured => {
+                GroupShape {
+                    n: blocks,
+                    n2: self.world / block,
+                }
+            }
+            _ => GroupShape {
+                n: self.captured,
+                n2: self.world,
+            },
+        }
+    }
+
+    fn fail(&self, n: &Node, why: impl Into<String>) -> WorldError {
+        WorldError::Collective {
+            op: self.t.name(n).to_string(),
+            id: n.id,
+            rank: self.rank,
+            why: why.into(),
+        }
+    }
+
+    /// Every collective node's sizes and peers for the new world.
+    fn collectives(&mut self) -> Result<(), WorldError> {
+        let g = Graph::new(&self.t);
+        // Collective nodes in execution order (outermost and the records nested in them).
+        let order: Vec<u32> = g.order.clone();
+        drop(g);
+        // Per-rank buffers made for new list entries are inserted after the run; collected here.
+        let mut inserts: Vec<(u64, usize, Vec<Fresh>)> = Vec::new();
+        for i in order {
+            let n = self.t.nodes[i as usize].clone();
+            let name = self.t.name(&n).to_string();
+            if name == "record_param_comms" {
+                self.record(&n)?;
+                continue;
+            }
+            let Some(op) = name.strip_prefix("c10d::") else {
+                if name.starts_with("_c10d_functional::") || name.starts_with("c10d_functional::") {
+                    let kind = crate::summary::collective_name(&self.t, &n).unwrap_or_default();
+                    if !matches!(kind.as_str(), "all_reduce" | "broadcast" | "wait_tensor") {
+                        return Err(
+                            self.fail(&n, "a functional collective --world does not resize")
+                        );
+                    }
+                }
+                continue;
+            };
+            let shape = self.group_of(None);
+            let added = self.c10d(&n, op, &shape)?;
+            if !added.is_empty() {
+                inserts.push((n.id, shape.n, added));
+            }
+        }
+        // Latest first: what is inserted for one collective shifts the ids after it only.
+        for (at, parts, tensors) in inserts.into_iter().rev() {
+            self.make_part_copies(at, parts, &tensors);
+            self.make_buffers(at, &tensors);
+        }
+        Ok(())
+    }
+
+    /// Counts a collective's bytes before and after under its kind.
+    fn count(&mut self, kind: &str, before: u64, after: u64, how: &'static str) {
+        let e = self.scaled.by_kind.entry(kind.to_string()).or_default();
+        e.calls += 1;
+        e.bytes_before += before;
+        e.bytes_after += after;
+        e.how = how;
+    }
+
+    fn bytes(&self, v: Value) -> u64 {
+        match v {
+            Value::Tensor(k) => {
+                let x = &self.t.tensors[k as usize];
+                x.numel * x.itemsize
+            }
+            Value::List { start, len } => (start..start + len)
+                .map(|k| self.bytes(self.t.items[k as usize]))
+                .sum(),
+            _ => 0,
+        }
+    }
+
+    /// One c10d op; returns the tensors of new list entries whose buffers are to be made.
+    fn c10d(&mut self, n: &Node, op: &str, g: &GroupShape) -> Result<Vec<Fresh>, WorldError> {
+        let args: Vec<Arg> = self.t.inputs(n).to_vec();
+        let arg = |k: usize| args.get(k).copied();
+        let range = n.inputs.clone();
+        let total = |s: &Synth| -> u64 {
+            s.t.args[range.start as usize..range.end as usize]
+                .iter()
+                .map(|a| s.bytes(a.value))
+                .sum()
+        };
+        let before = total(self);
+        let mut added = Vec::new();
+        let how = match op.trim_end_matches('_') {
+            "allreduce" | "barrier" | "broadcast" | "reduce" => {
+                "kept: its bytes do not depend on the group size"
+            }
+            "allgather" | "gather" => {
+                // Outputs: one list of a part per group rank (on a gather's root only).
+                if let Some(a) = arg(0) {
+                    added = self.grow_nested(n, n.inputs.start, a, g)?;
+                }
+                "one output part per group rank (parts made by a factory op made again)"
+            }
+            "reduce_scatter" | "scatter" | "alltoall" => {
+                let k = n.inputs.start + if op.starts_with("alltoall") { 0 } else { 1 };
+                if op.starts_with("alltoall") {
+                    if let Some(a) = arg(0) {
+                        added = self.grow_flat(n, n.inputs.start, a, g)?;
+                    }
+                    if let Some(a) = arg(1) {
+                        self.grow_flat(n, n.inputs.start + 1, a, g)?;
+                    }
+                } else if let Some(a) = self.t.args.get(k as usize).copied() {
+                    self.grow_nested(n, k, a, g)?;
+                }
+                "one part per group rank"
+            }
+            "_allgather_base" | "allgather_into_tensor_coalesced" => {
+                self.scale_dim0(n, n.inputs.start, g)?;
+                "the output's first dimension follows the group size"
+            }
+            "_reduce_scatter_base" => {
+                self.scale_dim0(n, n.inputs.start + 1, g)?;
+                "the input's first dimension follows the group size"
+            }
+            "alltoall_base" => {
+                self.resplit(n, g)?;
+                "re-split evenly: every rank sends each the capture's mean part"
+            }
+            "send" | "recv" | "recv_any_source" => {
+                self.peer(n, n.inputs.start + 2, g, op == "send")?;
+                "peer at the same offset from the rank"
+            }
+            other => {
+                return Err(self.fail(
+                    n,
+                    format!("{other}: a collective kind --world does not know how to scale"),
+                ))
+            }
+        };
+        let after = total(self);
+        let label = crate::summary::collective_name(&self.t, n).unwrap_or_else(|| op.into());
+        self.count(&label, before, after, how);
+        Ok(added)
+    }
+
+    /// A fresh tensor like `x` (new id and storage).
+    fn fresh(&mut self, x: TensorRef) -> TensorRef {
+        let t = TensorRef {
+            id: self.next_tensor,
+            storage: self.next_storage,
+            offset: 0,
+            ..x
+        };
+        self.next_tensor += 1;
+        self.next_storage += 1;
+        t
+    }
+
+    /// A list value of `n` parts made `n2` parts: kept ranks' parts as they are, new ones
+    /// copies of the last part (fresh tensors for tensor parts). Returns the new list and the
+    /// fresh tensors.
+    fn regrow(&mut self, v: Value, n: usize, n2: usize) -> Option<(Value, Vec<Fresh>)> {
+        let Value::List { start, len } = v else {
+            return None;
+        };
+        if len as usize != n {
+            return None;
+        }
+        let mut parts: Vec<Value> = (start..start + len)
+            .map(|k| self.t.items[k as usize])
+            .take(n2)
+            .collect();
+        let mut fresh = Vec::new();
+        let last = *parts.last()?;
+        while parts.len() < n2 {
+            match last {
+                Value::Tensor(k) => {
+                    let template = self.t.tensors[k as usize];
+                    let x = self.fresh(template);
+                    self.t.tensors.push(x);
+                    fresh.push((template, x));
+                    parts.push(Value::Tensor(self.t.tensors.len() as u32 - 1));
+                }
+                other => parts.push(other),
+            }
+        }
+        let s = self.t.items.len() as u32;
+        self.t.items.extend(parts);
+        Some((
+            Value::List {
+                start: s,
+                len: n2 as u32,
+            },
+            fresh,
+        ))
+    }
+
+    /// The type string of a list of `n2` elements like the first of `ty` (`GenericList[A,A]`).
+    fn list_type(ty: &str, n2: usize) -> Option<String> {
+        let inner = ty.strip_prefix("GenericList[")?.strip_suffix(']')?;
+        let mut depth = 0;
+        let mut first_end = inner.len();
+        for (k, c) in inner.char_indices() {
+            match c {
+                '[' | '(' => depth += 1,
+                ']' | ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    first_end = k;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let first = &inner[..first_end];
+        Some(format!("GenericList[{}]", vec![first; n2].join(",")))
+    }
+
+    /// Argument `at` (a `Tensor[]`) of `n`: one part per group rank.
+    fn grow_flat(
+        &mut self,
+        n: &Node,
+        at: u32,
+        a: Arg,
+        g: &GroupShape,
+    ) -> Result<Vec<Fresh>, WorldError> {
+        if g.n == g.n2 {
+            return Ok(Vec::new());
+        }
+        let Value::List { len, .. } = a.value else {
+            return Ok(Vec::new());
+        };
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let (value, fresh) = self
+            .regrow(a.value, g.n, g.n2)
+            .ok_or_else(|| self.fail(n, format!("a list of {len} parts for a group of {}", g.n)))?;
+        let shape = self
+            .regrow(a.shape, g.n, g.n2)
+            .map(|x| x.0)
+            .unwrap_or(a.shape);
+        let strides = a
+            .strides
+            .map(|s| self.regrow(s, g.n, g.n2).map(|x| x.0).unwrap_or(s));
+        let ty = Self::list_type(self.t.str(a.ty), g.n2)
+            .map(|t| self.t.strings.intern(&t))
+            .unwrap_or(a.ty);
+        self.t.args[at as usize] = Arg {
+            value,
+            shape,
+            ty,
+            strides,
+        };
+        Ok(fresh)
+    }
+
+    /// Argument `at` (a `Tensor[][]`) of `n`: each inner list one part per group rank.
+    fn grow_nested(
+        &mut self,
+        n: &Node,
+        at: u32,
+        a: Arg,
+        g: &GroupShape,
+    ) -> Result<Vec<Fresh>, WorldError> {
+        if g.n == g.n2 {
+            return Ok(Vec::new());
+        }
+        let (Value::List { start, len }, Value::List { start: s0, .. }) = (a.value, a.shape) else {
+            return Ok(Vec::new());
+        };
+        let mut values = Vec::new();
+        let mut shapes = Vec::new();
+        let mut strides = Vec::new();
+        let mut fresh = Vec::new();
+        for k in 0..len {
+            let inner = self.t.items[(start + k) as usize];
+            let inner_shape = self.t.items[(s0 + k) as usize];
+            if let Value::List { len: 0, .. } = inner {
+                // A gather's non-root: no outputs.
+                values.push(inner);
+                shapes.push(inner_shape);
+                continue;
+            }
+            let (v, f) = self.regrow(inner, g.n, g.n2).ok_or_else(|| {
+                self.fail(
+                    n,
+                    format!("an output list that is not one part per rank of {}", g.n),
+                )
+            })?;
+            fresh.extend(f);
+            values.push(v);
+            shapes.push(
+                self.regrow(inner_shape, g.n, g.n2)
+                    .map_or(inner_shape, |x| x.0),
+            );
+            if let Some(Value::List { start: st, .. }) = a.strides {
+                let s = self.t.items[(st + k) as usize];
+                strides.push(self.regrow(s, g.n, g.n2).map_or(s, |x| x.0));
+            }
+        }
+        let list = |t: &mut Trace, v: Vec<Value>| {
+            let s = t.items.len() as u32;
+            let len = v.len() as u32;
+            t.items.extend(v);
+            Value::List { start: s, len }
+        };
+        let value = list(&mut self.t, values);
+        let shape = list(&mut self.t, shapes);
+        let strides = a.strides.map(|old| {
+            if strides.is_empty() {
+                old
+            } else {
+                list(&mut self.t, strides)
+            }
+        });
+        let ty_text = self.t.str(a.ty).to_string();
+        let ty = ty_text
+            .strip_prefix("GenericList[")
+            .and_then(|x| x.strip_suffix(']'))
+            .and_then(|inner| Self::list_type(inner, g.n2))
+            .map(|inner| self.t.strings.intern(&format!("GenericList[{inner}]")))
+            .unwrap_or(a.ty);
+        self.t.args[at as usize] = Arg {
+            value,
+            shape,
+            ty,
+            strides,
+        };
+        Ok(fresh)
+    }
+
+    /// Argument `at` (a tensor): its first dimension times `n2 / n`.
+    fn scale_dim0(&mut self, n: &Node, at: u32, g: &GroupShape) -> Result<(), WorldError> {
+        if g.n == g.n2 {
+            return Ok(());
+        }
+        let a = self.t.args[at as usize];
+        let Value::Tensor(k) = a.value else {
+            return Ok(());
+        };
+        let shape = self.t.int_list(a.shape).unwrap_or_default();
+        let d0 = *shape
+            .first()
+            .ok_or_else(|| self.fail(n, "a tensor without dimensions"))?;
+        if d0 % g.n as i64 != 0 {
+            return Err(self.fail(
+                n,
+                format!("its first dimension {d0} does not split over {} ranks", g.n),
+            ));
+        }
+        let d2 = d0 / g.n as i64 * g.n2 as i64;
+        self.set_dim0(at, k, &shape, d2);
+        Ok(())
+    }
+
+    /// Sets argument `at`'s tensor (`tensors[k]`, shape `shape`) to first dimension `d2`.
+    fn set_dim0(&mut self, at: u32, k: u32, shape: &[i64], d2: i64) {
+        let mut new = shape.to_vec();
+        if new.is_empty() {
+            return;
+        }
+        new[0] = d2;
+        let s = self.t.items.len() as u32;
+        self.t.items.extend(new.iter().map(|&d| Value::Int(d)));
+        let numel: i64 = new.iter().product();
+        let x = self.fresh(self.t.tensors[k as usize]);
+        self.t.tensors.push(TensorRef {
+            numel: numel.max(0) as u64,
+            ..x
+        });
+        let a = &mut self.t.args[at as usize];
+        a.value = Value::Tensor(self.t.tensors.len() as u32 - 1);
+        a.shape = Value::List {
+            start: s,
+            len: new.len() as u32,
+        };
+    }
+
+    /// An all-to-all-v: splits of one entry per group rank, each the capture's mean part.
+    fn resplit(&mut self, n: &Node, g: &GroupShape) -> Result<(), WorldError> {
+        let which = self.a2a_seen;
+        self.a2a_seen += 1;
+        if g.n == g.n2 {
+            return Ok(());
+        }
+        let base = n.inputs.start;
+        for (tensor, splits) in [(0u32, 3u32), (1, 4)] {
+            let a = self.t.args[(base + tensor) as usize];
+            let Value::Tensor(k) = a.value else { continue };
+            let shape = self.t.int_list(a.shape).unwrap_or_default();
+            let Some(&d0) = shape.first() else { continue };
+            let sp = self.t.args[(base + splits) as usize];
+            let recorded = self.t.int_list(sp.value).unwrap_or_default();
+            if !recorded.is_empty() && recorded.len() != g.n {
+                return Err(self.fail(
+                    n,
+                    format!("{} split sizes for a group of {}", recorded.len(), g.n),
+                ));
+            }
+            if recorded.is_empty() && d0 % g.n as i64 != 0 {
+                return Err(self.fail(
+                    n,
+                    format!("its {d0} rows do not split evenly over {} ranks", g.n),
+                ));
+            }
+            let part = self
+                .a2a_parts
+                .get(which)
+                .copied()
+                .flatten()
+                .ok_or_else(|| {
+                    self.fail(
+                        n,
+                        "the captured ranks do not hold the same all-to-alls: their parts \
+                         cannot be agreed",
+                    )
+                })?;
+            if !recorded.is_empty() {
+                let s = self.t.items.len() as u32;
+                self.t.items.extend((0..g.n2).map(|_| Value::Int(part)));
+                self.t.args[(base + splits) as usize].value = Value::List {
+                    start: s,
+                    len: g.n2 as u32,
+                };
+            }
+            self.set_dim0(base + tensor, k, &shape, part * g.n2 as i64);
+        }
+        Ok(())
+    }
+
+    /// A send's or receive's peer (group rank) at the same offset from this rank: the offset
+    /// taken the short way round the capture's ring (a receive from the rank before is -1, not
+    /// n-1), a send's ties forward and a receive's backward, so that a ring stays a ring.
+    fn peer(&mut self, n: &Node, at: u32, g: &GroupShape, send: bool) -> Result<(), WorldError> {
+        let Value::Int(p) = self.t.args[at as usize].value else {
+            return Err(self.fail(n, "its peer is not recorded"));
+        };
+        let (from, to, size) = (self.from as i64, self.rank as i64, g.n as i64);
+        let mut offset = (p - from).rem_euclid(size);
+        let half = size / 2;
+        if offset > half || (offset == half && !send && size % 2 == 0) {
+            offset -= size;
+        }
+        self.t.args[at as usize].value = Value::Int((to + offset).rem_euclid(g.n2 as i64));
+        Ok(())
+    }
+
+    /// A `record_param_comms` record: its rank, group size, message sizes and splits.
+    fn record(&mut self, n: &Node) -> Result<(), WorldError> {
+        let kind = crate::summary::collective_name(&self.t, n).unwrap_or_default();
+        let flat: String = kind.chars().filter(|c| *c != '_').collect();
+        let pg_size = self.t.extras(n).iter().find_map(|e| {
+            (self.t.str(e.name) == "pg_size").then_some(match e.value {
+                Value::Int(v) => v,
+                _ => 0,
+            })
+        });
+        let g = self.group_of(pg_size);
+        let (n1, n2) = (g.n as i64, g.n2 as i64);
+        for k in n.extra.start..n.extra.end {
+            let e = self.t.extra_attrs[k as usize];
+            let name = self.t.str(e.name).to_string();
+            let int = match e.value {
+                Value::Int(v) => Some(v),
+                _ => None,
+            };
+            let new = match (name.as_str(), int) {
+                ("rank", Some(_)) => Some(Value::Int(self.rank as i64)),
+                ("pg_size", Some(_)) => Some(Value::Int(n2)),
+                ("out_msg_nelems", Some(v)) if flat.contains("allgather") || flat == "gather" => {
+                    Some(Value::Int(v / n1.max(1) * n2))
+                }
+                ("in_msg_nelems", Some(v))
+                    if flat.contains("reducescatter") || flat == "scatter" =>
+                {
+                    Some(Value::Int(v / n1.max(1) * n2))
+                }
+                ("in_msg_nelems" | "out_msg_nelems", Some(v)) if flat.contains("alltoall") => {
+                    Some(Value::Int(v / n1.max(1) * n2))
+                }
+                ("in_split_size" | "out_split_size", _) if flat.contains("alltoall") => {
+                    let v = self.t.int_list(e.value).unwrap_or_default();
+                    if v.is_empty() {
+                        None
+                    } else {
+                        let part = v.iter().sum::<i64>() / v.len() as i64;
+                        let s = self.t.items.len() as u32;
+                        self.t.items.extend((0..n2).map(|_| Value::Int(part)));
+                        Some(Value::List {
+                            start: s,
+                            len: n2 as u32,
+                        })
+                    }
+                }
+                _ => None,
+            };
+            if let Some(v) = new {
+                self.t.extra_attrs[k as usize].value = v;
+            }
+        }
+        // Older schemas: the rank is the integer input just before the collective's name.
+        let inputs = n.inputs.clone();
+        for k in inputs.start..inputs.end {
+            let a = self.t.args[k as usize];
+            let next = self.t.args.get(k as usize + 1).map(|b| b.value);
+            if let (Value::Int(_), Some(Value::Str(s))) = (a.value, next) {
+                if self.t.str(s) == kind {
+                    self.t.args[k as usize].value = Value::Int(self.rank as i64);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The buffers of new list entries that a factory op made right before collective
+    /// `before` in the capture, one per part: that op's subtree made again for each fresh
+    /// tensor, with ids right after the original subtree's.
+    fn make_buffers(&mut self, before: u64, fresh: &[Fresh]) {
+        // The producer of the part the fresh ones copy: the last outermost op before the
+        // collective whose one output is that part and whose inputs hold no tensor (a factory:
+        // `zeros`, `empty`).
+        let Some(&(part, _)) = fresh.first() else {
+            return;
+        };
+        let g = Graph::new(&self.t);
+        let t = &self.t;
+        let producer = g
+            .order
+            .iter()
+            .rev()
+            .copied()
+            .skip_while(|&i| t.nodes[i as usize].id >= before)
+            .find(|&i| {
+                let n = &t.nodes[i as usize];
+                let ins = t.inputs(n);
+                top_op(&g, i)
+                    && writes_only(t, n, part)
+                    && !ins.iter().any(|a| matches!(a.value, Value::Tensor(_)))
+            });
+        drop(g);
+        let Some(pi) = producer else { return };
+        let parts = fresh
+            .iter()
+            .map(|(_, f)| {
+                let mut remap = HashMap::new();
+                remap.insert((part.id, part.storage), (f.id, f.storage));
+                (remap, None)
+            })
+            .collect();
+        self.clone_per_part(&[pi], parts);
+    }
+
+    /// The backend's copies into the parts of collective `after`'s output list (an all-gather
+    /// over Gloo copies each part out of its flat result on its own thread: `select` of the
+    /// flat result at the part's index, `copy_` into the part), made again for each new part:
+    /// the ops after it whose output is the captured last part, with the ops after it that
+    /// made their other inputs; a `select`'s index follows the part's.
+    fn make_part_copies(&mut self, after: u64, captured_parts: usize, fresh: &[Fresh]) {
+        let Some(&(part, _)) = fresh.first() else {
+            return;
+        };
+        let g = Graph::new(&self.t);
+        let t = &self.t;
+        let later: Vec<u32> = g
+            .order
+            .iter()
+            .copied()
+            .filter(|&i| t.nodes[i as usize].id > after && top_op(&g, i))
+            .collect();
+        let writers: Vec<u32> = later
+            .iter()
+            .copied()
+            .filter(|&i| writes_only(t, &t.nodes[i as usize], part))
+            .collect();
+        let mut chain = writers.clone();
+        for &w in &writers {
+            for a in t.inputs(&t.nodes[w as usize]) {
+                let Value::Tensor(k) = a.value else { continue };
+                let x = t.tensors[k as usize];
+                if (x.id, x.storage) == (part.id, part.storage) {
+                    continue;
+                }
+                let made = later.iter().copied().find(|&i| {
+                    t.nodes[i as usize].id < t.nodes[w as usize].id
+                        && writes_only(t, &t.nodes[i as usize], x)
+                });
+                chain.extend(made);
+            }
+        }
+        chain.sort_by_key(|&i| t.nodes[i as usize].id);
+        chain.dedup();
+        if writers.is_empty() {
+            return;
+        }
+        // The tensors the chain makes besides the part: fresh ones in each copy.
+        let made: Vec<TensorRef> = chain
+            .iter()
+            .flat_map(|&i| t.outputs(&t.nodes[i as usize]).to_vec())
+            .filter_map(|a| match a.value {
+                Value::Tensor(k) => Some(t.tensors[k as usize]),
+                _ => None,
+            })
+            .filter(|x| (x.id, x.storage) != (part.id, part.storage))
+            .collect();
+        drop(g);
+        let last_index = captured_parts as i64 - 1;
+        let parts = fresh
+            .iter()
+            .enumerate()
+            .map(|(m, (_, f))| {
+                let mut remap = HashMap::new();
+                remap.insert((part.id, part.storage), (f.id, f.storage));
+                for x in &made {
+                    let y = self.fresh(*x);
+                    remap.insert((x.id, x.storage), (y.id, y.storage));
+                }
+                (remap, Some((last_index, last_index + 1 + m as i64)))
+            })
+            .collect();
+        self.clone_per_part(&chain, parts);
+    }
+
+    /// Copies of the subtrees of `roots` (outermost ops, in id order) once per entry of
+    /// `parts`, with ids right after the last of them: each entry's tensors remapped and, for
+    /// a `select`, its index `from` made `to`.
+    #[allow(clippy::type_complexity)]
+    fn clone_per_part(
+        &mut self,
+        roots: &[u32],
+        parts: Vec<(HashMap<(u64, u64), (u64, u64)>, Option<(i64, i64)>)>,
+    ) {
+        let g = Graph::new(&self.t);
+        let mut nodes: Vec<u32> = roots.to_vec();
+        let mut k = 0;
+        while k < nodes.len() {
+            nodes.extend(g.children(nodes[k]).iter().copied());
+            k += 1;
+        }
+        drop(g);
+        nodes.sort_by_key(|&i| self.t.nodes[i as usize].id);
+        nodes.dedup();
+        let Some(last) = nodes.iter().map(|&i| self.t.nodes[i as usize].id).max() else {
+            return;
+        };
+        renumber(&mut self.t, last, (nodes.len() * parts.len()) as u64);
+        let mut next_id = last + 1;
+        for (remap, index) in parts {
+            let mut ids: HashMap<u64, u64> = HashMap::new();
+            for &i in &nodes {
+                ids.insert(self.t.nodes[i as usize].id, next_id);
+                next_id += 1;
+            }
+            for &i in &nodes {
+                let mut n = self.t.nodes[i as usize].clone();
+                let select = self.t.name(&n) == "aten::select";
+                n.id = ids[&n.id];
+                n.parent = n.parent.map(|p| ids.get(&p).copied().unwrap_or(p));
+                n.rf_id = None;
+                n.inputs = self.copy_args(n.inputs.clone(), &remap);
+                n.outputs = self.copy_args(n.outputs.clone(), &remap);
+                if let (true, Some((from, to))) = (select, index) {
+                    let at = n.inputs.start as usize + 2;
+                    if n.inputs.len() > 2 && self.t.args[at].value == Value::Int(from) {
+                        self.t.args[at].value = Value::Int(to);
+                    }
+                }
+                self.t.nodes.push(n);
+                self.scaled.ops_added += 1;
+            }
+        }
+    }
+
+    /// Copies of args `r` with their tensors remapped by `(id, storage)`.
+    fn copy_args(
+        &mut self,
+        r: std::ops::Range<u32>,
+        remap: &HashMap<(u64, u64), (u64, u64)>,
+    ) -> std::ops::Range<u32> {
+        let start = self.t.args.len() as u32;
+        for k in r {
+            let mut a = self.t.args[k as usize];
+            a.value = self.copy_value(a.value, remap);
+            self.t.args.push(a);
+        }
+        start..self.t.args.len() as u32
+    }
+
+    fn copy_value(&mut self, v: Value, remap: &HashMap<(u64, u64), (u64, u64)>) -> Value {
+        match v {
+            Value::Tensor(k) => {
+                let x = self.t.tensors[k as usize];
+                match remap.get(&(x.id, x.storage)) {
+                    Some(&(id, storage)) => {
+                        self.t.tensors.push(TensorRef { id, storage, ..x });
+                        Value::Tensor(self.t.tensors.len() as u32 - 1)
+                    }
+                    None => v,
+                }
+            }
+            Value::List { start, len } => {
+                let parts: Vec<Value> = (start..start + len)
+                    .map(|k| self.t.items[k as usize])
+                    .collect();
+                let copied: Vec<Value> = parts
+                    .into_iter()
+                    .map(|p| self.copy_value(p, remap))
+                    .collect();
+                let s = self.t.items.len() as u32;
+                self.t.items.extend(copied);
+                Value::List { start: s, len }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether node `i` is an op no op encloses.
+fn top_op(g: &Graph, i: u32) -> bool {
+    g.class[i as usize].contains(crate::OpClass::OP)
+        && g.parent[i as usize].is_none_or(|p| !g.class[p as usize].contains(crate::OpClass::OP))
+}
+
+/// Whether node `n`'s one output is tensor `x` (by id and storage).
+fn writes_only(t: &Trace, n: &Node, x: TensorRef) -> bool {
+    let outs = t.outputs(n);
+    outs.len() == 1
+        && matches!(outs[0].value, Value::Tensor(k)
+            if (t.tensors[k as usize].id, t.tensors[k as usize].storage) == (x.id, x.storage))
+}
+
+/// Shifts every node id above `after` (and the references to them) by `by`.
+fn renumber(t: &mut Trace, after: u64, by: u64) {
+    let shift = |x: u64| if x > after { x + by } else { x };
+    let ids: HashSet<u64> = t.nodes.iter().map(|n| n.id).collect();
+    for n in &mut t.nodes {
+        n.id = shift(n.id);
+        n.parent = n
+            .parent
+            .map(|p| if ids.contains(&p) { shift(p) } else { p });
+        n.fw_parent = n
+            .fw_parent
+            .map(|p| if ids.contains(&p) { shift(p) } else { p });
+    }
+}
