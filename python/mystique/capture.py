@@ -62,6 +62,18 @@ def _rank():
     return None
 
 
+def _dangling(path):
+    """Whether the execution trace at `path` has a node whose parent it does not hold."""
+    with open(path) as f:
+        nodes = json.load(f).get("nodes", [])
+    ids = {n.get("id") for n in nodes}
+    for n in nodes:
+        parent = n.get("ctrl_deps", n.get("parent"))
+        if parent not in ids and parent not in (None, 0, n.get("id")):
+            return True
+    return False
+
+
 def _agree_max(value):
     """The largest `value` over the ranks of the default process group."""
     import torch
@@ -121,14 +133,27 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         if waited0 is not None and waited1 is not None:
             wait_ms = min(max(waited1 - waited0, 0.0) / iters, statistics.median(times) * 0.99)
 
-        obs = ExecutionTraceObserver().register_callback(str(partial["et"]))
-        obs.start()
-        try:
-            step()
-            sync()
-        finally:
-            obs.stop()
-            obs.unregister_callback()
+        # The observer now and then writes a node whose parent it never wrote (seen under DDP:
+        # the ops of one iteration under a parent missing from the file), which mystique
+        # refuses to read: such an iteration is recorded again (every rank again, if any
+        # rank's was).
+        for attempt in range(3):
+            obs = ExecutionTraceObserver().register_callback(str(partial["et"]))
+            obs.start()
+            try:
+                step()
+                sync()
+            finally:
+                obs.stop()
+                obs.unregister_callback()
+            broken = _dangling(partial["et"])
+            if ranked is not None:
+                broken = bool(_agree_max(int(broken)))
+            if not broken:
+                break
+            if attempt == 2:
+                sys.stderr.write(f"mystique.capture: the execution trace names parents it does "
+                                 f"not hold, after 3 tries: {final['et']} may not load\n")
 
         median = statistics.median(times)
         prof_warmup = min(20, max(1, math.ceil(PROFILER_WARMUP_MS / max(median, 1e-3))))
