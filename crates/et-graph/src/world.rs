@@ -74,21 +74,34 @@ pub enum WorldError {
     },
 }
 
-/// The process groups as `## process_group:init ##` records them.
+/// A process group as `## process_group:init ##` records it (a JSON list in its first
+/// input); other keys are kept as recorded.
 #[derive(Clone, Debug, serde::Deserialize, serde::Serialize)]
-struct PgInit {
+pub struct PgInit {
+    /// How collectives name the group.
     #[serde(default)]
-    pg_name: String,
+    pub pg_name: String,
+    /// `default_pg` for the world.
     #[serde(default)]
-    pg_desc: String,
+    pub pg_desc: String,
+    /// E.g. `cpu:gloo,cuda:nccl`.
     #[serde(default)]
-    backend_config: String,
+    pub backend_config: String,
+    /// Global ranks in group-rank order; empty for the world.
     #[serde(default)]
-    ranks: Vec<i64>,
+    pub ranks: Vec<i64>,
+    /// The group's size as recorded.
     #[serde(default)]
-    group_size: i64,
+    pub group_size: i64,
+    /// Other keys (`group_count`, ...).
     #[serde(flatten)]
-    rest: serde_json::Map<String, serde_json::Value>,
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The process groups a trace recorded (`## process_group:init ##`), where it recorded them
+/// in a form that reads.
+pub fn process_group_records(t: &Trace) -> Option<Vec<PgInit>> {
+    pg_init(t).map(|(_, g)| g)
 }
 
 /// How the job's ranks lie: model-parallel blocks of `block` consecutive ranks, `blocks` of

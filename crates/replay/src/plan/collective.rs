@@ -6,29 +6,16 @@ use super::*;
 /// The process groups a trace created: the `## process_group:init ##` record's JSON list (the
 /// world first), or the world alone.
 pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
-    #[derive(Deserialize)]
-    struct Init {
-        #[serde(default)]
-        pg_name: String,
-        #[serde(default)]
-        pg_desc: String,
-        #[serde(default)]
-        backend_config: String,
-        #[serde(default)]
-        ranks: Vec<i64>,
-        #[serde(default)]
-        group_size: i64,
-    }
     let world = GroupSpec {
         name: "0".into(),
         desc: "default_pg".into(),
         ..Default::default()
     };
-    let Some(init) = t
+    let recorded = t
         .nodes
         .iter()
-        .find(|n| t.name(n) == "## process_group:init ##")
-    else {
+        .any(|n| t.name(n) == "## process_group:init ##");
+    if !recorded {
         // No record of the groups (older schemas): the backend shows in its annotations.
         let backend = ["nccl", "gloo"].into_iter().find(|b| {
             t.nodes
@@ -39,12 +26,8 @@ pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
             backend: backend.unwrap_or_default().into(),
             ..world
         }];
-    };
-    let text = t.inputs(init).first().and_then(|a| match a.value {
-        Value::Str(s) => Some(t.str(s)),
-        _ => None,
-    });
-    let Some(list) = text.and_then(|x| serde_json::from_str::<Vec<Init>>(x).ok()) else {
+    }
+    let Some(list) = et_graph::world::process_group_records(t) else {
         return vec![world];
     };
     let mut out = vec![world];
