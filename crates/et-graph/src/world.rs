@@ -855,13 +855,8 @@ impl Synth<'_> {
         let Value::Int(p) = self.t.args[at as usize].value else {
             return Err(self.fail(n, "its peer is not recorded"));
         };
-        let (from, to, size) = (self.from as i64, self.rank as i64, g.n as i64);
-        let mut offset = (p - from).rem_euclid(size);
-        let half = size / 2;
-        if offset > half || (offset == half && !send && size % 2 == 0) {
-            offset -= size;
-        }
-        self.t.args[at as usize].value = Value::Int((to + offset).rem_euclid(g.n2 as i64));
+        self.t.args[at as usize].value =
+            Value::Int(peer_at(self.from, self.rank, g.n, g.n2, p, send));
         Ok(())
     }
 
@@ -1134,6 +1129,18 @@ impl Synth<'_> {
     }
 }
 
+/// The peer of new rank `to` (made from captured rank `from`) whose captured peer was `p`, in
+/// a group of `n` ranks captured and `n2` now: the same offset, taken the short way round.
+fn peer_at(from: usize, to: usize, n: usize, n2: usize, p: i64, send: bool) -> i64 {
+    let size = n as i64;
+    let mut offset = (p - from as i64).rem_euclid(size);
+    let half = size / 2;
+    if offset > half || (offset == half && !send && size % 2 == 0) {
+        offset -= size;
+    }
+    (to as i64 + offset).rem_euclid(n2 as i64)
+}
+
 /// Whether node `i` is an op no op encloses.
 fn top_op(g: &Graph, i: u32) -> bool {
     g.class[i as usize].contains(crate::OpClass::OP)
@@ -1160,5 +1167,64 @@ fn renumber(t: &mut Trace, after: u64, by: u64) {
         n.fw_parent = n
             .fw_parent
             .map(|p| if ids.contains(&p) { shift(p) } else { p });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_types_take_one_element_per_part() {
+        assert_eq!(
+            Synth::list_type("GenericList[Tensor(float),Tensor(float)]", 4).as_deref(),
+            Some("GenericList[Tensor(float),Tensor(float),Tensor(float),Tensor(float)]")
+        );
+        assert_eq!(
+            Synth::list_type("GenericList[GenericList[Int,Int],GenericList[Int,Int]]", 3)
+                .as_deref(),
+            Some("GenericList[GenericList[Int,Int],GenericList[Int,Int],GenericList[Int,Int]]")
+        );
+        assert_eq!(Synth::list_type("Tensor(float)", 2), None);
+    }
+
+    #[test]
+    fn groups_read_as_blocks_and_strides() {
+        assert_eq!(mp_block(&[2, 3]), Some(2));
+        assert_eq!(mp_block(&[4, 5, 6, 7]), Some(4));
+        // Not a block: not starting at a multiple of its size, or not consecutive.
+        assert_eq!(mp_block(&[1, 2]), None);
+        assert_eq!(mp_block(&[0, 2]), None);
+        assert!(is_dp_group(&[1, 3, 5, 7]));
+        assert!(!is_dp_group(&[1]));
+        assert!(!is_dp_group(&[0, 1, 3]));
+    }
+
+    /// A ring of sends to the next rank and receives from the previous one stays one at any
+    /// world size, whichever captured rank a new rank copies (the short way round; a 2-rank
+    /// ring's tie forward for a send, backward for a receive).
+    #[test]
+    fn rings_stay_rings() {
+        for captured in [2usize, 3, 4] {
+            for world in [2usize, 5, 8] {
+                for rank in 0..world {
+                    let from = rank.min(captured - 1);
+                    let next = (from + 1) % captured;
+                    let prev = (from + captured - 1) % captured;
+                    let send = peer_at(from, rank, captured, world, next as i64, true);
+                    let recv = peer_at(from, rank, captured, world, prev as i64, false);
+                    assert_eq!(
+                        send,
+                        ((rank + 1) % world) as i64,
+                        "{captured}->{world} r{rank}"
+                    );
+                    assert_eq!(
+                        recv,
+                        ((rank + world - 1) % world) as i64,
+                        "{captured}->{world} r{rank}"
+                    );
+                }
+            }
+        }
     }
 }
