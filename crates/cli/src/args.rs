@@ -161,15 +161,15 @@ pub enum ComposeOp {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// The captured job's rank traces at another world size (its data-parallel dimension):
-    /// every new rank made from the captured rank in the same model-parallel position, process
-    /// groups made again, each collective's sizes following the world by its kind. The output
-    /// takes every other command (inspect, replay --ranks, export, generate) as a captured job.
+    /// A data-parallel job's rank traces at a larger world size: every new rank made from a
+    /// captured rank, the world group made again, each collective's sizes following the world
+    /// by its kind. A job with subgroups is refused. Every other command (inspect, replay
+    /// --ranks, export, generate) takes the output as a captured job.
     World {
         /// Every rank's trace: a directory, a glob ('traces/rank*.et.json.gz') or the files.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// The world size to write (more or fewer ranks than captured).
+        /// The world size to write (at least the captured one).
         #[arg(long, value_name = "N")]
         world: usize,
         /// The directory to create (new or empty): `worldN.rankR.et.json.gz` per rank.

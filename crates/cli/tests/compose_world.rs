@@ -154,8 +154,8 @@ fn a_synthesised_job_replays_on_every_rank() {
     let _ = std::fs::remove_dir_all(&every);
 }
 
-/// A job whose process groups do not tell their size at another world is refused, naming the
-/// group; so is a world that is not a whole number of model-parallel blocks.
+/// A job with a subgroup is refused, naming the group (which group each collective runs on is
+/// not in the trace); so is a world smaller than the capture's.
 #[test]
 fn a_job_that_cannot_be_scaled_is_refused_by_name() {
     let dir = scratch("odd");
@@ -189,6 +189,17 @@ fn a_job_that_cannot_be_scaled_is_refused_by_name() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("\"solo\"") && err.contains("[1]"), "{err}");
     assert!(!dir.join("out").exists(), "nothing is written");
+    // A smaller world: its parts and buffers would have to go, not be made.
+    let o = bin()
+        .args(["compose", "world", &two_ranks(), "--world", "1", "-o"])
+        .arg(dir.join("one"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("larger worlds"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -1,18 +1,19 @@
-//! A captured job at another world size: the rank traces of its data-parallel dimension
-//! synthesised for `N` ranks from the ranks that were captured.
+//! A captured job at another world size: the rank traces of a data-parallel job synthesised
+//! for `N` ranks from the ranks that were captured.
 //!
-//! Every new rank is made from a captured rank in the same position of the other parallel
-//! dimensions: its model-parallel position within its block of consecutive ranks, and its role
-//! in rooted collectives (a rank beyond the capture copies the last captured block, whose ranks
-//! root nothing). The process groups are made again for `N` (the world, the model-parallel
-//! blocks, the data-parallel groups across them), and each collective's recorded sizes follow
-//! `N` by its kind: all-reduce, broadcast, reduce and barrier keep their bytes; all-gather
-//! outputs and reduce-scatter inputs have one part per group rank; all-to-all splits are
-//! re-split evenly (the mean part of the capture to each rank); send and receive peers keep
-//! their offset from the rank. A per-rank output buffer an op made right before an all-gather
-//! (a list of `torch.zeros` the model filled one per rank) is made once per new rank too.
-//! `record_param_comms` records (rank, group size, message sizes, splits) follow. What cannot
-//! be scaled is refused by name.
+//! New rank `r` is made from captured rank `r` while the capture has it, else from the last
+//! captured rank (rank 0 roots the rooted collectives; the others are alike). The world group
+//! is made again for `N`, and each collective's recorded sizes follow `N` by its kind:
+//! all-reduce, broadcast, reduce and barrier keep their bytes; all-gather outputs and gather,
+//! scatter, reduce-scatter and list all-to-all parts are one per rank; the flat all-gather's
+//! output and reduce-scatter's input scale their first dimension; all-to-all splits are
+//! re-split evenly (the mean part over the capture's ranks and peers, the same on every rank);
+//! send and receive peers keep their offset from the rank. A per-rank output buffer an op made
+//! right before an all-gather (a list of `torch.zeros` the model filled one per rank), and the
+//! backend's copies into the parts after it, are made once per new part.
+//! `record_param_comms` records (rank, group size, message sizes, splits) follow. A job with
+//! subgroups (which group a collective runs on is not recorded in every trace), a smaller
+//! world, or a collective it does not know is refused by name.
 
 use crate::Graph;
 use et_schema::{Arg, Node, TensorRef, Trace, Value};
@@ -28,9 +29,9 @@ pub enum WorldError {
     #[error("--world {0}: a world needs at least one rank")]
     Zero(usize),
     #[error(
-        "process group {name:?} (ranks {ranks:?}) is neither the world nor a block of consecutive \
-         ranks of one size (a model-parallel group) nor a data-parallel group across such \
-         blocks: its size at {world} ranks cannot be told from the trace"
+        "process group {name:?} (ranks {ranks:?} of {world}) is a subgroup: compose world scales \
+         the world of a data-parallel job, and which group each collective runs on, and a \
+         subgroup's size at another world, cannot be told from the trace"
     )]
     /// A process group whose size at another world size the trace does not tell.
     Group {
@@ -41,11 +42,22 @@ pub enum WorldError {
         /// The captured world size.
         world: usize,
     },
+    /// A world smaller than the capture's.
+    #[error(
+        "--world {world}: the capture has {captured} ranks; compose world writes larger worlds \
+         (replay --ranks DIR --only comm --world N replays a job's communication on fewer)"
+    )]
+    Smaller {
+        /// The world asked for.
+        world: usize,
+        /// The captured world.
+        captured: usize,
+    },
+    /// A world that is not a whole number of model-parallel blocks.
     #[error(
         "--world {world}: the model-parallel blocks hold {block} ranks each; the world must be a \
          multiple of that"
     )]
-    /// A world that is not a whole number of model-parallel blocks.
     NotMultiple {
         /// The world asked for.
         world: usize,
@@ -156,18 +168,13 @@ impl<'t> Job<'t> {
         let first = traces.first().ok_or(WorldError::Empty)?;
         let captured = traces.len();
         let groups = pg_init(first).map(|(_, g)| g).unwrap_or_default();
-        let mut block = 1usize;
+        // Only the world scales: which group a collective runs on is not recorded in every
+        // trace (PyTorch 2.11's CPU traces name none), so a subgroup's collectives could not
+        // be told from the world's, and its size at another world would be a guess.
+        let all: Vec<i64> = (0..captured as i64).collect();
         for g in &groups {
-            if g.pg_desc == "default_pg" || g.ranks.is_empty() {
-                continue;
-            }
-            if let Some(b) = mp_block(&g.ranks) {
-                if block == 1 || block == b {
-                    block = b;
-                    continue;
-                }
-            }
-            if !is_dp_group(&g.ranks) {
+            let world = g.pg_desc == "default_pg" || g.ranks.is_empty() || g.ranks == all;
+            if !world {
                 return Err(WorldError::Group {
                     name: g.pg_name.clone(),
                     ranks: g.ranks.clone(),
@@ -175,25 +182,7 @@ impl<'t> Job<'t> {
                 });
             }
         }
-        // The data-parallel groups must stride by the block.
-        for g in &groups {
-            if g.ranks.len() > 1 && is_dp_group(&g.ranks) && mp_block(&g.ranks).is_none() {
-                let stride = (g.ranks[1] - g.ranks[0]) as usize;
-                if stride != block {
-                    return Err(WorldError::Group {
-                        name: g.pg_name.clone(),
-                        ranks: g.ranks.clone(),
-                        world: captured,
-                    });
-                }
-            }
-        }
-        if !captured.is_multiple_of(block) {
-            return Err(WorldError::Ranks {
-                traces: block,
-                given: captured,
-            });
-        }
+        let block = 1usize;
         Ok(Job {
             traces,
             layout: Layout {
@@ -223,6 +212,12 @@ impl<'t> Job<'t> {
         if world == 0 {
             return Err(WorldError::Zero(world));
         }
+        if world < self.traces.len() {
+            return Err(WorldError::Smaller {
+                world,
+                captured: self.traces.len(),
+            });
+        }
         if !world.is_multiple_of(self.layout.block) {
             return Err(WorldError::NotMultiple {
                 world,
@@ -245,6 +240,7 @@ impl<'t> Job<'t> {
             next_storage: 0,
             a2a_parts: &self.a2a_parts,
             a2a_seen: 0,
+            last_part: None,
         };
         s.init_ids();
         s.groups(&self.groups);
@@ -307,30 +303,15 @@ fn pg_init(t: &Trace) -> Option<(usize, Vec<PgInit>)> {
     Some((k, groups))
 }
 
-/// The block size, when `ranks` is a block of consecutive ranks starting at a multiple of its
-/// size.
-fn mp_block(ranks: &[i64]) -> Option<usize> {
-    let n = ranks.len() as i64;
-    let consecutive = ranks.windows(2).all(|w| w[1] == w[0] + 1);
-    (n > 1 && consecutive && ranks[0] % n == 0).then_some(n as usize)
-}
-
-/// Whether `ranks` are evenly strided (a data-parallel group across blocks).
-fn is_dp_group(ranks: &[i64]) -> bool {
-    ranks.len() > 1 && {
-        let d = ranks[1] - ranks[0];
-        d > 0 && ranks.windows(2).all(|w| w[1] - w[0] == d)
-    }
-}
-
 /// A new part of a list: the captured part it copies, and its fresh tensor.
 type Fresh = (TensorRef, TensorRef);
 
 /// The synthesis of one rank's trace.
 struct Synth<'j> {
     a2a_parts: &'j [Option<i64>],
-    /// All-to-all-v calls re-split so far.
+    /// All-to-all-v calls re-split so far, and the last one's part (its record follows it).
     a2a_seen: usize,
+    last_part: Option<i64>,
     t: Trace,
     rank: usize,
     from: usize,
@@ -362,39 +343,17 @@ impl Synth<'_> {
         let Some((k, _)) = pg_init(&self.t) else {
             return;
         };
-        let Layout { block, .. } = self.layout;
-        let blocks2 = self.world / block;
-        let mut out = Vec::with_capacity(captured.len());
-        let mut mp_made = false;
-        let mut dp_made = false;
-        for g in captured {
-            if g.pg_desc == "default_pg" || g.ranks.is_empty() {
+        let out: Vec<PgInit> = captured
+            .iter()
+            .map(|g| {
                 let mut w = g.clone();
                 w.group_size = self.world as i64;
-                out.push(w);
-            } else if mp_block(&g.ranks).is_some() && block > 1 {
-                // One entry per block at the new size, named after the captured one's.
-                if !mp_made {
-                    for b in 0..blocks2 {
-                        let mut x = g.clone();
-                        x.ranks = ((b * block) as i64..((b + 1) * block) as i64).collect();
-                        x.group_size = block as i64;
-                        x.pg_name = format!("{}_mp{b}", g.pg_name);
-                        out.push(x);
-                    }
-                    mp_made = true;
+                if !w.ranks.is_empty() {
+                    w.ranks = (0..self.world as i64).collect();
                 }
-            } else if !dp_made {
-                for pos in 0..block {
-                    let mut x = g.clone();
-                    x.ranks = (0..blocks2).map(|b| (b * block + pos) as i64).collect();
-                    x.group_size = blocks2 as i64;
-                    x.pg_name = format!("{}_dp{pos}", g.pg_name);
-                    out.push(x);
-                }
-                dp_made = true;
-            }
-        }
+                w
+            })
+            .collect();
         let text = serde_json::to_string(&out).unwrap_or_default();
         let sym = self.t.strings.intern(&text);
         let start = self.t.nodes[k].inputs.start as usize;
@@ -466,10 +425,20 @@ impl Synth<'_> {
                 inserts.push((n.id, shape.n, added));
             }
         }
-        // Latest first: what is inserted for one collective shifts the ids after it only.
+        // Latest first: what is inserted for one collective shifts the ids after it only;
+        // per captured part its fresh copies (a collective of several lists has several).
         for (at, parts, tensors) in inserts.into_iter().rev() {
-            self.make_part_copies(at, parts, &tensors);
-            self.make_buffers(at, &tensors);
+            let mut by_template: Vec<Vec<Fresh>> = Vec::new();
+            for f in tensors {
+                match by_template.iter_mut().find(|v| v[0].0 == f.0) {
+                    Some(v) => v.push(f),
+                    None => by_template.push(vec![f]),
+                }
+            }
+            for group in by_template {
+                self.make_part_copies(at, parts, &group);
+                self.make_buffers(at, &group);
+            }
         }
         Ok(())
     }
@@ -546,7 +515,9 @@ impl Synth<'_> {
                 self.resplit(n, g)?;
                 "re-split evenly: every rank sends each the capture's mean part"
             }
-            "send" | "recv" | "recv_any_source" => {
+            // Its input 2 is a tag: any source stays any source.
+            "recv_any_source" => "kept: it receives from any rank",
+            "send" | "recv" => {
                 self.peer(n, n.inputs.start + 2, g, op == "send")?;
                 "peer at the same offset from the rank"
             }
@@ -693,8 +664,12 @@ impl Synth<'_> {
         let mut strides = Vec::new();
         let mut fresh = Vec::new();
         for k in 0..len {
-            let inner = self.t.items[(start + k) as usize];
-            let inner_shape = self.t.items[(s0 + k) as usize];
+            let (Some(&inner), Some(&inner_shape)) = (
+                self.t.items.get((start + k) as usize),
+                self.t.items.get((s0 + k) as usize),
+            ) else {
+                return Err(self.fail(n, "its shapes do not match its tensor lists"));
+            };
             if let Value::List { len: 0, .. } = inner {
                 // A gather's non-root: no outputs.
                 values.push(inner);
@@ -714,8 +689,9 @@ impl Synth<'_> {
                     .map_or(inner_shape, |x| x.0),
             );
             if let Some(Value::List { start: st, .. }) = a.strides {
-                let s = self.t.items[(st + k) as usize];
-                strides.push(self.regrow(s, g.n, g.n2).map_or(s, |x| x.0));
+                if let Some(&s) = self.t.items.get((st + k) as usize) {
+                    strides.push(self.regrow(s, g.n, g.n2).map_or(s, |x| x.0));
+                }
             }
         }
         let list = |t: &mut Trace, v: Vec<Value>| {
@@ -844,6 +820,7 @@ impl Synth<'_> {
                 };
             }
             self.set_dim0(base + tensor, k, &shape, part * g.n2 as i64);
+            self.last_part = Some(part);
         }
         Ok(())
     }
@@ -898,7 +875,10 @@ impl Synth<'_> {
                     if v.is_empty() {
                         None
                     } else {
-                        let part = v.iter().sum::<i64>() / v.len() as i64;
+                        // The part the all-to-all itself was re-split to, where it was.
+                        let part = self
+                            .last_part
+                            .unwrap_or(v.iter().sum::<i64>() / v.len() as i64);
                         let s = self.t.items.len() as u32;
                         self.t.items.extend((0..n2).map(|_| Value::Int(part)));
                         Some(Value::List {
@@ -1186,18 +1166,6 @@ mod tests {
             Some("GenericList[GenericList[Int,Int],GenericList[Int,Int],GenericList[Int,Int]]")
         );
         assert_eq!(Synth::list_type("Tensor(float)", 2), None);
-    }
-
-    #[test]
-    fn groups_read_as_blocks_and_strides() {
-        assert_eq!(mp_block(&[2, 3]), Some(2));
-        assert_eq!(mp_block(&[4, 5, 6, 7]), Some(4));
-        // Not a block: not starting at a multiple of its size, or not consecutive.
-        assert_eq!(mp_block(&[1, 2]), None);
-        assert_eq!(mp_block(&[0, 2]), None);
-        assert!(is_dp_group(&[1, 3, 5, 7]));
-        assert!(!is_dp_group(&[1]));
-        assert!(!is_dp_group(&[0, 1, 3]));
     }
 
     /// A ring of sends to the next rank and receives from the previous one stays one at any
