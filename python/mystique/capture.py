@@ -94,8 +94,9 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
 
     if not callable(step):
         raise TypeError("mystique.capture: `step` must be a callable that runs one iteration")
-    if iters < 1 or profiled < 1 or warmup < 0:
-        raise ValueError("mystique.capture: iters and profiled must be at least 1, warmup at least 0")
+    if iters < 1 or profiled < 1 or warmup < 1:
+        # At least one warm-up step: whether the step uses CUDA shows once it has run.
+        raise ValueError("mystique.capture: warmup, iters and profiled must be at least 1")
     if not name or os.sep in name:
         raise ValueError(f"mystique.capture: name {name!r} must be a plain file name")
     ranked = _rank()
@@ -110,6 +111,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
     kinds = ["et", "kineto", "meta"] + (["reference"] if reference else [])
     final = {k: out / f"{base}.{k}.json" for k in kinds}
     partial = {k: out / f".{base}.{k}.json.partial-{os.getpid()}" for k in kinds}
+    kept = {k: out / f".{base}.{k}.json.previous-{os.getpid()}" for k in kinds}
 
     placed = []
 
@@ -174,13 +176,17 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             model=name, torch=torch.__version__, threads=torch.get_num_threads(),
             device="cuda" if uses_cuda else "cpu", iters=iters,
             iter_ms_median=median, iter_ms_min=min(times), iter_ms_max=max(times),
-            wait_ms=wait_ms, profiled_iterations=list(range(1, profiled + 1)),
-            timing_warmup=prof_warmup, captured_by="mystique.capture",
+            wait_ms=wait_ms, profiled_iterations=profiled, profiler_warmup=prof_warmup,
+            captured_by="mystique.capture",
         )
         if ranked is not None:
             meta.update(rank=ranked[0], world=ranked[1])
         partial["meta"].write_text(json.dumps(meta, indent=1) + "\n")
-        # The capture's files in place, then the reference of the trace under its own name.
+        # The capture's files in place (an earlier capture of the name kept aside until this
+        # one is complete), then the reference of the trace under its own name.
+        for k in kinds:
+            if final[k].exists():
+                os.replace(final[k], kept[k])
         for k in ("et", "kineto", "meta"):
             os.replace(partial[k], final[k])
             placed.append(final[k])
@@ -194,7 +200,15 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
                 p.unlink()
             except FileNotFoundError:
                 pass
+        for k in kinds:
+            if kept[k].exists():
+                os.replace(kept[k], final[k])
         raise
+    for k in kinds:
+        try:
+            kept[k].unlink()
+        except FileNotFoundError:
+            pass
     return {k: str(p) for k, p in final.items()}
 
 

@@ -459,4 +459,18 @@ fn a_capture_directory_packages_with_everything_it_holds() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("give it once"), "{err}");
+    // Two models' captures side by side are not one job.
+    std::fs::copy(cap.join("mlp.et.json"), cap.join("other.et.json")).unwrap();
+    let o = bin()
+        .arg("generate")
+        .arg(&cap)
+        .arg("-o")
+        .arg(tmp("two.pkg"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("several models (mlp, other)"),
+        "{err}"
+    );
 }

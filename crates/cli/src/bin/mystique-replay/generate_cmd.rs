@@ -116,6 +116,21 @@ impl CaptureFile {
     }
 }
 
+/// The model a capture file is of: its name before the kind (`model.rank1.et.json` ->
+/// `model`), its rank number left out.
+fn capture_name(p: &Path) -> Option<String> {
+    let name = p.file_name()?.to_str()?;
+    let name = name.strip_suffix(".gz").unwrap_or(name);
+    let stem = name.strip_suffix(".json")?;
+    let (model, _kind) = stem.rsplit_once('.')?;
+    let model = model.strip_suffix(".linked").unwrap_or(model);
+    let base = match model.rsplit_once(".rank") {
+        Some((b, r)) if !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()) => b,
+        _ => model,
+    };
+    Some(base.to_string())
+}
+
 /// The arguments with a capture's files put in their places: a directory stands for the
 /// files in it; `NAME.kineto.json` is `--kineto` (and `--emulate-gaps`, unless anonymised or
 /// several ranks), `NAME.reference.json` `--reference`, `NAME.meta.json`'s uninstrumented
@@ -145,6 +160,15 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
                 !kept.is_empty(),
                 "{} holds no capture (NAME.et.json, NAME.kineto.json, ...)",
                 p.display()
+            );
+            // One capture: one NAME (its ranks `NAME.rankR`), not several models side by side.
+            let names: std::collections::BTreeSet<String> =
+                kept.iter().filter_map(|f| capture_name(f)).collect();
+            anyhow::ensure!(
+                names.len() <= 1,
+                "{} holds captures of several models ({}): give one's files (DIR/NAME.*)",
+                p.display(),
+                names.into_iter().collect::<Vec<_>>().join(", ")
             );
             files.extend(kept);
         } else {
