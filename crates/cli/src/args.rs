@@ -210,7 +210,9 @@ pub struct ReplayArgs {
     /// Replay every rank together on this machine, one process per rank over loopback: a
     /// directory (every execution trace in it, recognised by its content) or a glob
     /// ('traces/rank*.et.json.gz'). Each trace's rank comes from its own records, else from a
-    /// number in its file name (_0, -rank3, rank_7, .7.), else from --rank-order.
+    /// number in its file name (_0, -rank3, rank_7, .7.), else from --rank-order. Each rank
+    /// runs one intra-op thread unless --threads or OMP_NUM_THREADS says otherwise (as
+    /// torchrun sets it for several processes on one machine).
     #[arg(long, conflicts_with = "trace")]
     pub ranks: Option<String>,
     /// With --ranks (or a directory under a launcher): where neither the traces' records nor

@@ -804,3 +804,25 @@ fn a_gpu_job_replays_whole_on_the_cpu_where_it_fits() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Ranks sharing this machine take one intra-op thread each unless told otherwise, as torchrun
+/// sets OMP_NUM_THREADS=1 for several processes per node; `--threads` still decides.
+#[test]
+fn ranks_run_one_thread_each_unless_told_otherwise() {
+    let glob = shared("cpu").join("dist_mlp_w2.rank*.et.json");
+    let run = |extra: &[&str]| {
+        json(
+            bin()
+                .args(["replay", "--ranks", glob.to_str().unwrap(), "--json"])
+                .args(["--iters", "1", "--warmup", "0", "--only", "comm"])
+                .args(extra)
+                .env_remove("OMP_NUM_THREADS"),
+        )
+    };
+    for r in run(&[])["ranks"].as_array().unwrap() {
+        assert_eq!(r["threads"], 1, "{}", r["threads"]);
+    }
+    for r in run(&["--threads", "2"])["ranks"].as_array().unwrap() {
+        assert_eq!(r["threads"], 2, "{}", r["threads"]);
+    }
+}

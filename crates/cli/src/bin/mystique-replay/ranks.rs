@@ -79,6 +79,12 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
             .arg(&traces[rank].path)
             .arg("--json")
             .args(child_args(a, rank, captured));
+        // As torchrun does for several processes on one machine: one intra-op thread per
+        // rank unless told otherwise (OMP_NUM_THREADS, --threads), so that the ranks do not
+        // oversubscribe the cores they share.
+        if a.run.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && n > 1 {
+            cmd.env("OMP_NUM_THREADS", "1");
+        }
         if let (true, Some(k)) = (a.comm.paced_by_trace, &kineto[rank]) {
             cmd.arg("--kineto").arg(k);
         }
