@@ -53,17 +53,6 @@ pub enum WorldError {
         /// The captured world.
         captured: usize,
     },
-    /// A world that is not a whole number of model-parallel blocks.
-    #[error(
-        "--world {world}: the model-parallel blocks hold {block} ranks each; the world must be a \
-         multiple of that"
-    )]
-    NotMultiple {
-        /// The world asked for.
-        world: usize,
-        /// Ranks per block.
-        block: usize,
-    },
     /// A collective whose sizes or peers cannot follow the world size.
     #[error("{op} (node {id}, rank {rank}): {why}")]
     Collective {
@@ -75,14 +64,6 @@ pub enum WorldError {
         rank: usize,
         /// Why it cannot be scaled.
         why: String,
-    },
-    /// Traces that are not a whole number of model-parallel blocks.
-    #[error("the traces record blocks of {traces} ranks but {given} traces were given")]
-    Ranks {
-        /// Ranks per block.
-        traces: usize,
-        /// Traces given.
-        given: usize,
     },
 }
 
@@ -116,16 +97,6 @@ pub fn process_group_records(t: &Trace) -> Option<Vec<PgInit>> {
     pg_init(t).map(|(_, g)| g)
 }
 
-/// How the job's ranks lie: model-parallel blocks of `block` consecutive ranks, `blocks` of
-/// them (the data-parallel size).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Layout {
-    /// Ranks per model-parallel block (1: a purely data-parallel job).
-    pub block: usize,
-    /// Blocks: the data-parallel size.
-    pub blocks: usize,
-}
-
 /// One collective kind's bytes per rank before and after (a rank's sum over its calls).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct KindScaled {
@@ -153,7 +124,6 @@ pub struct Scaled {
 /// The captured job: its traces in rank order and how its ranks lie.
 pub struct Job<'t> {
     traces: &'t [Trace],
-    layout: Layout,
     groups: Vec<PgInit>,
     /// Per all-to-all-v of the iteration (in order), the part each rank sends each rank at
     /// any world size: the mean over the capture's ranks and peers, so that every new rank
@@ -162,8 +132,8 @@ pub struct Job<'t> {
 }
 
 impl<'t> Job<'t> {
-    /// The job of `traces` (rank order), its layout read from the process groups rank 0
-    /// recorded.
+    /// The job of `traces` (rank order); refused where rank 0's recorded process groups hold
+    /// a subgroup.
     pub fn new(traces: &'t [Trace]) -> Result<Job<'t>, WorldError> {
         let first = traces.first().ok_or(WorldError::Empty)?;
         let captured = traces.len();
@@ -182,29 +152,17 @@ impl<'t> Job<'t> {
                 });
             }
         }
-        let block = 1usize;
         Ok(Job {
             traces,
-            layout: Layout {
-                block,
-                blocks: captured / block,
-            },
             groups,
             a2a_parts: a2a_parts(traces),
         })
     }
 
-    /// How the job's ranks lie.
-    pub fn layout(&self) -> Layout {
-        self.layout
-    }
-
-    /// The captured rank new rank `rank` is made from: the same position in its block, in the
-    /// same block while the capture has it, else in the capture's last block.
+    /// The captured rank new rank `rank` is made from: itself while the capture has it, else
+    /// the last captured rank (rank 0 roots the rooted collectives; the others are alike).
     pub fn template(&self, rank: usize) -> usize {
-        let Layout { block, blocks } = self.layout;
-        let (b, pos) = (rank / block, rank % block);
-        b.min(blocks - 1) * block + pos
+        rank.min(self.traces.len() - 1)
     }
 
     /// Rank `rank`'s trace at world size `world`, and what was scaled.
@@ -218,12 +176,6 @@ impl<'t> Job<'t> {
                 captured: self.traces.len(),
             });
         }
-        if !world.is_multiple_of(self.layout.block) {
-            return Err(WorldError::NotMultiple {
-                world,
-                block: self.layout.block,
-            });
-        }
         let from = self.template(rank);
         let mut s = Synth {
             t: self.traces[from].clone(),
@@ -231,7 +183,6 @@ impl<'t> Job<'t> {
             from,
             world,
             captured: self.traces.len(),
-            layout: self.layout,
             scaled: Scaled {
                 from,
                 ..Default::default()
@@ -317,7 +268,6 @@ struct Synth<'j> {
     from: usize,
     world: usize,
     captured: usize,
-    layout: Layout,
     scaled: Scaled,
     next_tensor: u64,
     next_storage: u64,
@@ -337,8 +287,8 @@ impl Synth<'_> {
         self.next_storage = self.t.tensors.iter().map(|x| x.storage).max().unwrap_or(0) + 1;
     }
 
-    /// The groups made again for the new world: the world's size, the blocks, and the
-    /// data-parallel groups across the blocks.
+    /// The groups made again for the new world: the world (and any group of every rank) at
+    /// its new size.
     fn groups(&mut self, captured: &[PgInit]) {
         let Some((k, _)) = pg_init(&self.t) else {
             return;
@@ -360,27 +310,11 @@ impl Synth<'_> {
         self.t.args[start].value = Value::Str(sym);
     }
 
-    /// The size of the group a collective node runs on, captured and new: the world unless
-    /// the node records a smaller group size.
-    fn group_of(&self, recorded: Option<i64>) -> GroupShape {
-        let Layout { block, blocks } = self.layout;
-        match recorded {
-            Some(n) if n as usize == block && block > 1 && n as usize != self.captured => {
-                GroupShape {
-                    n: block,
-                    n2: block,
-                }
-            }
-            Some(n) if n as usize == blocks && block > 1 && n as usize != self.captured => {
-                GroupShape {
-                    n: blocks,
-                    n2: self.world / block,
-                }
-            }
-            _ => GroupShape {
-                n: self.captured,
-                n2: self.world,
-            },
+    /// The group a collective runs on, captured and new: the world (the only group scaled).
+    fn group(&self) -> GroupShape {
+        GroupShape {
+            n: self.captured,
+            n2: self.world,
         }
     }
 
@@ -419,7 +353,7 @@ impl Synth<'_> {
                 }
                 continue;
             };
-            let shape = self.group_of(None);
+            let shape = self.group();
             let added = self.c10d(&n, op, &shape)?;
             if !added.is_empty() {
                 inserts.push((n.id, shape.n, added));
@@ -841,13 +775,7 @@ impl Synth<'_> {
     fn record(&mut self, n: &Node) -> Result<(), WorldError> {
         let kind = crate::summary::collective_name(&self.t, n).unwrap_or_default();
         let flat: String = kind.chars().filter(|c| *c != '_').collect();
-        let pg_size = self.t.extras(n).iter().find_map(|e| {
-            (self.t.str(e.name) == "pg_size").then_some(match e.value {
-                Value::Int(v) => v,
-                _ => 0,
-            })
-        });
-        let g = self.group_of(pg_size);
+        let g = self.group();
         let (n1, n2) = (g.n as i64, g.n2 as i64);
         for k in n.extra.start..n.extra.end {
             let e = self.t.extra_attrs[k as usize];

@@ -111,7 +111,6 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
     std::fs::rename(&tmp, &a.output).with_context(|| format!("creating {}", a.output.display()))?;
     tmp_dir.keep();
     let scaled = first.unwrap_or_default();
-    let layout = job.layout();
     let secs = t0.elapsed().as_secs_f64();
     if json {
         let j = serde_json::json!({
@@ -119,8 +118,6 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
             "what": if a.chakra { "chakra" } else { "et" },
             "captured": traces.len(),
             "world": n,
-            "layout": {"model_parallel": layout.block, "data_parallel": layout.blocks},
-            "data_parallel_after": n / layout.block,
             "rank0_from": scaled.from,
             "ops_added_per_rank": scaled.ops_added,
             "collectives": scaled.by_kind,
@@ -130,14 +127,9 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
         println!("{j}");
     } else {
         println!(
-            "world      {n} ranks from {} captured ({} x {} model-parallel; data-parallel {} -> \
-             {}), {} files in {} ({:.1} MB, {secs:.2} s)",
+            "world      {n} ranks from {} captured (data-parallel), {n} files in {} ({:.1} MB, \
+             {secs:.2} s)",
             traces.len(),
-            layout.blocks,
-            layout.block,
-            layout.blocks,
-            n / layout.block,
-            n,
             a.output.display(),
             bytes as f64 / 1e6
         );
