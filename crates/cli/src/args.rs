@@ -161,17 +161,24 @@ pub enum ComposeOp {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// A data-parallel job's rank traces at a larger world size: every new rank made from a
-    /// captured rank, the world group made again, each collective's sizes following the world
-    /// by its kind. A job with subgroups is refused. Every other command (inspect, replay
-    /// --ranks, export, generate) takes the output as a captured job.
+    /// A job's rank traces with its data-parallel dimension grown to a larger world: every new
+    /// rank made from the captured rank at the same place in the other parallel dimensions
+    /// (tensor, pipeline), the process groups made again, each collective's sizes following its
+    /// group by its kind. Every other command (inspect, replay --ranks, export, generate) takes
+    /// the output as a captured job.
     World {
         /// Every rank's trace: a directory, a glob ('traces/rank*.et.json.gz') or the files.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
-        /// The world size to write (at least the captured one).
+        /// The world size to write (at least the captured one; whole replicas of the
+        /// model-parallel dimensions).
         #[arg(long, value_name = "N")]
         world: usize,
+        /// The data-parallel process groups, by their description (pg_desc) or one's pg_name,
+        /// where the description does not say so (as `mesh_dp` or `DATA_PARALLEL_GROUP` do).
+        /// Without subgroups the world is the data-parallel group.
+        #[arg(long, value_name = "DESC")]
+        data_parallel: Option<String>,
         /// The directory to create (new or empty): `worldN.rankR.et.json.gz` per rank.
         #[arg(short, long)]
         output: PathBuf,

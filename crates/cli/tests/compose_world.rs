@@ -1,6 +1,9 @@
 //! `mystique compose world`: a captured job written at another world size, checked against
 //! captures made at that size. `tests/data/dist_mlp_w4` and `dist_mlp_w8` are the shared 2-rank
-//! DDP job (`../shared/tools/gen_dist_traces.py DIR N mlp`) captured at 4 and 8 ranks.
+//! DDP job (`../shared/tools/gen_dist_traces.py DIR N mlp`) captured at 4 and 8 ranks;
+//! `tpdp_w4` and `tpdp_w8` a tensor- x data-parallel MLP block on a ("dp", "tp") device mesh
+//! with 2 tensor-parallel ranks (`xtask/scripts/tp_dp.py DIR N 2`) at 2 and 4 data-parallel
+//! ranks.
 
 mod common;
 use common::{bin, json, shared};
@@ -154,8 +157,208 @@ fn a_synthesised_job_replays_on_every_rank() {
     let _ = std::fs::remove_dir_all(&every);
 }
 
-/// A job with a subgroup is refused, naming the group (which group each collective runs on is
-/// not in the trace); so is a world smaller than the capture's.
+/// One rank's collectives by op and by the group they ran on (its description and global
+/// ranks, from the rank's process group record and each collective's `pg_name`): calls and
+/// tensor bytes; and the groups the rank recorded, by description and ranks.
+#[allow(clippy::type_complexity)]
+fn by_group(
+    path: &Path,
+) -> (
+    BTreeMap<(String, String, Vec<i64>), (usize, u64)>,
+    Vec<(String, Vec<i64>)>,
+) {
+    let t = mystique_cli::read_trace(path).unwrap();
+    let records = et_graph::world::process_group_records(&t).unwrap_or_default();
+    let mut groups: Vec<(String, Vec<i64>)> = records
+        .iter()
+        .map(|g| (g.pg_desc.clone(), g.ranks.clone()))
+        .collect();
+    groups.sort();
+    let mut colls: BTreeMap<(String, String, Vec<i64>), (usize, u64)> = BTreeMap::new();
+    for n in &t.nodes {
+        if !t.name(n).starts_with("c10d::") {
+            continue;
+        }
+        let pg = t
+            .extras(n)
+            .iter()
+            .find(|e| t.str(e.name) == "pg_name")
+            .and_then(|e| match e.value {
+                et_schema::Value::Str(s) => Some(t.str(s).to_string()),
+                _ => None,
+            })
+            .expect("every collective names its group");
+        let g = records.iter().find(|g| g.pg_name == pg).unwrap_or_else(|| {
+            panic!(
+                "{}: group {pg:?} is not in the rank's record",
+                path.display()
+            )
+        });
+        let bytes: u64 = t.inputs(n).iter().map(|a| tensor_bytes(&t, a.value)).sum();
+        let e = colls
+            .entry((t.name(n).to_string(), g.pg_desc.clone(), g.ranks.clone()))
+            .or_default();
+        e.0 += 1;
+        e.1 += bytes;
+    }
+    (colls, groups)
+}
+
+/// A tensor- x data-parallel job grows its data-parallel dimension: synthesised from the 2 x 2
+/// capture, the 4 x 2 job has on every rank the ops of the capture made at 8 ranks, its
+/// process groups (the "dp" groups grown to 4 ranks, twice as many "tp" groups of 2), and each
+/// collective on the same group with the same bytes; and it replays on 8 ranks with every op
+/// and every collective's result checked.
+#[test]
+fn a_tensor_and_data_parallel_job_grows_its_data_parallel_groups() {
+    let out = scratch("tpdp8");
+    let j = world(&data("tpdp_w4").display().to_string(), 8, &out, &[]);
+    let groups = j["groups"].as_array().unwrap();
+    let family = |desc: &str| {
+        groups
+            .iter()
+            .find(|g| g["desc"] == desc)
+            .unwrap_or_else(|| panic!("{desc}: {j}"))
+    };
+    let dp = family("mesh_dp");
+    assert_eq!(dp["data_parallel"], true);
+    assert_eq!(
+        (dp["groups_before"].as_u64(), dp["size_before"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        (dp["groups_after"].as_u64(), dp["size_after"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let tp = family("mesh_tp");
+    assert_eq!(tp["data_parallel"], false);
+    assert_eq!(
+        (tp["groups_after"].as_u64(), tp["size_after"].as_u64()),
+        (Some(4), Some(2))
+    );
+    let real = data("tpdp_w8");
+    for r in 0..8 {
+        let made = out.join(format!("world8.rank{r}.et.json.gz"));
+        let captured = real.join(format!("tpdp_w8.rank{r}.et.json.gz"));
+        assert_eq!(
+            profile(&made).0,
+            profile(&captured).0,
+            "rank {r}: ops by name"
+        );
+        let (colls, groups) = by_group(&made);
+        let (colls_real, groups_real) = by_group(&captured);
+        assert_eq!(groups, groups_real, "rank {r}: its process groups");
+        assert_eq!(
+            colls, colls_real,
+            "rank {r}: collectives by group, and bytes"
+        );
+    }
+    let j = json(bin().args(["replay", "--ranks"]).arg(&out).args([
+        "--json",
+        "--threads",
+        "1",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--check-collectives",
+    ]));
+    assert_eq!(j["world_size"], 8);
+    for (k, r) in j["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        assert_eq!(r["ops_replayed"], r["ops_selected"], "rank {k}");
+        assert_eq!(r["check"]["checked"], 5, "rank {k}: {}", r["check"]);
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `tests/data/tpdp_w4` rewritten into `dir` by `edit` (each rank's ET as JSON).
+fn edited_tpdp(dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    use std::io::Read;
+    std::fs::create_dir_all(dir).unwrap();
+    for r in 0..4 {
+        let path = data("tpdp_w4").join(format!("tpdp_w4.rank{r}.et.json.gz"));
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        let mut t: serde_json::Value = serde_json::from_str(&text).unwrap();
+        edit(&mut t);
+        std::fs::write(
+            dir.join(format!("job.rank{r}.et.json")),
+            serde_json::to_vec(&t).unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+fn refusal(dir: &Path, world: usize, extra: &[&str]) -> String {
+    let o = bin()
+        .args(["compose", "world"])
+        .arg(dir)
+        .args(["--world", &world.to_string(), "-o"])
+        .arg(dir.join("out"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{err}");
+    assert!(!dir.join("out").exists(), "nothing is written: {err}");
+    err
+}
+
+/// A job with subgroups is refused where it cannot be told how it scales: collectives that
+/// do not name their group (as Gloo records them), groups whose descriptions do not say which
+/// are data parallel (until --data-parallel names them), a world that is not whole replicas
+/// of the tensor-parallel groups.
+#[test]
+fn a_model_parallel_job_is_refused_where_its_layout_is_not_recorded() {
+    let dir = scratch("unnamed");
+    edited_tpdp(&dir, |t| {
+        for n in t["nodes"].as_array_mut().unwrap() {
+            if let Some(a) = n["attrs"].as_array_mut() {
+                a.retain(|x| x["name"] != "pg_name");
+            }
+        }
+    });
+    let err = refusal(&dir, 8, &[]);
+    assert!(
+        err.contains("c10d::allreduce_") && err.contains("pg_name"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let dir = scratch("undescribed");
+    edited_tpdp(&dir, |t| {
+        for n in t["nodes"].as_array_mut().unwrap() {
+            if n["name"] == "## process_group:init ##" {
+                let v = n["inputs"]["values"][0].as_str().unwrap();
+                let v = v.replace("mesh_dp", "mesh_a").replace("mesh_tp", "mesh_b");
+                n["inputs"]["values"][0] = serde_json::json!(v);
+            }
+        }
+    });
+    let err = refusal(&dir, 8, &[]);
+    assert!(
+        err.contains("--data-parallel") && err.contains("mesh_a"),
+        "{err}"
+    );
+    let err = refusal(&dir, 7, &["--data-parallel", "mesh_a"]);
+    assert!(err.contains("multiple of 2"), "{err}");
+    let out = dir.join("named");
+    let j = world(
+        &dir.display().to_string(),
+        8,
+        &out,
+        &["--data-parallel", "mesh_a"],
+    );
+    assert_eq!(j["world"], 8);
+    assert!(out.join("world8.rank7.et.json.gz").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job whose group does not tile the world is refused, naming the group; so is a world
+/// smaller than the capture's.
 #[test]
 fn a_job_that_cannot_be_scaled_is_refused_by_name() {
     let dir = scratch("odd");

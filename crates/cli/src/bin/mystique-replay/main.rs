@@ -42,6 +42,7 @@ fn main() -> ExitCode {
                 mystique_cli::args::ComposeOp::World {
                     traces,
                     world,
+                    data_parallel,
                     output,
                     chakra,
                     astra_sim,
@@ -51,6 +52,7 @@ fn main() -> ExitCode {
             &world_cmd::WorldArgs {
                 traces,
                 world,
+                data_parallel,
                 output,
                 chakra,
                 astra_sim,

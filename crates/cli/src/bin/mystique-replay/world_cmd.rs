@@ -12,6 +12,7 @@ use crate::rank_files;
 pub struct WorldArgs {
     pub traces: Vec<PathBuf>,
     pub world: usize,
+    pub data_parallel: Option<String>,
     pub output: PathBuf,
     pub chakra: bool,
     pub astra_sim: bool,
@@ -57,7 +58,9 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
         .iter()
         .map(|p| mystique_cli::read_trace(p))
         .collect::<Result<_>>()?;
-    let job = et_graph::world::Job::new(&traces)?;
+    let job = et_graph::world::Job::new(&traces, a.data_parallel.as_deref())?;
+    // Checked before anything is written.
+    let groups = job.groups_scaled(a.world)?;
     let name = a
         .output
         .file_name()
@@ -119,6 +122,7 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
             "captured": traces.len(),
             "world": n,
             "rank0_from": scaled.from,
+            "groups": groups,
             "ops_added_per_rank": scaled.ops_added,
             "collectives": scaled.by_kind,
             "bytes_written": bytes,
@@ -127,12 +131,26 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
         println!("{j}");
     } else {
         println!(
-            "world      {n} ranks from {} captured (data-parallel), {n} files in {} ({:.1} MB, \
-             {secs:.2} s)",
+            "world      {n} ranks from {} captured, {n} files in {} ({:.1} MB, {secs:.2} s)",
             traces.len(),
             a.output.display(),
             bytes as f64 / 1e6
         );
+        println!("process groups");
+        println!("  {:<24} {:>14} {:>14}", "description", "before", "after");
+        for g in &groups {
+            let dp = if g.data_parallel {
+                "  (data parallel)"
+            } else {
+                ""
+            };
+            println!(
+                "  {:<24} {:>14} {:>14}{dp}",
+                g.desc,
+                format!("{} x {}", g.groups_before, g.size_before),
+                format!("{} x {}", g.groups_after, g.size_after)
+            );
+        }
         println!(
             "collectives per rank (rank 0, made from captured rank {})",
             scaled.from

@@ -1,19 +1,31 @@
-//! A captured job at another world size: the rank traces of a data-parallel job synthesised
-//! for `N` ranks from the ranks that were captured.
+//! A captured job at another world size: the rank traces of the job with its data-parallel
+//! dimension grown to `N` ranks, synthesised from the ranks that were captured.
 //!
-//! New rank `r` is made from captured rank `r` while the capture has it, else from the last
-//! captured rank (rank 0 roots the rooted collectives; the others are alike). The world group
-//! is made again for `N`, and each collective's recorded sizes follow `N` by its kind:
-//! all-reduce, broadcast, reduce and barrier keep their bytes; all-gather outputs and gather,
-//! scatter, reduce-scatter and list all-to-all parts are one per rank; the flat all-gather's
+//! The job's process groups give its ranks' layout ([`layout`]): the world, or a grid of
+//! parallel dimensions (a device mesh's `mesh_dp` and `mesh_tp` groups), one of them data
+//! parallel. A new rank is made from the captured rank at the same place in the other
+//! dimensions (its data-parallel place the capture's last where the capture had fewer); the
+//! groups are made again for `N` (the data-parallel groups and the world grown, the others
+//! kept, more of them), and each collective follows its group by its kind: all-reduce,
+//! broadcast, reduce and barrier keep their bytes; all-gather outputs and gather, scatter,
+//! reduce-scatter and list all-to-all parts are one per group rank; the flat all-gather's
 //! output and reduce-scatter's input scale their first dimension; all-to-all splits are
 //! re-split evenly (the mean part over the capture's ranks and peers, the same on every rank);
-//! send and receive peers keep their offset from the rank. A per-rank output buffer an op made
-//! right before an all-gather (a list of `torch.zeros` the model filled one per rank), and the
-//! backend's copies into the parts after it, are made once per new part.
-//! `record_param_comms` records (rank, group size, message sizes, splits) follow. A job with
-//! subgroups (which group a collective runs on is not recorded in every trace), a smaller
-//! world, or a collective it does not know is refused by name.
+//! send and receive peers keep their offset from the rank in its group. A per-rank output
+//! buffer an op made right before an all-gather (a list of `torch.zeros` the model filled one
+//! per rank), and the backend's copies into the parts after it, are made once per new part.
+//! `record_param_comms` records (rank, group, sizes, splits) follow.
+//!
+//! Which group a collective runs on is read from its `pg_name` (on the node or on its
+//! `record_param_comms` record, as NCCL traces record it). A job with subgroups whose
+//! collectives do not name their group (PyTorch's Gloo traces name none), groups that do not
+//! make a rank grid, a world that is not whole replicas of the other dimensions, a smaller
+//! world, or a collective kind it does not know is refused by name.
+
+mod layout;
+
+pub use layout::GroupsScaled;
+use layout::{Layout, Place};
 
 use crate::Graph;
 use et_schema::{Arg, Node, TensorRef, Trace, Value};
@@ -28,12 +40,8 @@ pub enum WorldError {
     /// A world of no rank.
     #[error("--world {0}: a world needs at least one rank")]
     Zero(usize),
-    #[error(
-        "process group {name:?} (ranks {ranks:?} of {world}) is a subgroup: compose world scales \
-         the world of a data-parallel job, and which group each collective runs on, and a \
-         subgroup's size at another world, cannot be told from the trace"
-    )]
-    /// A process group whose size at another world size the trace does not tell.
+    /// A process group that does not fit a layout of the ranks.
+    #[error("process group {name:?} (ranks {ranks:?} of {world}): {why}")]
     Group {
         /// Its `pg_name`.
         name: String,
@@ -41,7 +49,12 @@ pub enum WorldError {
         ranks: Vec<i64>,
         /// The captured world size.
         world: usize,
+        /// Why.
+        why: String,
     },
+    /// The ranks' layout does not scale as asked.
+    #[error("{0}")]
+    Layout(String),
     /// A world smaller than the capture's.
     #[error(
         "--world {world}: the capture has {captured} ranks; compose world writes larger worlds \
@@ -124,7 +137,7 @@ pub struct Scaled {
 /// The captured job: its traces in rank order and how its ranks lie.
 pub struct Job<'t> {
     traces: &'t [Trace],
-    groups: Vec<PgInit>,
+    layout: Layout,
     /// Per all-to-all-v of the iteration (in order), the part each rank sends each rank at
     /// any world size: the mean over the capture's ranks and peers, so that every new rank
     /// agrees with every other on what it receives.
@@ -132,41 +145,27 @@ pub struct Job<'t> {
 }
 
 impl<'t> Job<'t> {
-    /// The job of `traces` (rank order); refused where rank 0's recorded process groups hold
-    /// a subgroup.
-    pub fn new(traces: &'t [Trace]) -> Result<Job<'t>, WorldError> {
-        let first = traces.first().ok_or(WorldError::Empty)?;
-        let captured = traces.len();
-        let groups = pg_init(first).map(|(_, g)| g).unwrap_or_default();
-        // Only the world scales: which group a collective runs on is not recorded in every
-        // trace (PyTorch 2.11's CPU traces name none), so a subgroup's collectives could not
-        // be told from the world's, and its size at another world would be a guess.
-        let all: Vec<i64> = (0..captured as i64).collect();
-        for g in &groups {
-            let world = g.pg_desc == "default_pg" || g.ranks.is_empty() || g.ranks == all;
-            if !world {
-                return Err(WorldError::Group {
-                    name: g.pg_name.clone(),
-                    ranks: g.ranks.clone(),
-                    world: captured,
-                });
-            }
+    /// The job of `traces` (rank order). `data_parallel` names its data-parallel groups (their
+    /// `pg_desc`, or one's `pg_name`) where their description does not say so; a job without
+    /// subgroups is data parallel over its world.
+    pub fn new(traces: &'t [Trace], data_parallel: Option<&str>) -> Result<Job<'t>, WorldError> {
+        if traces.is_empty() {
+            return Err(WorldError::Empty);
         }
+        let records: Vec<Vec<PgInit>> = traces
+            .iter()
+            .map(|t| pg_init(t).map(|(_, g)| g).unwrap_or_default())
+            .collect();
+        let layout = Layout::new(&records, traces.len(), data_parallel)?;
         Ok(Job {
             traces,
-            groups,
+            layout,
             a2a_parts: a2a_parts(traces),
         })
     }
 
-    /// The captured rank new rank `rank` is made from: itself while the capture has it, else
-    /// the last captured rank (rank 0 roots the rooted collectives; the others are alike).
-    pub fn template(&self, rank: usize) -> usize {
-        rank.min(self.traces.len() - 1)
-    }
-
-    /// Rank `rank`'s trace at world size `world`, and what was scaled.
-    pub fn rank_trace(&self, rank: usize, world: usize) -> Result<(Trace, Scaled), WorldError> {
+    /// The dimension sizes at world size `world` (innermost first), checked.
+    fn sizes(&self, world: usize) -> Result<Vec<usize>, WorldError> {
         if world == 0 {
             return Err(WorldError::Zero(world));
         }
@@ -176,13 +175,33 @@ impl<'t> Job<'t> {
                 captured: self.traces.len(),
             });
         }
-        let from = self.template(rank);
+        self.layout.sizes_at(world)
+    }
+
+    /// The captured rank new rank `rank` of a `world`-rank job is made from: the one at the
+    /// same place in every dimension but the data-parallel one, and there at the same place
+    /// while the capture has it, else the capture's last (its first roots the rooted
+    /// collectives; the others are alike).
+    pub fn template(&self, rank: usize, world: usize) -> Result<usize, WorldError> {
+        Ok(self.layout.template(rank, &self.sizes(world)?))
+    }
+
+    /// The process groups before and after, per family (the world first).
+    pub fn groups_scaled(&self, world: usize) -> Result<Vec<GroupsScaled>, WorldError> {
+        Ok(self.layout.report(&self.sizes(world)?))
+    }
+
+    /// Rank `rank`'s trace at world size `world`, and what was scaled.
+    pub fn rank_trace(&self, rank: usize, world: usize) -> Result<(Trace, Scaled), WorldError> {
+        let sizes = self.sizes(world)?;
+        let from = self.layout.template(rank, &sizes);
         let mut s = Synth {
             t: self.traces[from].clone(),
             rank,
             from,
-            world,
-            captured: self.traces.len(),
+            layout: &self.layout,
+            sizes,
+            captured_sizes: self.layout.sizes_at(self.traces.len())?,
             scaled: Scaled {
                 from,
                 ..Default::default()
@@ -194,7 +213,7 @@ impl<'t> Job<'t> {
             last_part: None,
         };
         s.init_ids();
-        s.groups(&self.groups);
+        s.groups();
         s.collectives()?;
         Ok((s.t, s.scaled))
     }
@@ -266,19 +285,24 @@ struct Synth<'j> {
     t: Trace,
     rank: usize,
     from: usize,
-    world: usize,
-    captured: usize,
+    layout: &'j Layout,
+    /// The grid's sizes at the new world and in the capture.
+    sizes: Vec<usize>,
+    captured_sizes: Vec<usize>,
     scaled: Scaled,
     next_tensor: u64,
     next_storage: u64,
 }
 
-/// A collective node's group: its ranks (global) as recorded, the new ones, and this rank's
-/// place in both.
+/// A collective's group in the capture and at the new world size: its size in both, the
+/// ranks' places in it, and its name now.
 struct GroupShape {
-    /// Group size in the capture and at the new world size.
     n: usize,
     n2: usize,
+    /// The captured rank's group rank, and the new rank's.
+    from: usize,
+    to: usize,
+    now: Place,
 }
 
 impl Synth<'_> {
@@ -287,19 +311,29 @@ impl Synth<'_> {
         self.next_storage = self.t.tensors.iter().map(|x| x.storage).max().unwrap_or(0) + 1;
     }
 
-    /// The groups made again for the new world: the world (and any group of every rank) at
-    /// its new size.
-    fn groups(&mut self, captured: &[PgInit]) {
-        let Some((k, _)) = pg_init(&self.t) else {
+    /// The groups made again for the new world: each group the captured rank recorded is
+    /// the new rank's group of the same family (the world, the data-parallel groups grown, the
+    /// others as they were, at the new rank's place).
+    fn groups(&mut self) {
+        let Some((k, captured)) = pg_init(&self.t) else {
             return;
         };
+        let count = self.layout.group_count(&self.sizes);
         let out: Vec<PgInit> = captured
             .iter()
             .map(|g| {
                 let mut w = g.clone();
-                w.group_size = self.world as i64;
-                if !w.ranks.is_empty() {
-                    w.ranks = (0..self.world as i64).collect();
+                let family = self.layout.family(&g.pg_name);
+                let p = self.layout.place(family, self.rank, &self.sizes);
+                w.pg_name = p.name;
+                w.group_size = p.size as i64;
+                if family.is_some() || !w.ranks.is_empty() {
+                    w.ranks = (0..p.size)
+                        .map(|j| (p.start + j * p.stride) as i64)
+                        .collect();
+                }
+                if let Some(c) = w.rest.get_mut("group_count") {
+                    *c = count.into();
                 }
                 w
             })
@@ -310,12 +344,34 @@ impl Synth<'_> {
         self.t.args[start].value = Value::Str(sym);
     }
 
-    /// The group a collective runs on, captured and new: the world (the only group scaled).
-    fn group(&self) -> GroupShape {
-        GroupShape {
-            n: self.captured,
-            n2: self.world,
-        }
+    /// The group collective `n` names (`pg_name`), captured and new; an unnamed one runs on
+    /// the world, where the job has no other group.
+    fn group(&self, n: &Node, name: Option<&str>) -> Result<GroupShape, WorldError> {
+        let family =
+            match name {
+                Some(x) if self.layout.is_world_name(x) => None,
+                Some(x) => Some(self.layout.family(x).ok_or_else(|| {
+                    self.fail(
+                        n,
+                        format!("it names process group {x:?}, which the job did not record"),
+                    )
+                })?),
+                None if self.layout.has_subgroups() => return Err(self.fail(
+                    n,
+                    "it does not name its process group (pg_name) and the job has groups besides \
+                     the world: which one it runs on is not recorded",
+                )),
+                None => None,
+            };
+        let was = self.layout.place(family, self.from, &self.captured_sizes);
+        let now = self.layout.place(family, self.rank, &self.sizes);
+        Ok(GroupShape {
+            n: was.size,
+            n2: now.size,
+            from: was.me,
+            to: now.me,
+            now,
+        })
     }
 
     fn fail(&self, n: &Node, why: impl Into<String>) -> WorldError {
@@ -332,14 +388,32 @@ impl Synth<'_> {
         let g = Graph::new(&self.t);
         // Collective nodes in execution order (outermost and the records nested in them).
         let order: Vec<u32> = g.order.clone();
+        // Each node's group name: its own `pg_name`, its record's, or (a record) its op's.
+        let pg: Vec<Option<String>> = (0..self.t.nodes.len() as u32)
+            .map(|i| {
+                let own = |k: u32| pg_attr(&self.t, &self.t.nodes[k as usize]);
+                own(i)
+                    .or_else(|| {
+                        g.children(i)
+                            .iter()
+                            .filter(|&&c| {
+                                self.t.name(&self.t.nodes[c as usize]) == "record_param_comms"
+                            })
+                            .find_map(|&c| own(c))
+                    })
+                    .or_else(|| g.parent[i as usize].and_then(own))
+            })
+            .collect();
         drop(g);
         // Per-rank buffers made for new list entries are inserted after the run; collected here.
         let mut inserts: Vec<(u64, usize, Vec<Fresh>)> = Vec::new();
         for i in order {
             let n = self.t.nodes[i as usize].clone();
             let name = self.t.name(&n).to_string();
+            let group = pg[i as usize].as_deref();
             if name == "record_param_comms" {
-                self.record(&n)?;
+                let shape = self.group(&n, group)?;
+                self.record(&n, &shape)?;
                 continue;
             }
             let Some(op) = name.strip_prefix("c10d::") else {
@@ -350,10 +424,18 @@ impl Synth<'_> {
                             self.fail(&n, "a functional collective --world does not resize")
                         );
                     }
+                    if self.layout.has_subgroups() {
+                        return Err(self.fail(
+                            &n,
+                            "a functional collective names its group by an argument, which \
+                             compose world does not rewrite for a job with subgroups",
+                        ));
+                    }
                 }
                 continue;
             };
-            let shape = self.group();
+            let shape = self.group(&n, group)?;
+            self.rename_group(&n, &shape);
             let added = self.c10d(&n, op, &shape)?;
             if !added.is_empty() {
                 inserts.push((n.id, shape.n, added));
@@ -766,16 +848,26 @@ impl Synth<'_> {
         let Value::Int(p) = self.t.args[at as usize].value else {
             return Err(self.fail(n, "its peer is not recorded"));
         };
-        self.t.args[at as usize].value =
-            Value::Int(peer_at(self.from, self.rank, g.n, g.n2, p, send));
+        self.t.args[at as usize].value = Value::Int(peer_at(g.from, g.to, g.n, g.n2, p, send));
         Ok(())
     }
 
-    /// A `record_param_comms` record: its rank, group size, message sizes and splits.
-    fn record(&mut self, n: &Node) -> Result<(), WorldError> {
+    /// The new name of collective `n`'s group on its `pg_name`, where it has one.
+    fn rename_group(&mut self, n: &Node, g: &GroupShape) {
+        let sym = self.t.strings.intern(&g.now.name);
+        for k in n.extra.start..n.extra.end {
+            let e = self.t.extra_attrs[k as usize];
+            if self.t.str(e.name) == "pg_name" && matches!(e.value, Value::Str(_)) {
+                self.t.extra_attrs[k as usize].value = Value::Str(sym);
+            }
+        }
+    }
+
+    /// A `record_param_comms` record: its rank, group, message sizes and splits.
+    fn record(&mut self, n: &Node, g: &GroupShape) -> Result<(), WorldError> {
         let kind = crate::summary::collective_name(&self.t, n).unwrap_or_default();
         let flat: String = kind.chars().filter(|c| *c != '_').collect();
-        let g = self.group();
+        self.rename_group(n, g);
         let (n1, n2) = (g.n as i64, g.n2 as i64);
         for k in n.extra.start..n.extra.end {
             let e = self.t.extra_attrs[k as usize];
@@ -787,6 +879,8 @@ impl Synth<'_> {
             let new = match (name.as_str(), int) {
                 ("rank", Some(_)) => Some(Value::Int(self.rank as i64)),
                 ("pg_size", Some(_)) => Some(Value::Int(n2)),
+                ("global_rank_start", Some(_)) => Some(Value::Int(g.now.start as i64)),
+                ("global_rank_stride", Some(_)) => Some(Value::Int(g.now.stride as i64)),
                 ("out_msg_nelems", Some(v)) if flat.contains("allgather") || flat == "gather" => {
                     Some(Value::Int(v / n1.max(1) * n2))
                 }
@@ -1035,6 +1129,16 @@ impl Synth<'_> {
             other => other,
         }
     }
+}
+
+/// A node's `pg_name` attribute, where it has a non-empty one.
+fn pg_attr(t: &Trace, n: &Node) -> Option<String> {
+    t.extras(n).iter().find_map(|e| match e.value {
+        Value::Str(s) if t.str(e.name) == "pg_name" && !t.str(s).is_empty() => {
+            Some(t.str(s).to_string())
+        }
+        _ => None,
+    })
 }
 
 /// The peer of new rank `to` (made from captured rank `from`) whose captured peer was `p`, in
