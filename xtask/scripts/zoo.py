@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | fresh3 | fresh4 | fresh5 | fresh6 | fresh7 | fresh8 | fresh9), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh10), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -35,6 +35,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh7    changes to the gap model tried after it was written
   fresh8    the same, for the changes tried after it was written
   fresh9    the harness's grouped rounds and references
+  fresh10   peak memory counted on the allocator's basis, gradients held to the iteration's end
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1351,6 +1352,115 @@ def segnet_unpool_adam():
     return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), x))
 
 
+
+# ---- held-out set fresh10: peak memory on the allocator's basis, gradients held to the end ----
+
+def unet_small_adam():
+    class U(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d1, self.d2 = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 32, 3, padding=1)
+            self.u1, self.out = nn.ConvTranspose2d(32, 16, 2, stride=2), nn.Conv2d(32, 1, 1)
+
+        def forward(self, x):
+            a = F.relu(self.d1(x))
+            b = F.relu(self.d2(F.max_pool2d(a, 2)))
+            return self.out(torch.cat([a, self.u1(b)], 1))
+    m = U()
+    x, y = torch.randn(2, 3, 32, 32), torch.rand(2, 1, 32, 32)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.binary_cross_entropy_with_logits(m(x), y))
+
+
+def tied_lm_sgd():
+    class LM(nn.Module):
+        def __init__(self, v=500, d=64):
+            super().__init__()
+            self.emb, self.rnn = nn.Embedding(v, d), nn.GRU(d, d, batch_first=True)
+
+        def forward(self, t):
+            h, _ = self.rnn(self.emb(t))
+            return h @ self.emb.weight.t()
+    m = LM()
+    t = torch.randint(0, 500, (4, 24))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.1), lambda m: F.cross_entropy(m(t[:, :-1]).reshape(-1, 500), t[:, 1:].reshape(-1)))
+
+
+def mlp_zero_grad_keep_sgd():
+    m = nn.Sequential(nn.Linear(128, 384), nn.GELU(), nn.Linear(384, 128), nn.GELU(), nn.Linear(128, 4))
+    x, y = torch.randn(48, 128), torch.randint(0, 4, (48,))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.5)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+    return step
+
+
+def vae_adamw():
+    class VAE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.mu, self.lv = nn.Linear(196, 128), nn.Linear(128, 16), nn.Linear(128, 16)
+            self.dec = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 196))
+
+        def forward(self, x):
+            h = F.relu(self.enc(x))
+            mu, lv = self.mu(h), self.lv(h)
+            z = mu + torch.randn_like(mu) * torch.exp(0.5 * lv)
+            return self.dec(z), mu, lv
+    m = VAE()
+    x = torch.rand(32, 196)
+
+    def loss(m):
+        r, mu, lv = m(x)
+        return F.mse_loss(r, x, reduction="sum") - 0.5 * torch.sum(1 + lv - mu.pow(2) - lv.exp())
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), loss)
+
+
+def attn_pool_infer():
+    q = torch.randn(1, 1, 64)
+    proj = nn.Linear(64, 64).eval()
+    x = torch.randn(8, 40, 64)
+
+    @torch.no_grad()
+    def step():
+        k = proj(x)
+        w = torch.softmax((q @ k.transpose(1, 2)) / 8.0, -1)
+        return (w @ x).squeeze(1)
+    return step
+
+
+def multi_loss_adagrad():
+    trunk = nn.Sequential(nn.Linear(64, 96), nn.Tanh())
+    heads = nn.ModuleList([nn.Linear(96, 3), nn.Linear(96, 1), nn.Linear(96, 8)])
+    m = nn.ModuleList([trunk, heads])
+    x, y0, y1, y2 = torch.randn(40, 64), torch.randint(0, 3, (40,)), torch.randn(40, 1), torch.randint(0, 8, (40,))
+
+    def loss(m):
+        h = m[0](x)
+        return F.cross_entropy(m[1][0](h), y0) + F.mse_loss(m[1][1](h), y1) + 0.5 * F.cross_entropy(m[1][2](h), y2)
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.01), loss)
+
+
+def checkpointed_mlp_adam():
+    from torch.utils.checkpoint import checkpoint
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(96, 192), nn.ReLU(), nn.Linear(192, 96)) for _ in range(3)])
+    x, y = torch.randn(32, 96), torch.randn(32, 96)
+
+    def loss(m):
+        h = x
+        for b in m:
+            h = h + checkpoint(b, h, use_reentrant=False)
+        return F.mse_loss(h, y)
+    return train(blocks, torch.optim.Adam(blocks.parameters(), lr=1e-3), loss)
+
+
+def cnn_infer_batch8():
+    m = nn.Sequential(nn.Conv2d(3, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(1024, 10)).eval()
+    return infer(m, torch.randn(8, 3, 40, 40))
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1435,6 +1545,14 @@ MODELS = {
     "crf_tagger_adam": (crf_tagger_adam, "fresh9", "linear-chain CRF tagger: forward algorithm (a logsumexp per step), gold-path gather, Adam"),
     "accum_sched_mlp_sgd": (accum_sched_mlp_sgd, "fresh9", "MLP with gradient accumulation over two micro-batches, clip_grad_value, cosine warm-restart LR schedule, SGD momentum"),
     "segnet_unpool_adam": (segnet_unpool_adam, "fresh9", "SegNet-style autoencoder: max-pool with indices, max-unpool, MSE, Adam"),
+    "unet_small_adam": (unet_small_adam, "fresh10", "small U-Net: conv down, max-pool, transposed conv up, skip concat, BCE logits, Adam"),
+    "tied_lm_sgd": (tied_lm_sgd, "fresh10", "GRU language model with the embedding tied to the output projection, SGD"),
+    "mlp_zero_grad_keep_sgd": (mlp_zero_grad_keep_sgd, "fresh10", "GELU MLP whose gradients are zeroed in place (set_to_none=False), SGD momentum"),
+    "vae_adamw": (vae_adamw, "fresh10", "VAE: reparameterised sampling (randn_like, exp), MSE + KL loss, AdamW"),
+    "attn_pool_infer": (attn_pool_infer, "fresh10", "attention pooling with one learned query: linear, bmm, softmax, inference"),
+    "multi_loss_adagrad": (multi_loss_adagrad, "fresh10", "shared trunk with three heads and a weighted sum of three losses, Adagrad"),
+    "checkpointed_mlp_adam": (checkpointed_mlp_adam, "fresh10", "residual MLP blocks under activation checkpointing (non-reentrant), Adam"),
+    "cnn_infer_batch8": (cnn_infer_batch8, "fresh10", "CNN inference on a batch of 8: 5x5 and 3x3 convs, max and adaptive pooling"),
 }
 
 
@@ -1551,8 +1669,11 @@ def capture(out, name, busy):
             step()
         with open(mem) as f:
             evs = json.load(f).get("traceEvents", [])
-        totals = [e["args"].get("Total Allocated", 0) for e in evs if e.get("name") == "[memory]" and "args" in e]
-        first = totals[0] if totals else 0
+        mems = [e["args"] for e in evs if e.get("name") == "[memory]" and "args" in e
+                and e["args"].get("Device Type", 0) == 0]
+        totals = [m.get("Total Allocated", 0) for m in mems]
+        # What it held before its first allocation: the peak over the iteration's start.
+        first = totals[0] - mems[0].get("Bytes", 0) if totals else 0
         peak = max(totals) if totals else 0
     meta = dict(model=name, set=MODELS[name][1], covers=MODELS[name][2], torch=torch.__version__,
                 threads=torch.get_num_threads(), busy=busy, iters=len(times),

@@ -42,6 +42,8 @@
 //! - `fresh9`: the harness's grouped rounds and references (a change to the harness, not to
 //!   the replay), chosen with the references of four held-out models (film_cnn_adam,
 //!   perceiver_radam, mixer_adamw, lenet_nadam) in view.
+//! - `fresh10`: peak memory on the allocator's basis and the gradients held to the
+//!   iteration's end, chosen with the tuning set's and the earlier sets' peak ratios in view.
 
 mod args;
 mod harness;

@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 10] = [
+pub(super) static HELD_OUT: [HeldOut; 11] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -64,6 +64,11 @@ pub(super) static HELD_OUT: [HeldOut; 10] = [
         set: "fresh9",
         title: "HELD-OUT fresh9",
         label: "held-out fresh9",
+    },
+    HeldOut {
+        set: "fresh10",
+        title: "HELD-OUT fresh10",
+        label: "held-out fresh10",
     },
 ];
 
