@@ -74,8 +74,9 @@ pub(super) struct Layout {
     by_name: HashMap<String, usize>,
     /// (family, captured rank): the name of that rank's group in the family.
     names: HashMap<(usize, usize), String>,
-    /// The world group's name.
-    world_name: String,
+    /// The names of the groups of every rank: the world, and any other group of all ranks
+    /// (PyTorch records a group of every rank with no ranks listed, as the world).
+    world_names: Vec<String>,
     /// Names of groups the capture did not have start here (past every numeric name).
     fresh: u64,
 }
@@ -84,13 +85,13 @@ impl Layout {
     /// The layout of a `world`-rank job whose ranks recorded `records`; `dp` names the
     /// data-parallel groups (a description, or one of their names), else they are the
     /// family whose description says data parallel (`mesh_dp`, `DATA_PARALLEL_GROUP`), or the
-    /// world where there is no subgroup.
+    /// world where no group of more than one rank splits it.
     pub fn new(
         records: &[Vec<PgInit>],
         world: usize,
         dp: Option<&str>,
     ) -> Result<Layout, WorldError> {
-        let mut world_name = "0".to_string();
+        let mut world_names: Vec<String> = Vec::new();
         let mut fresh = 0u64;
         // Every group once, by name (each rank records the groups it is in).
         let mut groups: Vec<&PgInit> = Vec::new();
@@ -99,12 +100,17 @@ impl Layout {
                 fresh = fresh.max(k + 1);
             }
             if is_world(g, world) {
-                world_name = g.pg_name.clone();
+                if !world_names.contains(&g.pg_name) {
+                    world_names.push(g.pg_name.clone());
+                }
                 continue;
             }
             if !groups.iter().any(|x| x.pg_name == g.pg_name) {
                 groups.push(g);
             }
+        }
+        if world_names.is_empty() {
+            world_names.push("0".into());
         }
         // Families: description, size and stride.
         let mut keyed: Vec<(FamilyKey, Vec<&PgInit>)> = Vec::new();
@@ -121,12 +127,13 @@ impl Layout {
                 .map(|&r| usize::try_from(r).ok().filter(|&r| r < world))
                 .collect::<Option<_>>()
                 .ok_or_else(|| bad(format!("it names a rank outside the {world} captured")))?;
+            // A group of one rank: stride 0, as PyTorch's own records have it.
             let stride = if ranks.len() > 1 {
                 ranks[1].saturating_sub(ranks[0])
             } else {
-                1
+                0
             };
-            let progression = stride > 0
+            let progression = (stride > 0 || ranks.len() == 1)
                 && ranks
                     .iter()
                     .enumerate()
@@ -144,71 +151,64 @@ impl Layout {
                 None => keyed.push((key, vec![g])),
             }
         }
-        // Dimensions, innermost first, from the families' strides.
-        keyed.sort_by_key(|((_, size, stride), _)| (*stride, *size));
-        let mut dims: Vec<usize> = Vec::new();
-        let mut families = Vec::new();
-        for ((desc, size, stride), members) in &keyed {
-            let first = members[0];
-            let bad = |why: String| WorldError::Group {
-                name: first.pg_name.clone(),
-                ranks: first.ranks.clone(),
-                world,
-                why,
-            };
-            let covered: usize = members.len() * size;
-            if covered != world {
-                return Err(bad(format!(
-                    "its family ({} groups of {size}, {desc:?}) does not cover the {world} ranks \
-                     once (were all ranks' traces given?)",
-                    members.len()
+        // The grid's dimensions, innermost first: between consecutive boundaries, a boundary
+        // being where a family's groups start repeating (its stride) or end (stride x size).
+        let mut bounds: Vec<usize> = vec![1, world];
+        for ((_, size, stride), members) in &keyed {
+            if members.len() * size != world {
+                let first = members[0];
+                return Err(WorldError::Group {
+                    name: first.pg_name.clone(),
+                    ranks: first.ranks.clone(),
+                    world,
+                    why: format!(
+                        "its family ({} groups of {size}, {:?}) does not cover the {world} ranks \
+                         once (were all ranks' traces given?)",
+                        members.len(),
+                        first.pg_desc
+                    ),
+                });
+            }
+            if *size > 1 {
+                bounds.extend([*stride, stride * size]);
+            }
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut dims = Vec::new();
+        for w in bounds.windows(2) {
+            if !w[1].is_multiple_of(w[0]) {
+                return Err(WorldError::Layout(format!(
+                    "the process groups do not make a grid of the ranks: groups repeat every \
+                     {} and every {} ranks",
+                    w[0], w[1]
                 )));
             }
-            let span = if *size == 1 {
-                0..0
+            dims.push(w[1] / w[0]);
+        }
+        if dims.is_empty() {
+            dims.push(1);
+        }
+        let dim_at = |b: usize| bounds.iter().position(|&x| x == b);
+        let mut families = Vec::new();
+        let mut by_name = HashMap::new();
+        let mut names = HashMap::new();
+        for (f, ((desc, size, stride), members)) in keyed.iter().enumerate() {
+            let span = if *size > 1 {
+                dim_at(*stride).unwrap_or(0)..dim_at(stride * size).unwrap_or(0)
             } else {
-                span_of(&mut dims, *stride, *size).ok_or_else(|| {
-                    bad(format!(
-                        "its stride {stride} and size {size} do not fit the rank grid the other \
-                         groups make"
-                    ))
-                })?
+                0..0
             };
             families.push(Family {
                 desc: desc.clone(),
-                dims: span,
-                example: first.pg_name.clone(),
+                dims: span.clone(),
+                example: members[0].pg_name.clone(),
             });
-        }
-        let inner: usize = dims.iter().product();
-        if !world.is_multiple_of(inner) {
-            return Err(WorldError::Layout(format!(
-                "the groups make a grid of {inner} ranks, which does not divide the world of {world}"
-            )));
-        }
-        if world > inner {
-            dims.push(world / inner);
-        }
-        let mut by_name = HashMap::new();
-        let mut names = HashMap::new();
-        let mut layout = Layout {
-            world,
-            dims,
-            dp: 0,
-            families,
-            by_name: HashMap::new(),
-            names: HashMap::new(),
-            world_name,
-            fresh,
-        };
-        // Families are in `keyed`'s order.
-        for (f, (_, members)) in keyed.iter().enumerate() {
             for g in members {
                 by_name.insert(g.pg_name.clone(), f);
                 // The group must be the one the grid makes for its first rank.
-                let r0 = g.ranks[0] as usize;
-                let c = coords(r0, &layout.dims);
-                if layout.families[f].dims.clone().any(|d| c[d] != 0) {
+                let c = coords(g.ranks[0] as usize, &dims);
+                if span.clone().any(|d| c[d] != 0) {
                     return Err(WorldError::Group {
                         name: g.pg_name.clone(),
                         ranks: g.ranks.clone(),
@@ -221,34 +221,55 @@ impl Layout {
                 }
             }
         }
-        layout.by_name = by_name;
-        layout.names = names;
+        let mut layout = Layout {
+            world,
+            dims,
+            dp: 0,
+            families,
+            by_name,
+            names,
+            world_names,
+            fresh,
+        };
         layout.dp = layout.data_parallel(dp)?;
         Ok(layout)
     }
 
-    /// The data-parallel dimension.
-    fn data_parallel(&self, dp: Option<&str>) -> Result<usize, WorldError> {
-        let list = || {
-            self.families
-                .iter()
-                .map(|f| format!("{:?} (e.g. group {:?})", f.desc, f.example))
+    /// The data-parallel dimension. Without a family that splits the world (no subgroup, or
+    /// groups of one rank: PyTorch hands a mesh dimension of every rank the world itself),
+    /// the world is data parallel; a data-parallel family of one-rank groups is taken as the
+    /// outermost dimension, as a device mesh puts "dp" first.
+    fn data_parallel(&mut self, dp: Option<&str>) -> Result<usize, WorldError> {
+        let describe = |fs: &[usize], all: &[Family]| {
+            fs.iter()
+                .map(|&f| format!("{:?} (e.g. group {:?})", all[f].desc, all[f].example))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        if self.families.is_empty() {
-            return match dp {
-                None => Ok(0),
-                Some(d) => Err(WorldError::Layout(format!(
-                    "--data-parallel {d}: the job has no process group but the world"
-                ))),
-            };
+        let all: Vec<usize> = (0..self.families.len()).collect();
+        let splitting = self.families.iter().any(|f| !f.dims.is_empty());
+        let world_named =
+            dp.is_some_and(|d| d == "default_pg" || self.world_names.iter().any(|w| w == d));
+        let dp_of_one =
+            !splitting && dp.is_none() && self.families.iter().any(|f| says_data_parallel(&f.desc));
+        if ((!splitting && dp.is_none()) || world_named) && !dp_of_one {
+            if self.dims.len() != 1 {
+                return Err(WorldError::Layout(
+                    "the world is not the data-parallel group of a job whose groups split it"
+                        .into(),
+                ));
+            }
+            return Ok(0);
         }
         let chosen: Vec<usize> = match dp {
-            Some(d) => (0..self.families.len())
+            Some(d) => all
+                .iter()
+                .copied()
                 .filter(|&f| self.families[f].desc == d || self.by_name.get(d) == Some(&f))
                 .collect(),
-            None => (0..self.families.len())
+            None => all
+                .iter()
+                .copied()
                 .filter(|&f| says_data_parallel(&self.families[f].desc))
                 .collect(),
         };
@@ -258,28 +279,45 @@ impl Layout {
                 return Err(WorldError::Layout(match dp {
                     Some(d) => format!(
                         "--data-parallel {d}: no process group family is {d:?}; the job's are {}",
-                        list()
+                        describe(&all, &self.families)
                     ),
                     None => format!(
                         "which groups are the data-parallel ones is not said by their \
                          descriptions: name them with --data-parallel DESC (the job's: {})",
-                        list()
+                        describe(&all, &self.families)
                     ),
                 }))
             }
-            _ => {
+            several => {
                 return Err(WorldError::Layout(format!(
                     "several process group families could be the data-parallel one: {}; name \
-                     one with --data-parallel",
-                    list()
+                     one with --data-parallel and one of its groups' pg_name",
+                    describe(several, &self.families)
                 )))
             }
         };
         let span = self.families[f].dims.clone();
+        if span.is_empty() && !splitting {
+            // (dp 1, tp N): PyTorch hands the dimension of every rank the world itself, so
+            // the world's collectives are the other dimension's, which grows no more.
+            return Err(WorldError::Layout(format!(
+                "the data-parallel groups {:?} have one rank each and no other group splits the \
+                 world: its collectives belong to a model-parallel group of every rank, which \
+                 cannot be told apart from the world at a larger size",
+                self.families[f].desc
+            )));
+        }
+        if span.is_empty() {
+            // Groups of one rank: a dimension of size 1, outermost.
+            self.dims.push(1);
+            let d = self.dims.len() - 1;
+            self.families[f].dims = d..d + 1;
+            return Ok(d);
+        }
         if span.len() != 1 {
             return Err(WorldError::Layout(format!(
-                "the data-parallel groups {:?} (e.g. {:?}) span {} dimensions of the rank grid; \
-                 compose world grows one",
+                "the data-parallel groups {:?} (e.g. {:?}) span {} dimensions of the rank grid \
+                 that other groups split; compose world grows one",
                 self.families[f].desc,
                 self.families[f].example,
                 span.len()
@@ -326,7 +364,7 @@ impl Layout {
 
     /// Whether `name` is the world group's.
     pub fn is_world_name(&self, name: &str) -> bool {
-        name == self.world_name
+        self.world_names.iter().any(|w| w == name)
     }
 
     /// Rank `rank`'s group in family `f` (or the world) at `sizes`.
@@ -334,7 +372,7 @@ impl Layout {
         let n: usize = sizes.iter().product();
         let Some(f) = f else {
             return Place {
-                name: self.world_name.clone(),
+                name: self.world_names[0].clone(),
                 size: n,
                 me: rank,
                 start: 0,
@@ -350,7 +388,12 @@ impl Layout {
             me = me * sizes[d] + c[d];
         }
         let start = rank - span.clone().map(|d| c[d] * strides[d]).sum::<usize>();
-        let stride = span.clone().next().map_or(1, |d| strides[d]);
+        // A group of one rank has stride 0, as PyTorch records it.
+        let stride = if size > 1 {
+            span.clone().next().map_or(0, |d| strides[d])
+        } else {
+            0
+        };
         // A group the capture had keeps its name: the one whose ranks' coordinates outside
         // the family are all within the capture.
         let captured = c
@@ -382,6 +425,24 @@ impl Layout {
             start,
             stride,
         }
+    }
+
+    /// The world-group peer of new rank `to` (made from captured rank `from`) whose captured
+    /// peer was global rank `p`: the rank at the peer's place in every dimension but the
+    /// data-parallel one, and there at the same offset from the rank, the short way round.
+    pub fn world_peer(
+        &self,
+        from: usize,
+        to: usize,
+        p: usize,
+        sizes: &[usize],
+        send: bool,
+    ) -> usize {
+        let (cf, ct) = (coords(from, &self.dims), coords(to, sizes));
+        let mut c = coords(p % self.world.max(1), &self.dims);
+        let d = self.dp;
+        c[d] = super::peer_at(cf[d], ct[d], self.dims[d], sizes[d], c[d] as i64, send) as usize;
+        rank_of(&c, sizes)
     }
 
     fn family_size(&self, f: usize, sizes: &[usize]) -> usize {
@@ -435,46 +496,6 @@ fn says_data_parallel(desc: &str) -> bool {
     desc.to_ascii_lowercase()
         .split(|c: char| !c.is_ascii_alphanumeric())
         .any(|w| w == "dp" || w.starts_with("data"))
-}
-
-/// The dimensions a family of stride `stride` and size `size` spans, adding what the grid
-/// lacks (a dimension of ranks below the stride, the family's own); `None` where it does not
-/// fit the grid.
-fn span_of(dims: &mut Vec<usize>, stride: usize, size: usize) -> Option<Range<usize>> {
-    let mut at = 1usize;
-    let mut k = 0;
-    while k < dims.len() && at < stride {
-        at *= dims[k];
-        k += 1;
-    }
-    if at < stride {
-        // Past the grid: ranks between it and the stride make a dimension of their own.
-        if !stride.is_multiple_of(at) {
-            return None;
-        }
-        if stride > at {
-            dims.push(stride / at);
-        }
-        dims.push(size);
-        return Some(dims.len() - 1..dims.len());
-    }
-    if at != stride {
-        return None;
-    }
-    let start = k;
-    let mut covered = 1usize;
-    while k < dims.len() && covered < size {
-        covered *= dims[k];
-        k += 1;
-    }
-    if covered == size {
-        return Some(start..k);
-    }
-    if covered > size || !size.is_multiple_of(covered) || k < dims.len() {
-        return None;
-    }
-    dims.push(size / covered);
-    Some(start..dims.len())
 }
 
 /// The strides of dimensions of `sizes` (innermost first).
@@ -614,19 +635,96 @@ mod tests {
         assert_eq!(l.place(None, 4, &sizes).size, 5);
     }
 
+    /// A ("pp", "dp") 2 x 2 mesh, data parallel innermost: a stage's send to the next stage
+    /// on the world group goes to the same data-parallel rank of the next stage at any size.
+    #[test]
+    fn world_peers_keep_their_place_in_the_other_dimensions() {
+        let world = pg("0", "default_pg", &[]);
+        let recs: Vec<Vec<PgInit>> = (0..4)
+            .map(|r| {
+                let dp = if r < 2 {
+                    pg("1", "mesh_dp", &[0, 1])
+                } else {
+                    pg("2", "mesh_dp", &[2, 3])
+                };
+                let pp = if r % 2 == 0 {
+                    pg("3", "mesh_pp", &[0, 2])
+                } else {
+                    pg("4", "mesh_pp", &[1, 3])
+                };
+                vec![world.clone(), dp, pp]
+            })
+            .collect();
+        let l = Layout::new(&recs, 4, None).unwrap();
+        let sizes = l.sizes_at(8).unwrap();
+        assert_eq!(sizes, vec![4, 2]);
+        // Captured rank 0 sends to 2 (stage 1, dp 0); at 8 ranks stage 1 starts at 4.
+        assert_eq!(l.world_peer(0, 0, 2, &sizes, true), 4);
+        // New rank 3 (dp 3, stage 0) is made from captured rank 1; its peer is rank 7.
+        assert_eq!(l.template(3, &sizes), 1);
+        assert_eq!(l.world_peer(1, 3, 3, &sizes, true), 7);
+        // And the receive back: rank 7 (from captured 3) receives from 3.
+        assert_eq!(l.world_peer(3, 7, 1, &sizes, false), 3);
+    }
+
+    /// A second group of every rank (a CPU barrier group) is the world's kind, not a family;
+    /// a mesh whose data-parallel dimension is every rank hands it the world, leaving groups
+    /// of one rank; a combined group given before the ones that split it makes the same grid.
+    #[test]
+    fn world_groups_one_rank_groups_and_combined_groups() {
+        let mut recs = mesh_2x2();
+        for r in &mut recs {
+            r.push(pg("5", "cpu_barrier", &[]));
+        }
+        let l = Layout::new(&recs, 4, None).unwrap();
+        assert!(l.is_world_name("5") && l.is_world_name("0"));
+        assert_eq!(l.sizes_at(8).unwrap(), vec![2, 4]);
+        // (dp 4, tp 1): the world is data parallel.
+        let recs: Vec<Vec<PgInit>> = (0..4)
+            .map(|r| {
+                vec![
+                    pg("0", "default_pg", &[]),
+                    pg(&(1 + r).to_string(), "mesh_tp", &[r as i64]),
+                ]
+            })
+            .collect();
+        let l = Layout::new(&recs, 4, None).unwrap();
+        let sizes = l.sizes_at(6).unwrap();
+        assert_eq!(sizes, vec![6]);
+        assert_eq!(l.template(5, &sizes), 3);
+        let p = l.place(l.family("1"), 5, &sizes);
+        assert_eq!((p.size, p.stride, p.start), (1, 0, 5));
+        // (x 2, dp 2, tp 2) with a flattened dp_tp group listed first and no tp groups.
+        let recs: Vec<Vec<PgInit>> = (0..8)
+            .map(|r: i64| {
+                let base = r / 4 * 4;
+                let dp_tp = pg(
+                    &format!("{}", 10 + base),
+                    "dp_tp",
+                    &[base, base + 1, base + 2, base + 3],
+                );
+                let dp = pg(
+                    &format!("{}", 20 + r / 4 * 2 + r % 2),
+                    "mesh_dp",
+                    &[base + r % 2, base + r % 2 + 2],
+                );
+                vec![pg("0", "default_pg", &[]), dp_tp, dp]
+            })
+            .collect();
+        // "dp_tp" says data parallel too: which one is asked for.
+        let e = Layout::new(&recs, 8, None).unwrap_err().to_string();
+        assert!(e.contains("several") && e.contains("dp_tp"), "{e}");
+        let l = Layout::new(&recs, 8, Some("mesh_dp")).unwrap();
+        assert_eq!(l.sizes_at(16).unwrap(), vec![2, 4, 2]);
+        let p = l.place(l.family("10"), 5, &l.sizes_at(16).unwrap());
+        assert_eq!((p.size, p.start, p.stride), (8, 0, 1));
+    }
+
     #[test]
     fn grids_number_ranks_innermost_first() {
         let sizes = [2, 3, 4];
         for r in 0..24 {
             assert_eq!(rank_of(&coords(r, &sizes), &sizes), r);
         }
-        let mut dims = vec![2];
-        // A family of stride 1 over 4 ranks spans the stride-1 dimension and a new one.
-        assert_eq!(span_of(&mut dims, 1, 4), Some(0..2));
-        assert_eq!(dims, vec![2, 2]);
-        // Stride 8 past a grid of 4: a dimension of 2 between.
-        assert_eq!(span_of(&mut dims, 8, 2), Some(3..4));
-        assert_eq!(dims, vec![2, 2, 2, 2]);
-        assert_eq!(span_of(&mut vec![2, 2], 3, 2), None);
     }
 }

@@ -223,7 +223,9 @@ impl<'t> Job<'t> {
 /// rank sends a rank over the capture: every rank's rows sent, summed, over ranks x ranks.
 /// `None` where the ranks do not hold the same number of them.
 fn a2a_parts(traces: &[Trace]) -> Vec<Option<i64>> {
-    let per_rank: Vec<Vec<i64>> = traces
+    // Per rank and call: the rows it sent, and its group's size (its splits' length; the
+    // world where it recorded none).
+    let per_rank: Vec<Vec<(i64, i64)>> = traces
         .iter()
         .map(|t| {
             let g = Graph::new(t);
@@ -238,12 +240,14 @@ fn a2a_parts(traces: &[Trace]) -> Vec<Option<i64>> {
                         .and_then(|x| t.int_list(x.value))
                         .unwrap_or_default();
                     if splits.is_empty() {
-                        a.get(1)
+                        let rows = a
+                            .get(1)
                             .and_then(|x| t.int_list(x.shape))
                             .and_then(|s| s.first().copied())
-                            .unwrap_or(0)
+                            .unwrap_or(0);
+                        (rows, traces.len() as i64)
                     } else {
-                        splits.iter().sum()
+                        (splits.iter().sum(), splits.len() as i64)
                     }
                 })
                 .collect()
@@ -253,8 +257,14 @@ fn a2a_parts(traces: &[Trace]) -> Vec<Option<i64>> {
     let calls = per_rank.first().map_or(0, Vec::len);
     (0..calls)
         .map(|k| {
-            let rows: Option<Vec<i64>> = per_rank.iter().map(|r| r.get(k).copied()).collect();
-            rows.map(|r| r.iter().sum::<i64>() / (n * n).max(1))
+            let rows: Option<Vec<(i64, i64)>> =
+                per_rank.iter().map(|r| r.get(k).copied()).collect();
+            // Every rank sends each rank of its group the mean part: all rows sent over the
+            // (sender, receiver) pairs.
+            rows.map(|r| {
+                let group = r.first().map_or(n, |x| x.1).max(1);
+                r.iter().map(|x| x.0).sum::<i64>() / (n * group).max(1)
+            })
         })
         .collect()
 }
@@ -303,6 +313,8 @@ struct GroupShape {
     from: usize,
     to: usize,
     now: Place,
+    /// Its family; `None` for a group of every rank.
+    family: Option<usize>,
 }
 
 impl Synth<'_> {
@@ -325,7 +337,9 @@ impl Synth<'_> {
                 let mut w = g.clone();
                 let family = self.layout.family(&g.pg_name);
                 let p = self.layout.place(family, self.rank, &self.sizes);
-                w.pg_name = p.name;
+                if family.is_some() {
+                    w.pg_name = p.name;
+                }
                 w.group_size = p.size as i64;
                 if family.is_some() || !w.ranks.is_empty() {
                     w.ranks = (0..p.size)
@@ -364,13 +378,18 @@ impl Synth<'_> {
                 None => None,
             };
         let was = self.layout.place(family, self.from, &self.captured_sizes);
-        let now = self.layout.place(family, self.rank, &self.sizes);
+        let mut now = self.layout.place(family, self.rank, &self.sizes);
+        if let (None, Some(x)) = (family, name) {
+            // A group of every rank keeps its name.
+            now.name = x.to_string();
+        }
         Ok(GroupShape {
             n: was.size,
             n2: now.size,
             from: was.me,
             to: now.me,
             now,
+            family,
         })
     }
 
@@ -830,10 +849,18 @@ impl Synth<'_> {
             if !recorded.is_empty() {
                 let s = self.t.items.len() as u32;
                 self.t.items.extend((0..g.n2).map(|_| Value::Int(part)));
-                self.t.args[(base + splits) as usize].value = Value::List {
+                let at = (base + splits) as usize;
+                self.t.args[at].value = Value::List {
                     start: s,
                     len: g.n2 as u32,
                 };
+                // Its type and shapes name one entry per part (`GenericList[Int,Int]`).
+                if let Some(ty) = Self::list_type(self.t.str(self.t.args[at].ty), g.n2) {
+                    self.t.args[at].ty = self.t.strings.intern(&ty);
+                }
+                if let Some((shape, _)) = self.regrow(sp.shape, g.n, g.n2) {
+                    self.t.args[at].shape = shape;
+                }
             }
             self.set_dim0(base + tensor, k, &shape, part * g.n2 as i64);
             self.last_part = Some(part);
@@ -848,7 +875,16 @@ impl Synth<'_> {
         let Value::Int(p) = self.t.args[at as usize].value else {
             return Err(self.fail(n, "its peer is not recorded"));
         };
-        self.t.args[at as usize].value = Value::Int(peer_at(g.from, g.to, g.n, g.n2, p, send));
+        let peer = match g.family {
+            // A global rank: the grid's other dimensions keep the peer's place.
+            None if p >= 0 => {
+                self.layout
+                    .world_peer(self.from, self.rank, p as usize, &self.sizes, send)
+                    as i64
+            }
+            _ => peer_at(g.from, g.to, g.n, g.n2, p, send),
+        };
+        self.t.args[at as usize].value = Value::Int(peer);
         Ok(())
     }
 
@@ -877,7 +913,8 @@ impl Synth<'_> {
                 _ => None,
             };
             let new = match (name.as_str(), int) {
-                ("rank", Some(_)) => Some(Value::Int(self.rank as i64)),
+                // The rank in the collective's group, as ProcessGroupNCCL records it.
+                ("rank", Some(_)) => Some(Value::Int(g.to as i64)),
                 ("pg_size", Some(_)) => Some(Value::Int(n2)),
                 ("global_rank_start", Some(_)) => Some(Value::Int(g.now.start as i64)),
                 ("global_rank_stride", Some(_)) => Some(Value::Int(g.now.stride as i64)),
@@ -922,7 +959,7 @@ impl Synth<'_> {
             let next = self.t.args.get(k as usize + 1).map(|b| b.value);
             if let (Value::Int(_), Some(Value::Str(s))) = (a.value, next) {
                 if self.t.str(s) == kind {
-                    self.t.args[k as usize].value = Value::Int(self.rank as i64);
+                    self.t.args[k as usize].value = Value::Int(g.to as i64);
                 }
             }
         }
@@ -1143,7 +1180,7 @@ fn pg_attr(t: &Trace, n: &Node) -> Option<String> {
 
 /// The peer of new rank `to` (made from captured rank `from`) whose captured peer was `p`, in
 /// a group of `n` ranks captured and `n2` now: the same offset, taken the short way round.
-fn peer_at(from: usize, to: usize, n: usize, n2: usize, p: i64, send: bool) -> i64 {
+pub(super) fn peer_at(from: usize, to: usize, n: usize, n2: usize, p: i64, send: bool) -> i64 {
     let size = n as i64;
     let mut offset = (p - from as i64).rem_euclid(size);
     let half = size / 2;
