@@ -55,7 +55,9 @@ pub fn init_log(verbose: u8) {
     let level = match verbose {
         0 => return,
         1 => log::LevelFilter::Info,
-        _ => log::LevelFilter::Debug,
+        2 => log::LevelFilter::Debug,
+        // -vvv: per-step detail (the allocator's count after each step of a measured iteration).
+        _ => log::LevelFilter::Trace,
     };
     let logger = Box::new(StderrLog {
         start: std::time::Instant::now(),

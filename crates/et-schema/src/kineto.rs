@@ -106,6 +106,23 @@ pub struct Event {
     pub flow_id: Option<u64>,
 }
 
+/// A memory event (`[memory]`, recorded under `profile_memory=True`): one allocation (positive
+/// bytes) or free (negative) through a device's allocator while the profiler ran.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemoryEvent {
+    /// Microseconds, as the other events.
+    pub ts: f64,
+    /// Bytes allocated (positive) or freed (negative).
+    pub bytes: i64,
+    /// `Total Allocated`: what the allocator reported holding right after, as the profiler
+    /// counts it (on the CPU, only what was allocated while it ran and is still held).
+    pub total_allocated: i64,
+    /// `Device Type` (0 the CPU, 1 CUDA, as `c10::DeviceType` numbers them).
+    pub device_type: i64,
+    /// `Device Id` (-1 for the CPU).
+    pub device_id: i64,
+}
+
 /// A parsed Kineto trace: its events in file order, strings interned.
 #[derive(Clone, Debug, Default)]
 pub struct KinetoTrace {
@@ -113,6 +130,8 @@ pub struct KinetoTrace {
     pub strings: Interner,
     /// The events, in file order.
     pub events: Vec<Event>,
+    /// The memory events (`profile_memory=True`), in file order; empty without them.
+    pub memory: Vec<MemoryEvent>,
     /// `distributedInfo` as JSON text (rank, world_size, backend), when present.
     pub distributed_info: Option<String>,
     /// The rank in `distributedInfo`.
@@ -133,6 +152,26 @@ pub struct KinetoTrace {
     pub source: String,
     /// Non-fatal findings: events dropped for impossible times (see [`parse_kineto`]).
     pub warnings: Vec<String>,
+}
+
+impl KinetoTrace {
+    /// What the allocator of device type `device_type` (0 the CPU, 1 CUDA) held at its peak
+    /// over what it held at the start, from the memory events between `from_us` and `to_us`
+    /// (the whole trace with `None`): the profiler's own figure for an iteration's memory.
+    /// `None` without memory events there.
+    pub fn memory_peak_over_start(
+        &self,
+        device_type: i64,
+        window: Option<(f64, f64)>,
+    ) -> Option<i64> {
+        let mut evs = self.memory.iter().filter(|m| {
+            m.device_type == device_type && window.is_none_or(|(a, b)| m.ts >= a && m.ts <= b)
+        });
+        let first = evs.next()?;
+        let start = first.total_allocated - first.bytes;
+        let peak = evs.fold(first.total_allocated, |p, m| p.max(m.total_allocated));
+        Some((peak - start).max(0))
+    }
 }
 
 /// The largest timestamp or duration kept, in microseconds: 2^53, where f64 stops holding
@@ -234,6 +273,14 @@ struct RawArgs {
     device: Option<i64>,
     #[serde(rename = "Input Dims")]
     input_dims: Option<TensorCount>,
+    #[serde(rename = "Total Allocated")]
+    total_allocated: Option<i64>,
+    #[serde(rename = "Bytes")]
+    bytes: Option<i64>,
+    #[serde(rename = "Device Type")]
+    device_type: Option<i64>,
+    #[serde(rename = "Device Id")]
+    device_id: Option<i64>,
 }
 
 /// The number of entries of a list that are non-empty lists (`Input Dims`: a tensor's shape
@@ -434,6 +481,17 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
         any_dims |= a.input_dims.is_some();
         ids |= a.record_function_id.is_some();
         nonzero_ids |= a.record_function_id.is_some_and(|id| id != 0);
+        if let (Some(bytes), Some(total)) = (a.bytes, a.total_allocated) {
+            if e.name.as_deref() == Some("[memory]") {
+                k.memory.push(MemoryEvent {
+                    ts,
+                    bytes,
+                    total_allocated: total,
+                    device_type: a.device_type.unwrap_or(0),
+                    device_id: a.device_id.unwrap_or(-1),
+                });
+            }
+        }
         k.events.push(Event {
             ph: e
                 .ph

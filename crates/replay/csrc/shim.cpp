@@ -8,6 +8,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/stack.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -24,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/profiler/standalone/execution_trace_observer.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 
@@ -81,9 +83,88 @@ struct MqStack {
   torch::jit::Stack s;
 };
 
+// --- Counting the CPU allocator's bytes, as the profiler's memory events count them ---
+//
+// The original's peak memory on the CPU comes from torch.profiler(profile_memory=True): its
+// `Total Allocated` counts the bytes allocated through c10's CPU allocator while the profiler
+// ran and still held, so an iteration's peak over its start is the most it held at once of
+// what it allocated (frees of what it held before do not count). This allocator counts the
+// replay the same way without a profiler: it wraps the default CPU allocator, keeps each
+// allocation's size and counting window in a header before the data, and counts an
+// allocation from the current window until it is freed.
+namespace {
+constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned, as alloc_cpu does
+struct Header {
+  size_t nbytes;
+  uint64_t window;
+};
+std::atomic<int64_t> counted_now{0}, counted_peak{0};
+std::atomic<uint64_t> counting_window{1};
+at::Allocator* counted_inner = nullptr;
+
+void counted_delete(void* data) {
+  if (data == nullptr) return;
+  auto* base = static_cast<char*>(data) - kHeader;
+  const auto* h = reinterpret_cast<const Header*>(base);
+  if (h->window == counting_window.load(std::memory_order_relaxed)) {
+    counted_now.fetch_sub(static_cast<int64_t>(h->nbytes), std::memory_order_relaxed);
+  }
+  counted_inner->raw_deleter()(base);
+}
+
+struct CountingCPUAllocator final : at::Allocator {
+  at::DataPtr allocate(size_t n) override {
+    if (n == 0) return counted_inner->allocate(0);
+    auto* base = static_cast<char*>(counted_inner->raw_allocate(n + kHeader));
+    auto* h = reinterpret_cast<Header*>(base);
+    h->nbytes = n;
+    h->window = counting_window.load(std::memory_order_relaxed);
+    const int64_t now = counted_now.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
+                        static_cast<int64_t>(n);
+    int64_t peak = counted_peak.load(std::memory_order_relaxed);
+    while (now > peak && !counted_peak.compare_exchange_weak(peak, now)) {
+    }
+    void* data = base + kHeader;
+    return {data, data, &counted_delete, at::Device(at::DeviceType::CPU)};
+  }
+  at::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+}  // namespace
+
 extern "C" {
 
 const char* mq_last_error() { return last_error.c_str(); }
+
+// Makes the counting allocator the CPU allocator (once; tensors allocated before keep their
+// own deleters). Returns 0, or 1 with mq_last_error set.
+int mq_alloc_count_install() {
+  return guarded([&] {
+    static CountingCPUAllocator counting;
+    if (counted_inner == nullptr) {
+      counted_inner = c10::GetCPUAllocator();
+      c10::SetCPUAllocator(&counting, /*priority=*/100);
+    }
+    if (c10::GetCPUAllocator() != &counting) {
+      throw std::runtime_error("another CPU allocator took precedence over the counting one");
+    }
+  });
+}
+
+// Starts a counting window: from here, what is allocated counts until it is freed.
+void mq_alloc_count_reset() {
+  counting_window.fetch_add(1);
+  counted_now.store(0);
+  counted_peak.store(0);
+}
+
+// The window's bytes held now and at its peak.
+void mq_alloc_count_read(int64_t* now, int64_t* peak) {
+  *now = counted_now.load();
+  *peak = counted_peak.load();
+}
 
 // Returns an opaque handle (a heap c10::OperatorHandle), or null with the error set.
 void* mq_find_op(const char* name, const char* overload, int* code) {

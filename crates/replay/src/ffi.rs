@@ -88,6 +88,9 @@ extern "C" {
     fn mq_cuda_memory_stats(device: i32, out: *mut i64) -> i32;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
+    fn mq_alloc_count_install() -> i32;
+    fn mq_alloc_count_reset();
+    fn mq_alloc_count_read(now: *mut i64, peak: *mut i64);
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_storage_use_count(t: *const C_tensor) -> usize;
     fn mq_has_grad_fn(t: *const C_tensor) -> i32;
@@ -267,6 +270,31 @@ fn tensor_ptrs(v: &[Option<&Tensor>]) -> Vec<*const C_tensor> {
 pub fn flush_denormal() -> bool {
     // SAFETY: no arguments; sets the calling thread's floating-point control flags.
     unsafe { mq_flush_denormal() != 0 }
+}
+
+/// Makes c10's CPU allocator count what it holds (see the shim): the replay's CPU memory on
+/// the basis of the profiler's memory events. Idempotent; an error where another allocator
+/// took precedence.
+pub fn alloc_count_install() -> Result<(), String> {
+    // SAFETY: no arguments; installs a process-wide allocator once.
+    match unsafe { mq_alloc_count_install() } {
+        0 => Ok(()),
+        _ => Err(last_error()),
+    }
+}
+
+/// Starts a counting window: what is allocated from now counts until it is freed.
+pub fn alloc_count_reset() {
+    // SAFETY: no arguments; resets atomic counters.
+    unsafe { mq_alloc_count_reset() }
+}
+
+/// The counting window's bytes held now and at its peak.
+pub fn alloc_count_read() -> (i64, i64) {
+    let (mut now, mut peak) = (0i64, 0i64);
+    // SAFETY: the shim writes two integers.
+    unsafe { mq_alloc_count_read(&mut now, &mut peak) };
+    (now, peak)
 }
 
 /// (storage data pointer, storage bytes) of a tensor; (0, 0) when it has none.

@@ -87,6 +87,10 @@ pub struct Report {
     /// not the model's (nothing that reads them runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolReport>,
+    /// CPU: what the first measured iteration allocated through c10's CPU allocator, counted
+    /// as the profiler's memory events count the original's (see [`IterationMemory`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iteration_memory: Option<IterationMemory>,
     /// The device's memory after the run (CPU: the process's resident memory and its peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory: Option<MemorySnapshot>,
@@ -383,6 +387,19 @@ pub struct CheckReport {
     pub checked: usize,
     /// Ops this check has no model of (their results are not verified), with their calls.
     pub unchecked: std::collections::BTreeMap<String, usize>,
+}
+
+/// An iteration's memory on the basis of `torch.profiler(profile_memory=True)`'s `Total
+/// Allocated`: bytes allocated through the device's allocator during the iteration and not yet
+/// freed, at their peak and at its end (what it left held: new optimizer state, gradients).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct IterationMemory {
+    /// The most held at once, over the iteration's start.
+    pub peak_over_start_bytes: u64,
+    /// Still held when it ended.
+    pub held_after_bytes: u64,
+    /// How it was measured.
+    pub basis: &'static str,
 }
 
 /// Device memory of a CUDA replay.

@@ -83,8 +83,9 @@ pub(super) fn print_header(h: &Harness) {
          ratio = replay block / original block in the same round, median over rounds; gaps from the quiet\n\
          and from the busy capture (the host made busy while capturing only), from the profile alone and\n\
          anchored on each capture's reference (the original and the plain replay timed side by side as the\n\
-         capture found the host: quiet, or beside CPU burners). peak ratio: the replay's\n\
-         peak live bytes less its inputs over the original's peak over its start (profile_memory).\n\
+         capture found the host: quiet, or beside CPU burners). peak ratio: the bytes an\n\
+         iteration allocated and held at once, at most, replay over original (the CPU allocator's,\n\
+         counted as profile_memory counts them).\n\
          heap: {}",
         h.dir.display(),
         if h.opts.glibc_heap_defaults {

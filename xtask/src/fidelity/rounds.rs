@@ -231,11 +231,12 @@ impl<'a> Run<'a> {
             failed,
             nonfinite,
             // Like for like: the original's profile counts what was allocated while it ran
-            // (its peak over its start: intermediates, grads, new optimizer state), not the
-            // parameters and inputs that lived before; the replay's inputs (externals) are its
-            // counterpart of those, so they come off its peak.
-            peak_ratio: (plain["peak_bytes"].as_f64().unwrap_or(f64::NAN)
-                - plain["external_bytes"].as_f64().unwrap_or(f64::NAN))
+            // and is still held (its peak over its start: intermediates, grads, new optimizer
+            // state), not the parameters and inputs that lived before; the replay counts its
+            // first measured iteration's allocations through the same allocator the same way.
+            peak_ratio: plain["iteration_memory"]["peak_over_start_bytes"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
                 / meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN),
             rounds: per_round,
             cpu,

@@ -14,6 +14,14 @@ pub fn run(
 ) -> Result<(Report, Timeline), ReplayError> {
     let cpu = metrics::cpu::CpuSampler::new();
     check_memory(plan, bound, opts)?;
+    // The CPU allocator counts from here (a process-wide wrapper; tensors made before keep
+    // their own deleters): the first measured iteration's memory on the profiler's basis.
+    let count_memory = bound.device.cuda().is_none()
+        && ffi::alloc_count_install()
+            .map_err(|e| log::warn!("not counting the CPU allocator's bytes: {e}"))
+            .is_ok();
+    let mut first_measured = count_memory;
+    let mut iteration_memory = None;
     let t0 = std::time::Instant::now();
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
     log::info!("materialised in {:.3} s", t0.elapsed().as_secs_f64());
@@ -75,6 +83,10 @@ pub fn run(
                 }
             }
         }
+        let counting = first_measured && phase == Phase::Measured;
+        if counting {
+            ffi::alloc_count_reset();
+        }
         let dispatched = iteration(
             &mut ex,
             &mut rec,
@@ -85,6 +97,17 @@ pub fn run(
                 .filter(|_| opts.alternation(it).is_none_or(|(spun, _)| spun)),
             opts,
         )?;
+        if counting {
+            let (now, peak) = ffi::alloc_count_read();
+            first_measured = false;
+            iteration_memory = Some(crate::report::IterationMemory {
+                peak_over_start_bytes: peak.max(0) as u64,
+                held_after_bytes: now.max(0) as u64,
+                basis: "the first measured iteration's bytes allocated through c10's CPU \
+                        allocator and not yet freed, at their peak (as profile_memory's Total \
+                        Allocated counts the original's)",
+            });
+        }
         if let Some((pace, Some(n))) = pacing {
             // A block ends at its size or with the measured phase.
             let n = n + 1;
@@ -123,6 +146,7 @@ pub fn run(
     };
     let (mut report, timeline) = rec.finish(ex.externals(), ex.device(), ex.rank(), bound, gpu);
     report.estimated_peak_bytes = plan.peak_bytes_estimate(opts.only);
+    report.iteration_memory = iteration_memory;
     report.timeline_origin_unix_us = timer.clock().origin_unix_us();
     report.graph_released = ex.graph_released();
     report.pool = ex
@@ -241,8 +265,18 @@ pub(super) fn iteration(
         rec.gap_factors.push(factor);
     }
     let mut i = Iteration::begin(ex, rec, timer, it, phase, opts);
+    // Each step's allocator count in the counted iteration, for whoever debugs a memory figure.
+    let trace_memory = log::log_enabled!(log::Level::Trace) && phase == Phase::Measured;
     for pos in 0..i.ex.plan.steps.len() {
         i.step(pos, gaps.as_deref(), factor)?;
+        if trace_memory {
+            let (now, peak) = ffi::alloc_count_read();
+            log::trace!(
+                "iteration {it} step {pos} {} (node {}): {now} bytes allocated, peak {peak}",
+                i.ex.plan.steps[pos].name,
+                i.ex.plan.steps[pos].id
+            );
+        }
     }
     i.finish(gaps.as_mut().and_then(|g| g.pace.as_mut()))
 }

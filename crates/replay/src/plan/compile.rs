@@ -472,6 +472,20 @@ impl<'g, 't> Compiler<'g, 't> {
         }
     }
 
+    /// The slots of the gradients autograd accumulated into parameters (each
+    /// `torch::autograd::AccumulateGrad` node's input): `param.grad` held them after the
+    /// backward, to the optimizer's step and past the iteration's end.
+    fn gradients_held(&self) -> std::collections::HashSet<Slot> {
+        let t = self.b.g.trace;
+        t.nodes
+            .iter()
+            .filter(|n| t.name(n) == "torch::autograd::AccumulateGrad")
+            .filter_map(|n| t.inputs(n).first())
+            .filter_map(|a| key_of(t, a.value))
+            .filter_map(|k| self.b.current.get(&k).copied())
+            .collect()
+    }
+
     /// The plan from the compiled steps: grad inputs settled, waits paired, optimizer decays
     /// chosen, frees placed, autocast read off the dtypes.
     fn finish(mut self) -> Plan {
@@ -490,11 +504,18 @@ impl<'g, 't> Compiler<'g, 't> {
         optimizer_decays(&self.steps, &self.decays, &mut self.b.externals);
         // Frees at last use, except external inputs, which persist across iterations
         // (parameters and optimizer state carry their in-place updates into the next
-        // iteration).
+        // iteration), and parameters' gradients made in the iteration, which the original
+        // held in `.grad` past its end: they go with the iteration's last step.
         let n = self.steps.len();
+        let held = self.gradients_held();
         for (slot, &last) in self.b.last_use.iter().enumerate() {
             if !self.b.external_index.contains_key(&(slot as u32)) && last < n {
-                self.steps[last].frees.push(slot as u32);
+                let at = if held.contains(&(slot as u32)) {
+                    n - 1
+                } else {
+                    last
+                };
+                self.steps[at].frees.push(slot as u32);
             }
         }
         let graph_releases = graph_releases(self.b.g, &self.steps);

@@ -82,6 +82,7 @@ impl Recorder<'_> {
             op_samples_ms: self.op_ms.clone(),
             overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
             peak_bytes: self.peak,
+            iteration_memory: None,
             estimated_peak_bytes: 0,
             graph_released: 0,
             page_faults_per_iter: self.faults.map(|f| f as f64 / iters as f64),

@@ -74,6 +74,15 @@ fn print_resources(out: &mut impl Write, r: &replay::Report) -> Result<()> {
         human_bytes(r.external_bytes),
         r.externals
     )?;
+    if let Some(m) = &r.iteration_memory {
+        writeln!(
+            out,
+            "allocated  {} at the iteration's peak over its start, {} still held after it (CPU \
+             allocator, as profile_memory counts)",
+            human_bytes(m.peak_over_start_bytes),
+            human_bytes(m.held_after_bytes)
+        )?;
+    }
     if let Some(p) = &r.pool {
         writeln!(
             out,
