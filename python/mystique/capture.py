@@ -124,12 +124,13 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             step()
         uses_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         sync()
-        times, waited0 = [], _run_delay_ms()
+        times, waited0, cpu0 = [], _run_delay_ms(), time.process_time()
         for _ in range(iters):
             t = time.perf_counter()
             step()
             sync()
             times.append((time.perf_counter() - t) * 1e3)
+        cpu_ms = (time.process_time() - cpu0) * 1e3 / iters
         waited1 = _run_delay_ms()
         wait_ms = None
         if waited0 is not None and waited1 is not None:
@@ -172,11 +173,13 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
                 sync()
                 prof.step()
 
+        peak_over_start = _peak_over_start(step, sync, uses_cuda, out)
         meta = dict(
             model=name, torch=torch.__version__, threads=torch.get_num_threads(),
             device="cuda" if uses_cuda else "cpu", iters=iters,
             iter_ms_median=median, iter_ms_min=min(times), iter_ms_max=max(times),
-            wait_ms=wait_ms, profiled_iterations=profiled, profiler_warmup=prof_warmup,
+            cpu_ms=cpu_ms, wait_ms=wait_ms, profiled_iterations=profiled,
+            profiler_warmup=prof_warmup, peak_over_start_bytes=peak_over_start,
             captured_by="mystique.capture",
         )
         if ranked is not None:
@@ -210,6 +213,36 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         except FileNotFoundError:
             pass
     return {k: str(p) for k, p in final.items()}
+
+
+def _peak_over_start(step, sync, cuda, out):
+    """One more step's memory: what it allocated and held at once, at most (bytes). On the CPU
+    from torch.profiler(profile_memory=True)'s events (Total Allocated at its peak over what
+    was held before the step's first allocation); on a GPU the caching allocator's peak
+    allocated over its start. It runs on its own, so the timing profile is not slowed."""
+    import tempfile
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        step()
+        sync()
+        return torch.cuda.max_memory_allocated() - start
+    with tempfile.TemporaryDirectory(dir=out) as d:
+        path = os.path.join(d, "memory.json")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                     on_trace_ready=lambda p: p.export_chrome_trace(path)):
+            step()
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    mems = [e["args"] for e in events if e.get("name") == "[memory]" and "args" in e
+            and e["args"].get("Device Type", 0) == 0]
+    if not mems:
+        return 0
+    start = mems[0].get("Total Allocated", 0) - mems[0].get("Bytes", 0)
+    return max(m.get("Total Allocated", 0) for m in mems) - start
 
 
 def _reference(et, out, original_ms, wait_ms, threads, cuda):

@@ -658,3 +658,85 @@ fn a_reference_is_written_on_the_capture_host() {
     assert!(!missing.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `compare --json`'s fidelity card has each figure with both sides, their ratio and the basis
+/// they were measured on; figures a capture did not record are null on its side, and say so.
+#[test]
+fn compare_writes_a_fidelity_card_with_each_figures_basis() {
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(shared("cpu/cnn.linked.et.json.gz"))
+            .arg(shared("cpu/cnn.kineto.json.gz"))
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+    );
+    let card = &j["card"];
+    for name in [
+        "iteration_ms",
+        "op_ms",
+        "gap_ms",
+        "peak_memory_bytes",
+        "cpu_ms",
+    ] {
+        let f = &card[name];
+        for key in ["original", "replay", "ratio", "basis"] {
+            assert!(f.get(key).is_some(), "{name}.{key}: {card}");
+        }
+        assert!(f["replay"].as_f64().unwrap() > 0.0, "{name}: {f}");
+        assert!(!f["basis"].as_str().unwrap().is_empty(), "{name}");
+    }
+    // cnn.meta.json holds the original's uninstrumented time: the iteration compares with it.
+    assert!(card["iteration_ms"]["basis"]
+        .as_str()
+        .unwrap()
+        .starts_with("uninstrumented"));
+    let ratio = card["iteration_ms"]["ratio"].as_f64().unwrap();
+    assert!((ratio - j["ratio_iter"].as_f64().unwrap()).abs() < 1e-9);
+    assert!(card["op_ms"]["basis"]
+        .as_str()
+        .unwrap()
+        .starts_with("profiled"));
+    // Its profile recorded no memory and its meta no peak: the original's side is null.
+    let mem = &card["peak_memory_bytes"];
+    assert!(mem["original"].is_null() && mem["ratio"].is_null(), "{mem}");
+    assert!(
+        mem["basis"].as_str().unwrap().contains("not recorded"),
+        "{mem}"
+    );
+    assert!(card["cpu_ms"]["original"].is_null());
+}
+
+/// A linked pair whose profile recorded memory (`tests/data/mlp_mem`:
+/// `xtask/scripts/memory_pair.py`, an MLP step with Adam under profile_memory): the original's
+/// peak comes from its memory events, and the replay's, counted the same way, matches it
+/// (the gradients the original held in `.grad` to the iteration's end held too).
+#[test]
+fn compare_sets_the_replays_peak_memory_against_the_profiles() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/mlp_mem");
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(dir.join("mlp_mem.et.json.gz"))
+            .arg(dir.join("mlp_mem.kineto.json.gz"))
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+    );
+    let mem = &j["card"]["peak_memory_bytes"];
+    assert!(
+        mem["basis"]
+            .as_str()
+            .unwrap()
+            .contains("profile_memory events"),
+        "{mem}"
+    );
+    let (o, r) = (
+        mem["original"].as_f64().unwrap(),
+        mem["replay"].as_f64().unwrap(),
+    );
+    // The weights' gradients alone are 1.6 MB.
+    assert!(o > 1.6e6, "{mem}");
+    let ratio = r / o;
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "replay {r} vs original {o}: {mem}"
+    );
+}

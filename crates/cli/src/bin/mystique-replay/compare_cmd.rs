@@ -1,7 +1,8 @@
 //! `compare`: replays a linked ET and compares it with its Kineto trace, per iteration and per
 //! op, like for like (the replay's ops also timed under the capture's instrumentation).
 
-use crate::replay_cmd::{completed, linked, meta_original_ms, RunOptions};
+use crate::card::{Card, Figure, Unit};
+use crate::replay_cmd::{completed, linked, meta_of, meta_original_ms, RunOptions};
 use anyhow::Result;
 use et_graph::{Graph, Selection};
 use mystique_cli::args::CompareArgs;
@@ -65,13 +66,17 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         let plot = c.svg(&trace.source);
         mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
     }
+    let card = c.card(&linked);
     let mut out = std::io::stdout().lock();
     if json {
-        let j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
+        let mut j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
+        j["card"] = card.json();
         serde_json::to_writer(&mut out, &j)?;
         writeln!(out)?;
     } else {
         c.print(&mut out, &linked, set.ops.len())?;
+        card.print(&mut out)?;
+        c.print_differences(&mut out)?;
     }
     completed(&r)
 }
@@ -342,11 +347,230 @@ impl<'a> Compared<'a> {
         if let Some(g) = &r.gpu_activity {
             mystique_cli::graph_cmd::print_gpu_activity(out, "replay", g)?;
         }
-        self.print_differences(out)
+        Ok(())
+    }
+
+    /// The fidelity card: each figure of the original beside the replay's, on one basis.
+    fn card(&self, linked: &calibrate::Linked) -> Card {
+        let (r, o, c) = (self.r, self.original, &self.cmp);
+        let meta = meta_of(&self.a.trace);
+        let meta_f64 = |key: &str| {
+            meta.as_ref()
+                .and_then(|(v, _)| v[key].as_f64())
+                .filter(|x| x.is_finite())
+        };
+        let meta_name = meta
+            .as_ref()
+            .map(|(_, p)| p.display().to_string())
+            .unwrap_or_else(|| "the capture's meta file".into());
+        let mut card = Card::default();
+        // Time.
+        let iteration = match (&self.uninstrumented, r.instrumented_iter_ms) {
+            (Some((ms, _)), _) => Figure::new(Some(*ms), Some(r.iter_ms.median), &self.basis_iter),
+            (None, Some(p)) => Figure::new(Some(self.orig_iter_ms), Some(p), &self.basis_iter),
+            (None, None) => Figure::new(
+                Some(self.orig_iter_ms),
+                Some(r.iter_ms.median),
+                &self.basis_iter,
+            ),
+        };
+        card.push("iteration_ms", Unit::Ms, iteration);
+        let ops = if o.by_gpu {
+            Figure::new(
+                Some(self.orig_ops_ms),
+                Some(r.op_ms.median),
+                "gpu: the original's kernel time under each op (Kineto) vs the replay's CUDA-event \
+                 time per op",
+            )
+        } else if c.profiled_ops > 0 {
+            Figure::new(
+                Some(c.profiled_original_ms),
+                Some(c.profiled_ms),
+                format!(
+                    "profiled: the {} linked ops' Kineto durations in the original vs their \
+                     windows in the replay's iteration under the capture's instrumentation",
+                    c.profiled_ops
+                ),
+            )
+        } else {
+            Figure::new(
+                Some(self.orig_ops_ms),
+                Some(r.op_ms.median),
+                "mixed: the original's profiled op time vs the plain replay's (the instrumented \
+                 iteration did not run)",
+            )
+        };
+        card.push("op_ms", Unit::Ms, ops);
+        // Between ops, like for like: both profiled where the replay's instrumented iteration
+        // ran (its iteration less its profiled op windows), else the plain replay's.
+        let windows: f64 = r
+            .profiled
+            .iter()
+            .flatten()
+            .map(|p| p.end_us - p.start_us)
+            .sum::<f64>()
+            / 1000.0;
+        let gap = match r.instrumented_iter_ms {
+            Some(p) if windows > 0.0 && !o.by_gpu => Figure::new(
+                Some(self.gaps_ms),
+                Some((p - windows).max(0.0)),
+                format!(
+                    "profiled: the original's time between its linked ops (Kineto) vs the replay's \
+                     iteration under the capture's instrumentation less its op windows{}",
+                    if self.a.emulate_gaps {
+                        ""
+                    } else {
+                        " (without --emulate-gaps the replay has none of the original's time \
+                         outside ops)"
+                    }
+                ),
+            ),
+            _ => Figure::new(
+                Some(self.gaps_ms),
+                Some(r.iter_ms.mean - r.op_ms.mean),
+                "mixed: the original's profiled time between ops vs the plain replay's mean \
+                 iteration less its mean op time",
+            ),
+        };
+        card.push("gap_ms", Unit::Ms, gap);
+        // Memory: the allocator's bytes over the iteration's start, as profile_memory counts.
+        let device_type = if o.by_gpu { 1 } else { 0 };
+        let profiled_peak = linked
+            .kineto
+            .memory_peak_over_start(device_type, linked.link.span)
+            .map(|b| b as f64);
+        let (orig_peak, orig_basis) = match (profiled_peak, meta_f64("peak_over_start_bytes")) {
+            (Some(b), _) => (
+                Some(b),
+                "the original's profile_memory events over the linked iteration (Total Allocated \
+                 at its peak over its start)"
+                    .to_string(),
+            ),
+            (None, Some(b)) => (
+                Some(b),
+                format!("the original's peak_over_start_bytes in {meta_name} (profile_memory at capture)"),
+            ),
+            (None, None) => (
+                None,
+                "the original's: not recorded (profile with profile_memory=True, or a meta file \
+                 with peak_over_start_bytes)"
+                    .to_string(),
+            ),
+        };
+        let (replay_peak, replay_basis) = match (&r.iteration_memory, &r.cuda_memory) {
+            (Some(m), _) => (
+                Some(m.peak_over_start_bytes as f64),
+                "the replay's first measured iteration through the same allocator, counted the \
+                 same way",
+            ),
+            (None, Some(m)) => (
+                Some(m.allocator.peak_allocated_bytes as f64),
+                "the replay's: the CUDA caching allocator's peak allocated over the run",
+            ),
+            (None, None) => (None, "the replay's: not measured"),
+        };
+        card.push(
+            "peak_memory_bytes",
+            Unit::Bytes,
+            Figure::new(
+                orig_peak,
+                replay_peak,
+                format!("{orig_basis}; {replay_basis}"),
+            ),
+        );
+        // CPU: the replaying thread's user + system time per measured iteration.
+        let cpu = r.cpu.as_ref();
+        let replay_cpu = cpu.map(|c| c.per_iter.user_ms + c.per_iter.sys_ms);
+        let orig_cpu = meta_f64("cpu_ms");
+        card.push(
+            "cpu_ms",
+            Unit::Ms,
+            Figure::new(
+                orig_cpu,
+                replay_cpu,
+                format!(
+                    "{}; the replay process's user + system CPU time per measured iteration \
+                     (getrusage), as the original's is its process's",
+                    if orig_cpu.is_some() {
+                        format!("the original's cpu_ms in {meta_name}")
+                    } else {
+                        "the original's: not recorded (a meta file with cpu_ms, as mystique.capture \
+                         writes)"
+                            .into()
+                    }
+                ),
+            ),
+        );
+        if let Some(hw) = cpu.and_then(|c| c.hw_per_iter.as_ref()) {
+            for (name, key, v) in [
+                ("instructions", "instructions", hw.instructions),
+                ("cache_misses", "cache_misses", hw.cache_misses),
+            ] {
+                let orig = meta_f64(key);
+                card.push(
+                    name,
+                    Unit::Count,
+                    Figure::new(
+                        orig,
+                        Some(v as f64),
+                        format!(
+                            "{}; the replay's per measured iteration (perf counters, this \
+                             process)",
+                            if orig.is_some() {
+                                format!("the original's {key} in {meta_name}")
+                            } else {
+                                "the original's: not recorded".into()
+                            }
+                        ),
+                    ),
+                );
+            }
+        }
+        // GPU: busy time from both sides' GPU intervals; NVML's counters from the replay.
+        if let Some(g) = r.gpu_activity.as_ref().filter(|g| g.events > 0) {
+            card.push(
+                "gpu_busy_ms",
+                Unit::Ms,
+                Figure::new(
+                    (o.gpu.events > 0).then_some(o.gpu.busy_us / 1000.0),
+                    Some(g.busy_us / 1000.0),
+                    "GPU intervals: the original's Kineto kernels, copies and sets vs the \
+                     replay's instrumented iteration's (CUPTI)",
+                ),
+            );
+        }
+        if let Some(gpu) = &r.gpu {
+            for (name, metric, unit) in [
+                ("gpu_sm_util_pct", "sm_util", Unit::Percent),
+                ("gpu_mem_util_pct", "mem_util", Unit::Percent),
+                ("gpu_power_w", "power", Unit::Watts),
+            ] {
+                if let Some(m) = gpu.measured.metrics.get(metric) {
+                    card.push(
+                        name,
+                        unit,
+                        Figure::new(
+                            meta_f64(name),
+                            Some(m.mean),
+                            format!(
+                                "NVML {metric}, the mean over the replay's measured iterations; \
+                                 the original's {}",
+                                if meta_f64(name).is_some() {
+                                    format!("from {meta_name}")
+                                } else {
+                                    "not recorded".into()
+                                }
+                            ),
+                        ),
+                    );
+                }
+            }
+        }
+        card
     }
 
     /// The 15 largest differences per op.
-    fn print_differences(&self, out: &mut impl Write) -> Result<()> {
+    pub(crate) fn print_differences(&self, out: &mut impl Write) -> Result<()> {
         writeln!(
             out,
             "largest differences (per iteration{})",

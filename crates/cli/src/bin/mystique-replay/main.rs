@@ -7,6 +7,7 @@ use clap::Parser;
 use mystique_cli::args::{Cli, Cmd};
 use std::process::ExitCode;
 
+mod card;
 mod comm_cmd;
 mod compare_cmd;
 mod generate_cmd;

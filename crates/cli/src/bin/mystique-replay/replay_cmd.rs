@@ -442,6 +442,15 @@ impl replay::Pacer for StdioPacer {
 /// The original's uninstrumented iteration (ms) from a capture script's `NAME.meta.json`
 /// beside the trace (`NAME.et.json`, `NAME.linked.et.json`, optionally `.gz`), and where from.
 pub(crate) fn meta_original_ms(trace: &Path) -> Option<(f64, String)> {
+    let (v, meta) = meta_of(trace)?;
+    let ms = v["iter_ms_median"]
+        .as_f64()
+        .filter(|m| m.is_finite() && *m > 0.0)?;
+    Some((ms, meta.display().to_string()))
+}
+
+/// The capture's `STEM.meta.json` beside the trace, read, and its path.
+pub(crate) fn meta_of(trace: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
     let file = trace.file_name()?.to_str()?;
     let stem = [
         ".linked.et.json.gz",
@@ -453,10 +462,7 @@ pub(crate) fn meta_original_ms(trace: &Path) -> Option<(f64, String)> {
     .find_map(|s| file.strip_suffix(s))?;
     let meta = trace.with_file_name(format!("{stem}.meta.json"));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).ok()?).ok()?;
-    let ms = v["iter_ms_median"]
-        .as_f64()
-        .filter(|m| m.is_finite() && *m > 0.0)?;
-    Some((ms, meta.display().to_string()))
+    Some((v, meta))
 }
 
 /// Ok when every selected op ran; the exit code says when some failed.
