@@ -137,9 +137,10 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             wait_ms = min(max(waited1 - waited0, 0.0) / iters, statistics.median(times) * 0.99)
 
         # The observer now and then writes a node whose parent it never wrote (seen under DDP:
-        # the ops of one iteration under a parent missing from the file), which mystique
-        # refuses to read: such an iteration is recorded again (every rank again, if any
-        # rank's was).
+        # the ops of one iteration under a parent missing from the file; around activation
+        # checkpointing, autograd's backward nodes), which mystique reads with those ops at top
+        # level: such an iteration is recorded again, in case the next one is whole (every rank
+        # again, if any rank's was).
         for attempt in range(3):
             obs = ExecutionTraceObserver().register_callback(str(partial["et"]))
             obs.start()
@@ -156,7 +157,8 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
                 break
             if attempt == 2:
                 sys.stderr.write(f"mystique.capture: the execution trace names parents it does "
-                                 f"not hold, after 3 tries: {final['et']} may not load\n")
+                                 f"not hold, after 3 tries: {final['et']} is read with their "
+                                 f"children as top-level ops\n")
 
         median = statistics.median(times)
         prof_warmup = min(20, max(1, math.ceil(PROFILER_WARMUP_MS / max(median, 1e-3))))

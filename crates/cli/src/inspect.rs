@@ -18,9 +18,6 @@ pub fn run(path: &Path, json: bool, top: usize) -> Result<()> {
         writeln!(out)?;
         return Ok(());
     }
-    for w in &s.warnings {
-        eprintln!("warning: {w}");
-    }
     print_table(&mut out, &s, top)
 }
 

@@ -68,10 +68,14 @@ pub fn init_log(verbose: u8) {
     }
 }
 
-/// Reads a trace, logging its size and the parse time.
+/// Reads a trace, logging its size and the parse time, and warning on stderr about what the
+/// parser found (an unknown schema, nodes whose parent the file does not hold).
 pub fn read_trace(path: &std::path::Path) -> Result<et_schema::Trace> {
     let t0 = std::time::Instant::now();
     let t = et_schema::read_trace(path)?;
+    for w in &t.warnings {
+        eprintln!("warning: {}: {w}", path.display());
+    }
     log::info!(
         "read {}: {} nodes, schema {} in {:.3} s",
         path.display(),

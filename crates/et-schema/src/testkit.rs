@@ -466,9 +466,9 @@ mod tests {
 
     #[test]
     #[should_panic(expected = "testkit: the built trace does not parse")]
-    fn a_missing_parent_panics_with_the_parse_error() {
+    fn a_duplicate_id_panics_with_the_parse_error() {
         let mut b = TraceBuilder::new();
-        b.op("aten::relu", RELU).parent(77).done();
+        b.op("aten::relu", RELU).id(1).done();
         b.build();
     }
 }

@@ -110,6 +110,7 @@ fn parse_bytes(
     warn_about_schema(&mut trace);
     profile.say("scan+nodes+merge");
     if opts.validate {
+        adopt_orphans(&mut trace);
         validate(&trace)?;
     }
     profile.say("total");
@@ -304,6 +305,43 @@ fn warn_about_schema(trace: &mut Trace) {
             "schema version {:?} is newer or other than the versions this tool knows ({}); parsed on a best-effort basis",
             clip(&trace.meta.schema, MSG_MAX),
             KNOWN_SCHEMAS.join(", ")
+        ));
+    }
+}
+
+/// Puts nodes whose parent the file does not hold under the trace's root, with a warning.
+/// PyTorch's observer now and then leaves out a node whose children it wrote: autograd's
+/// backward nodes around the recomputation of activation checkpointing, an iteration's parent
+/// under DDP. The children are whole ops; under the root they are top-level ops, which is
+/// what they were under an annotation that is not an op.
+fn adopt_orphans(t: &mut Trace) {
+    let index = t.node_by_id();
+    let root = t
+        .nodes
+        .iter()
+        .find(|n| n.parent.is_none_or(|p| p == 0 || p == n.id))
+        .map(|n| n.id);
+    let mut missing = std::collections::BTreeSet::new();
+    let mut adopted = 0usize;
+    for n in &mut t.nodes {
+        let Some(p) = n.parent.filter(|&p| p != 0 && p != n.id) else {
+            continue;
+        };
+        if !index.contains(p) {
+            missing.insert(p);
+            n.parent = root;
+            adopted += 1;
+        }
+    }
+    if adopted > 0 {
+        let ids: Vec<String> = missing.iter().take(5).map(|p| p.to_string()).collect();
+        t.warnings.push(format!(
+            "{adopted} nodes name {} parents the trace does not hold (ids {}{}): the observer \
+             left them out (seen around activation checkpointing and under DDP); those nodes \
+             are read as top-level ops",
+            missing.len(),
+            ids.join(", "),
+            if missing.len() > 5 { ", ..." } else { "" }
         ));
     }
 }
