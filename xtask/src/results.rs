@@ -40,7 +40,7 @@ pub(super) struct Measurement {
 }
 
 /// The measurements, in the document's order.
-pub(super) const MEASUREMENTS: [Measurement; 5] = [
+pub(super) const MEASUREMENTS: [Measurement; 6] = [
     Measurement {
         name: "fidelity",
         title: "Replay vs original on the fidelity zoo",
@@ -55,6 +55,11 @@ pub(super) const MEASUREMENTS: [Measurement; 5] = [
         name: "fidelity-busy",
         title: "Replay vs original beside a CPU burner on every core",
         command: "cargo xtask fidelity --busy-host",
+    },
+    Measurement {
+        name: "fidelity-memory",
+        title: "Peak memory, replay vs original, on the fidelity zoo",
+        command: "cargo xtask fidelity --memory",
     },
     Measurement {
         name: "parse",
@@ -73,7 +78,7 @@ pub(super) const MEASUREMENTS: [Measurement; 5] = [
 const DISPATCH_GROUP: &str = "dispatch_1000_tiny_adds";
 const DISPATCH_OPS: u64 = 1000;
 
-const USAGE: &str = "usage: cargo xtask results [--run fidelity,fidelity-throttled,fidelity-busy,parse,dispatch] [--rounds N]";
+const USAGE: &str = "usage: cargo xtask results [--run fidelity,fidelity-throttled,fidelity-busy,fidelity-memory,parse,dispatch] [--rounds N]";
 
 /// `cargo xtask results ARGS`: run the measurements `--run` names (in its order), then write
 /// docs/results.md from the saved outputs and say what has none.
@@ -150,6 +155,7 @@ fn measure(name: &str, rounds: Option<&str>) -> Result<()> {
         "fidelity" => crate::fidelity(&rounds),
         "fidelity-throttled" => crate::fidelity(&with("--throttled-host")),
         "fidelity-busy" => crate::fidelity(&with("--busy-host")),
+        "fidelity-memory" => crate::fidelity(&["--memory"]),
         "parse" => crate::bench_parse(&rounds),
         "dispatch" => measure_dispatch(),
         other => bail!("no measurement {other}"),

@@ -34,6 +34,8 @@ pub(super) struct Options {
     pub(super) against_capture: Capture,
     /// `--against-zoo DIR`: another zoo cache, whose quiet captures the `--against` build replays.
     pub(super) against_zoo: Option<PathBuf>,
+    /// `--memory`: each model's peak memory instead of the timing rounds ([`super::memory`]).
+    pub(super) memory: bool,
 }
 
 impl Options {
@@ -57,6 +59,7 @@ impl Options {
         let mut capture = Capture::Timing;
         let mut against_capture = Capture::Timing;
         let mut against_zoo: Option<PathBuf> = None;
+        let mut memory = false;
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match *a {
@@ -83,6 +86,7 @@ impl Options {
                     host = h;
                 }
                 "--glibc-heap-defaults" => glibc_heap_defaults = true,
+                "--memory" => memory = true,
                 "--against" => {
                     let p = PathBuf::from(
                         it.next()
@@ -160,6 +164,7 @@ impl Options {
             capture,
             against_capture,
             against_zoo,
+            memory,
         })
     }
 }

@@ -1,3 +1,6 @@
+//! `cargo xtask fidelity --memory [--models a,b]`: each model's peak memory, replay over
+//! original ([`memory`]).
+//!
 //! `cargo xtask fidelity [ROUNDS] [--models a,b] [--block-ms MS] [--round-parts N] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked] [--against BIN [--against-capture timing|linked] [--against-zoo DIR] [--against-args 'ARGS', where {reference} is each model's quiet reference]] [--svg PATH]`:
 //! replay vs original over the model zoo (`xtask/scripts/zoo.py`).
 //!
@@ -48,6 +51,7 @@
 mod args;
 mod harness;
 mod host;
+mod memory;
 mod references;
 mod report;
 mod rounds;
@@ -84,6 +88,9 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
         dir,
         opts,
     };
+    if h.opts.memory {
+        return memory::run(&h, &models);
+    }
     // Before anything pins this process to one core.
     let cores = host::allowed_cores();
     report::print_header(&h);

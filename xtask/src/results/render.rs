@@ -21,6 +21,7 @@ pub(super) fn generated(saved: &BTreeMap<String, Value>) -> String {
         let body = match m.name {
             "parse" => parse(v),
             "dispatch" => dispatch(v),
+            "fidelity-memory" => memory(v),
             _ => fidelity(v),
         };
         let _ = write!(
@@ -37,6 +38,58 @@ pub(super) fn generated(saved: &BTreeMap<String, Value>) -> String {
         .collect();
     if !missing.is_empty() {
         out.push_str(&not_measured(&missing));
+    }
+    out
+}
+
+/// `cargo xtask fidelity --memory`: per set, the models within the bands, and those outside.
+fn memory(v: &Value) -> String {
+    let mut out = String::from(
+        "Peak memory per iteration, replay over original: the bytes allocated through c10's \
+         CPU allocator during an iteration and held at once, at most (the original's from a \
+         `profile_memory` step of its quiet capture, the replay's counted by its allocator over \
+         its first measured iteration).\n\n\
+         | set | models | within [0.90, 1.10] | within [0.80, 1.25] | median (range) |\n\
+         |---|---|---|---|---|\n",
+    );
+    for s in v["sets"].as_array().into_iter().flatten() {
+        let f = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.3} ({:.3}-{:.3}) |",
+            s["set"].as_str().unwrap_or(""),
+            s["models"],
+            s["within_10"],
+            s["within_band"],
+            f("median"),
+            f("min"),
+            f("max")
+        );
+    }
+    let outside: Vec<String> = v["outside"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            format!(
+                "{} ({}) {:.3}",
+                o["model"].as_str().unwrap_or(""),
+                o["set"].as_str().unwrap_or(""),
+                o["ratio"].as_f64().unwrap_or(f64::NAN)
+            )
+        })
+        .collect();
+    if !outside.is_empty() {
+        let _ = write!(out, "\nOutside [0.90, 1.10]: {}.\n", outside.join(", "));
+    }
+    let failed: Vec<&str> = v["failed"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str())
+        .collect();
+    if !failed.is_empty() {
+        let _ = write!(out, "\nNot measured: {}.\n", failed.join("; "));
     }
     out
 }
