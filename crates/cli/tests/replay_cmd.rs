@@ -46,6 +46,20 @@ fn replay_json_has_the_documented_fields_and_writes_a_perfetto_trace() {
         .filter(|e| e["ph"] == "X")
         .count();
     assert_eq!(slices as u64, j["ops_replayed"].as_u64().unwrap());
+    // The memory timeline: the allocator's count after each step, its most the reported peak.
+    let counts: Vec<f64> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "allocated (bytes)")
+        .map(|e| e["args"]["value"].as_f64().unwrap())
+        .collect();
+    assert_eq!(counts.len() as u64, j["ops_replayed"].as_u64().unwrap());
+    let peak = j["iteration_memory"]["peak_over_start_bytes"]
+        .as_f64()
+        .unwrap();
+    assert!(peak > 0.0);
+    assert!(counts.iter().all(|&c| c <= peak), "{counts:?} over {peak}");
     std::fs::remove_file(&out_trace).unwrap();
 }
 

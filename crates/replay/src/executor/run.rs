@@ -87,6 +87,7 @@ pub fn run(
         if counting {
             ffi::alloc_count_reset();
         }
+        rec.keep_allocated = counting && opts.trace_out.is_some();
         let dispatched = iteration(
             &mut ex,
             &mut rec,
@@ -265,17 +266,22 @@ pub(super) fn iteration(
         rec.gap_factors.push(factor);
     }
     let mut i = Iteration::begin(ex, rec, timer, it, phase, opts);
-    // Each step's allocator count in the counted iteration, for whoever debugs a memory figure.
+    // Each step's allocator count: logged at -vvv in every measured iteration, kept for the
+    // timeline in the counted one (the first measured: the recorder's `keep_allocated`).
     let trace_memory = log::log_enabled!(log::Level::Trace) && phase == Phase::Measured;
+    let keep = i.rec.keep_allocated;
     for pos in 0..i.ex.plan.steps.len() {
         i.step(pos, gaps.as_deref(), factor)?;
-        if trace_memory {
+        if trace_memory || keep {
             let (now, peak) = ffi::alloc_count_read();
             log::trace!(
                 "iteration {it} step {pos} {} (node {}): {now} bytes allocated, peak {peak}",
                 i.ex.plan.steps[pos].name,
                 i.ex.plan.steps[pos].id
             );
+            if keep {
+                i.rec.allocated_after.push((pos, now));
+            }
         }
     }
     i.finish(gaps.as_mut().and_then(|g| g.pace.as_mut()))

@@ -51,6 +51,17 @@ impl Recorder<'_> {
             slices: std::mem::take(&mut self.slices),
             counters: Vec::new(),
         };
+        // The memory timeline: what the counted iteration held after each step, at that step's
+        // end in the iteration the slices show (the same step, the same allocations).
+        for &(pos, bytes) in &self.allocated_after {
+            if let Some(Some(ts)) = self.step_end_us.get(pos) {
+                timeline.counters.push(Counter {
+                    track: "allocated (bytes)".into(),
+                    ts: *ts,
+                    value: bytes as f64,
+                });
+            }
+        }
         let (gpu_report, gpu_unavailable) = self.gpu_report(gpu, &mut timeline);
         let report = Report {
             trace: plan.source.clone(),

@@ -57,6 +57,13 @@ pub(crate) struct Recorder<'a> {
     grad_refused: BTreeMap<String, (usize, String)>,
     peak: u64,
     slices: Vec<Slice>,
+    /// With `trace_out`: the allocator's count after each step of the counted iteration (the
+    /// first measured), and each step's end in the last measured one, where the timeline puts
+    /// the counts.
+    pub(crate) allocated_after: Vec<(usize, i64)>,
+    /// Whether the iteration running now keeps its counts in `allocated_after`.
+    pub(crate) keep_allocated: bool,
+    step_end_us: Vec<Option<f64>>,
     first_nonfinite: Option<NonFinite>,
     /// Each instrumented iteration's profiled windows, by step.
     profiled: Vec<Vec<Option<ProfiledStep>>>,
@@ -143,6 +150,9 @@ impl<'a> Recorder<'a> {
             grad_refused: BTreeMap::new(),
             peak: 0,
             slices: Vec::new(),
+            allocated_after: Vec::new(),
+            keep_allocated: false,
+            step_end_us: Vec::new(),
             first_nonfinite: None,
             profiled: Vec::new(),
             instrument_error: None,
@@ -383,6 +393,10 @@ impl<'a> Recorder<'a> {
                     tid: 1,
                     args,
                 });
+                if self.step_end_us.len() < self.plan.steps.len() {
+                    self.step_end_us.resize(self.plan.steps.len(), None);
+                }
+                self.step_end_us[pos] = Some(timer.host_at(t0) + launch);
                 if self.device_timing {
                     self.slices.push(Slice {
                         name: step.name.clone(),
