@@ -754,3 +754,32 @@ fn compare_sets_the_replays_peak_memory_against_the_profiles() {
         "replay {r} vs original {o}: {mem}"
     );
 }
+
+/// `compare --only compute` of a rank's linked pair compares the compute it ran, not the
+/// collectives it passed through (they ran no time); and without --threads it runs at the
+/// thread count the capture's meta file recorded.
+#[test]
+fn compare_leaves_out_what_only_left_out_and_takes_the_captures_threads() {
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(shared("cpu/dist_mlp_w2.rank0.linked.et.json.gz"))
+            .arg(shared("cpu/dist_mlp_w2.rank0.kineto.json.gz"))
+            .args([
+                "--json", "--iters", "2", "--warmup", "1", "--only", "compute",
+            ]),
+    );
+    let ops: Vec<&str> = j["top_differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["op"].as_str().unwrap())
+        .collect();
+    assert!(!ops.is_empty());
+    assert!(ops.iter().all(|op| !op.starts_with("c10d::")), "{ops:?}");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shared("cpu/dist_mlp_w2.rank0.meta.json")).unwrap())
+            .unwrap();
+    assert_eq!(j["threads"], meta["threads"]);
+    assert_eq!(j["ops_failed"], 0, "{}", j["failures"]);
+}

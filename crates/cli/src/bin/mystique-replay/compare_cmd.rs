@@ -15,6 +15,17 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
     a.run.apply()?;
+    // The original's thread count, where its meta file recorded it and --threads says none:
+    // per-op times compare like for like only at the same intra-op parallelism.
+    if a.run.threads.is_none() {
+        if let Some(n) = meta_of(&a.trace)
+            .and_then(|(v, _)| v["threads"].as_i64())
+            .filter(|&n| n > 0)
+        {
+            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+            tch::set_num_threads(n.min(4 * cores as i64) as i32);
+        }
+    }
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
@@ -61,7 +72,23 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             opts.instrumentation
         );
     }
-    let c = Compared::of(a, &original, &r)?;
+    // Ops --only left out ran as pass-throughs: they are not compared.
+    let by_id = trace.node_by_id();
+    let included: Vec<bool> = r
+        .steps
+        .iter()
+        .map(|s| {
+            let coll = by_id
+                .position(s.id)
+                .is_some_and(|i| g.class[i].contains(et_graph::OpClass::COLLECTIVE));
+            match a.run.only {
+                et_graph::Kind::All => true,
+                et_graph::Kind::Compute => !coll,
+                et_graph::Kind::Comm => coll,
+            }
+        })
+        .collect();
+    let c = Compared::of(a, &original, &r, &included)?;
     if let Some(svg) = &a.svg {
         let plot = c.svg(&trace.source);
         mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
@@ -77,6 +104,19 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         c.print(&mut out, &linked, set.ops.len())?;
         card.print(&mut out)?;
         c.print_differences(&mut out)?;
+        if !r.failures.is_empty() {
+            writeln!(
+                out,
+                "failures (their time is in none of the replay's figures)"
+            )?;
+            for f in &r.failures {
+                writeln!(
+                    out,
+                    "  {:>4}x {}: [{:?}] {}",
+                    f.count, f.op, f.kind, f.reason
+                )?;
+            }
+        }
     }
     completed(&r)
 }
@@ -151,8 +191,16 @@ impl<'a> Compared<'a> {
         a: &'a CompareArgs,
         original: &'a Original,
         r: &'a replay::Report,
+        included: &[bool],
     ) -> Result<Compared<'a>> {
-        let orig = &original.timing;
+        // Left-out steps count as unlinked: in neither side's figures.
+        let mut kept = original.timing.clone();
+        for (k, op) in kept.op_us.iter_mut().enumerate() {
+            if !included.get(k).copied().unwrap_or(true) {
+                *op = None;
+            }
+        }
+        let orig = &kept;
         let names: Vec<&str> = r.steps.iter().map(|s| s.op.as_str()).collect();
         let plain: Vec<f64> = r.steps.iter().map(|s| s.us).collect();
         // Profiled windows are host time: not comparable with GPU kernel time per op.
@@ -268,6 +316,9 @@ impl<'a> Compared<'a> {
             "replay_gpu": r.gpu_activity,
             "gap_model": gap_model,
             "instrumented": self.instrumented(),
+            "ops_failed": r.ops_failed,
+            "failures": r.failures,
+            "threads": r.threads,
             "top_differences": self.cmp.ops.iter().take(15).map(|r| serde_json::json!({
                 "op": r.op,
                 "calls": r.calls,
