@@ -104,6 +104,12 @@ struct Compiler<'g, 't> {
     restored: Vec<Restored>,
     /// (step, external) of the optimizer decays the trace does not record.
     decays: Vec<(usize, usize)>,
+    /// The tensors autograd accumulates into parameters (each `AccumulateGrad` node's input)
+    /// by key, with that node's id; and each slot a step made under one of those keys, with the
+    /// step's node id. Keys are reused along a trace, so a gradient is the slot its key named
+    /// last before its `AccumulateGrad`.
+    accumulated: Vec<(u64, TensorKey)>,
+    made_under: HashMap<TensorKey, Vec<(u64, Slot)>>,
 }
 
 /// The op being compiled: its step, node index, name and schema.
@@ -163,6 +169,8 @@ impl<'g, 't> Compiler<'g, 't> {
             view_root: HashMap::new(),
             restored: Vec::new(),
             decays: Vec::new(),
+            accumulated: accumulated_grads(t),
+            made_under: HashMap::new(),
         }
     }
 
@@ -194,6 +202,21 @@ impl<'g, 't> Compiler<'g, 't> {
             }),
         };
         let outputs = self.outputs(step, node, &inputs.keys);
+        if !self.accumulated.is_empty() {
+            for a in t.outputs(node) {
+                let Some(key) = key_of(t, a.value) else {
+                    continue;
+                };
+                if self.accumulated.iter().any(|(_, k)| *k == key) {
+                    if let Some(&slot) = self.b.current.get(&key) {
+                        self.made_under
+                            .entry(key)
+                            .or_default()
+                            .push((node.id, slot));
+                    }
+                }
+            }
+        }
         self.note_copy(&name, schema.as_deref(), &inputs.args, &outputs.outs);
         let autograd = node.seq_id.is_some_and(|s| s >= 0) && !collective;
         if let (true, Some(s)) = (autograd, &schema) {
@@ -476,13 +499,16 @@ impl<'g, 't> Compiler<'g, 't> {
     /// `torch::autograd::AccumulateGrad` node's input): `param.grad` held them after the
     /// backward, to the optimizer's step and past the iteration's end.
     fn gradients_held(&self) -> std::collections::HashSet<Slot> {
-        let t = self.b.g.trace;
-        t.nodes
+        self.accumulated
             .iter()
-            .filter(|n| t.name(n) == "torch::autograd::AccumulateGrad")
-            .filter_map(|n| t.inputs(n).first())
-            .filter_map(|a| key_of(t, a.value))
-            .filter_map(|k| self.b.current.get(&k).copied())
+            .filter_map(|(at, key)| {
+                self.made_under
+                    .get(key)?
+                    .iter()
+                    .rev()
+                    .find(|(id, _)| id < at)
+                    .map(|&(_, slot)| slot)
+            })
             .collect()
     }
 
@@ -598,4 +624,14 @@ fn with_bytes(t: &Trace, node: &et_schema::Node, mut c: Collective) -> Collectiv
         .max()
         .unwrap_or(0);
     c
+}
+
+/// Each `torch::autograd::AccumulateGrad` node's id and its input's key: the gradients autograd
+/// accumulated into parameters.
+fn accumulated_grads(t: &et_schema::Trace) -> Vec<(u64, TensorKey)> {
+    t.nodes
+        .iter()
+        .filter(|n| t.name(n) == "torch::autograd::AccumulateGrad")
+        .filter_map(|n| Some((n.id, key_of(t, t.inputs(n).first()?.value)?)))
+        .collect()
 }
