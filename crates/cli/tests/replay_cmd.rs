@@ -718,6 +718,15 @@ fn compare_writes_a_fidelity_card_with_each_figures_basis() {
         "{mem}"
     );
     assert!(card["cpu_ms"]["original"].is_null());
+    // CPU time is the measured iterations' alone: a process of `threads` busy threads spends
+    // at most that many times the wall time (the profiler's set-up after them is not theirs).
+    let threads = j["threads"].as_f64().unwrap();
+    let wall = j["replay"]["iter_ms"].as_f64().unwrap();
+    let cpu = card["cpu_ms"]["replay"].as_f64().unwrap();
+    assert!(
+        cpu <= (threads + 1.0) * wall,
+        "{cpu} ms of CPU in {wall} ms"
+    );
 }
 
 /// A linked pair whose profile recorded memory (`tests/data/mlp_mem`:

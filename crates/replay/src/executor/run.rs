@@ -67,6 +67,9 @@ pub fn run(
             pacing = pace.pacer.start().then_some((pace, Some(0)));
         }
         if phase.instrumented() && instr.is_none() {
+            // The measured phase's CPU time and page faults end here: what follows (the heap
+            // warmed for the profiler, the profiler started) is not the model's.
+            rec.close_measured();
             // Room for the session's records on pages already faulted in: 64 KiB per step and
             // instrumented iteration (the profiler's records of an op and its nested events
             // take a few KiB), at least 64 MiB.

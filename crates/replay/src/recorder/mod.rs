@@ -211,7 +211,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// Ends the measured phase's sampling (nothing when it is not open).
-    fn close_measured(&mut self) {
+    pub fn close_measured(&mut self) {
         if let Some(start) = self.measuring.take() {
             // Every measured iteration pushed its time.
             self.cpu.end_spanning(self.iter_ms.len());
