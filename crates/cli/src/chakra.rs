@@ -367,18 +367,10 @@ fn io_info(t: &Trace, args: &[et_schema::Arg]) -> IoInfo {
     }
 }
 
-/// A string attribute the ET node records (`pg_name`).
-fn extra_str<'t>(t: &'t Trace, n: &EtNode, name: &str) -> Option<&'t str> {
-    t.extras(n).iter().find_map(|e| match e.value {
-        Value::Str(s) if t.str(e.name) == name => Some(t.str(s)),
-        _ => None,
-    })
-}
-
 /// The process group a collective record names: its `pg_name` attribute, or (schema 1.0.3) the
 /// first string of its `Tuple[String,String]` argument (`["0", "default_pg"]`).
 fn pg_name_of(t: &Trace, n: &EtNode) -> Option<String> {
-    if let Some(s) = extra_str(t, n, "pg_name").filter(|s| !s.is_empty()) {
+    if let Some(s) = t.extra_str(n, "pg_name").filter(|s| !s.is_empty()) {
         return Some(s.to_string());
     }
     t.inputs(n).iter().find_map(|a| {

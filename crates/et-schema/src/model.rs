@@ -223,6 +223,14 @@ impl Trace {
         &self.extra_attrs[n.extra.start as usize..n.extra.end as usize]
     }
 
+    /// The node's string attribute `name` (`pg_name`, `pg_desc`), where it has one.
+    pub fn extra_str(&self, n: &Node, name: &str) -> Option<&str> {
+        self.extras(n).iter().find_map(|e| match e.value {
+            Value::Str(s) if self.str(e.name) == name => Some(self.str(s)),
+            _ => None,
+        })
+    }
+
     /// The elements of a list value; empty for anything else.
     pub fn list(&self, v: Value) -> &[Value] {
         match v {

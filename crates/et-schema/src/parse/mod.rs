@@ -32,7 +32,7 @@ pub use input::{
 };
 
 use crate::error::{clip, Error, Result, MSG_MAX};
-use crate::model::{Layout, Node, Trace, TraceMeta, KNOWN_SCHEMAS};
+use crate::model::{IdIndex, Layout, Node, Trace, TraceMeta, KNOWN_SCHEMAS};
 use crate::scan::{self, ScanError};
 use errors::scan_error;
 use node::Builder;
@@ -110,8 +110,10 @@ fn parse_bytes(
     warn_about_schema(&mut trace);
     profile.say("scan+nodes+merge");
     if opts.validate {
-        adopt_orphans(&mut trace);
-        validate(&trace)?;
+        // One index serves both: adopting orphans changes parents, not ids.
+        let index = trace.node_by_id();
+        adopt_orphans(&mut trace, &index);
+        validate_with(&trace, &index)?;
     }
     profile.say("total");
     Ok(trace)
@@ -314,8 +316,7 @@ fn warn_about_schema(trace: &mut Trace) {
 /// backward nodes around the recomputation of activation checkpointing, an iteration's parent
 /// under DDP. The children are whole ops; under the root they are top-level ops, which is
 /// what they were under an annotation that is not an op.
-fn adopt_orphans(t: &mut Trace) {
-    let index = t.node_by_id();
+fn adopt_orphans(t: &mut Trace, index: &IdIndex) {
     let root = t
         .nodes
         .iter()
@@ -348,8 +349,12 @@ fn adopt_orphans(t: &mut Trace) {
 
 /// Checks structural invariants: unique ids, parents that exist, no parent cycles.
 pub fn validate(t: &Trace) -> Result<()> {
+    validate_with(t, &t.node_by_id())
+}
+
+/// [`validate`] with the trace's id index already built.
+fn validate_with(t: &Trace, index: &IdIndex) -> Result<()> {
     let path = || t.source.clone();
-    let index = t.node_by_id();
     // The index keeps the last node of an id: any node that is not the one found is a duplicate.
     for (i, n) in t.nodes.iter().enumerate() {
         let last = index.position(n.id).unwrap_or(i);
