@@ -326,6 +326,11 @@ impl Layout {
         Ok(span.start)
     }
 
+    /// The dimension sizes in the capture, innermost first.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
     /// The dimension sizes at world size `n`: the data-parallel one grown.
     pub fn sizes_at(&self, n: usize) -> Result<Vec<usize>, WorldError> {
         let d = self.dims[self.dp];

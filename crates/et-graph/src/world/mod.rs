@@ -178,14 +178,6 @@ impl<'t> Job<'t> {
         self.layout.sizes_at(world)
     }
 
-    /// The captured rank new rank `rank` of a `world`-rank job is made from: the one at the
-    /// same place in every dimension but the data-parallel one, and there at the same place
-    /// while the capture has it, else the capture's last (its first roots the rooted
-    /// collectives; the others are alike).
-    pub fn template(&self, rank: usize, world: usize) -> Result<usize, WorldError> {
-        Ok(self.layout.template(rank, &self.sizes(world)?))
-    }
-
     /// The process groups before and after, per family (the world first).
     pub fn groups_scaled(&self, world: usize) -> Result<Vec<GroupsScaled>, WorldError> {
         Ok(self.layout.report(&self.sizes(world)?))
@@ -201,7 +193,6 @@ impl<'t> Job<'t> {
             from,
             layout: &self.layout,
             sizes,
-            captured_sizes: self.layout.sizes_at(self.traces.len())?,
             scaled: Scaled {
                 from,
                 ..Default::default()
@@ -296,9 +287,8 @@ struct Synth<'j> {
     rank: usize,
     from: usize,
     layout: &'j Layout,
-    /// The grid's sizes at the new world and in the capture.
+    /// The grid's sizes at the new world.
     sizes: Vec<usize>,
-    captured_sizes: Vec<usize>,
     scaled: Scaled,
     next_tensor: u64,
     next_storage: u64,
@@ -307,11 +297,10 @@ struct Synth<'j> {
 /// A collective's group in the capture and at the new world size: its size in both, the
 /// ranks' places in it, and its name now.
 struct GroupShape {
+    /// Its size in the capture, and the captured rank's group rank.
     n: usize,
-    n2: usize,
-    /// The captured rank's group rank, and the new rank's.
     from: usize,
-    to: usize,
+    /// Where it lies now (size, the new rank's group rank, its ranks, its name).
     now: Place,
     /// Its family; `None` for a group of every rank.
     family: Option<usize>,
@@ -377,7 +366,7 @@ impl Synth<'_> {
                 )),
                 None => None,
             };
-        let was = self.layout.place(family, self.from, &self.captured_sizes);
+        let was = self.layout.place(family, self.from, self.layout.dims());
         let mut now = self.layout.place(family, self.rank, &self.sizes);
         if let (None, Some(x)) = (family, name) {
             // A group of every rank keeps its name.
@@ -385,9 +374,7 @@ impl Synth<'_> {
         }
         Ok(GroupShape {
             n: was.size,
-            n2: now.size,
             from: was.me,
-            to: now.me,
             now,
             family,
         })
@@ -407,17 +394,25 @@ impl Synth<'_> {
         let g = Graph::new(&self.t);
         // Collective nodes in execution order (outermost and the records nested in them).
         let order: Vec<u32> = g.order.clone();
-        // Each node's group name: its own `pg_name`, its record's, or (a record) its op's.
-        let pg: Vec<Option<String>> = (0..self.t.nodes.len() as u32)
+        // Each collective node's group name: its own `pg_name`, its record's, or (a record)
+        // its op's.
+        let t = &self.t;
+        let own = |k: u32| {
+            t.extra_str(&t.nodes[k as usize], "pg_name")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        let pg: Vec<Option<String>> = (0..t.nodes.len() as u32)
             .map(|i| {
-                let own = |k: u32| pg_attr(&self.t, &self.t.nodes[k as usize]);
+                let name = t.name(&t.nodes[i as usize]);
+                if name != "record_param_comms" && !name.starts_with("c10d::") {
+                    return None;
+                }
                 own(i)
                     .or_else(|| {
                         g.children(i)
                             .iter()
-                            .filter(|&&c| {
-                                self.t.name(&self.t.nodes[c as usize]) == "record_param_comms"
-                            })
+                            .filter(|&&c| t.name(&t.nodes[c as usize]) == "record_param_comms")
                             .find_map(|&c| own(c))
                     })
                     .or_else(|| g.parent[i as usize].and_then(own))
@@ -649,7 +644,7 @@ impl Synth<'_> {
         a: Arg,
         g: &GroupShape,
     ) -> Result<Vec<Fresh>, WorldError> {
-        if g.n == g.n2 {
+        if g.n == g.now.size {
             return Ok(Vec::new());
         }
         let Value::List { len, .. } = a.value else {
@@ -659,16 +654,16 @@ impl Synth<'_> {
             return Ok(Vec::new());
         }
         let (value, fresh) = self
-            .regrow(a.value, g.n, g.n2)
+            .regrow(a.value, g.n, g.now.size)
             .ok_or_else(|| self.fail(n, format!("a list of {len} parts for a group of {}", g.n)))?;
         let shape = self
-            .regrow(a.shape, g.n, g.n2)
+            .regrow(a.shape, g.n, g.now.size)
             .map(|x| x.0)
             .unwrap_or(a.shape);
         let strides = a
             .strides
-            .map(|s| self.regrow(s, g.n, g.n2).map(|x| x.0).unwrap_or(s));
-        let ty = Self::list_type(self.t.str(a.ty), g.n2)
+            .map(|s| self.regrow(s, g.n, g.now.size).map(|x| x.0).unwrap_or(s));
+        let ty = Self::list_type(self.t.str(a.ty), g.now.size)
             .map(|t| self.t.strings.intern(&t))
             .unwrap_or(a.ty);
         self.t.args[at as usize] = Arg {
@@ -688,7 +683,7 @@ impl Synth<'_> {
         a: Arg,
         g: &GroupShape,
     ) -> Result<Vec<Fresh>, WorldError> {
-        if g.n == g.n2 {
+        if g.n == g.now.size {
             return Ok(Vec::new());
         }
         let (Value::List { start, len }, Value::List { start: s0, .. }) = (a.value, a.shape) else {
@@ -711,7 +706,7 @@ impl Synth<'_> {
                 shapes.push(inner_shape);
                 continue;
             }
-            let (v, f) = self.regrow(inner, g.n, g.n2).ok_or_else(|| {
+            let (v, f) = self.regrow(inner, g.n, g.now.size).ok_or_else(|| {
                 self.fail(
                     n,
                     format!("an output list that is not one part per rank of {}", g.n),
@@ -720,12 +715,12 @@ impl Synth<'_> {
             fresh.extend(f);
             values.push(v);
             shapes.push(
-                self.regrow(inner_shape, g.n, g.n2)
+                self.regrow(inner_shape, g.n, g.now.size)
                     .map_or(inner_shape, |x| x.0),
             );
             if let Some(Value::List { start: st, .. }) = a.strides {
                 if let Some(&s) = self.t.items.get((st + k) as usize) {
-                    strides.push(self.regrow(s, g.n, g.n2).map_or(s, |x| x.0));
+                    strides.push(self.regrow(s, g.n, g.now.size).map_or(s, |x| x.0));
                 }
             }
         }
@@ -748,7 +743,7 @@ impl Synth<'_> {
         let ty = ty_text
             .strip_prefix("GenericList[")
             .and_then(|x| x.strip_suffix(']'))
-            .and_then(|inner| Self::list_type(inner, g.n2))
+            .and_then(|inner| Self::list_type(inner, g.now.size))
             .map(|inner| self.t.strings.intern(&format!("GenericList[{inner}]")))
             .unwrap_or(a.ty);
         self.t.args[at as usize] = Arg {
@@ -762,7 +757,7 @@ impl Synth<'_> {
 
     /// Argument `at` (a tensor): its first dimension times `n2 / n`.
     fn scale_dim0(&mut self, n: &Node, at: u32, g: &GroupShape) -> Result<(), WorldError> {
-        if g.n == g.n2 {
+        if g.n == g.now.size {
             return Ok(());
         }
         let a = self.t.args[at as usize];
@@ -779,7 +774,7 @@ impl Synth<'_> {
                 format!("its first dimension {d0} does not split over {} ranks", g.n),
             ));
         }
-        let d2 = d0 / g.n as i64 * g.n2 as i64;
+        let d2 = d0 / g.n as i64 * g.now.size as i64;
         self.set_dim0(at, k, &shape, d2);
         Ok(())
     }
@@ -811,7 +806,7 @@ impl Synth<'_> {
     fn resplit(&mut self, n: &Node, g: &GroupShape) -> Result<(), WorldError> {
         let which = self.a2a_seen;
         self.a2a_seen += 1;
-        if g.n == g.n2 {
+        if g.n == g.now.size {
             return Ok(());
         }
         let base = n.inputs.start;
@@ -848,21 +843,23 @@ impl Synth<'_> {
                 })?;
             if !recorded.is_empty() {
                 let s = self.t.items.len() as u32;
-                self.t.items.extend((0..g.n2).map(|_| Value::Int(part)));
+                self.t
+                    .items
+                    .extend((0..g.now.size).map(|_| Value::Int(part)));
                 let at = (base + splits) as usize;
                 self.t.args[at].value = Value::List {
                     start: s,
-                    len: g.n2 as u32,
+                    len: g.now.size as u32,
                 };
                 // Its type and shapes name one entry per part (`GenericList[Int,Int]`).
-                if let Some(ty) = Self::list_type(self.t.str(self.t.args[at].ty), g.n2) {
+                if let Some(ty) = Self::list_type(self.t.str(self.t.args[at].ty), g.now.size) {
                     self.t.args[at].ty = self.t.strings.intern(&ty);
                 }
-                if let Some((shape, _)) = self.regrow(sp.shape, g.n, g.n2) {
+                if let Some((shape, _)) = self.regrow(sp.shape, g.n, g.now.size) {
                     self.t.args[at].shape = shape;
                 }
             }
-            self.set_dim0(base + tensor, k, &shape, part * g.n2 as i64);
+            self.set_dim0(base + tensor, k, &shape, part * g.now.size as i64);
             self.last_part = Some(part);
         }
         Ok(())
@@ -882,7 +879,7 @@ impl Synth<'_> {
                     .world_peer(self.from, self.rank, p as usize, &self.sizes, send)
                     as i64
             }
-            _ => peer_at(g.from, g.to, g.n, g.n2, p, send),
+            _ => peer_at(g.from, g.now.me, g.n, g.now.size, p, send),
         };
         self.t.args[at as usize].value = Value::Int(peer);
         Ok(())
@@ -904,7 +901,7 @@ impl Synth<'_> {
         let kind = crate::summary::collective_name(&self.t, n).unwrap_or_default();
         let flat: String = kind.chars().filter(|c| *c != '_').collect();
         self.rename_group(n, g);
-        let (n1, n2) = (g.n as i64, g.n2 as i64);
+        let (n1, n2) = (g.n as i64, g.now.size as i64);
         for k in n.extra.start..n.extra.end {
             let e = self.t.extra_attrs[k as usize];
             let name = self.t.str(e.name).to_string();
@@ -914,7 +911,7 @@ impl Synth<'_> {
             };
             let new = match (name.as_str(), int) {
                 // The rank in the collective's group, as ProcessGroupNCCL records it.
-                ("rank", Some(_)) => Some(Value::Int(g.to as i64)),
+                ("rank", Some(_)) => Some(Value::Int(g.now.me as i64)),
                 ("pg_size", Some(_)) => Some(Value::Int(n2)),
                 ("global_rank_start", Some(_)) => Some(Value::Int(g.now.start as i64)),
                 ("global_rank_stride", Some(_)) => Some(Value::Int(g.now.stride as i64)),
@@ -959,7 +956,7 @@ impl Synth<'_> {
             let next = self.t.args.get(k as usize + 1).map(|b| b.value);
             if let (Value::Int(_), Some(Value::Str(s))) = (a.value, next) {
                 if self.t.str(s) == kind {
-                    self.t.args[k as usize].value = Value::Int(g.to as i64);
+                    self.t.args[k as usize].value = Value::Int(g.now.me as i64);
                 }
             }
         }
@@ -1166,16 +1163,6 @@ impl Synth<'_> {
             other => other,
         }
     }
-}
-
-/// A node's `pg_name` attribute, where it has a non-empty one.
-fn pg_attr(t: &Trace, n: &Node) -> Option<String> {
-    t.extras(n).iter().find_map(|e| match e.value {
-        Value::Str(s) if t.str(e.name) == "pg_name" && !t.str(s).is_empty() => {
-            Some(t.str(s).to_string())
-        }
-        _ => None,
-    })
 }
 
 /// The peer of new rank `to` (made from captured rank `from`) whose captured peer was `p`, in
