@@ -105,9 +105,9 @@ struct Compiler<'g, 't> {
     /// (step, external) of the optimizer decays the trace does not record.
     decays: Vec<(usize, usize)>,
     /// The tensors autograd accumulates into parameters (each `AccumulateGrad` node's input)
-    /// by key, with that node's id; and each slot a step made under one of those keys, with the
-    /// step's node id. Keys are reused along a trace, so a gradient is the slot its key named
-    /// last before its `AccumulateGrad`.
+    /// by key, with that node's id; and, keyed by each of those keys, each slot a step made
+    /// under it, with the step's node id. Keys are reused along a trace, so a gradient is the
+    /// slot its key named last before its `AccumulateGrad`.
     accumulated: Vec<(u64, TensorKey)>,
     made_under: HashMap<TensorKey, Vec<(u64, Slot)>>,
 }
@@ -144,6 +144,7 @@ struct Outputs {
 impl<'g, 't> Compiler<'g, 't> {
     fn new(g: &'g Graph<'t>, n_steps: usize) -> Self {
         let t = g.trace;
+        let accumulated = accumulated_grads(t);
         Compiler {
             b: Builder {
                 g,
@@ -169,8 +170,8 @@ impl<'g, 't> Compiler<'g, 't> {
             view_root: HashMap::new(),
             restored: Vec::new(),
             decays: Vec::new(),
-            accumulated: accumulated_grads(t),
-            made_under: HashMap::new(),
+            made_under: accumulated.iter().map(|&(_, k)| (k, Vec::new())).collect(),
+            accumulated,
         }
     }
 
@@ -202,18 +203,15 @@ impl<'g, 't> Compiler<'g, 't> {
             }),
         };
         let outputs = self.outputs(step, node, &inputs.keys);
-        if !self.accumulated.is_empty() {
+        if !self.made_under.is_empty() {
             for a in t.outputs(node) {
                 let Some(key) = key_of(t, a.value) else {
                     continue;
                 };
-                if self.accumulated.iter().any(|(_, k)| *k == key) {
-                    if let Some(&slot) = self.b.current.get(&key) {
-                        self.made_under
-                            .entry(key)
-                            .or_default()
-                            .push((node.id, slot));
-                    }
+                if let (Some(made), Some(&slot)) =
+                    (self.made_under.get_mut(&key), self.b.current.get(&key))
+                {
+                    made.push((node.id, slot));
                 }
             }
         }

@@ -152,7 +152,11 @@ impl<'a> Recorder<'a> {
             slices: Vec::new(),
             allocated_after: Vec::new(),
             keep_allocated: false,
-            step_end_us: Vec::new(),
+            step_end_us: if opts.trace_out.is_some() {
+                vec![None; n]
+            } else {
+                Vec::new()
+            },
             first_nonfinite: None,
             profiled: Vec::new(),
             instrument_error: None,
@@ -393,9 +397,6 @@ impl<'a> Recorder<'a> {
                     tid: 1,
                     args,
                 });
-                if self.step_end_us.len() < self.plan.steps.len() {
-                    self.step_end_us.resize(self.plan.steps.len(), None);
-                }
                 self.step_end_us[pos] = Some(timer.host_at(t0) + launch);
                 if self.device_timing {
                     self.slices.push(Slice {

@@ -2,7 +2,7 @@
 //! op, like for like (the replay's ops also timed under the capture's instrumentation).
 
 use crate::card::{Card, Figure, Unit};
-use crate::replay_cmd::{completed, linked, meta_of, meta_original_ms, RunOptions};
+use crate::replay_cmd::{completed, linked, meta_of, original_ms_in, RunOptions};
 use anyhow::Result;
 use et_graph::{Graph, Selection};
 use mystique_cli::args::CompareArgs;
@@ -15,10 +15,13 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
     a.run.apply()?;
+    // The capture's meta file: the original's time, threads, CPU time and memory.
+    let meta = meta_of(&a.trace);
     // The original's thread count, where its meta file recorded it and --threads says none:
     // per-op times compare like for like only at the same intra-op parallelism.
     if a.run.threads.is_none() {
-        if let Some(n) = meta_of(&a.trace)
+        if let Some(n) = meta
+            .as_ref()
             .and_then(|(v, _)| v["threads"].as_i64())
             .filter(|&n| n > 0)
         {
@@ -88,7 +91,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             }
         })
         .collect();
-    let c = Compared::of(a, &original, &r, &included)?;
+    let c = Compared::of(a, &original, &r, &included, meta.as_ref())?;
     if let Some(svg) = &a.svg {
         let plot = c.svg(&trace.source);
         mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
@@ -104,19 +107,11 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         c.print(&mut out, &linked, set.ops.len())?;
         card.print(&mut out)?;
         c.print_differences(&mut out)?;
-        if !r.failures.is_empty() {
-            writeln!(
-                out,
-                "failures (their time is in none of the replay's figures)"
-            )?;
-            for f in &r.failures {
-                writeln!(
-                    out,
-                    "  {:>4}x {}: [{:?}] {}",
-                    f.count, f.op, f.kind, f.reason
-                )?;
-            }
-        }
+        crate::print::print_failures(
+            &mut out,
+            "failures (their time is in none of the replay's figures)",
+            &r,
+        )?;
     }
     completed(&r)
 }
@@ -173,6 +168,8 @@ struct Compared<'a> {
     a: &'a CompareArgs,
     original: &'a Original,
     r: &'a replay::Report,
+    /// The capture's meta file, read, and its path.
+    meta: Option<&'a (serde_json::Value, std::path::PathBuf)>,
     /// Per op name, linked ops only: the original (Kineto), the plain replay, and the replay
     /// under the capture's instrumentation (like for like).
     cmp: et_graph::Comparison,
@@ -192,6 +189,7 @@ impl<'a> Compared<'a> {
         original: &'a Original,
         r: &'a replay::Report,
         included: &[bool],
+        meta: Option<&'a (serde_json::Value, std::path::PathBuf)>,
     ) -> Result<Compared<'a>> {
         // Left-out steps count as unlinked: in neither side's figures.
         let mut kept = original.timing.clone();
@@ -225,7 +223,7 @@ impl<'a> Compared<'a> {
                 anyhow::bail!("--original-ms must be a positive number of milliseconds, not {ms}")
             }
             Some(ms) => Some((ms, "--original-ms".to_string())),
-            None => meta_original_ms(&a.trace),
+            None => meta.and_then(original_ms_in),
         };
         let (ratio_iter, basis_iter) = match (&uninstrumented, r.instrumented_iter_ms) {
             (Some((ms, from)), _) => (
@@ -253,6 +251,7 @@ impl<'a> Compared<'a> {
             a,
             original,
             r,
+            meta,
             cmp,
             orig_ops_ms,
             gaps_ms,
@@ -404,14 +403,12 @@ impl<'a> Compared<'a> {
     /// The fidelity card: each figure of the original beside the replay's, on one basis.
     fn card(&self, linked: &calibrate::Linked) -> Card {
         let (r, o, c) = (self.r, self.original, &self.cmp);
-        let meta = meta_of(&self.a.trace);
+        let meta = self.meta;
         let meta_f64 = |key: &str| {
-            meta.as_ref()
-                .and_then(|(v, _)| v[key].as_f64())
+            meta.and_then(|(v, _)| v[key].as_f64())
                 .filter(|x| x.is_finite())
         };
         let meta_name = meta
-            .as_ref()
             .map(|(_, p)| p.display().to_string())
             .unwrap_or_else(|| "the capture's meta file".into());
         let mut card = Card::default();

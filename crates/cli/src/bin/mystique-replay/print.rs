@@ -177,10 +177,14 @@ fn print_gpu(out: &mut impl Write, r: &replay::Report) -> Result<()> {
     Ok(())
 }
 
-/// Failures, scalars restored, and ops run otherwise than recorded.
-fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
+/// The failed ops, under `heading`, each with its count, kind and reason; nothing without.
+pub(crate) fn print_failures(
+    out: &mut impl Write,
+    heading: &str,
+    r: &replay::Report,
+) -> Result<()> {
     if !r.failures.is_empty() {
-        writeln!(out, "failures")?;
+        writeln!(out, "{heading}")?;
         for f in &r.failures {
             writeln!(
                 out,
@@ -189,6 +193,12 @@ fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
             )?;
         }
     }
+    Ok(())
+}
+
+/// Failures, scalars restored, and ops run otherwise than recorded.
+fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
+    print_failures(out, "failures", r)?;
     if !r.restored_scalars.is_empty() {
         writeln!(out, "restored scalars (rounded to 0 in the trace)")?;
         for x in &r.restored_scalars {

@@ -442,7 +442,13 @@ impl replay::Pacer for StdioPacer {
 /// The original's uninstrumented iteration (ms) from a capture script's `NAME.meta.json`
 /// beside the trace (`NAME.et.json`, `NAME.linked.et.json`, optionally `.gz`), and where from.
 pub(crate) fn meta_original_ms(trace: &Path) -> Option<(f64, String)> {
-    let (v, meta) = meta_of(trace)?;
+    original_ms_in(&meta_of(trace)?)
+}
+
+/// The original's uninstrumented iteration (ms) in a meta file read ([`meta_of`]), and where.
+pub(crate) fn original_ms_in(
+    (v, meta): &(serde_json::Value, std::path::PathBuf),
+) -> Option<(f64, String)> {
     let ms = v["iter_ms_median"]
         .as_f64()
         .filter(|m| m.is_finite() && *m > 0.0)?;
