@@ -119,6 +119,7 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         .map(|&e| k.events[e as usize].dur)
         .sum();
     let (gpu, _) = et_graph::original_gpu(&l, &k);
+    let off = et_graph::off_op_summary(&l, &k);
     let j = serde_json::json!({
         "et": trace.source,
         "kineto": k.source,
@@ -128,6 +129,7 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         "fraction": l.fraction(),
         "gpu_events": kernels,
         "gpu": gpu,
+        "gpu_off_op": off,
         "linked_cpu_us": cpu_us,
         "unlinked_sample": unlinked,
         "warnings": l.warnings,
@@ -155,10 +157,44 @@ pub fn link(et: &Path, kineto: &Path, json: bool) -> Result<()> {
         cpu_us / 1000.0
     )?;
     if gpu.events > 0 {
+        print_off_op(&mut out, &off)?;
         print_gpu_activity(&mut out, "original", &gpu)?;
     }
     for u in unlinked {
         writeln!(out, "  unlinked: {} {}", u["id"], u["name"])?;
+    }
+    Ok(())
+}
+
+/// The iteration's GPU work that no linked op launched: what launched it, what it was
+/// attributed to, what could not be.
+pub fn print_off_op(out: &mut impl Write, s: &et_graph::OffOpSummary) -> std::io::Result<()> {
+    if s.attributed + s.unattributed == 0 {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "GPU events launched outside the linked ops: {} ({:.3} ms) attributed to the replayed \
+         ops around their launch, {} ({:.3} ms) not attributed",
+        s.attributed,
+        s.attributed_us / 1e3,
+        s.unattributed,
+        s.unattributed_us / 1e3
+    )?;
+    for g in s.by_launcher.iter().take(8) {
+        writeln!(
+            out,
+            "  {:>9.3} ms {:>6}x  under {}{}: {}",
+            g.total_us / 1e3,
+            g.events,
+            g.launched_under,
+            if g.attributed {
+                ""
+            } else {
+                " (not attributed)"
+            },
+            g.kernels.join(", ")
+        )?;
     }
     Ok(())
 }

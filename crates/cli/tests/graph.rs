@@ -51,6 +51,33 @@ fn link_reports_the_gpu_activity_of_a_gpu_trace_and_none_on_cpu() {
         "{gpu}"
     );
     assert_eq!(gpu["top"][0]["work"], "Comm", "{gpu}");
+    // fbgemm's backward kernels, launched under autograd's CppNode rather than an ATen op, are
+    // in the count and given to the replayed ops inside it.
+    let off = &j["gpu_off_op"];
+    let attributed = off["attributed"].as_u64().unwrap();
+    assert!(attributed > 0, "{off}");
+    assert_eq!(
+        off["under_ops"].as_u64().unwrap() + attributed + off["unattributed"].as_u64().unwrap(),
+        gpu["events"].as_u64().unwrap(),
+        "{off}"
+    );
+    assert!(off["by_launcher"][0]["launched_under"]
+        .as_str()
+        .unwrap()
+        .contains("CppNode"));
+    let text = bin()
+        .arg("link")
+        .arg(shared(&format!("{dir}/rank0.et.json.gz")))
+        .arg(shared(&format!("{dir}/rank0.kineto.json.gz")))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "GPU events launched outside the linked ops: {attributed} ("
+        )),
+        "{text}"
+    );
     let cpu = json(&[
         "link".as_ref(),
         shared("cpu/cnn.linked.et.json.gz").as_os_str(),

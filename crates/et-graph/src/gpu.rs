@@ -216,29 +216,126 @@ pub fn gpu_activity(intervals: &[GpuInterval]) -> GpuActivity {
     a
 }
 
-/// The original's GPU activity under the linked ops, and each replay-set op's GPU time (the
-/// sum of the GPU work it launched, µs; `None` where unlinked or where it launched nothing).
+/// The original's GPU activity over the iteration (the work launched under the linked ops and
+/// the rest of the iteration's, [`Link::gpu_off_op`]), and each replay-set op's GPU time: the
+/// sum of the GPU work it launched or was attributed (µs; `None` where it has none).
 pub fn original_gpu(l: &Link, k: &KinetoTrace) -> (GpuActivity, Vec<Option<f64>>) {
-    let mut intervals = Vec::new();
-    let mut per_op = Vec::with_capacity(l.gpu_events.len());
-    for evs in &l.gpu_events {
-        let mut sum = None;
-        for &e in evs {
-            let ev = &k.events[e as usize];
-            let name = k.str(ev.name);
-            if let Some(work) = GpuWork::of(ev.cat, name) {
-                intervals.push(GpuInterval {
-                    name,
-                    work,
-                    start_us: ev.ts,
-                    dur_us: ev.dur,
-                });
-                *sum.get_or_insert(0.0) += ev.dur.max(0.0);
-            }
-        }
-        per_op.push(sum);
-    }
+    let interval = |e: u32| {
+        let ev = &k.events[e as usize];
+        let name = k.str(ev.name);
+        GpuWork::of(ev.cat, name).map(|work| GpuInterval {
+            name,
+            work,
+            start_us: ev.ts,
+            dur_us: ev.dur,
+        })
+    };
+    let per_op = l
+        .gpu_events_attributed()
+        .iter()
+        .map(|evs| {
+            evs.iter()
+                .filter_map(|&e| interval(e))
+                .map(|i| i.dur_us.max(0.0))
+                .fold(None, |s: Option<f64>, d| Some(s.unwrap_or(0.0) + d))
+        })
+        .collect();
+    let intervals: Vec<GpuInterval> = l
+        .gpu_events
+        .iter()
+        .flatten()
+        .copied()
+        .chain(l.gpu_off_op.iter().map(|o| o.event))
+        .filter_map(interval)
+        .collect();
     (gpu_activity(&intervals), per_op)
+}
+
+/// The GPU work of the iteration that no linked op launched, by what launched it: the
+/// annotations (or ops the replay does not run) it came under, with the replayed ops it is
+/// attributed to, and what could not be attributed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct OffOpSummary {
+    /// GPU events launched under linked ops.
+    pub under_ops: usize,
+    /// GPU events attributed to a replayed op though launched outside its span.
+    pub attributed: usize,
+    /// Their time (µs).
+    pub attributed_us: f64,
+    /// GPU events no replayed op could be given.
+    pub unattributed: usize,
+    /// Their time (µs).
+    pub unattributed_us: f64,
+    /// By the CPU event they were launched under (`(none)` where none held the launch), most
+    /// time first: attributed and not.
+    pub by_launcher: Vec<OffOpGroup>,
+}
+
+/// GPU events launched under one CPU event name, outside the linked ops.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OffOpGroup {
+    /// The CPU event (op or annotation) they were launched under.
+    pub launched_under: String,
+    /// Whether they were attributed to replayed ops.
+    pub attributed: bool,
+    /// Events.
+    pub events: usize,
+    /// Their time (µs).
+    pub total_us: f64,
+    /// Their kernels' short names, most time first (at most 3).
+    pub kernels: Vec<String>,
+}
+
+/// Counts the iteration's GPU work that no linked op launched ([`Link::gpu_off_op`]).
+pub fn off_op_summary(l: &Link, k: &KinetoTrace) -> OffOpSummary {
+    let mut s = OffOpSummary {
+        under_ops: l.gpu_events.iter().map(Vec::len).sum(),
+        ..Default::default()
+    };
+    type Group = (usize, f64, HashMap<String, f64>);
+    let mut groups: HashMap<(String, bool), Group> = HashMap::new();
+    for o in &l.gpu_off_op {
+        let ev = &k.events[o.event as usize];
+        let d = ev.dur.max(0.0);
+        let attributed = o.attributed_to.is_some();
+        if attributed {
+            s.attributed += 1;
+            s.attributed_us += d;
+        } else {
+            s.unattributed += 1;
+            s.unattributed_us += d;
+        }
+        let under = o.launched_under.map_or("(none)".to_string(), |c| {
+            k.str(k.events[c as usize].name).to_string()
+        });
+        let g = groups.entry((under, attributed)).or_default();
+        g.0 += 1;
+        g.1 += d;
+        *g.2.entry(short_kernel_name(k.str(ev.name))).or_default() += d;
+    }
+    let mut v: Vec<OffOpGroup> = groups
+        .into_iter()
+        .map(
+            |((launched_under, attributed), (events, total_us, kernels))| {
+                let mut ks: Vec<(String, f64)> = kernels.into_iter().collect();
+                ks.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+                OffOpGroup {
+                    launched_under,
+                    attributed,
+                    events,
+                    total_us,
+                    kernels: ks.into_iter().take(3).map(|k| k.0).collect(),
+                }
+            },
+        )
+        .collect();
+    v.sort_by(|a, b| {
+        b.total_us
+            .total_cmp(&a.total_us)
+            .then_with(|| a.launched_under.cmp(&b.launched_under))
+    });
+    s.by_launcher = v;
+    s
 }
 
 #[cfg(test)]

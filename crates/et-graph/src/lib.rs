@@ -38,8 +38,11 @@ pub use fidelity::{
     InvalidReference, OpComparison, OpsBetweenGaps, OriginalTiming, Reference, ReplayTimes,
     TimeBase, SLICE_MIN_US,
 };
-pub use gpu::{gpu_activity, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime};
+pub use gpu::{
+    gpu_activity, off_op_summary, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime,
+    OffOpGroup, OffOpSummary,
+};
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};
-pub use link::{link, link_steps, profiler_steps, timing_link, Link, LinkError, Method};
+pub use link::{link, link_steps, profiler_steps, timing_link, Link, LinkError, Method, OffOpGpu};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

@@ -75,6 +75,21 @@ pub enum Method {
     Alignment,
 }
 
+/// A GPU event of the iteration launched outside every linked op's span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffOpGpu {
+    /// The GPU event (kernel, memcpy, memset).
+    pub event: u32,
+    /// The innermost CPU event (op or annotation) whose span holds the runtime call that
+    /// launched it; `None` where no CPU event holds it.
+    pub launched_under: Option<u32>,
+    /// The replay-set op (by position) it is attributed to: of the CPU events holding the
+    /// launch, innermost first, the first that holds linked ops of the same thread gives it
+    /// to the last of them to start before the launch (else the first after it). `None`
+    /// where no event holding the launch holds a linked op (the step annotation aside).
+    pub attributed_to: Option<usize>,
+}
+
 /// The result: for each replay-set op (by position), its Kineto event index.
 #[derive(Clone, Debug)]
 pub struct Link {
@@ -84,6 +99,10 @@ pub struct Link {
     pub event_of: Vec<Option<u32>>,
     /// GPU events (kernels, memcpy, memset) launched under each linked op, via correlation.
     pub gpu_events: Vec<Vec<u32>>,
+    /// The iteration's other GPU events: launched outside every linked op's span (under an
+    /// annotation or an op the replay does not run, such as a custom autograd function's
+    /// extension kernel), each attributed where it can be to a replayed op.
+    pub gpu_off_op: Vec<OffOpGpu>,
     /// The captured iteration's extent on the Kineto clock (µs): from the first to the end of
     /// the last event of any ET node (annotations such as `Optimizer.zero_grad` included), or,
     /// where the set holds some of the trace's several `ProfilerStep#N` iterations, of those
@@ -106,6 +125,17 @@ impl Link {
         } else {
             self.linked() as f64 / self.event_of.len() as f64
         }
+    }
+
+    /// Each replay-set op's GPU events: those launched under it and those attributed to it.
+    pub fn gpu_events_attributed(&self) -> Vec<Vec<u32>> {
+        let mut v = self.gpu_events.clone();
+        for o in &self.gpu_off_op {
+            if let Some(p) = o.attributed_to {
+                v[p].push(o.event);
+            }
+        }
+        v
     }
 }
 
@@ -206,7 +236,6 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
             (out, Method::Alignment)
         }
     };
-    let gpu_events = gpu_events_of(k, &event_of);
     // The iteration is what the ET recorded: every node with a record function id, not only
     // the replayed ops, bounds it (the optimizer's zero_grad before the first op, its step
     // after the last).
@@ -236,19 +265,78 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
             (a < b).then_some((a, b))
         })
         .flatten();
+    let window = Window::of(k, &event_of, span);
+    let (gpu_events, gpu_off_op) = gpu_of(k, &event_of, &window);
     Ok(Link {
         method,
         event_of,
         gpu_events,
+        gpu_off_op,
         span,
         warnings,
     })
 }
 
-/// GPU events (kernels, memcpy, memset) launched under each linked op: by correlation id of the
-/// runtime calls under the op's time span and thread.
-fn gpu_events_of(k: &KinetoTrace, event_of: &[Option<u32>]) -> Vec<Vec<u32>> {
-    // GPU events by correlation id of the runtime calls under each op's time span and thread.
+/// The part of the trace whose GPU launches count as the iteration's.
+enum Window {
+    /// One extent for every thread: the iteration the record function ids bound, or the
+    /// `ProfilerStep#N` steps holding the linked ops.
+    All(f64, f64),
+    /// Per thread, from its first linked op's start to its last one's end: a trace of many
+    /// unmarked iterations, each thread linked by order to a stretch of its own. Only launches
+    /// under an event that holds linked ops count: the ops between are not all the ET's.
+    PerThread(HashMap<Lane, (f64, f64)>),
+}
+
+impl Window {
+    fn of(k: &KinetoTrace, event_of: &[Option<u32>], span: Option<(f64, f64)>) -> Window {
+        if let Some((a, b)) = span {
+            return Window::All(a, b);
+        }
+        let mut lanes: HashMap<Lane, (f64, f64)> = HashMap::new();
+        for &e in event_of.iter().flatten() {
+            let e = &k.events[e as usize];
+            let w = lanes
+                .entry(e.tid)
+                .or_insert((f64::INFINITY, f64::NEG_INFINITY));
+            w.0 = w.0.min(e.ts);
+            w.1 = w.1.max(e.ts + e.dur);
+        }
+        let (a, b) = lanes
+            .values()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(x, y), w| {
+                (x.min(w.0), y.max(w.1))
+            });
+        let steps: Vec<(f64, f64)> = profiler_steps(k)
+            .into_iter()
+            .filter(|&(_, s, t)| s < b && t > a)
+            .map(|(_, s, t)| (s, t))
+            .collect();
+        if steps.is_empty() {
+            Window::PerThread(lanes)
+        } else {
+            let (a, b) = steps
+                .iter()
+                .fold((a, b), |(x, y), &(s, t)| (x.min(s), y.max(t)));
+            Window::All(a, b)
+        }
+    }
+
+    fn holds(&self, lane: &Lane, ts: f64) -> bool {
+        match self {
+            Window::All(a, b) => (*a..=*b).contains(&ts),
+            Window::PerThread(m) => m.get(lane).is_some_and(|(a, b)| (*a..=*b).contains(&ts)),
+        }
+    }
+}
+
+/// GPU events (kernels, memcpy, memset) by the runtime calls that launched them: those under
+/// each linked op's time span and thread, and the window's others ([`OffOpGpu`]).
+fn gpu_of(
+    k: &KinetoTrace,
+    event_of: &[Option<u32>],
+    window: &Window,
+) -> (Vec<Vec<u32>>, Vec<OffOpGpu>) {
     let mut by_corr: HashMap<u64, Vec<u32>> = HashMap::new();
     for (i, e) in k.events.iter().enumerate() {
         if matches!(
@@ -260,6 +348,9 @@ fn gpu_events_of(k: &KinetoTrace, event_of: &[Option<u32>]) -> Vec<Vec<u32>> {
             }
         }
     }
+    if by_corr.is_empty() {
+        return (vec![vec![]; event_of.len()], vec![]);
+    }
     let mut runtime: HashMap<Lane, Vec<usize>> = HashMap::new();
     for (i, e) in k.events.iter().enumerate() {
         if matches!(e.cat, Category::CudaRuntime | Category::CudaDriver) {
@@ -269,7 +360,15 @@ fn gpu_events_of(k: &KinetoTrace, event_of: &[Option<u32>]) -> Vec<Vec<u32>> {
     for v in runtime.values_mut() {
         v.sort_by(|&a, &b| k.events[a].ts.total_cmp(&k.events[b].ts));
     }
-    event_of
+    let launched = |r: usize| {
+        k.events[r]
+            .correlation
+            .and_then(|c| by_corr.get(&c))
+            .into_iter()
+            .flatten()
+            .copied()
+    };
+    let under: Vec<Vec<u32>> = event_of
         .iter()
         .map(|e| {
             let Some(e) = e else { return vec![] };
@@ -281,12 +380,124 @@ fn gpu_events_of(k: &KinetoTrace, event_of: &[Option<u32>]) -> Vec<Vec<u32>> {
             rt[start..]
                 .iter()
                 .take_while(|&&r| k.events[r].ts <= ev.ts + ev.dur)
-                .filter_map(|&r| k.events[r].correlation.and_then(|c| by_corr.get(&c)))
-                .flatten()
-                .copied()
+                .flat_map(|&r| launched(r))
                 .collect()
         })
-        .collect()
+        .collect();
+    let seen: std::collections::HashSet<u32> = under.iter().flatten().copied().collect();
+    let nest = Nesting::new(k);
+    // Linked ops by thread, in start order: (start, position).
+    let mut linked: HashMap<Lane, Vec<(f64, usize)>> = HashMap::new();
+    for (pos, e) in event_of.iter().enumerate() {
+        if let Some(e) = e {
+            let ev = &k.events[*e as usize];
+            linked.entry(ev.tid).or_default().push((ev.ts, pos));
+        }
+    }
+    for v in linked.values_mut() {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    let mut off = Vec::new();
+    let mut lanes: Vec<&Lane> = runtime.keys().collect();
+    lanes.sort_by_key(|l| format!("{l:?}"));
+    for lane in lanes {
+        for &r in &runtime[lane] {
+            let ts = k.events[r].ts;
+            if !window.holds(lane, ts) {
+                continue;
+            }
+            let mut evs = launched(r).filter(|g| !seen.contains(g)).peekable();
+            if evs.peek().is_none() {
+                continue;
+            }
+            let holders = nest.holding(k, lane, ts);
+            let attributed_to = holders
+                .iter()
+                .take_while(|&&h| !k.str(k.events[h].name).starts_with("ProfilerStep#"))
+                .find_map(|&h| {
+                    let (a, b) = (k.events[h].ts, k.events[h].ts + k.events[h].dur);
+                    let ops = linked.get(lane)?;
+                    let before = ops.partition_point(|o| o.0 <= ts);
+                    let last = before.checked_sub(1).map(|i| ops[i]).filter(|o| o.0 >= a);
+                    let next = ops.get(before).copied().filter(|o| o.0 <= b);
+                    last.or(next).map(|o| o.1)
+                });
+            // Without a bound on the iteration (a trace of unmarked iterations, linked by order)
+            // a launch under no event holding linked ops may be another iteration's.
+            if attributed_to.is_none() && matches!(window, Window::PerThread(_)) {
+                continue;
+            }
+            for event in evs {
+                off.push(OffOpGpu {
+                    event,
+                    launched_under: holders.first().map(|&h| h as u32),
+                    attributed_to,
+                });
+            }
+        }
+    }
+    (under, off)
+}
+
+/// CPU events (ops and annotations) per thread in start order, each with the event that holds
+/// it: the nesting Kineto's spans imply.
+struct Nesting {
+    by_lane: HashMap<Lane, (Vec<usize>, Vec<Option<usize>>)>,
+}
+
+impl Nesting {
+    fn new(k: &KinetoTrace) -> Nesting {
+        let mut by_lane: HashMap<Lane, Vec<usize>> = HashMap::new();
+        for i in 0..k.events.len() {
+            if is_cpu_event(k, i) {
+                by_lane.entry(k.events[i].tid).or_default().push(i);
+            }
+        }
+        let by_lane = by_lane
+            .into_iter()
+            .map(|(lane, mut v)| {
+                // Start order; of two starting together the longer holds the other.
+                v.sort_by(|&a, &b| {
+                    let (x, y) = (&k.events[a], &k.events[b]);
+                    x.ts.total_cmp(&y.ts).then(y.dur.total_cmp(&x.dur))
+                });
+                let mut parent = vec![None; v.len()];
+                let mut stack: Vec<usize> = Vec::new();
+                for j in 0..v.len() {
+                    let e = &k.events[v[j]];
+                    while let Some(&top) = stack.last() {
+                        let t = &k.events[v[top]];
+                        if e.ts >= t.ts + t.dur {
+                            stack.pop();
+                        } else {
+                            break;
+                        }
+                    }
+                    parent[j] = stack.last().copied();
+                    stack.push(j);
+                }
+                (lane, (v, parent))
+            })
+            .collect();
+        Nesting { by_lane }
+    }
+
+    /// The events of `lane` whose span holds `ts`, innermost first.
+    fn holding(&self, k: &KinetoTrace, lane: &Lane, ts: f64) -> Vec<usize> {
+        let Some((v, parent)) = self.by_lane.get(lane) else {
+            return vec![];
+        };
+        let mut j = v.partition_point(|&i| k.events[i].ts <= ts).checked_sub(1);
+        let mut out = Vec::new();
+        while let Some(i) = j {
+            let e = &k.events[v[i]];
+            if e.ts + e.dur >= ts {
+                out.push(v[i]);
+            }
+            j = parent[i];
+        }
+        out
+    }
 }
 
 /// The `ProfilerStep#N` annotations of a Kineto trace, in time order: (N, start, end) in µs.
@@ -333,13 +544,14 @@ pub fn link_steps(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Vec<(u64, Link
                 })
                 .collect();
             let event_of = align(g, set, k, &inside);
-            let gpu_events = gpu_events_of(k, &event_of);
+            let (gpu_events, gpu_off_op) = gpu_of(k, &event_of, &Window::All(a, b));
             (
                 n,
                 Link {
                     method: Method::Alignment,
                     event_of,
                     gpu_events,
+                    gpu_off_op,
                     span: Some((a, b)),
                     warnings: Vec::new(),
                 },

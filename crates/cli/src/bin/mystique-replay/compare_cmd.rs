@@ -122,6 +122,8 @@ struct Original {
     timing: et_graph::OriginalTiming,
     /// Its GPU activity (no events: a CPU original).
     gpu: et_graph::GpuActivity,
+    /// Its GPU work that no linked op launched: attributed, or named as not.
+    off_op: et_graph::OffOpSummary,
     /// Whether ops are compared by GPU time (a GPU original replayed on CUDA).
     by_gpu: bool,
     /// Why per-op ratios set unlike times against each other, if they do.
@@ -157,6 +159,7 @@ impl Original {
         Original {
             timing,
             gpu,
+            off_op: et_graph::off_op_summary(&linked.link, &linked.kineto),
             by_gpu,
             mismatch,
         }
@@ -312,6 +315,7 @@ impl<'a> Compared<'a> {
             "compared_by": if o.by_gpu { "gpu time per op" } else { "op time" },
             "device_mismatch": o.mismatch,
             "original_gpu": (o.gpu.events > 0).then_some(&o.gpu),
+            "original_gpu_off_op": (o.gpu.events > 0).then_some(&o.off_op),
             "replay_gpu": r.gpu_activity,
             "gap_model": gap_model,
             "instrumented": self.instrumented(),
@@ -392,6 +396,7 @@ impl<'a> Compared<'a> {
             )?;
         }
         if self.original.gpu.events > 0 {
+            mystique_cli::graph_cmd::print_off_op(out, &self.original.off_op)?;
             mystique_cli::graph_cmd::print_gpu_activity(out, "original", &self.original.gpu)?;
         }
         if let Some(g) = &r.gpu_activity {
