@@ -3,9 +3,13 @@
     python3 gpu_zoo.py OUT [NAME ...]
 
 For each model: warm-up, the uninstrumented iteration timed (each iteration synchronised, as a
-training loop that reads its loss does), then one iteration under ExecutionTraceObserver alone
+training loop that reads its loss does) with the process's CPU time, one more iteration for its
+peak memory (the caching allocator's peak over the iteration's start, after
+reset_peak_memory_stats), then one iteration under ExecutionTraceObserver alone
 (OUT/NAME.et.json) and one under the observer and the profiler, CPU and CUDA activities
-(OUT/NAME.linked.et.json, OUT/NAME.kineto.json). Prints one JSON line per model. None of these
+(OUT/NAME.linked.et.json, OUT/NAME.kineto.json). Writes OUT/NAME.meta.json (iter_ms_median,
+cpu_ms, peak_over_start_bytes: what `mystique compare` sets beside the replay's figures) and
+prints it as one JSON line per model. None of these
 models is used to tune anything: gpu-check reports the replay's ratio to them as measured.
 """
 import json
@@ -110,11 +114,20 @@ def capture(out, name, iters=50):
         step()
     sync()
     times = []
+    cpu0 = time.process_time()
     for _ in range(iters):
         t = time.perf_counter()
         step()
         sync()
         times.append((time.perf_counter() - t) * 1e3)
+    cpu_ms = (time.process_time() - cpu0) * 1e3 / iters
+    peak = None
+    if DEV.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        step()
+        sync()
+        peak = torch.cuda.max_memory_allocated() - start
     obs = ExecutionTraceObserver().register_callback(os.path.join(out, f"{name}.et.json"))
     obs.start()
     step()
@@ -131,7 +144,8 @@ def capture(out, name, iters=50):
         sync()
     meta = dict(model=name, torch=torch.__version__, device=DEV,
                 gpu=torch.cuda.get_device_name() if DEV.startswith("cuda") else None, iters=iters,
-                iter_ms_median=statistics.median(times), iter_ms_min=min(times))
+                iter_ms_median=statistics.median(times), iter_ms_min=min(times), cpu_ms=cpu_ms,
+                peak_over_start_bytes=peak)
     with open(os.path.join(out, f"{name}.meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     print(json.dumps(meta), flush=True)

@@ -14,7 +14,7 @@
 //!   and, where a zoo was captured on the preparing machine, every zoo trace replayed on cuda
 //!   with its values checked (no failed op, no NaN/Inf), and a few models captured on that GPU
 //!   in the same run (`scripts/gpu_zoo.py`) replayed there, plain and with the profile's gaps,
-//!   their ratios to the original reported. `GPU_CHECK_BUDGET_S` bounds the whole
+//!   each with its fidelity card (`compare`: original and replay figure by figure). `GPU_CHECK_BUDGET_S` bounds the whole
 //!   run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
 //!   land there.
 //!
@@ -773,8 +773,10 @@ impl Check {
 
     /// Stage 7: captured on this GPU, replayed on it: a few models (`scripts/gpu_zoo.py`, tuned
     /// on by nothing) captured as a user captures them, their uninstrumented iteration timed in
-    /// the same run, then replayed plain and with the profile's gaps. Ratios are reported, not
-    /// judged; failed ops and missing reports fail the check. (`GPU_ZOO_DEVICE=cpu` runs the
+    /// the same run, then replayed plain and `compare`d with the profile's gaps: each model's
+    /// fidelity card (iteration, op and gap time, peak memory, CPU time, GPU busy time and
+    /// NVML's figures, original beside replay). Ratios are reported, not judged; failed ops
+    /// and missing reports fail the check. (`GPU_ZOO_DEVICE=cpu` runs the
     /// script's captures on the CPU, to check the script without a GPU.)
     fn captured_here(&mut self, cuda: bool) {
         let script = self.dir.join("scripts/gpu_zoo.py");
@@ -809,42 +811,38 @@ impl Check {
     }
 
     /// One model captured on this GPU (stage 7; `meta`: its capture's record, its files in
-    /// `cap`), replayed plain and with gaps: its line, its failures, its row.
+    /// `cap`): replayed plain, then `compare`d with the profile's gaps, whose fidelity card sets
+    /// the original's figures beside the replay's. Its lines, its failures, its row.
     fn replay_captured(&mut self, cap: &Path, meta: &serde_json::Value) -> serde_json::Value {
         let name = meta["model"].as_str().unwrap_or_default().to_string();
         let original = meta["iter_ms_median"].as_f64().unwrap_or(f64::NAN);
         let mut row = serde_json::json!({"model": name, "original_ms": original});
-        for (label, et, gaps) in [
-            ("plain", format!("{name}.et.json"), false),
-            ("gaps", format!("{name}.linked.et.json"), true),
-        ] {
+        let common = [
+            "--device", "cuda", "--json", "--warmup", "5", "--iters", "30",
+        ];
+        for label in ["plain", "card"] {
             if self.limit(60) < Duration::from_secs(15) {
                 self.failures
                     .push(format!("{name} {label} on cuda: not run, out of time"));
                 continue;
             }
             let mut c = Command::new(&self.bin);
-            c.arg("replay").arg(cap.join(&et)).args([
-                "--device",
-                "cuda",
-                "--json",
-                "--warmup",
-                "5",
-                "--iters",
-                "30",
-                "--nvml-period",
-                "0",
-            ]);
-            if gaps {
-                c.arg("--kineto")
+            if label == "plain" {
+                c.arg("replay")
+                    .arg(cap.join(format!("{name}.et.json")))
+                    .args(common)
+                    .args(["--nvml-period", "0"]);
+            } else {
+                c.arg("compare")
+                    .arg(cap.join(format!("{name}.linked.et.json")))
                     .arg(cap.join(format!("{name}.kineto.json")))
+                    .args(common)
                     .arg("--emulate-gaps");
             }
             self.with_env(&mut c);
             let (code, out, err) = run_limited(&mut c, self.limit(60))
                 .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
             let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
-            let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
             if r.is_null() || r["ops_failed"] != 0 {
                 self.failures.push(format!(
                     "{name} {label} on cuda (exit {code:?}): {} failed ops {}",
@@ -852,17 +850,26 @@ impl Check {
                     tail(&err, 6)
                 ));
             }
-            row[label] = serde_json::json!({
-                "iter_ms": ms, "ratio": ms / original, "ops_failed": r["ops_failed"],
-                "ops_replayed": r["ops_replayed"], "gaps_ms": r["gaps_ms"],
-                "fallbacks": r["fallbacks"],
-            });
+            row[label] = if label == "plain" {
+                let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                serde_json::json!({
+                    "iter_ms": ms, "ratio": ms / original, "ops_failed": r["ops_failed"],
+                    "ops_replayed": r["ops_replayed"], "fallbacks": r["fallbacks"],
+                })
+            } else {
+                serde_json::json!({
+                    "card": r["card"], "ops_failed": r["ops_failed"],
+                    "gap_model": r["gap_model"], "original_gpu_off_op": r["original_gpu_off_op"],
+                })
+            };
         }
         println!(
-            "   {name:<18} original {original:>8.3} ms   replay/original plain {:>6.3}   with gaps {:>6.3}",
+            "   {name:<18} original {original:>8.3} ms   replay/original plain {:>6.3}",
             row["plain"]["ratio"].as_f64().unwrap_or(f64::NAN),
-            row["gaps"]["ratio"].as_f64().unwrap_or(f64::NAN),
         );
+        for line in card_lines(&row["card"]["card"]) {
+            println!("     {line}");
+        }
         row
     }
 
@@ -900,6 +907,32 @@ impl Check {
             bail!("{} GPU checks failed", failures.len())
         }
     }
+}
+
+/// A fidelity card (`compare --json`'s `card`) as aligned lines: figure, original, replay,
+/// ratio; a side not measured reads `-`.
+fn card_lines(card: &serde_json::Value) -> Vec<String> {
+    let Some(figures) = card.as_object() else {
+        return vec!["no card (compare did not report)".into()];
+    };
+    let num = |v: &serde_json::Value| match v.as_f64() {
+        Some(x) if x.abs() >= 1e6 => format!("{x:.4e}"),
+        Some(x) => format!("{x:.3}"),
+        None => "-".into(),
+    };
+    let mut out = vec![format!(
+        "{:<20} {:>12} {:>12} {:>7}",
+        "card", "original", "replay", "ratio"
+    )];
+    for (name, f) in figures {
+        out.push(format!(
+            "{name:<20} {:>12} {:>12} {:>7}",
+            num(&f["original"]),
+            num(&f["replay"]),
+            num(&f["ratio"])
+        ));
+    }
+    out
 }
 
 /// Prints one public trace's replay on cuda (stage 3): its coverage, time, memory and NVML
@@ -961,5 +994,32 @@ fn print_replay(
             f["op"].as_str().unwrap_or(""),
             f["reason"].as_str().unwrap_or("")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::card_lines;
+
+    #[test]
+    fn a_card_prints_one_line_per_figure_with_unmeasured_sides_as_dashes() {
+        let card = serde_json::json!({
+            "iteration_ms": {"original": 2.5, "replay": 2.0, "ratio": 0.8, "basis": "b"},
+            "peak_memory_bytes": {"original": 3.0e8, "replay": null, "ratio": null, "basis": "b"},
+        });
+        let lines = card_lines(&card);
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("card"));
+        let it = lines
+            .iter()
+            .find(|l| l.starts_with("iteration_ms"))
+            .unwrap();
+        assert!(it.contains("2.500") && it.contains("0.800"), "{it}");
+        let mem = lines.iter().find(|l| l.starts_with("peak_memory")).unwrap();
+        assert!(
+            mem.contains("3.0000e8") && mem.trim_end().ends_with('-'),
+            "{mem}"
+        );
+        assert_eq!(card_lines(&serde_json::Value::Null).len(), 1);
     }
 }

@@ -433,6 +433,14 @@ int mq_cuda_memory_stats(int device, int64_t* out) {
   });
 }
 
+// Resets the CUDA caching allocator's peak figures for a device (as
+// torch.cuda.reset_peak_memory_stats does), so that the next read's peak is the peak since.
+int mq_cuda_reset_peak(int device) {
+  return guarded([&] {
+    c10::getDeviceAllocator(c10::DeviceType::CUDA)->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+}
+
 // Flushes denormal floats to zero on this thread (FTZ/DAZ); false where the CPU cannot.
 int mq_flush_denormal() { return at::globalContext().setFlushDenormal(true) ? 1 : 0; }
 

@@ -86,6 +86,7 @@ extern "C" {
     #[cfg(feature = "cuda")]
     fn mq_cuda_set_stream(stream: *mut c_void, device: i32) -> i32;
     fn mq_cuda_memory_stats(device: i32, out: *mut i64) -> i32;
+    fn mq_cuda_reset_peak(device: i32) -> i32;
     fn mq_load_library(path: *const c_char) -> i32;
     fn mq_flush_denormal() -> i32;
     fn mq_alloc_count_install() -> i32;
@@ -709,6 +710,16 @@ pub fn cuda_memory_stats(device: usize) -> Result<CudaAllocatorStats, CallError>
                 ooms: u(9),
             })
         }
+        c => Err(call_error(c)),
+    }
+}
+
+/// Resets the peak figures of libtorch's CUDA caching allocator for a device: the next
+/// [`cuda_memory_stats`]' peaks are those since (`torch.cuda.reset_peak_memory_stats`).
+pub fn cuda_reset_peak(device: usize) -> Result<(), CallError> {
+    // SAFETY: no pointers cross.
+    match unsafe { mq_cuda_reset_peak(device as i32) } {
+        0 => Ok(()),
         c => Err(call_error(c)),
     }
 }

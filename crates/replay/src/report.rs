@@ -87,8 +87,10 @@ pub struct Report {
     /// not the model's (nothing that reads them runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolReport>,
-    /// CPU: what the first measured iteration allocated through c10's CPU allocator, counted
-    /// as the profiler's memory events count the original's (see [`IterationMemory`]).
+    /// What the first measured iteration allocated through the device's allocator (c10's CPU
+    /// allocator, or libtorch's CUDA caching allocator with its peak reset at the iteration's
+    /// start), counted as the profiler's memory events count the original's (see
+    /// [`IterationMemory`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iteration_memory: Option<IterationMemory>,
     /// The device's memory after the run (CPU: the process's resident memory and its peak).

@@ -24,6 +24,14 @@ fn mlp_replays_completely(device: &replay::Device) {
     assert!(r.ops.iter().all(|o| o.launch_us > 0.0), "{:?}", r.ops);
     let cpu = r.cpu.as_ref().expect("CPU counters on every device");
     assert!(cpu.per_iter.user_ms + cpu.per_iter.sys_ms > 0.0, "{cpu:?}");
+    // The first measured iteration's memory, counted by the device's allocator over its start:
+    // an MLP's training step holds its activations at once, and its gradients after.
+    let mem = r
+        .iteration_memory
+        .as_ref()
+        .expect("the iteration's memory on every device");
+    assert!(mem.peak_over_start_bytes > 0, "{mem:?}");
+    assert!(mem.held_after_bytes <= mem.peak_over_start_bytes, "{mem:?}");
     match device {
         replay::Device::Cpu => {
             assert_eq!(r.timing, "host clock");

@@ -20,8 +20,15 @@ pub fn run(
         && ffi::alloc_count_install()
             .map_err(|e| log::warn!("not counting the CPU allocator's bytes: {e}"))
             .is_ok();
-    let mut first_measured = count_memory;
+    // On CUDA the caching allocator's own figures serve: its peak reset at the iteration's
+    // start, as `torch.cuda.reset_peak_memory_stats` before `max_memory_allocated`.
+    let cuda_index = match &bound.device {
+        Device::Cuda(i) => Some(*i),
+        Device::Cpu => None,
+    };
+    let mut first_measured = count_memory || cuda_index.is_some();
     let mut iteration_memory = None;
+    let mut cuda_start: Option<u64> = None;
     let t0 = std::time::Instant::now();
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
     log::info!("materialised in {:.3} s", t0.elapsed().as_secs_f64());
@@ -88,7 +95,17 @@ pub fn run(
         }
         let counting = first_measured && phase == Phase::Measured;
         if counting {
-            ffi::alloc_count_reset();
+            match cuda_index {
+                Some(d) => {
+                    cuda_start = ffi::cuda_reset_peak(d)
+                        .and_then(|()| ffi::cuda_memory_stats(d))
+                        .map_err(|e| log::warn!("not counting the CUDA allocator's bytes: {e}"))
+                        .ok()
+                        .map(|m| m.allocated_bytes);
+                    rec.cuda_memory_base = cuda_start.map(|b| (d, b));
+                }
+                None => ffi::alloc_count_reset(),
+            }
         }
         rec.keep_allocated = counting && opts.trace_out.is_some();
         let dispatched = iteration(
@@ -102,15 +119,32 @@ pub fn run(
             opts,
         )?;
         if counting {
-            let (now, peak) = ffi::alloc_count_read();
             first_measured = false;
-            iteration_memory = Some(crate::report::IterationMemory {
-                peak_over_start_bytes: peak.max(0) as u64,
-                held_after_bytes: now.max(0) as u64,
-                basis: "the first measured iteration's bytes allocated through c10's CPU \
-                        allocator and not yet freed, at their peak (as profile_memory's Total \
-                        Allocated counts the original's)",
-            });
+            iteration_memory = match (cuda_index, cuda_start) {
+                (None, _) => {
+                    let (now, peak) = ffi::alloc_count_read();
+                    Some(crate::report::IterationMemory {
+                        peak_over_start_bytes: peak.max(0) as u64,
+                        held_after_bytes: now.max(0) as u64,
+                        basis: "the first measured iteration's bytes allocated through c10's \
+                                CPU allocator and not yet freed, at their peak (as \
+                                profile_memory's Total Allocated counts the original's)",
+                    })
+                }
+                (Some(d), Some(start)) => {
+                    ffi::cuda_memory_stats(d)
+                        .ok()
+                        .map(|m| crate::report::IterationMemory {
+                            peak_over_start_bytes: m.peak_allocated_bytes.saturating_sub(start),
+                            held_after_bytes: m.allocated_bytes.saturating_sub(start),
+                            basis: "the first measured iteration's bytes allocated through \
+                                libtorch's CUDA caching allocator, at their peak over the \
+                                iteration's start (as torch.cuda.max_memory_allocated after \
+                                reset_peak_memory_stats counts the original's)",
+                        })
+                }
+                (Some(_), None) => None,
+            };
         }
         if let Some((pace, Some(n))) = pacing {
             // A block ends at its size or with the measured phase.
@@ -276,7 +310,15 @@ pub(super) fn iteration(
     for pos in 0..i.ex.plan.steps.len() {
         i.step(pos, gaps.as_deref(), factor)?;
         if trace_memory || keep {
-            let (now, peak) = ffi::alloc_count_read();
+            let (now, peak) = match i.rec.cuda_memory_base {
+                Some((d, base)) => ffi::cuda_memory_stats(d).map_or((0, 0), |m| {
+                    (
+                        m.allocated_bytes as i64 - base as i64,
+                        m.peak_allocated_bytes as i64 - base as i64,
+                    )
+                }),
+                None => ffi::alloc_count_read(),
+            };
             log::trace!(
                 "iteration {it} step {pos} {} (node {}): {now} bytes allocated, peak {peak}",
                 i.ex.plan.steps[pos].name,

@@ -63,6 +63,9 @@ pub(crate) struct Recorder<'a> {
     pub(crate) allocated_after: Vec<(usize, i64)>,
     /// Whether the iteration running now keeps its counts in `allocated_after`.
     pub(crate) keep_allocated: bool,
+    /// On CUDA: the device and its caching allocator's allocated bytes at the first measured
+    /// iteration's start, the base the per-step counts are read over.
+    pub(crate) cuda_memory_base: Option<(usize, u64)>,
     step_end_us: Vec<Option<f64>>,
     first_nonfinite: Option<NonFinite>,
     /// Each instrumented iteration's profiled windows, by step.
@@ -152,6 +155,7 @@ impl<'a> Recorder<'a> {
             slices: Vec::new(),
             allocated_after: Vec::new(),
             keep_allocated: false,
+            cuda_memory_base: None,
             step_end_us: if opts.trace_out.is_some() {
                 vec![None; n]
             } else {

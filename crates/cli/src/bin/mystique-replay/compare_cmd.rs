@@ -501,7 +501,11 @@ impl<'a> Compared<'a> {
             ),
             (None, Some(b)) => (
                 Some(b),
-                format!("the original's peak_over_start_bytes in {meta_name} (profile_memory at capture)"),
+                format!(
+                    "the original's peak_over_start_bytes in {meta_name} (measured at capture: \
+                     profile_memory on the CPU, torch.cuda.max_memory_allocated over the \
+                     iteration's start on CUDA)"
+                ),
             ),
             (None, None) => (
                 None,
