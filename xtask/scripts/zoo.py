@@ -10,10 +10,13 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh10), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh11), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
+  zoo.py memory OUTDIR MODEL...     one warm iteration of each model under
+        torch.profiler(profile_memory=True), in a process of its own (OUTDIR/MODEL.memory.json): where
+        the original allocated and freed each tensor, which `mystique replay --kineto` follows
   zoo.py time MODEL [ITERS]        time the uninstrumented model (and count its page faults); one JSON line
   zoo.py serve MODEL ITERS         the uninstrumented model, paced: after 5 warm-up iterations, for each
         line read on stdin, ITERS iterations, answered by one JSON line (the block's ms, page faults);
@@ -36,6 +39,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh8    the same, for the changes tried after it was written
   fresh9    the harness's grouped rounds and references
   fresh10   peak memory counted on the allocator's basis, gradients held to the iteration's end
+  fresh11   frees placed where a profile_memory profile shows the original freed
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1461,6 +1465,115 @@ def cnn_infer_batch8():
                       nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(1024, 10)).eval()
     return infer(m, torch.randn(8, 3, 40, 40))
 
+
+# ---- held-out set fresh11: frees where the original freed (a profile_memory profile) ---------
+# Written before the replay followed a memory profile's frees was first measured.
+
+def rnn_loop_named_sgd():
+    """A hand-written RNN cell in a Python loop: each step's named values live until rebound."""
+    wx, wh = nn.Parameter(torch.randn(48, 96) * 0.1), nn.Parameter(torch.randn(96, 96) * 0.1)
+    m = nn.ParameterList([wx, wh])
+    xs, y = torch.randn(12, 16, 48), torch.randn(16, 96)
+
+    def loss(m):
+        h = torch.zeros(16, 96)
+        for t in range(xs.shape[0]):
+            pre = xs[t] @ m[0] + h @ m[1]
+            h = torch.tanh(pre)
+        return F.mse_loss(h, y)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), loss)
+
+
+def poly_features_infer():
+    """Inference building a list of powers and concatenating them: the list holds them all."""
+    w = torch.randn(6 * 64, 32)
+    x = torch.randn(128, 64)
+
+    @torch.no_grad()
+    def step():
+        feats = [x]
+        for _ in range(5):
+            feats.append(feats[-1] * x)
+        return torch.cat(feats, dim=1) @ w
+    return step
+
+
+def gated_mlp_adam():
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.o = nn.Linear(80, 160), nn.Linear(80, 160), nn.Linear(160, 80)
+
+        def forward(self, x):
+            gate = torch.sigmoid(self.a(x))
+            value = self.b(x)
+            return self.o(gate * value)
+    m = nn.Sequential(Gated(), nn.LayerNorm(80), Gated())
+    x, y = torch.randn(48, 80), torch.randn(48, 80)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.smooth_l1_loss(m(x), y))
+
+
+def depthwise_stack_infer():
+    m = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 24, 1), nn.ReLU6(),
+                      nn.Conv2d(24, 24, 3, padding=1, groups=24), nn.Conv2d(24, 16, 1), nn.Hardswish(),
+                      nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(64, 5)).eval()
+    return infer(m, torch.randn(4, 8, 28, 28))
+
+
+def ema_teacher_sgd():
+    """A student trained against an exponential moving average of itself (no_grad teacher)."""
+    student = nn.Sequential(nn.Linear(40, 80), nn.GELU(), nn.Linear(80, 40))
+    teacher = nn.Sequential(nn.Linear(40, 80), nn.GELU(), nn.Linear(80, 40))
+    teacher.load_state_dict(student.state_dict())
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.SGD(student.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(64, 40)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            target = teacher(x + 0.1 * torch.randn_like(x))
+        F.mse_loss(student(x), target).backward()
+        opt.step()
+        with torch.no_grad():
+            for pt, ps in zip(teacher.parameters(), student.parameters()):
+                pt.mul_(0.99).add_(ps, alpha=0.01)
+    return step
+
+
+def pairwise_dist_infer():
+    a, b = torch.randn(96, 32), torch.randn(128, 32)
+
+    @torch.no_grad()
+    def step():
+        d = (a.unsqueeze(1) - b.unsqueeze(0)).pow(2).sum(-1).sqrt()
+        near = d.topk(4, dim=1, largest=False).indices
+        return b[near].mean(1)
+    return step
+
+
+def conv_lstm_cell_adam():
+    conv = nn.Conv2d(6 + 8, 4 * 8, 3, padding=1)
+    xs, y = torch.randn(4, 2, 6, 12, 12), torch.randn(2, 8, 12, 12)
+
+    def loss(m):
+        h = c = torch.zeros(2, 8, 12, 12)
+        for t in range(xs.shape[0]):
+            i, f, o, g = m(torch.cat([xs[t], h], 1)).chunk(4, 1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+        return F.mse_loss(h, y)
+    return train(conv, torch.optim.Adam(conv.parameters(), lr=1e-3), loss)
+
+
+def embed_mean_pool_rmsprop():
+    emb, head = nn.Embedding(500, 48), nn.Linear(48, 3)
+    m = nn.ModuleList([emb, head])
+    tok, y = torch.randint(0, 500, (24, 20)), torch.randint(0, 3, (24,))
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3),
+                 lambda m: F.cross_entropy(m[1](m[0](tok).mean(1)), y))
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1553,6 +1666,14 @@ MODELS = {
     "multi_loss_adagrad": (multi_loss_adagrad, "fresh10", "shared trunk with three heads and a weighted sum of three losses, Adagrad"),
     "checkpointed_mlp_adam": (checkpointed_mlp_adam, "fresh10", "residual MLP blocks under activation checkpointing (non-reentrant), Adam"),
     "cnn_infer_batch8": (cnn_infer_batch8, "fresh10", "CNN inference on a batch of 8: 5x5 and 3x3 convs, max and adaptive pooling"),
+    "rnn_loop_named_sgd": (rnn_loop_named_sgd, "fresh11", "hand-written RNN cell in a Python loop, named values rebound each step, SGD"),
+    "poly_features_infer": (poly_features_infer, "fresh11", "powers of the input held in a list, concatenated, then a matmul: inference"),
+    "gated_mlp_adam": (gated_mlp_adam, "fresh11", "gated linear units (sigmoid gate x value) with a layer norm, smooth L1, Adam"),
+    "depthwise_stack_infer": (depthwise_stack_infer, "fresh11", "depthwise-separable conv stack with ReLU6 and Hardswish: inference"),
+    "ema_teacher_sgd": (ema_teacher_sgd, "fresh11", "student against its EMA teacher under no_grad, teacher updated in place, SGD"),
+    "pairwise_dist_infer": (pairwise_dist_infer, "fresh11", "pairwise distances by broadcasting, topk, gather and mean: inference"),
+    "conv_lstm_cell_adam": (conv_lstm_cell_adam, "fresh11", "ConvLSTM cell unrolled in Python: cat, conv, chunk, gates, Adam"),
+    "embed_mean_pool_rmsprop": (embed_mean_pool_rmsprop, "fresh11", "embedding mean-pooled into a linear head, cross entropy, RMSprop"),
 }
 
 
@@ -1687,6 +1808,18 @@ def capture(out, name, busy):
     print(json.dumps(meta))
 
 
+def memory_profile(out, name):
+    """MODEL.memory.json: a warm iteration under profile_memory, as a user profiles one."""
+    os.makedirs(out, exist_ok=True)
+    step = make(name)
+    for _ in range(10):
+        step()
+    path = os.path.join(out, f"{name}.memory.json")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
+                 on_trace_ready=lambda p: p.export_chrome_trace(path)):
+        step()
+
+
 # ---- cache keys --------------------------------------------------------------------------------
 # A capture is kept while what made it is unchanged: the capture machinery (`machinery_key`: the
 # functions below that run a model and record it, their constants, torch's version) keys the
@@ -1775,6 +1908,9 @@ def main():
                               iter_ms_min=min(times), iter_ms_max=max(times), minor_faults_per_iter=faults)))
     elif a[:1] == ["serve"] and len(a) == 3:
         serve(make(a[1]), max(int(a[2]), 1))
+    elif a[:1] == ["memory"] and len(a) >= 3:
+        for name in a[2:]:
+            memory_profile(a[1], name)
     elif a[:1] == ["capture"] and len(a) >= 3:
         capture(a[1], a[2], "--busy" in a[3:])
     else:

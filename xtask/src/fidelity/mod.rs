@@ -47,6 +47,8 @@
 //!   perceiver_radam, mixer_adamw, lenet_nadam) in view.
 //! - `fresh10`: peak memory on the allocator's basis and the gradients held to the
 //!   iteration's end, chosen with the tuning set's and the earlier sets' peak ratios in view.
+//! - `fresh11`: frees placed where a `profile_memory` profile shows the original freed,
+//!   written before that was first measured, with every earlier set's peak ratios in view.
 
 mod args;
 mod harness;

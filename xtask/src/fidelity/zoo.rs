@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 11] = [
+pub(super) static HELD_OUT: [HeldOut; 12] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -69,6 +69,11 @@ pub(super) static HELD_OUT: [HeldOut; 11] = [
         set: "fresh10",
         title: "HELD-OUT fresh10",
         label: "held-out fresh10",
+    },
+    HeldOut {
+        set: "fresh11",
+        title: "HELD-OUT fresh11",
+        label: "held-out fresh11",
     },
 ];
 
