@@ -14,8 +14,11 @@ training; a forward for inference). The capture:
    the step uses a GPU), after a warm-up inside the same profiling session (the profiler's
    own first-time costs are paid there): the original's time in and between ops, which
    `mystique replay --kineto --emulate-gaps` reproduces;
-4. writes `NAME.et.json`, `NAME.kineto.json` and `NAME.meta.json` (the uninstrumented timing);
-   with `reference=True` it also replays the trace on this host beside the original and
+4. profiles one more iteration with profile_memory=True: where the original allocated and
+   freed each tensor (`NAME.memory.json`, which `mystique replay --memory-profile` follows)
+   and its peak memory;
+5. writes `NAME.et.json`, `NAME.kineto.json`, `NAME.memory.json` and `NAME.meta.json` (the
+   uninstrumented timing, CPU time and peak memory); with `reference=True` it also replays the trace on this host beside the original and
    writes `NAME.reference.json`, which `replay --emulate-gaps --reference` anchors on.
 
 Under torch.distributed every rank writes its own files, `NAME.rankR.*`, its rank and the
@@ -108,7 +111,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     base = name if ranked is None else f"{name}.rank{ranked[0]}"
-    kinds = ["et", "kineto", "meta"] + (["reference"] if reference else [])
+    kinds = ["et", "kineto", "memory", "meta"] + (["reference"] if reference else [])
     final = {k: out / f"{base}.{k}.json" for k in kinds}
     partial = {k: out / f".{base}.{k}.json.partial-{os.getpid()}" for k in kinds}
     kept = {k: out / f".{base}.{k}.json.previous-{os.getpid()}" for k in kinds}
@@ -175,7 +178,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
                 sync()
                 prof.step()
 
-        peak_over_start = _peak_over_start(step, sync, uses_cuda, out)
+        peak_over_start = _peak_over_start(step, sync, uses_cuda, partial["memory"])
         meta = dict(
             model=name, torch=torch.__version__, threads=torch.get_num_threads(),
             device="cuda" if uses_cuda else "cpu", iters=iters,
@@ -192,7 +195,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         for k in kinds:
             if final[k].exists():
                 os.replace(final[k], kept[k])
-        for k in ("et", "kineto", "meta"):
+        for k in ("et", "kineto", "memory", "meta"):
             os.replace(partial[k], final[k])
             placed.append(final[k])
         if reference:
@@ -217,28 +220,28 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
     return {k: str(p) for k, p in final.items()}
 
 
-def _peak_over_start(step, sync, cuda, out):
-    """One more step's memory: what it allocated and held at once, at most (bytes). On the CPU
-    from torch.profiler(profile_memory=True)'s events (Total Allocated at its peak over what
-    was held before the step's first allocation); on a GPU the caching allocator's peak
-    allocated over its start. It runs on its own, so the timing profile is not slowed."""
-    import tempfile
+def _peak_over_start(step, sync, cuda, path):
+    """One more step under torch.profiler(profile_memory=True), its profile written to `path`
+    (where the original allocated and freed each tensor: `mystique replay --memory-profile`
+    frees each tensor there), and its memory: what it allocated and held at once, at most
+    (bytes). On the CPU from the profile's events (Total Allocated at its peak over what was
+    held before the step's first allocation); on a GPU the caching allocator's peak allocated
+    over its start. It runs on its own, so the timing profile is not slowed."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
+    with profile(activities=activities, profile_memory=True,
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))):
         step()
         sync()
+    if cuda:
         return torch.cuda.max_memory_allocated() - start
-    with tempfile.TemporaryDirectory(dir=out) as d:
-        path = os.path.join(d, "memory.json")
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                     on_trace_ready=lambda p: p.export_chrome_trace(path)):
-            step()
-        with open(path) as f:
-            events = json.load(f).get("traceEvents", [])
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
     mems = [e["args"] for e in events if e.get("name") == "[memory]" and "args" in e
             and e["args"].get("Device Type", 0) == 0]
     if not mems:

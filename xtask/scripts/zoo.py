@@ -14,9 +14,10 @@ the original's peak memory.
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
-  zoo.py memory OUTDIR MODEL...     one warm iteration of each model under
-        torch.profiler(profile_memory=True), in a process of its own (OUTDIR/MODEL.memory.json): where
-        the original allocated and freed each tensor, which `mystique replay --kineto` follows
+  zoo.py memory OUTDIR MODEL...     each model warm, one iteration under the execution trace observer
+        (OUTDIR/MODEL.memory.et.json) and one under torch.profiler(profile_memory=True)
+        (OUTDIR/MODEL.memory.json), in a process of its own: where the original allocated and freed
+        each tensor, which `mystique replay MODEL.memory.et.json --kineto MODEL.memory.json` follows
   zoo.py time MODEL [ITERS]        time the uninstrumented model (and count its page faults); one JSON line
   zoo.py serve MODEL ITERS         the uninstrumented model, paced: after 5 warm-up iterations, for each
         line read on stdin, ITERS iterations, answered by one JSON line (the block's ms, page faults);
@@ -1809,11 +1810,15 @@ def capture(out, name, busy):
 
 
 def memory_profile(out, name):
-    """MODEL.memory.json: a warm iteration under profile_memory, as a user profiles one."""
+    """MODEL.memory.et.json and MODEL.memory.json: a warm iteration under the execution trace
+    observer alone, then one under profile_memory, in the same process (a profile taken without
+    the observer links to the ET by op order, which holds within one process)."""
     os.makedirs(out, exist_ok=True)
     step = make(name)
     for _ in range(10):
         step()
+    obs = ExecutionTraceObserver().register_callback(os.path.join(out, f"{name}.memory.et.json"))
+    obs.start(); step(); obs.stop(); obs.unregister_callback()
     path = os.path.join(out, f"{name}.memory.json")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(path)):

@@ -263,7 +263,7 @@ x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
 def step():
     opt.zero_grad(); torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step()
 paths = mystique.capture(step, out={caps:?}, name="tiny", iters=10, profiled=3, reference=True)
-assert sorted(paths) == ["et", "kineto", "meta", "reference"], paths
+assert sorted(paths) == ["et", "kineto", "memory", "meta", "reference"], paths
 class Broken(Exception): pass
 calls = []
 def broken():
@@ -309,6 +309,26 @@ print("captured", sorted(os.listdir({caps:?})))
         j["ops_failed"] == 0 && j["gaps_ms"].as_f64().unwrap_or(0.0) > 0.0,
         "the capture's replay with its gaps: {replayed}"
     );
+    // Its memory profile: the replay frees each tensor where the step freed it.
+    let followed = output(
+        Command::new(&mystique)
+            .arg("replay")
+            .arg(caps.join("tiny.et.json"))
+            .arg("--memory-profile")
+            .arg(caps.join("tiny.memory.json"))
+            .args(["--iters", "2", "--warmup", "1", "--threads", "1", "--json"]),
+        false,
+    )?;
+    let f: serde_json::Value = serde_json::from_str(
+        followed
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .context("no JSON report")?,
+    )?;
+    ensure!(
+        f["frees_followed"]["matched"].as_u64().unwrap_or(0) > 0,
+        "the capture's replay with its memory profile: {followed}"
+    );
     let pkg = work.join("tiny.pkg");
     output(
         Command::new(&mystique)
@@ -319,7 +339,7 @@ print("captured", sorted(os.listdir({caps:?})))
         false,
     )?;
     // The capture's directory, and its files named one by one (as `captures/tiny.*`).
-    let files: Vec<PathBuf> = ["et", "kineto", "meta", "reference"]
+    let files: Vec<PathBuf> = ["et", "kineto", "memory", "meta", "reference"]
         .iter()
         .map(|k| caps.join(format!("tiny.{k}.json")))
         .collect();

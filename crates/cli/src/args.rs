@@ -255,9 +255,21 @@ pub struct ReplayArgs {
     /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
     #[arg(long)]
     pub load_library: Vec<PathBuf>,
-    /// The Kineto trace captured with this ET (needed by --emulate-gaps).
+    /// The Kineto trace captured with this ET: the gaps of --emulate-gaps, and, where it was
+    /// profiled with profile_memory=True, where the original freed each tensor (the replay
+    /// frees it there rather than at its last use, so that it holds what the original held).
     #[arg(long)]
     pub kineto: Option<PathBuf>,
+    /// A profile of the same program taken with profile_memory=True (one iteration, in the
+    /// process that recorded the ET, as `mystique.capture` writes NAME.memory.json): the
+    /// replay frees each tensor where the original freed it. Without it, --kineto's memory
+    /// events serve where it has them.
+    #[arg(long, value_name = "FILE")]
+    pub memory_profile: Option<PathBuf>,
+    /// Free each tensor at its last use even where a profile recorded where the original freed
+    /// it.
+    #[arg(long, conflicts_with = "memory_profile")]
+    pub frees_at_last_use: bool,
     /// Reproduce the original run's time outside operators (Python, autograd) between ops.
     /// With one of a trace's several ProfilerStep#N iterations chosen (--iteration N), the
     /// gaps and op times are typical of all its iterations that ran the same ops (each the

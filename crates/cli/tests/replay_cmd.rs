@@ -764,6 +764,98 @@ fn compare_sets_the_replays_peak_memory_against_the_profiles() {
     );
 }
 
+/// `h = tanh(h @ w)` in a loop holds the old `h` and the product beside the new `h` (Python
+/// rebinds the name after the call; the product lives to the expression's end). Freed at last
+/// use, the replay holds less than the original; given the profile_memory profile through
+/// `--kineto`, it frees each tensor where the original did and holds what it held.
+#[test]
+fn a_memory_profile_places_the_frees_where_the_original_freed() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/loop_mem");
+    let (et, k) = (
+        dir.join("loop_mem.et.json.gz"),
+        dir.join("loop_mem.kineto.json.gz"),
+    );
+    let replay = |extra: &[&str]| {
+        json(
+            bin()
+                .arg("replay")
+                .arg(&et)
+                .arg("--kineto")
+                .arg(&k)
+                .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"])
+                .args(extra),
+        )
+    };
+    let peak = |j: &serde_json::Value| {
+        j["iteration_memory"]["peak_over_start_bytes"]
+            .as_f64()
+            .unwrap()
+    };
+    let followed = replay(&[]);
+    let at_last_use = replay(&["--frees-at-last-use"]);
+    // The same profile as --memory-profile, beside no --kineto.
+    let by_option = json(
+        bin()
+            .arg("replay")
+            .arg(&et)
+            .arg("--memory-profile")
+            .arg(&k)
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+    );
+    assert_eq!(by_option["frees_followed"], followed["frees_followed"]);
+    // A --memory-profile without memory events is refused by name.
+    let plain = std::env::temp_dir().join(format!("mq-nomem-{}.json", std::process::id()));
+    let mut profile: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
+        std::fs::File::open(&k).unwrap(),
+    ))
+    .unwrap();
+    profile["traceEvents"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|e| e["name"] != "[memory]");
+    std::fs::write(&plain, profile.to_string()).unwrap();
+    let out = bin()
+        .arg("replay")
+        .arg(&et)
+        .arg("--memory-profile")
+        .arg(&plain)
+        .args(["--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&plain);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no memory events"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = &followed["frees_followed"];
+    assert!(f["matched"].as_u64().unwrap() > 0, "{f}");
+    assert_eq!(f["matched"], f["storages"], "{f}");
+    assert!(f["delayed"].as_u64().unwrap() > 0, "{f}");
+    assert!(at_last_use["frees_followed"].is_null());
+    // One activation is 128 KiB: at last use the replay holds one fewer at its peak.
+    assert!(
+        peak(&followed) >= peak(&at_last_use) + 131072.0,
+        "{} vs {}",
+        peak(&followed),
+        peak(&at_last_use)
+    );
+    // compare follows the profile too, and sets the replay's peak against the original's.
+    let j = json(bin().arg("compare").arg(&et).arg(&k).args([
+        "--json",
+        "--threads",
+        "1",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+    ]));
+    let mem = &j["card"]["peak_memory_bytes"];
+    let ratio = mem["ratio"].as_f64().unwrap();
+    assert!((0.9..=1.1).contains(&ratio), "{mem}");
+}
+
 /// `compare --only compute` of a rank's linked pair compares the compute it ran, not the
 /// collectives it passed through (they ran no time); and without --threads it runs at the
 /// thread count the capture's meta file recorded.

@@ -27,6 +27,7 @@ pub mod fidelity;
 pub mod gpu;
 pub mod graph;
 pub mod link;
+pub mod memory;
 pub mod select;
 pub mod summary;
 pub mod world;
@@ -44,5 +45,6 @@ pub use gpu::{
 };
 pub use graph::{DataEdge, Graph, ReplaySet, Skip, TensorInfo, TensorKey, TensorTable, Threads};
 pub use link::{link, link_steps, profiler_steps, timing_link, Link, LinkError, Method, OffOpGpu};
+pub use memory::{original_allocs, Alloc, OriginalAllocs};
 pub use select::{Kind, SelectError, Selection};
 pub use summary::{Summary, TensorStats};

@@ -121,6 +121,8 @@ pub struct MemoryEvent {
     pub device_type: i64,
     /// `Device Id` (-1 for the CPU).
     pub device_id: i64,
+    /// `Addr`: the block's address, which pairs an allocation with its free (0 where absent).
+    pub addr: u64,
 }
 
 /// A parsed Kineto trace: its events in file order, strings interned.
@@ -281,6 +283,17 @@ struct RawArgs {
     device_type: Option<i64>,
     #[serde(rename = "Device Id")]
     device_id: Option<i64>,
+    #[serde(rename = "Addr")]
+    addr: Option<Addr>,
+}
+
+/// `Addr` as the profiler writes it (a number); anything else reads as absent rather than
+/// failing the event.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Addr {
+    Number(u64),
+    Other(serde::de::IgnoredAny),
 }
 
 /// The number of entries of a list that are non-empty lists (`Input Dims`: a tensor's shape
@@ -489,6 +502,10 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
                     total_allocated: total,
                     device_type: a.device_type.unwrap_or(0),
                     device_id: a.device_id.unwrap_or(-1),
+                    addr: match a.addr {
+                        Some(Addr::Number(n)) => n,
+                        _ => 0,
+                    },
                 });
             }
         }

@@ -63,14 +63,20 @@ pub fn replay(
     set: &et_graph::ReplaySet,
     opts: &ReplayOptions,
 ) -> Result<(Report, metrics::Timeline), ReplayError> {
-    let plan = plan::compile(g, set);
+    let mut plan = plan::compile(g, set);
+    let frees = opts
+        .original_allocs
+        .as_ref()
+        .map(|a| plan.follow_frees(set, a));
     let plan = if opts.comm.select == plan::CommSelection::default() {
         plan
     } else {
         plan.select_comm(&opts.comm.select)?
     };
     let bound = bind(&plan, &opts.device);
-    executor::run(&plan, &bound, opts)
+    let (mut report, timeline) = executor::run(&plan, &bound, opts)?;
+    report.frees_followed = frees;
+    Ok((report, timeline))
 }
 
 /// A description of the runtime: libtorch version and threads, the CUDA driver and devices,

@@ -85,6 +85,9 @@ pub struct ReplayOptions {
     pub memory_gate: Option<MemoryGate>,
     /// How the collectives run beyond the trace's order: blocking, paced, checked.
     pub comm: CommOptions,
+    /// The original's allocations and where it freed them (a profile's memory events): the
+    /// plan frees each tensor there rather than at its last use ([`crate::plan::Plan::follow_frees`]).
+    pub original_allocs: Option<et_graph::OriginalAllocs>,
 }
 
 /// How a replay's collectives run, as PARAM's comms replay offers it.
@@ -289,6 +292,7 @@ impl Default for ReplayOptions {
             pace: None,
             memory_gate: None,
             comm: CommOptions::default(),
+            original_allocs: None,
         }
     }
 }

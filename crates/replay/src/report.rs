@@ -93,6 +93,11 @@ pub struct Report {
     /// [`IterationMemory`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iteration_memory: Option<IterationMemory>,
+    /// Where the frees followed the original's (a profile with memory events was given): the
+    /// storages the steps make, those matched to the original's allocations, and of those the
+    /// ones freed later than at last use or held to the iteration's end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frees_followed: Option<crate::plan::FreesFollowed>,
     /// The device's memory after the run (CPU: the process's resident memory and its peak).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory: Option<MemorySnapshot>,

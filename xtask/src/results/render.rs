@@ -48,22 +48,32 @@ fn memory(v: &Value) -> String {
         "Peak memory per iteration, replay over original: the bytes allocated through c10's \
          CPU allocator during an iteration and held at once, at most (the original's from a \
          `profile_memory` step of its quiet capture, the replay's counted by its allocator over \
-         its first measured iteration).\n\n\
-         | set | models | within [0.90, 1.10] | within [0.80, 1.25] | median (range) |\n\
-         |---|---|---|---|---|\n",
+         its first measured iteration). The replay frees each tensor where a `profile_memory` \
+         profile of the model, taken with its ET in a process of their own, shows the original \
+         freed it (`--memory-profile`); the last two columns free each at its last use \
+         instead.\n\n\
+         | set | models | within [0.90, 1.10] | within [0.80, 1.25] | median (range) | at last use: within [0.90, 1.10] | within [0.80, 1.25] |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     for s in v["sets"].as_array().into_iter().flatten() {
         let f = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+        let last = |k: &str| {
+            s["at_last_use"][k]
+                .as_u64()
+                .map_or("-".to_string(), |n| n.to_string())
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.3} ({:.3}-{:.3}) |",
+            "| {} | {} | {} | {} | {:.3} ({:.3}-{:.3}) | {} | {} |",
             s["set"].as_str().unwrap_or(""),
             s["models"],
             s["within_10"],
             s["within_band"],
             f("median"),
             f("min"),
-            f("max")
+            f("max"),
+            last("within_10"),
+            last("within_band")
         );
     }
     let outside: Vec<String> = v["outside"]

@@ -21,6 +21,7 @@ mod collective;
 mod comms;
 mod compile;
 mod fill;
+mod frees;
 mod placement;
 mod pool;
 mod slots;
@@ -31,6 +32,7 @@ pub use collective::process_groups;
 pub use comms::{CommSelectError, CommSelection, KINDS};
 pub use compile::compile;
 pub use fill::{restore_rounded, Restored};
+pub use frees::FreesFollowed;
 pub use pool::{pool_key, PoolKey};
 pub use validate::InvalidPlan;
 

@@ -94,6 +94,7 @@ impl Recorder<'_> {
             overhead_us_per_op: ((iter.median - opsum.median - gaps_ms) * 1000.0 / steps).max(0.0),
             peak_bytes: self.peak,
             iteration_memory: None,
+            frees_followed: None,
             estimated_peak_bytes: 0,
             graph_released: 0,
             page_faults_per_iter: self.faults.map(|f| f as f64 / iters as f64),

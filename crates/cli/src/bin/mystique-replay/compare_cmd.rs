@@ -64,6 +64,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         per_step: true,
         instrument: true,
         instrumentation: et_graph::Instrumentation::of(&linked.kineto),
+        // A profile taken with profile_memory says where the original freed each tensor.
+        original_allocs: crate::replay_cmd::original_allocs(&linked),
         ..a.run.options()
     };
     let r = replay::replay(&g, &set, &opts)?.0;

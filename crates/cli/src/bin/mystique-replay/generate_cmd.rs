@@ -99,6 +99,9 @@ enum CaptureFile {
     Kineto,
     Reference,
     Meta,
+    /// `NAME.memory.json`: the profile_memory profile `replay --memory-profile` follows; a
+    /// package does not carry it.
+    Memory,
 }
 
 impl CaptureFile {
@@ -111,6 +114,7 @@ impl CaptureFile {
             "kineto" => CaptureFile::Kineto,
             "reference" => CaptureFile::Reference,
             "meta" => CaptureFile::Meta,
+            "memory" => CaptureFile::Memory,
             _ => return None,
         })
     }
@@ -188,6 +192,7 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
                 }
             }
             Some(CaptureFile::Meta) => metas.push(f),
+            Some(CaptureFile::Memory) => {}
             // A trace, by its name or (any other file given) as the user says.
             _ => out.traces.push(f),
         }

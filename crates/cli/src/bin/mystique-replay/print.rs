@@ -77,10 +77,23 @@ fn print_resources(out: &mut impl Write, r: &replay::Report) -> Result<()> {
     if let Some(m) = &r.iteration_memory {
         writeln!(
             out,
-            "allocated  {} at the iteration's peak over its start, {} still held after it (CPU \
-             allocator, as profile_memory counts)",
+            "allocated  {} at the iteration's peak over its start, {} still held after it ({} \
+             allocator, as the original's profile counts)",
             human_bytes(m.peak_over_start_bytes),
-            human_bytes(m.held_after_bytes)
+            human_bytes(m.held_after_bytes),
+            if r.cuda_memory.is_some() {
+                "CUDA"
+            } else {
+                "CPU"
+            }
+        )?;
+    }
+    if let Some(f) = &r.frees_followed {
+        writeln!(
+            out,
+            "frees      as the original's memory profile: {} of {} tensors the steps make \
+             matched, {} freed later than at last use, {} held to the iteration's end",
+            f.matched, f.storages, f.delayed, f.held
         )?;
     }
     if let Some(p) = &r.pool {

@@ -86,6 +86,19 @@ pub(crate) fn linked(
     )?)
 }
 
+/// Where the original freed its tensors, from the linked profile's memory events; `None`
+/// (with a note at -v) where it recorded none.
+pub(crate) fn original_allocs(linked: &calibrate::Linked) -> Option<et_graph::OriginalAllocs> {
+    let a = et_graph::original_allocs(&linked.link, &linked.kineto);
+    if a.is_none() {
+        log::info!(
+            "{} has no memory events with addresses: tensors are freed at their last use",
+            linked.kineto.source
+        );
+    }
+    a
+}
+
 /// `--reference-out`: the reference of this replay and the original, written atomically.
 fn write_reference(
     p: &Path,
@@ -115,6 +128,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     // one of them, nor two outputs the same file.
     let mut inputs: Vec<&Path> = vec![path.as_path()];
     inputs.extend(a.kineto.as_deref());
+    inputs.extend(a.memory_profile.as_deref());
     inputs.extend(a.reference.as_deref());
     inputs.extend(a.load_library.iter().map(PathBuf::as_path));
     let outputs: Vec<&PathBuf> = [&a.trace_out, &a.gpu_svg, &a.reference_out]
@@ -165,7 +179,26 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         ..Default::default()
     })?;
     let comm = crate::comm_cmd::options(a, &g, &set, dist.as_ref(), in_dir)?;
-    let gap_model = gap_model(a, &g, &set, device)?;
+    let profile = a
+        .kineto
+        .as_deref()
+        .map(|k| linked(&g, &set, k, !a.gaps_of_one_iteration))
+        .transpose()?;
+    let original_allocs = match (&a.memory_profile, a.frees_at_last_use) {
+        (_, true) => None,
+        (Some(p), false) => {
+            let l = linked(&g, &set, p, false)?;
+            Some(original_allocs(&l).with_context(|| {
+                format!(
+                    "--memory-profile {}: no memory events with addresses (profile with \
+                     profile_memory=True)",
+                    p.display()
+                )
+            })?)
+        }
+        (None, false) => profile.as_ref().and_then(original_allocs),
+    };
+    let gap_model = gap_model(a, &g, &set, profile.as_ref(), device)?;
     let gaps_us = gap_model.as_ref().map(|m| m.gaps_us.clone());
     let gaps_base_us = gap_model.as_ref().map(|m| m.base_step_us.clone());
     let opts = replay::ReplayOptions {
@@ -189,6 +222,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         },
         memory_gate: crate::ranks::gate_from_env(),
         comm,
+        original_allocs,
         ..a.run.options()
     };
     if !json {
@@ -295,6 +329,7 @@ fn gap_model(
     a: &ReplayArgs,
     g: &Graph,
     set: &et_graph::ReplaySet,
+    linked: Option<&calibrate::Linked>,
     device: replay::Device,
 ) -> Result<Option<et_graph::GapModel>> {
     let reference = a
@@ -303,22 +338,19 @@ fn gap_model(
         .map(calibrate::read_reference)
         .transpose()?
         .map(et_graph::Reference::from);
-    Ok(match (&a.kineto, a.emulate_gaps) {
-        (Some(k), true) => {
-            let linked = linked(g, set, k, !a.gaps_of_one_iteration)?;
-            Some(calibrate::calibrated_gaps(
-                g,
-                set,
-                &linked,
-                device,
-                !a.run.no_autograd,
-                calibrate::GapChoices {
-                    probed_costs: !a.replay_boundary_costs,
-                    reference,
-                    time_base_with_gaps: a.time_base_with_gaps,
-                },
-            )?)
-        }
+    Ok(match (linked, a.emulate_gaps) {
+        (Some(linked), true) => Some(calibrate::calibrated_gaps(
+            g,
+            set,
+            linked,
+            device,
+            !a.run.no_autograd,
+            calibrate::GapChoices {
+                probed_costs: !a.replay_boundary_costs,
+                reference,
+                time_base_with_gaps: a.time_base_with_gaps,
+            },
+        )?),
         _ => None,
     })
 }
