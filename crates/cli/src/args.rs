@@ -106,8 +106,9 @@ pub enum Cmd {
         a: PathBuf,
         /// The result to compare with the baseline (same package).
         b: PathBuf,
-        /// Also write an SVG plot of the largest differences.
-        #[arg(long)]
+        /// Also plot the ops that changed most, either way: both results' time per iteration
+        /// and B/A on a log axis (.svg or .png, by the extension).
+        #[arg(long, value_name = "PATH")]
         svg: Option<PathBuf>,
     },
 }
@@ -429,9 +430,14 @@ pub struct CompareArgs {
     /// The Kineto (Chrome trace) JSON captured in the same run (.json or .json.gz): the
     /// original's per-op durations and the gaps between ops.
     pub kineto: PathBuf,
-    /// Write an SVG plot of the ops contributing most to the difference.
-    #[arg(long)]
+    /// Plot the ops that differ most: the original's and the replay's time per iteration on
+    /// the table's basis, and replay/original on a log axis (.svg or .png, by the extension).
+    #[arg(long, value_name = "PATH")]
     pub svg: Option<PathBuf>,
+    /// Plot the fidelity card: each figure's replay/original on a log axis with both values
+    /// (.svg or .png).
+    #[arg(long, value_name = "PATH")]
+    pub card_plot: Option<PathBuf>,
     /// Emulate the original's time outside operators (Python, autograd) from the Kineto
     /// trace's gaps between ops, as `replay --emulate-gaps` does.
     #[arg(long)]

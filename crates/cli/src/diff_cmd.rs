@@ -80,14 +80,37 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
         it_b.iter().copied().fold(0.0, f64::max),
     );
     if let Some(s) = svg {
-        let bars: Vec<(String, f64, f64)> = rows
+        // The ops that changed most, either way, on the text's basis (time per iteration).
+        let mut changed: Vec<&Row> = rows.iter().filter(|r| delta(r).is_finite()).collect();
+        changed.sort_by(|x, y| delta(y).abs().total_cmp(&delta(x).abs()));
+        changed.truncate(20);
+        let max = changed
             .iter()
-            .take(20)
-            .map(|r| (format!("{} x{}", r.signature, r.count), r.a_ms, r.b_ms))
+            .map(|r| r.a_ms.max(r.b_ms))
+            .fold(0.0f64, f64::max);
+        let (scale, unit) = if max < 1.0 {
+            (1000.0, "µs per iteration")
+        } else {
+            (1.0, "ms per iteration")
+        };
+        let pairs: Vec<metrics::plot::Pair> = changed
+            .iter()
+            .map(|r| metrics::plot::Pair {
+                label: format!("{} x{}", r.signature, r.count),
+                a: r.a_ms * scale,
+                b: r.b_ms * scale,
+            })
             .collect();
-        let title = format!("iteration {ia:.3} ms (A) vs {ib:.3} ms (B): largest regressions");
-        let plot = metrics::svg_bars(&title, "ms per iteration", ("A", "B"), &bars);
-        crate::output::write_atomic(s, |w| Ok(w.write_all(plot.as_bytes())?))?;
+        let title = format!(
+            "iteration {} (A) vs {} (B), B/A {:.3}: the {} ops that changed most",
+            metrics::plot::human(ia, "ms"),
+            metrics::plot::human(ib, "ms"),
+            ib / ia,
+            pairs.len()
+        );
+        crate::output::write_plot(s, |p| {
+            metrics::plot::pairs(p, &title, unit, ("A", "B"), "B / A", &pairs)
+        })?;
     }
     let mut out = std::io::stdout().lock();
     if json {
@@ -119,23 +142,49 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
         "iteration  {ia:.3} ms -> {ib:.3} ms  (B/A {:.3}; slowest rank's median)",
         ib / ia
     )?;
-    writeln!(out, "largest regressions per iteration")?;
-    writeln!(
-        out,
-        "  {:>9} {:>9} {:>7} {:>6} {:>4}  signature",
-        "A ms", "B ms", "B/A", "calls", "rank"
-    )?;
-    for r in rows.iter().take(25) {
+    let table = |out: &mut std::io::StdoutLock, title: &str, part: &[&Row]| {
+        if part.is_empty() {
+            return Ok(());
+        }
+        writeln!(out, "{title}")?;
         writeln!(
             out,
-            "  {:>9.3} {:>9.3} {:>7.2} {:>6} {:>4}  {}",
-            r.a_ms,
-            r.b_ms,
-            r.b_ms / r.a_ms,
-            r.count,
-            r.rank,
-            r.signature
+            "  {:>9} {:>9} {:>7} {:>6} {:>4}  signature",
+            "A ms", "B ms", "B/A", "calls", "rank"
         )?;
+        for r in part {
+            writeln!(
+                out,
+                "  {:>9.3} {:>9.3} {:>7.2} {:>6} {:>4}  {}",
+                r.a_ms,
+                r.b_ms,
+                r.b_ms / r.a_ms,
+                r.count,
+                r.rank,
+                r.signature
+            )?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    // Slower in B (largest first), then faster in B (largest first), then ops B did not run.
+    let slower: Vec<&Row> = rows.iter().filter(|r| delta(r) > 0.0).take(15).collect();
+    let mut faster: Vec<&Row> = rows.iter().filter(|r| delta(r) < 0.0).collect();
+    faster.sort_by(|x, y| delta(x).total_cmp(&delta(y)));
+    faster.truncate(10);
+    let missing: Vec<&Row> = rows.iter().filter(|r| r.b_ms.is_nan()).take(10).collect();
+    table(
+        &mut out,
+        "slower in B, per iteration (largest first)",
+        &slower,
+    )?;
+    table(
+        &mut out,
+        "faster in B, per iteration (largest first)",
+        &faster,
+    )?;
+    table(&mut out, "not run in B", &missing)?;
+    if slower.is_empty() && faster.is_empty() {
+        writeln!(out, "no op changed time")?;
     }
     Ok(())
 }

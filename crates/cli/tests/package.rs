@@ -82,7 +82,89 @@ fn packages_of_every_shared_cpu_trace_run_and_diff() {
             .collect();
         assert!(deltas.windows(2).all(|w| w[0] >= w[1]), "{m}: {deltas:?}");
         assert!(d["iteration"]["ratio"].as_f64().unwrap() > 0.0);
+        if m == "mlp.et.json" {
+            diff_text_and_plots(&ra, &rb, &d);
+        }
     }
+}
+
+/// diff's text lists slower ops apart from faster ones, and its plot draws as SVG and PNG.
+fn diff_text_and_plots(ra: &Path, rb: &Path, d: &serde_json::Value) {
+    let (svg, png) = (tmp("diff.svg"), tmp("diff.png"));
+    let out = bin()
+        .arg("diff")
+        .arg(ra)
+        .arg(rb)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Each section holds only the ops that moved its way.
+    let ops = d["ops"].as_array().unwrap();
+    let slower = ops
+        .iter()
+        .filter(|o| o["delta_ms"].as_f64().unwrap() > 0.0)
+        .count();
+    let faster = ops
+        .iter()
+        .filter(|o| o["delta_ms"].as_f64().unwrap() < 0.0)
+        .count();
+    let section = |title: &str| {
+        text.split(title)
+            .nth(1)
+            .map(|rest| {
+                rest.lines()
+                    .skip(2)
+                    .take_while(|l| l.starts_with("  "))
+                    .map(|l| {
+                        let f: Vec<f64> = l
+                            .split_whitespace()
+                            .take(2)
+                            .map(|x| x.parse().unwrap())
+                            .collect();
+                        f[1] - f[0]
+                    })
+                    .collect::<Vec<f64>>()
+            })
+            .unwrap_or_default()
+    };
+    let (s, f) = (section("slower in B"), section("faster in B"));
+    assert_eq!(s.len(), slower.min(15), "{text}");
+    assert_eq!(f.len(), faster.min(10), "{text}");
+    // Printed to 3 decimals: a row may read as equal, never the other way.
+    assert!(
+        s.iter().all(|d| *d >= 0.0) && f.iter().all(|d| *d <= 0.0),
+        "{text}"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("B / A (log scale)"),
+        "{plot}"
+    );
+    assert!(!plot.contains("0.0 / 0.0"), "values in one unit");
+    let out = bin()
+        .arg("diff")
+        .arg(ra)
+        .arg(rb)
+        .arg("--svg")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let b = std::fs::read(&png).unwrap();
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
+    let out = bin()
+        .arg("diff")
+        .arg(ra)
+        .arg(rb)
+        .arg("--svg")
+        .arg(tmp("diff.pdf"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(".svg or .png"));
 }
 
 /// Every file of the package, decompressed.

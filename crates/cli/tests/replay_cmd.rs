@@ -223,6 +223,13 @@ fn compare_reports_ratios_and_an_svg() {
     );
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.contains("aten::"));
+    // Headed by the card's iteration figure and its basis, the file's name only.
+    assert!(s.contains("mlp.linked.et.json: iteration") && s.contains("(uninstrumented)"));
+    assert!(
+        !s.contains(&*shared("cpu").to_string_lossy()),
+        "an absolute path in the plot"
+    );
+    assert!(s.contains("replay / original (log scale)"));
     std::fs::remove_file(&svg).unwrap();
 }
 
@@ -677,13 +684,23 @@ fn a_reference_is_written_on_the_capture_host() {
 /// they were measured on; figures a capture did not record are null on its side, and say so.
 #[test]
 fn compare_writes_a_fidelity_card_with_each_figures_basis() {
+    let plot = std::env::temp_dir().join(format!("mystique-card-{}.png", std::process::id()));
     let j = json(
         bin()
             .arg("compare")
             .arg(shared("cpu/cnn.linked.et.json.gz"))
             .arg(shared("cpu/cnn.kineto.json.gz"))
-            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"])
+            .arg("--card-plot")
+            .arg(&plot),
     );
+    // The card's plot, as PNG: one row per figure.
+    let b = std::fs::read(&plot).unwrap();
+    std::fs::remove_file(&plot).unwrap();
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n");
+    let height = u32::from_be_bytes(b[20..24].try_into().unwrap());
+    let figures = j["card"].as_object().unwrap().len() as u32;
+    assert!(height >= 34 * figures, "{height} px for {figures} figures");
     let card = &j["card"];
     for name in [
         "iteration_ms",

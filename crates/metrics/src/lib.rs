@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 pub mod gpu;
+pub mod plot;
 
 pub use error::{Cause, Error};
 
@@ -319,83 +320,6 @@ pub(crate) fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
-}
-
-/// A horizontal grouped bar chart as SVG: for each label, bar `a` (e.g. original) above bar
-/// `b` (e.g. replay), in the same unit.
-pub fn svg_bars(
-    title: &str,
-    unit: &str,
-    names: (&str, &str),
-    rows: &[(String, f64, f64)],
-) -> String {
-    use std::fmt::Write as _;
-    let max = rows
-        .iter()
-        .map(|r| r.1.max(r.2))
-        .fold(0.0f64, f64::max)
-        .max(1e-9);
-    let (label_w, bar_w, row_h) = (340.0, 520.0, 26.0);
-    let height = 70.0 + row_h * rows.len() as f64;
-    let esc = xml_escape;
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}" font-family="monospace" font-size="11">
-<rect width="100%" height="100%" fill="white"/>
-<text x="10" y="20" font-size="14">{t}</text>
-<rect x="10" y="32" width="12" height="10" fill="#4c72b0"/><text x="26" y="41">{a}</text>
-<rect x="140" y="32" width="12" height="10" fill="#dd8452"/><text x="156" y="41">{b}</text>
-"##,
-        w = label_w + bar_w + 120.0,
-        t = esc(title),
-        a = esc(names.0),
-        b = esc(names.1)
-    );
-    for (i, (label, a, b)) in rows.iter().enumerate() {
-        let y = 56.0 + row_h * i as f64;
-        let _ = writeln!(
-            s,
-            r##"<text x="10" y="{}">{}</text>"##,
-            y + 14.0,
-            esc(&label.chars().take(48).collect::<String>())
-        );
-        let _ = writeln!(
-            s,
-            r##"<rect x="{label_w}" y="{y}" width="{:.1}" height="10" fill="#4c72b0"/>"##,
-            bar_w * a / max
-        );
-        let _ = writeln!(
-            s,
-            r##"<rect x="{label_w}" y="{}" width="{:.1}" height="10" fill="#dd8452"/>"##,
-            y + 11.0,
-            bar_w * b / max
-        );
-        let _ = writeln!(
-            s,
-            r##"<text x="{}" y="{}">{a:.1} / {b:.1} {unit}</text>"##,
-            label_w + bar_w * a.max(*b) / max + 6.0,
-            y + 14.0
-        );
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
-#[cfg(test)]
-mod svg_tests {
-    #[test]
-    fn svg_has_two_bars_per_row_and_escapes_labels() {
-        let s = super::svg_bars(
-            "t",
-            "ms",
-            ("original", "replay"),
-            &[("aten::mm<x>".into(), 2.0, 1.0), ("b".into(), 0.5, 0.5)],
-        );
-        assert_eq!(s.matches("<rect x=\"340").count(), 4);
-        assert!(s.contains("aten::mm&lt;x&gt;"));
-        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
-    }
 }
 
 /// Resident memory of this process: now and its peak (Linux `/proc/self/status`: VmRSS and

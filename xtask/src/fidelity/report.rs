@@ -299,14 +299,11 @@ pub(super) fn write_files(h: &Harness, rows: &[(Row, String)]) -> Result<()> {
         .svg
         .clone()
         .unwrap_or_else(|| out.join(format!("{stem}.svg")));
-    std::fs::write(
+    metrics::plot::ratios(
         &svg,
-        metrics::svg_bars(
-            "replay with emulated gaps / original iteration (1.0 = exact)",
-            "x",
-            ("gaps from a quiet capture", "gaps from a busy capture"),
-            &plot_bars(rows),
-        ),
+        "replay with gaps from the quiet capture / original iteration (1 = exact)",
+        "replay / original",
+        &plot_rows(rows),
     )?;
     println!(
         "\nwrote {} and {}",
@@ -411,21 +408,19 @@ fn rows_json(rows: &[(Row, String)]) -> serde_json::Value {
 
 /// The plot's bars: each model (its held-out set's label beside it) and its ratios with gaps
 /// from the quiet and the busy capture.
-fn plot_bars(rows: &[(Row, String)]) -> Vec<(String, f64, f64)> {
+fn plot_rows(rows: &[(Row, String)]) -> Vec<metrics::plot::Ratio> {
     rows.iter()
-        .map(|(r, _)| {
-            (
-                format!(
-                    "{}{}",
-                    r.model,
-                    HELD_OUT
-                        .iter()
-                        .find(|h| h.set == r.set)
-                        .map_or(String::new(), |h| format!(" ({})", h.label)),
-                ),
-                r.quiet,
-                r.busy,
-            )
+        .map(|(r, _)| metrics::plot::Ratio {
+            label: format!(
+                "{}{}",
+                r.model,
+                HELD_OUT
+                    .iter()
+                    .find(|h| h.set == r.set)
+                    .map_or(String::new(), |h| format!(" ({})", h.label)),
+            ),
+            ratio: r.quiet,
+            note: format!("busy capture's gaps {:.3}", r.busy),
         })
         .collect()
 }

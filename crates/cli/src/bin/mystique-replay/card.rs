@@ -96,6 +96,44 @@ impl Card {
     }
 }
 
+impl Card {
+    /// The figure named `name`, where the card has it.
+    pub fn figure(&self, name: &str) -> Option<&Figure> {
+        self.figures
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, f, _)| f)
+    }
+
+    /// `compare --card-plot`: each figure's ratio, replay over original, on a log axis, its
+    /// two values beside it (a figure one side did not measure is listed without a bar).
+    pub fn plot(&self, out: &std::path::Path, trace: &str) -> anyhow::Result<()> {
+        let rows: Vec<metrics::plot::Ratio> = self
+            .figures
+            .iter()
+            .map(|(name, f, unit)| {
+                let v = |x: Option<f64>| x.map_or("not measured".to_string(), |x| unit.show(x));
+                metrics::plot::Ratio {
+                    label: name.to_string(),
+                    ratio: f.ratio.unwrap_or(f64::NAN),
+                    note: format!("replay {} vs original {}", v(f.replay), v(f.original)),
+                }
+            })
+            .collect();
+        let name = std::path::Path::new(trace)
+            .file_name()
+            .map_or(trace.to_string(), |n| n.to_string_lossy().into_owned());
+        mystique_cli::output::write_plot(out, |p| {
+            metrics::plot::ratios(
+                p,
+                &format!("{name}: fidelity card"),
+                "replay / original",
+                &rows,
+            )
+        })
+    }
+}
+
 impl Unit {
     fn show(self, x: f64) -> String {
         match self {

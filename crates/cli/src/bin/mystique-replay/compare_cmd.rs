@@ -8,11 +8,19 @@ use et_graph::{Graph, Selection};
 use mystique_cli::args::CompareArgs;
 use replay::calibrate;
 use std::io::Write;
+use std::path::Path;
 
 /// Replays a linked ET and compares it op by op with its Kineto trace.
 pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
-    if let Some(svg) = &a.svg {
-        mystique_cli::output::check(svg, &[a.trace.as_path(), a.kineto.as_path()])?;
+    for p in [&a.svg, &a.card_plot].into_iter().flatten() {
+        mystique_cli::output::check(p, &[a.trace.as_path(), a.kineto.as_path()])?;
+    }
+    if let (Some(x), Some(y)) = (&a.svg, &a.card_plot) {
+        anyhow::ensure!(
+            !mystique_cli::output::same_path(x, y),
+            "{} is given for two outputs",
+            x.display()
+        );
     }
     a.run.apply()?;
     // The capture's meta file: the original's time, threads, CPU time and memory.
@@ -94,11 +102,13 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         })
         .collect();
     let c = Compared::of(a, &original, &r, &included, meta.as_ref())?;
-    if let Some(svg) = &a.svg {
-        let plot = c.svg(&trace.source);
-        mystique_cli::output::write_atomic(svg, |w| Ok(w.write_all(plot.as_bytes())?))?;
-    }
     let card = c.card(&linked);
+    if let Some(p) = &a.svg {
+        c.plot(p, &trace.source, &card)?;
+    }
+    if let Some(p) = &a.card_plot {
+        card.plot(p, &trace.source)?;
+    }
     let mut out = std::io::stdout().lock();
     if json {
         let mut j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
@@ -336,31 +346,60 @@ impl<'a> Compared<'a> {
         })
     }
 
-    /// `compare --svg`: the 20 largest differences as bars.
-    fn svg(&self, trace: &str) -> String {
-        let bars: Vec<(String, f64, f64)> = self
+    /// `compare --svg`: the 20 largest differences per op, on the basis of the text's table
+    /// (the profiled replay's op windows where it ran under the capture's instrumentation),
+    /// headed by the card's iteration figure.
+    fn plot(&self, out: &Path, trace: &str, card: &Card) -> Result<()> {
+        let profiled = self.cmp.profiled_ops > 0;
+        let ops: Vec<(String, f64, f64)> = self
             .cmp
             .ops
             .iter()
             .take(20)
             .map(|r| {
-                (
-                    format!("{} x{}", r.op, r.calls),
-                    r.original_us / 1000.0,
-                    r.profiled_us.unwrap_or(r.replay_us) / 1000.0,
-                )
+                let replay = if profiled {
+                    r.profiled_us.unwrap_or(f64::NAN)
+                } else {
+                    r.replay_us
+                };
+                (format!("{} x{}", r.op, r.calls), r.original_us, replay)
             })
             .collect();
-        let title = format!(
-            "{trace}: original {:.2} ms vs replay {:.2} ms per iteration",
-            self.orig_iter_ms, self.r.iter_ms.median
-        );
-        let label = if self.cmp.profiled_ops > 0 {
-            "replay (same instrumentation)"
+        let max = ops.iter().map(|o| o.1.max(o.2)).fold(0.0f64, f64::max);
+        let (scale, unit) = if max >= 1000.0 {
+            (1e-3, "ms per iteration")
         } else {
-            "replay"
+            (1.0, "µs per iteration")
         };
-        metrics::svg_bars(&title, "ms", ("original (Kineto)", label), &bars)
+        let pairs: Vec<metrics::plot::Pair> = ops
+            .into_iter()
+            .map(|(label, a, b)| metrics::plot::Pair {
+                label,
+                a: a * scale,
+                b: b * scale,
+            })
+            .collect();
+        let name = Path::new(trace)
+            .file_name()
+            .map_or(trace.to_string(), |n| n.to_string_lossy().into_owned());
+        let it = card.figure("iteration_ms");
+        let title = format!(
+            "{name}: iteration {} original vs {} replay ({})",
+            metrics::plot::human(it.and_then(|f| f.original).unwrap_or(f64::NAN), "ms"),
+            metrics::plot::human(it.and_then(|f| f.replay).unwrap_or(f64::NAN), "ms"),
+            self.basis_iter.split(':').next().unwrap_or(""),
+        );
+        let names = (
+            "original (Kineto)",
+            if profiled {
+                "replay (same instrumentation)"
+            } else {
+                "replay (plain)"
+            },
+        );
+        mystique_cli::output::write_plot(out, |p| {
+            metrics::plot::pairs(p, &title, unit, names, "replay / original", &pairs)
+        })
     }
 
     /// The comparison as text.

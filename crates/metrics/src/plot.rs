@@ -1,0 +1,620 @@
+//! Plots of a comparison, drawn with plotters as SVG or PNG, chosen by the file's extension.
+//!
+//! Two kinds: [`pairs`], two runs' times side by side per row with the second's ratio to the
+//! first on a log axis, and [`ratios`], one ratio per row on a log axis (a fidelity card).
+//! Ratios go on a log axis so that 2x slower and 2x faster are as far from 1 on either side.
+
+use plotters::coord::combinators::BindKeyPoints;
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use std::path::Path;
+
+/// Why a plot was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The file's extension names no format this module draws.
+    #[error("{path}: plots are written as .svg or .png, not {ext:?}")]
+    Format {
+        /// The path asked for.
+        path: String,
+        /// Its extension.
+        ext: String,
+    },
+    /// The bundled font did not load.
+    #[error("the plots' bundled font did not load")]
+    Font,
+    /// Nothing to draw.
+    #[error("nothing to plot: no row has a finite, positive value")]
+    Empty,
+    /// The backend failed (writing the file, drawing).
+    #[error("drawing {path}: {why}")]
+    Draw {
+        /// The file.
+        path: String,
+        /// The backend's message.
+        why: String,
+    },
+}
+
+/// One row of [`pairs`]: a label and the two runs' values (NaN where a run has none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pair {
+    /// What the row is (an op, a signature).
+    pub label: String,
+    /// The first run's value.
+    pub a: f64,
+    /// The second run's value.
+    pub b: f64,
+}
+
+/// One row of [`ratios`]: a label, the ratio, and a note drawn beside it (the two values).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ratio {
+    /// What the row is (a figure of the card).
+    pub label: String,
+    /// Second over first.
+    pub ratio: f64,
+    /// Drawn after the ratio (e.g. "2.10 ms vs 1.95 ms").
+    pub note: String,
+}
+
+enum Format {
+    Svg,
+    Png,
+}
+
+fn format_of(path: &Path) -> Result<Format, PlotError> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(Format::Svg),
+        Some(e) if e.eq_ignore_ascii_case("png") => Ok(Format::Png),
+        e => Err(PlotError::Format {
+            path: path.display().to_string(),
+            ext: e.unwrap_or("").to_string(),
+        }),
+    }
+}
+
+/// The font every plot's text is laid out and drawn with, bundled so that a plot looks the
+/// same on every machine and needs no system font (DejaVu Sans Mono; `fonts/LICENSE`).
+/// Monospace, so that a label's width is its length.
+static FONT: &[u8] = include_bytes!("../fonts/DejaVuSansMono.ttf");
+
+/// Registers [`FONT`] as "monospace", once per process.
+fn register_font() -> Result<(), PlotError> {
+    static DONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *DONE.get_or_init(|| plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_ok())
+    {
+        Ok(())
+    } else {
+        Err(PlotError::Font)
+    }
+}
+
+const FAMILY: &str = "monospace";
+
+/// A label at most `max` characters long: a long one keeps its start and end (an op's name
+/// and its last arguments) around an ellipsis.
+pub fn shorten(label: &str, max: usize) -> String {
+    let n = label.chars().count();
+    if n <= max || max < 5 {
+        return label.to_string();
+    }
+    let head = (max - 1) * 2 / 3;
+    let tail = max - 1 - head;
+    let start: String = label.chars().take(head).collect();
+    let end: String = label.chars().skip(n - tail).collect();
+    format!("{start}…{end}")
+}
+
+/// A value with a unit, as many digits as it needs to be read (1234.5 ms, 1.23 ms, 0.0123 ms).
+pub fn human(v: f64, unit: &str) -> String {
+    let a = v.abs();
+    let s = if !v.is_finite() {
+        "-".to_string()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 || a == 0.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.2e}")
+    };
+    if unit.is_empty() {
+        s
+    } else {
+        format!("{s} {unit}")
+    }
+}
+
+const A_COLOR: RGBColor = RGBColor(76, 114, 176);
+const B_COLOR: RGBColor = RGBColor(221, 132, 82);
+const SLOWER: RGBColor = RGBColor(196, 78, 82);
+const FASTER: RGBColor = RGBColor(85, 168, 104);
+const LABEL_CHARS: usize = 64;
+const ROW_PX: u32 = 34;
+
+fn draw_err(path: &Path, e: impl std::fmt::Display) -> PlotError {
+    PlotError::Draw {
+        path: path.display().to_string(),
+        why: e.to_string(),
+    }
+}
+
+/// A figure that draws itself on any backend.
+trait Figure {
+    /// Its size in pixels.
+    fn size(&self) -> (u32, u32);
+    /// Draws it on `root`.
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>;
+}
+
+/// Renders `fig` into `path` in the format its extension names.
+fn render(path: &Path, fig: &impl Figure) -> Result<(), PlotError> {
+    let format = format_of(path)?;
+    register_font()?;
+    match format {
+        Format::Svg => {
+            let root = SVGBackend::new(path, fig.size()).into_drawing_area();
+            fig.draw(&root).map_err(|e| draw_err(path, e))?;
+            root.present().map_err(|e| draw_err(path, e))
+        }
+        Format::Png => {
+            let root = BitMapBackend::new(path, fig.size()).into_drawing_area();
+            fig.draw(&root).map_err(|e| draw_err(path, e))?;
+            root.present().map_err(|e| draw_err(path, e))
+        }
+    }
+}
+
+/// Ticks of a ratio axis from `lo` to `hi`: 1, the ±10% and ±25% bands on a narrow axis, and
+/// 1-2-5 steps.
+fn ratio_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    // The bands where they have room: on a narrow axis.
+    let mut v = if hi / lo < 3.0 {
+        vec![0.8, 0.9, 1.0, 1.1, 1.25]
+    } else {
+        vec![1.0]
+    };
+    let mut p = 1e-3;
+    while p < 1e4 {
+        v.extend([p, 2.0 * p, 5.0 * p]);
+        p *= 10.0;
+    }
+    v.retain(|&t| t >= lo && t <= hi);
+    v.sort_by(f64::total_cmp);
+    v.dedup();
+    v
+}
+
+/// The log axis's range for ratios: 1 and every ratio inside, with room for the notes.
+fn ratio_range(ratios: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = ratios
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .fold((1.0f64, 1.0f64), |(lo, hi), r| (lo.min(r), hi.max(r)));
+    (lo / 1.25, hi * 1.35)
+}
+
+/// Two runs side by side, one row per label: on the left each run's value (`unit`, a linear
+/// axis from 0), on the right the second's ratio to the first (log axis, `ratio_desc` its
+/// title; right of 1 the second is larger: slower, for times). `names`: the two runs, in the
+/// legend.
+pub fn pairs(
+    path: &Path,
+    title: &str,
+    unit: &str,
+    names: (&str, &str),
+    ratio_desc: &str,
+    rows: &[Pair],
+) -> Result<(), PlotError> {
+    let max = rows
+        .iter()
+        .flat_map(|r| [r.a, r.b])
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    if rows.is_empty() || max <= 0.0 {
+        return Err(PlotError::Empty);
+    }
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| shorten(&r.label, LABEL_CHARS))
+        .collect();
+    let label_px = 20 + 8 * labels.iter().map(|l| l.chars().count()).max().unwrap_or(8) as u32;
+    let fig = Pairs {
+        title,
+        unit,
+        names,
+        ratio_desc,
+        rows,
+        labels,
+        label_px,
+        max,
+        range: ratio_range(rows.iter().map(|r| r.b / r.a)),
+    };
+    render(path, &fig)
+}
+
+struct Pairs<'a> {
+    title: &'a str,
+    unit: &'a str,
+    names: (&'a str, &'a str),
+    ratio_desc: &'a str,
+    rows: &'a [Pair],
+    labels: Vec<String>,
+    label_px: u32,
+    max: f64,
+    range: (f64, f64),
+}
+
+impl Figure for Pairs<'_> {
+    fn size(&self) -> (u32, u32) {
+        (self.label_px + 980, 110 + ROW_PX * self.rows.len() as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let (rows, labels, names, n) = (self.rows, &self.labels, self.names, self.rows.len());
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let root = root
+            .titled(self.title, (FAMILY, 18))
+            .map_err(|e| e.to_string())?;
+        let (left, right) = root.split_horizontally(self.label_px + 560);
+        let mut c = ChartBuilder::on(&left)
+            .margin(8)
+            .x_label_area_size(40)
+            .y_label_area_size(self.label_px)
+            .build_cartesian_2d(0.0..self.max * 1.08, (0..n).into_segmented())
+            .map_err(|e| e.to_string())?;
+        c.configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) if *i < n => labels[n - 1 - i].clone(),
+                _ => String::new(),
+            })
+            .x_desc(self.unit)
+            .x_label_formatter(&|v| human(*v, ""))
+            .label_style((FAMILY, 13))
+            .axis_desc_style((FAMILY, 14))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        // The first row at the top.
+        let bar = |i: usize, v: f64, first: bool, color: RGBColor| {
+            let i = n - 1 - i;
+            let (y0, y1) = if first {
+                (SegmentValue::CenterOf(i), SegmentValue::Exact(i + 1))
+            } else {
+                (SegmentValue::Exact(i), SegmentValue::CenterOf(i))
+            };
+            let mut r = Rectangle::new(
+                [(0.0, y0), (if v.is_finite() { v } else { 0.0 }, y1)],
+                color.filled(),
+            );
+            r.set_margin(if first { 4 } else { 1 }, if first { 1 } else { 4 }, 0, 0);
+            r
+        };
+        c.draw_series(
+            rows.iter()
+                .enumerate()
+                .map(|(i, r)| bar(i, r.a, true, A_COLOR)),
+        )
+        .map_err(|e| e.to_string())?
+        .label(names.0)
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], A_COLOR.filled()));
+        c.draw_series(
+            rows.iter()
+                .enumerate()
+                .map(|(i, r)| bar(i, r.b, false, B_COLOR)),
+        )
+        .map_err(|e| e.to_string())?
+        .label(names.1)
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], B_COLOR.filled()));
+        c.configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FAMILY, 13))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        ratio_panel(
+            &right,
+            self.ratio_desc,
+            self.range,
+            &rows
+                .iter()
+                .map(|r| (r.b / r.a, String::new()))
+                .collect::<Vec<_>>(),
+            None,
+        )
+    }
+}
+
+/// The ratio of each row on a log axis from 1: right of it (larger) in red, left in green,
+/// the ratio written at the bar's end with its note. With `labels`, the rows are labelled
+/// there; without, they line up with a panel beside it.
+fn ratio_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    desc: &str,
+    (lo, hi): (f64, f64),
+    rows: &[(f64, String)],
+    labels: Option<(&[String], u32)>,
+) -> Result<(), String> {
+    let n = rows.len();
+    let mut b = ChartBuilder::on(area);
+    b.margin(8).x_label_area_size(40);
+    if let Some((_, px)) = labels {
+        b.y_label_area_size(px);
+    } else {
+        b.y_label_area_size(0);
+    }
+    let mut c = b
+        .build_cartesian_2d(
+            (lo..hi).log_scale().with_key_points(ratio_ticks(lo, hi)),
+            (0..n).into_segmented(),
+        )
+        .map_err(|e| e.to_string())?;
+    let names: Vec<String> = labels.map(|(l, _)| l.to_vec()).unwrap_or_default();
+    c.configure_mesh()
+        .disable_y_mesh()
+        // Never 0: plotters 0.3.7 loops forever computing no key points on a segmented axis.
+        .y_labels(n.max(1))
+        .y_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) if *i < n => {
+                names.get(n - 1 - i).cloned().unwrap_or_default()
+            }
+            _ => String::new(),
+        })
+        .x_desc(format!("{desc} (log scale)"))
+        .x_label_formatter(&|v| format!("{}x", human(*v, "")))
+        .label_style((FAMILY, 13))
+        .axis_desc_style((FAMILY, 14))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    // The first row at the top.
+    let at = |i: usize| n - 1 - i;
+    c.draw_series(rows.iter().enumerate().filter_map(|(i, (r, _))| {
+        let i = at(i);
+        (r.is_finite() && *r > 0.0).then(|| {
+            let color = if *r > 1.0 { SLOWER } else { FASTER };
+            let mut rect = Rectangle::new(
+                [
+                    (1.0, SegmentValue::Exact(i)),
+                    (*r, SegmentValue::Exact(i + 1)),
+                ],
+                color.filled(),
+            );
+            rect.set_margin(6, 6, 0, 0);
+            rect
+        })
+    }))
+    .map_err(|e| e.to_string())?;
+    c.draw_series(rows.iter().enumerate().map(|(i, (r, note))| {
+        let i = at(i);
+        let known = r.is_finite() && *r > 0.0;
+        let text = match (known, note.is_empty()) {
+            (true, _) => format!("{r:.3}x"),
+            (false, true) => "no ratio".to_string(),
+            (false, false) => format!("no ratio: {note}"),
+        };
+        {
+            Text::new(
+                text,
+                (
+                    if known { r.max(1.0) } else { 1.0 } * 1.02,
+                    SegmentValue::CenterOf(i),
+                ),
+                TextStyle::from((FAMILY, 12).into_font()).pos(
+                    plotters::style::text_anchor::Pos::new(
+                        plotters::style::text_anchor::HPos::Left,
+                        plotters::style::text_anchor::VPos::Center,
+                    ),
+                ),
+            )
+        }
+    }))
+    .map_err(|e| e.to_string())?;
+    c.draw_series(LineSeries::new(
+        [(1.0, SegmentValue::Exact(0)), (1.0, SegmentValue::Exact(n))],
+        BLACK.stroke_width(1),
+    ))
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// One ratio per row on a log axis from 1 (a fidelity card: replay over original per
+/// figure), each labelled with its note.
+pub fn ratios(path: &Path, title: &str, desc: &str, rows: &[Ratio]) -> Result<(), PlotError> {
+    if !rows.iter().any(|r| r.ratio.is_finite() && r.ratio > 0.0) {
+        return Err(PlotError::Empty);
+    }
+    // The note in the label column, where it has room whatever the ratio.
+    let labels: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let l = if r.note.is_empty() {
+                r.label.clone()
+            } else {
+                format!("{}: {}", r.label, r.note)
+            };
+            shorten(&l, 2 * LABEL_CHARS)
+        })
+        .collect();
+    let label_px = 20 + 8 * labels.iter().map(|l| l.chars().count()).max().unwrap_or(8) as u32;
+    let fig = Ratios {
+        title,
+        desc,
+        data: rows.iter().map(|r| (r.ratio, String::new())).collect(),
+        range: ratio_range(rows.iter().map(|r| r.ratio)),
+        labels,
+        label_px,
+    };
+    render(path, &fig)
+}
+
+struct Ratios<'a> {
+    title: &'a str,
+    desc: &'a str,
+    data: Vec<(f64, String)>,
+    range: (f64, f64),
+    labels: Vec<String>,
+    label_px: u32,
+}
+
+impl Figure for Ratios<'_> {
+    fn size(&self) -> (u32, u32) {
+        (self.label_px + 640, 110 + ROW_PX * self.data.len() as u32)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let root = root
+            .titled(self.title, (FAMILY, 18))
+            .map_err(|e| e.to_string())?;
+        ratio_panel(
+            &root,
+            self.desc,
+            self.range,
+            &self.data,
+            Some((&self.labels, self.label_px)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_labels_keep_their_start_and_end() {
+        let l = "aten::addmm.default(float32[64],float32[32,128],float32[128,64]@[1,128],1,1)";
+        let s = shorten(l, 40);
+        assert_eq!(s.chars().count(), 40);
+        assert!(
+            s.starts_with("aten::addmm.default(") && s.ends_with(",1,1)"),
+            "{s}"
+        );
+        assert_eq!(shorten("aten::mm", 40), "aten::mm");
+    }
+
+    #[test]
+    fn values_keep_their_digits() {
+        assert_eq!(human(13562.04, "ms"), "13562 ms");
+        assert_eq!(human(1.234, "ms"), "1.23 ms");
+        assert_eq!(human(0.0123, ""), "1.23e-2");
+        assert_eq!(human(f64::NAN, "ms"), "- ms");
+    }
+
+    #[test]
+    fn an_svg_names_its_rows_and_axes_and_an_unknown_extension_is_refused() {
+        let dir = std::env::temp_dir().join(format!("mq-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("pairs.svg");
+        let rows = vec![
+            Pair {
+                label: "aten::mm x3".into(),
+                a: 13562.0,
+                b: 12000.0,
+            },
+            Pair {
+                label: "aten::add x8".into(),
+                a: 1.5,
+                b: 3.0,
+            },
+        ];
+        pairs(
+            &p,
+            "iteration 2.0 ms vs 2.1 ms",
+            "ms per iteration",
+            ("A", "B"),
+            "B / A",
+            &rows,
+        )
+        .unwrap();
+        let s = std::fs::read_to_string(&p).unwrap();
+        for want in [
+            "aten::mm x3",
+            "aten::add x8",
+            "ms per iteration",
+            "B / A (log scale)",
+            "2.000x",
+            "0.885x",
+        ] {
+            assert!(s.contains(want), "{want} missing");
+        }
+        let e = pairs(&dir.join("x.pdf"), "t", "ms", ("A", "B"), "B / A", &rows).unwrap_err();
+        assert!(matches!(e, PlotError::Format { .. }), "{e}");
+        let e = pairs(&p, "t", "ms", ("A", "B"), "B / A", &[]).unwrap_err();
+        assert!(matches!(e, PlotError::Empty), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[cfg(test)]
+mod png_tests {
+    use super::*;
+
+    /// Renders both kinds to PNG (where a font is found), for a test to check and a person to
+    /// look at: `MYSTIQUE_PLOT_DIR=DIR` keeps them there.
+    #[test]
+    fn both_kinds_render_to_png() {
+        let keep = std::env::var_os("MYSTIQUE_PLOT_DIR").map(std::path::PathBuf::from);
+        let dir = keep
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("mq-png-{}", std::process::id())));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rows = vec![
+            Pair {
+                label: "aten::addmm.default(float32[64],float32[32,128],float32[128,64]@[1,128],1,1) x3"
+                    .into(),
+                a: 13562.0,
+                b: 12000.0,
+            },
+            Pair { label: "aten::add x8".into(), a: 1.5, b: 3.0 },
+            Pair { label: "aten::relu x4".into(), a: 400.0, b: 390.0 },
+        ];
+        let card = vec![
+            Ratio {
+                label: "iteration_ms".into(),
+                ratio: 1.075,
+                note: "0.225 ms vs 0.209 ms".into(),
+            },
+            Ratio {
+                label: "peak_memory_bytes".into(),
+                ratio: 0.74,
+                note: "48 KiB vs 66 KiB".into(),
+            },
+            Ratio {
+                label: "cpu_ms".into(),
+                ratio: f64::NAN,
+                note: "not recorded".into(),
+            },
+        ];
+        let (p1, p2) = (dir.join("pairs.png"), dir.join("card.png"));
+        pairs(
+            &p1,
+            "iteration 2.0 ms (A) vs 2.1 ms (B)",
+            "ms per iteration",
+            ("A", "B"),
+            "B / A",
+            &rows,
+        )
+        .unwrap();
+        ratios(
+            &p2,
+            "fidelity card: replay / original",
+            "replay / original",
+            &card,
+        )
+        .unwrap();
+        for (p, fig_w) in [(&p1, 980), (&p2, 640)] {
+            let b = std::fs::read(p).unwrap();
+            assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}", p.display());
+            // The IHDR chunk's width: the label column and the panels.
+            let w = u32::from_be_bytes(b[16..20].try_into().unwrap());
+            assert!(w > fig_w, "{} is {w} px wide", p.display());
+        }
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
