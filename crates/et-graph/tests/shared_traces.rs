@@ -1080,7 +1080,8 @@ fn a_profile_without_the_observer_links_step_by_step_by_order() {
         Instrumentation::of(&kt),
         Instrumentation {
             execution_trace: false,
-            record_shapes: true
+            record_shapes: true,
+            profile_memory: false,
         }
     );
     // The linked pair's says otherwise.

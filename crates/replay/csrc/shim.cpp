@@ -506,8 +506,8 @@ static bool observer_on = false;
 
 // With `cuda`, Kineto also records the GPU's activity (kernels, memcpy, memset) through CUPTI.
 // `et_path` null: the profiler alone (a Kineto trace taken without the observer);
-// `record_shapes` as the capture's profiler had it.
-int mq_instr_begin(const char* et_path, int cuda, int record_shapes) {
+// `record_shapes` and `profile_memory` as the capture's profiler had them.
+int mq_instr_begin(const char* et_path, int cuda, int record_shapes, int profile_memory) {
   return guarded([&] {
     // Kineto logs an error per missing GPU and the observer a warning per start/stop: the
     // calibration is internal, keep stderr for the user's messages.
@@ -521,7 +521,8 @@ int mq_instr_begin(const char* et_path, int cuda, int record_shapes) {
                                et_path);
     }
     observer_on = et_path != nullptr;
-    ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/record_shapes != 0);
+    ProfilerConfig cfg(ProfilerState::KINETO, /*report_input_shapes=*/record_shapes != 0,
+                       /*profile_memory=*/profile_memory != 0);
     std::set<ActivityType> acts{ActivityType::CPU};
     if (cuda) acts.insert(ActivityType::CUDA);
     torch::autograd::profiler::prepareProfiler(cfg, acts);

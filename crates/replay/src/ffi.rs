@@ -95,7 +95,12 @@ extern "C" {
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_storage_use_count(t: *const C_tensor) -> usize;
     fn mq_has_grad_fn(t: *const C_tensor) -> i32;
-    fn mq_instr_begin(et_path: *const c_char, cuda: i32, record_shapes: i32) -> i32;
+    fn mq_instr_begin(
+        et_path: *const c_char,
+        cuda: i32,
+        record_shapes: i32,
+        profile_memory: i32,
+    ) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
     fn mq_probe_op() -> f64;
     fn mq_probe_nodes(k: i32) -> f64;
@@ -840,6 +845,7 @@ impl Instrumentation {
                 c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
                 cuda as i32,
                 kind.record_shapes as i32,
+                kind.profile_memory as i32,
             )
         };
         if rc != 0 {

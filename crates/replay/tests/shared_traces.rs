@@ -243,6 +243,7 @@ fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
         instrumentation: et_graph::Instrumentation {
             execution_trace: false,
             record_shapes: true,
+            profile_memory: false,
         },
         ..Default::default()
     };

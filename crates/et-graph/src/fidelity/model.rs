@@ -49,6 +49,9 @@ pub struct Instrumentation {
     pub execution_trace: bool,
     /// The profiler recorded input shapes (`record_shapes`).
     pub record_shapes: bool,
+    /// The profiler recorded every allocation and free (`profile_memory`): a memory event per
+    /// allocation, much of it in the gaps, where Python and autograd allocate.
+    pub profile_memory: bool,
 }
 
 impl Instrumentation {
@@ -57,15 +60,17 @@ impl Instrumentation {
     pub const LINKED: Instrumentation = Instrumentation {
         execution_trace: true,
         record_shapes: true,
+        profile_memory: false,
     };
 
     /// What `k` was taken under: the observer unless the trace says it was off (a trace
-    /// without the field, from PyTorch before 2.1, is taken for a linked pair), and input
-    /// shapes as the trace's flag (or its events) says.
+    /// without the field, from PyTorch before 2.1, is taken for a linked pair), input shapes
+    /// as the trace's flag (or its events) says, and memory where it holds memory events.
     pub fn of(k: &KinetoTrace) -> Instrumentation {
         Instrumentation {
             execution_trace: k.execution_trace_observer != Some(false),
             record_shapes: k.record_shapes,
+            profile_memory: !k.memory.is_empty(),
         }
     }
 }
@@ -83,8 +88,11 @@ impl std::fmt::Display for Instrumentation {
         } else {
             "profiler alone"
         })?;
-        if self.record_shapes {
-            f.write_str(" (record_shapes)")?;
+        match (self.record_shapes, self.profile_memory) {
+            (true, true) => f.write_str(" (record_shapes, profile_memory)")?,
+            (true, false) => f.write_str(" (record_shapes)")?,
+            (false, true) => f.write_str(" (profile_memory)")?,
+            (false, false) => {}
         }
         Ok(())
     }
