@@ -858,7 +858,8 @@ fn a_memory_profile_places_the_frees_where_the_original_freed() {
         peak(&followed),
         peak(&at_last_use)
     );
-    // compare follows the profile too, and sets the replay's peak against the original's.
+    // compare follows the profile too, and sets the replay's peak against the original's;
+    // its gap model calibrates under the profile's instrumentation, memory events included.
     let j = json(bin().arg("compare").arg(&et).arg(&k).args([
         "--json",
         "--threads",
@@ -867,10 +868,14 @@ fn a_memory_profile_places_the_frees_where_the_original_freed() {
         "2",
         "--warmup",
         "1",
+        "--emulate-gaps",
     ]));
     let mem = &j["card"]["peak_memory_bytes"];
     let ratio = mem["ratio"].as_f64().unwrap();
     assert!((0.9..=1.1).contains(&ratio), "{mem}");
+    let instr = &j["gap_model"]["instrumentation"];
+    assert_eq!(instr["profile_memory"], true, "{instr}");
+    assert_eq!(instr["execution_trace"], true, "{instr}");
 }
 
 /// `compare --only compute` of a rank's linked pair compares the compute it ran, not the
