@@ -286,48 +286,43 @@ print("captured", sorted(os.listdir({caps:?})))
     )?;
     ensure!(printed.contains("captured"), "{printed}");
     let mystique = env.join("bin/mystique");
-    let replayed = output(
-        Command::new(&mystique)
-            .arg("replay")
-            .arg(caps.join("tiny.et.json"))
-            .arg("--kineto")
-            .arg(caps.join("tiny.kineto.json"))
-            .arg("--emulate-gaps")
-            .arg("--reference")
-            .arg(caps.join("tiny.reference.json"))
-            .args(["--iters", "3", "--warmup", "1", "--threads", "1", "--json"]),
-        false,
-    )?;
-    let j: serde_json::Value = serde_json::from_str(
-        replayed
+    // A replay of the capture's trace with `extra`: its JSON report.
+    let replay = |extra: &[&std::ffi::OsStr]| -> Result<serde_json::Value> {
+        let printed = output(
+            Command::new(&mystique)
+                .arg("replay")
+                .arg(caps.join("tiny.et.json"))
+                .args(extra)
+                .args(["--iters", "3", "--warmup", "1", "--threads", "1", "--json"]),
+            false,
+        )?;
+        let line = printed
             .lines()
             .find(|l| l.starts_with('{'))
-            .context("no JSON report")?,
-    )
-    .with_context(|| format!("the capture's replay report:\n{replayed}"))?;
+            .with_context(|| format!("no JSON report:\n{printed}"))?;
+        serde_json::from_str(line).with_context(|| format!("the replay report:\n{printed}"))
+    };
+    let (kineto, reference, memory) = (
+        caps.join("tiny.kineto.json"),
+        caps.join("tiny.reference.json"),
+        caps.join("tiny.memory.json"),
+    );
+    let j = replay(&[
+        "--kineto".as_ref(),
+        kineto.as_os_str(),
+        "--emulate-gaps".as_ref(),
+        "--reference".as_ref(),
+        reference.as_os_str(),
+    ])?;
     ensure!(
         j["ops_failed"] == 0 && j["gaps_ms"].as_f64().unwrap_or(0.0) > 0.0,
-        "the capture's replay with its gaps: {replayed}"
+        "the capture's replay with its gaps: {j}"
     );
     // Its memory profile: the replay frees each tensor where the step freed it.
-    let followed = output(
-        Command::new(&mystique)
-            .arg("replay")
-            .arg(caps.join("tiny.et.json"))
-            .arg("--memory-profile")
-            .arg(caps.join("tiny.memory.json"))
-            .args(["--iters", "2", "--warmup", "1", "--threads", "1", "--json"]),
-        false,
-    )?;
-    let f: serde_json::Value = serde_json::from_str(
-        followed
-            .lines()
-            .find(|l| l.starts_with('{'))
-            .context("no JSON report")?,
-    )?;
+    let f = replay(&["--memory-profile".as_ref(), memory.as_os_str()])?;
     ensure!(
         f["frees_followed"]["matched"].as_u64().unwrap_or(0) > 0,
-        "the capture's replay with its memory profile: {followed}"
+        "the capture's replay with its memory profile: {f}"
     );
     let pkg = work.join("tiny.pkg");
     output(
