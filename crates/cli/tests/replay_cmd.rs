@@ -385,7 +385,7 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     let m = &r["gap_model"];
     assert_eq!(
         m["instrumentation"],
-        serde_json::json!({"execution_trace": false, "record_shapes": true})
+        serde_json::json!({"execution_trace": false, "record_shapes": true, "profile_memory": false})
     );
     assert_eq!(m["capture_iterations"], 4);
     // Every op linked and timed in both profiles, but for the odd one on a loaded host: an op
@@ -410,7 +410,7 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     );
     assert_eq!(
         l["gap_model"]["instrumentation"],
-        serde_json::json!({"execution_trace": true, "record_shapes": true})
+        serde_json::json!({"execution_trace": true, "record_shapes": true, "profile_memory": false})
     );
     let c = json(
         bin()
