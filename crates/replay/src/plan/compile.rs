@@ -472,11 +472,7 @@ impl<'g, 't> Compiler<'g, 't> {
         };
         if let ([src], true) = (first.slots().as_slice(), returns_view_of_first(sch)) {
             let root = self.view_root.get(src).copied().unwrap_or(*src);
-            let views: Vec<Slot> = match outs.first() {
-                Some(Out::Tensor(s)) => vec![*s],
-                Some(Out::List(v)) => v.iter().flatten().copied().collect(),
-                _ => Vec::new(),
-            };
+            let views: Vec<Slot> = outs.first().map(Out::slots).unwrap_or_default();
             for s in views {
                 self.view_root.insert(s, root);
             }

@@ -81,12 +81,7 @@ impl Plan {
                 .collect();
             // The storages this step makes, in output order, with their slots and bytes.
             let mut made: Vec<(u64, u64, Vec<Slot>)> = Vec::new();
-            let outs = st.outs.iter().flat_map(|o| match o {
-                Out::Tensor(s) => vec![*s],
-                Out::List(v) => v.iter().flatten().copied().collect(),
-                Out::Ignore => vec![],
-            });
-            for s in outs {
+            for s in st.outs.iter().flat_map(Out::slots) {
                 let Some((id, bytes)) = of(s) else { continue };
                 if externals.contains(&s) || inputs.contains(&id) || bytes == 0 {
                     continue;

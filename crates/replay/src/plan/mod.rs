@@ -175,6 +175,17 @@ pub enum Out {
     Ignore,
 }
 
+impl Out {
+    /// The tensor slots this output fills (one, a list's, or none).
+    pub fn slots(&self) -> Vec<Slot> {
+        match self {
+            Out::Tensor(s) => vec![*s],
+            Out::List(v) => v.iter().flatten().copied().collect(),
+            Out::Ignore => Vec::new(),
+        }
+    }
+}
+
 /// An operator by name and overload, with the schema the trace recorded for it. Resolved in a
 /// libtorch process by [`crate::bind()`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -229,15 +229,8 @@ impl Plan {
                 }
             }
         }
-        for o in &st.outs {
-            let slots: Vec<Slot> = match o {
-                Out::Tensor(s) => vec![*s],
-                Out::List(v) => v.iter().flatten().copied().collect(),
-                Out::Ignore => vec![],
-            };
-            for s in slots {
-                slot(s, "output", id)?;
-            }
+        for s in st.outs.iter().flat_map(Out::slots) {
+            slot(s, "output", id)?;
         }
         for (s, _) in &st.out_specs {
             slot(*s, "output", id)?;
