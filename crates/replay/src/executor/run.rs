@@ -28,7 +28,6 @@ pub fn run(
     };
     let mut first_measured = count_memory || cuda_index.is_some();
     let mut iteration_memory = None;
-    let mut cuda_start: Option<u64> = None;
     let t0 = std::time::Instant::now();
     let mut ex = Executor::running(plan, bound, opts.autograd, opts.only)?;
     log::info!("materialised in {:.3} s", t0.elapsed().as_secs_f64());
@@ -97,12 +96,11 @@ pub fn run(
         if counting {
             match cuda_index {
                 Some(d) => {
-                    cuda_start = ffi::cuda_reset_peak(d)
+                    rec.cuda_memory_base = ffi::cuda_reset_peak(d)
                         .and_then(|()| ffi::cuda_memory_stats(d))
                         .map_err(|e| log::warn!("not counting the CUDA allocator's bytes: {e}"))
                         .ok()
-                        .map(|m| m.allocated_bytes);
-                    rec.cuda_memory_base = cuda_start.map(|b| (d, b));
+                        .map(|m| (d, m.allocated_bytes));
                 }
                 None => ffi::alloc_count_reset(),
             }
@@ -120,31 +118,24 @@ pub fn run(
         )?;
         if counting {
             first_measured = false;
-            iteration_memory = match (cuda_index, cuda_start) {
-                (None, _) => {
-                    let (now, peak) = ffi::alloc_count_read();
-                    Some(crate::report::IterationMemory {
-                        peak_over_start_bytes: peak.max(0) as u64,
-                        held_after_bytes: now.max(0) as u64,
-                        basis: "the first measured iteration's bytes allocated through c10's \
-                                CPU allocator and not yet freed, at their peak (as \
-                                profile_memory's Total Allocated counts the original's)",
-                    })
-                }
-                (Some(d), Some(start)) => {
-                    ffi::cuda_memory_stats(d)
-                        .ok()
-                        .map(|m| crate::report::IterationMemory {
-                            peak_over_start_bytes: m.peak_allocated_bytes.saturating_sub(start),
-                            held_after_bytes: m.allocated_bytes.saturating_sub(start),
-                            basis: "the first measured iteration's bytes allocated through \
-                                libtorch's CUDA caching allocator, at their peak over the \
-                                iteration's start (as torch.cuda.max_memory_allocated after \
-                                reset_peak_memory_stats counts the original's)",
-                        })
-                }
-                (Some(_), None) => None,
-            };
+            let base = rec.cuda_memory_base;
+            iteration_memory = (cuda_index.is_none() || base.is_some())
+                .then(|| allocated_since(base))
+                .flatten()
+                .map(|(now, peak)| crate::report::IterationMemory {
+                    peak_over_start_bytes: peak.max(0) as u64,
+                    held_after_bytes: now.max(0) as u64,
+                    basis: if base.is_some() {
+                        "the first measured iteration's bytes allocated through libtorch's CUDA \
+                         caching allocator, at their peak over the iteration's start (as \
+                         torch.cuda.max_memory_allocated after reset_peak_memory_stats counts \
+                         the original's)"
+                    } else {
+                        "the first measured iteration's bytes allocated through c10's CPU \
+                         allocator and not yet freed, at their peak (as profile_memory's Total \
+                         Allocated counts the original's)"
+                    },
+                });
         }
         if let Some((pace, Some(n))) = pacing {
             // A block ends at its size or with the measured phase.
@@ -310,15 +301,7 @@ pub(super) fn iteration(
     for pos in 0..i.ex.plan.steps.len() {
         i.step(pos, gaps.as_deref(), factor)?;
         if trace_memory || keep {
-            let (now, peak) = match i.rec.cuda_memory_base {
-                Some((d, base)) => ffi::cuda_memory_stats(d).map_or((0, 0), |m| {
-                    (
-                        m.allocated_bytes as i64 - base as i64,
-                        m.peak_allocated_bytes as i64 - base as i64,
-                    )
-                }),
-                None => ffi::alloc_count_read(),
-            };
+            let (now, peak) = allocated_since(i.rec.cuda_memory_base).unwrap_or((0, 0));
             log::trace!(
                 "iteration {it} step {pos} {} (node {}): {now} bytes allocated, peak {peak}",
                 i.ex.plan.steps[pos].name,
@@ -330,6 +313,21 @@ pub(super) fn iteration(
         }
     }
     i.finish(gaps.as_mut().and_then(|g| g.pace.as_mut()))
+}
+
+/// The bytes allocated since the counted iteration's start, now and at their peak: on CUDA the
+/// caching allocator's over `base` (device, allocated bytes at the start; `None` where its
+/// figures cannot be read), else the CPU allocator's count.
+fn allocated_since(base: Option<(usize, u64)>) -> Option<(i64, i64)> {
+    match base {
+        Some((d, start)) => ffi::cuda_memory_stats(d).ok().map(|m| {
+            (
+                m.allocated_bytes as i64 - start as i64,
+                m.peak_allocated_bytes as i64 - start as i64,
+            )
+        }),
+        None => Some(ffi::alloc_count_read()),
+    }
 }
 
 /// One iteration's loop state. Time the replay spends on work the original did not do here
@@ -811,13 +809,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         touched.extend(st.out_specs.iter().map(|(s, _)| *s));
         touched.extend(st.views.iter().flat_map(|v| [v.slot, v.base]));
         touched.extend(st.passthrough.iter().flat_map(|(a, b)| [*a, *b]));
-        for o in &st.outs {
-            match o {
-                Out::Tensor(s) => touched.push(*s),
-                Out::List(v) => touched.extend(v.iter().flatten()),
-                Out::Ignore => {}
-            }
-        }
+        touched.extend(st.outs.iter().flat_map(Out::slots));
         if freed {
             touched.extend(&st.frees);
             if let Some(p) = &self.ex.pool {
