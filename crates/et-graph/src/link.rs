@@ -385,7 +385,9 @@ fn gpu_of(
         })
         .collect();
     let seen: std::collections::HashSet<u32> = under.iter().flatten().copied().collect();
-    let nest = Nesting::new(k);
+    // Built at the first launch outside the linked ops: a trace whose launches all fall under
+    // them (most GPU traces, each of a multi-step profile's steps) sorts no CPU events for it.
+    let mut nest: Option<Nesting> = None;
     // Linked ops by thread, in start order: (start, position).
     let mut linked: HashMap<Lane, Vec<(f64, usize)>> = HashMap::new();
     for (pos, e) in event_of.iter().enumerate() {
@@ -410,7 +412,9 @@ fn gpu_of(
             if evs.peek().is_none() {
                 continue;
             }
-            let holders = nest.holding(k, lane, ts);
+            let holders = nest
+                .get_or_insert_with(|| Nesting::new(k))
+                .holding(k, lane, ts);
             let attributed_to = holders
                 .iter()
                 .take_while(|&&h| !k.str(k.events[h].name).starts_with("ProfilerStep#"))
