@@ -84,23 +84,15 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
         let mut changed: Vec<&Row> = rows.iter().filter(|r| delta(r).is_finite()).collect();
         changed.sort_by(|x, y| delta(y).abs().total_cmp(&delta(x).abs()));
         changed.truncate(20);
-        let max = changed
-            .iter()
-            .map(|r| r.a_ms.max(r.b_ms))
-            .fold(0.0f64, f64::max);
-        let (scale, unit) = if max < 1.0 {
-            (1000.0, "µs per iteration")
-        } else {
-            (1.0, "ms per iteration")
-        };
-        let pairs: Vec<metrics::plot::Pair> = changed
+        let mut pairs: Vec<metrics::plot::Pair> = changed
             .iter()
             .map(|r| metrics::plot::Pair {
                 label: format!("{} x{}", r.signature, r.count),
-                a: r.a_ms * scale,
-                b: r.b_ms * scale,
+                a: r.a_ms,
+                b: r.b_ms,
             })
             .collect();
+        let unit = metrics::plot::time_per_iteration(&mut pairs);
         let title = format!(
             "iteration {} (A) vs {} (B), B/A {:.3}: the {} ops that changed most",
             metrics::plot::human(ia, "ms"),
@@ -108,8 +100,8 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
             ib / ia,
             pairs.len()
         );
-        crate::output::write_plot(s, |p| {
-            metrics::plot::pairs(p, &title, unit, ("A", "B"), "B / A", &pairs)
+        crate::output::write_plot(s, |f| {
+            metrics::plot::pairs(f, &title, unit, ("A", "B"), "B / A", &pairs)
         })?;
     }
     let mut out = std::io::stdout().lock();

@@ -144,26 +144,15 @@ fn exclusive<T>(
 
 /// Writes `out` atomically (`-`: stdout): `write` fills a temporary file beside it, which then
 /// replaces it; on any error the temporary file goes and `out` is untouched.
-/// A plot drawn by `draw` (into a scratch file of `out`'s extension: .svg or .png), then
-/// written to `out` as [`write_atomic`] writes.
+/// A plot drawn by `draw` in the format `out`'s extension names (.svg or .png), written to
+/// `out` as [`write_atomic`] writes.
 pub fn write_plot(
     out: &Path,
-    draw: impl FnOnce(&Path) -> std::result::Result<(), metrics::plot::PlotError>,
+    draw: impl FnOnce(metrics::plot::Format) -> std::result::Result<Vec<u8>, metrics::plot::PlotError>,
 ) -> Result<()> {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let ext = out.extension().and_then(|e| e.to_str()).unwrap_or("");
-    let scratch = std::env::temp_dir().join(format!(
-        "mystique-plot-{}-{}.{ext}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
-    let drawn = draw(&scratch)
-        .with_context(|| format!("plotting {}", out.display()))
-        .and_then(|()| {
-            std::fs::read(&scratch).with_context(|| format!("reading {}", scratch.display()))
-        });
-    let _ = std::fs::remove_file(&scratch);
-    let bytes = drawn?;
+    let bytes = metrics::plot::Format::of(out)
+        .and_then(draw)
+        .with_context(|| format!("plotting {}", out.display()))?;
     write_atomic(out, |w| Ok(w.write_all(&bytes)?))
 }
 

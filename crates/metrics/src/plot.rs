@@ -1,4 +1,5 @@
-//! Plots of a comparison, drawn with plotters as SVG or PNG, chosen by the file's extension.
+//! Plots of a comparison, drawn with plotters as SVG or PNG ([`Format::of`] a file's
+//! extension), in memory: the caller writes the bytes where and how it writes its outputs.
 //!
 //! Two kinds: [`pairs`], two runs' times side by side per row with the second's ratio to the
 //! first on a log axis, and [`ratios`], one ratio per row on a log axis (a fidelity card).
@@ -27,14 +28,9 @@ pub enum PlotError {
     /// Nothing to draw.
     #[error("nothing to plot: no row has a finite, positive value")]
     Empty,
-    /// The backend failed (writing the file, drawing).
-    #[error("drawing {path}: {why}")]
-    Draw {
-        /// The file.
-        path: String,
-        /// The backend's message.
-        why: String,
-    },
+    /// The backend failed to draw or encode.
+    #[error("drawing the plot: {0}")]
+    Draw(String),
 }
 
 /// One row of [`pairs`]: a label and the two runs' values (NaN where a run has none).
@@ -59,20 +55,45 @@ pub struct Ratio {
     pub note: String,
 }
 
-enum Format {
+/// What a plot is encoded as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// SVG text.
     Svg,
+    /// A PNG image.
     Png,
 }
 
-fn format_of(path: &Path) -> Result<Format, PlotError> {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("svg") => Ok(Format::Svg),
-        Some(e) if e.eq_ignore_ascii_case("png") => Ok(Format::Png),
-        e => Err(PlotError::Format {
-            path: path.display().to_string(),
-            ext: e.unwrap_or("").to_string(),
-        }),
+impl Format {
+    /// The format a file's extension names (.svg or .png, any case).
+    pub fn of(path: &Path) -> Result<Format, PlotError> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some(e) if e.eq_ignore_ascii_case("svg") => Ok(Format::Svg),
+            Some(e) if e.eq_ignore_ascii_case("png") => Ok(Format::Png),
+            e => Err(PlotError::Format {
+                path: path.display().to_string(),
+                ext: e.unwrap_or("").to_string(),
+            }),
+        }
     }
+}
+
+/// Rows of times per iteration given in ms, put in µs where every one is under 1 ms (so that
+/// the axis reads 120, not 0.12); the axis's title.
+pub fn time_per_iteration(rows: &mut [Pair]) -> &'static str {
+    let max = rows
+        .iter()
+        .flat_map(|r| [r.a, r.b])
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    if max >= 1.0 {
+        return "ms per iteration";
+    }
+    for r in rows {
+        r.a *= 1000.0;
+        r.b *= 1000.0;
+    }
+    "µs per iteration"
 }
 
 /// The font every plot's text is laid out and drawn with, bundled so that a plot looks the
@@ -135,13 +156,6 @@ const FASTER: RGBColor = RGBColor(85, 168, 104);
 const LABEL_CHARS: usize = 64;
 const ROW_PX: u32 = 34;
 
-fn draw_err(path: &Path, e: impl std::fmt::Display) -> PlotError {
-    PlotError::Draw {
-        path: path.display().to_string(),
-        why: e.to_string(),
-    }
-}
-
 /// A figure that draws itself on any backend.
 trait Figure {
     /// Its size in pixels.
@@ -150,20 +164,37 @@ trait Figure {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>;
 }
 
-/// Renders `fig` into `path` in the format its extension names.
-fn render(path: &Path, fig: &impl Figure) -> Result<(), PlotError> {
-    let format = format_of(path)?;
+/// Renders `fig` in `format`.
+fn render(format: Format, fig: &impl Figure) -> Result<Vec<u8>, PlotError> {
     register_font()?;
+    let (w, h) = fig.size();
     match format {
         Format::Svg => {
-            let root = SVGBackend::new(path, fig.size()).into_drawing_area();
-            fig.draw(&root).map_err(|e| draw_err(path, e))?;
-            root.present().map_err(|e| draw_err(path, e))
+            let mut svg = String::new();
+            {
+                let root = SVGBackend::with_string(&mut svg, (w, h)).into_drawing_area();
+                fig.draw(&root).map_err(PlotError::Draw)?;
+                root.present().map_err(|e| PlotError::Draw(e.to_string()))?;
+            }
+            Ok(svg.into_bytes())
         }
         Format::Png => {
-            let root = BitMapBackend::new(path, fig.size()).into_drawing_area();
-            fig.draw(&root).map_err(|e| draw_err(path, e))?;
-            root.present().map_err(|e| draw_err(path, e))
+            let mut rgb = vec![0u8; w as usize * h as usize * 3];
+            {
+                let root = BitMapBackend::with_buffer(&mut rgb, (w, h)).into_drawing_area();
+                fig.draw(&root).map_err(PlotError::Draw)?;
+                root.present().map_err(|e| PlotError::Draw(e.to_string()))?;
+            }
+            let mut png = Vec::new();
+            image::ImageEncoder::write_image(
+                image::codecs::png::PngEncoder::new(&mut png),
+                &rgb,
+                w,
+                h,
+                image::ColorType::Rgb8,
+            )
+            .map_err(|e| PlotError::Draw(e.to_string()))?;
+            Ok(png)
         }
     }
 }
@@ -201,13 +232,13 @@ fn ratio_range(ratios: impl Iterator<Item = f64>) -> (f64, f64) {
 /// title; right of 1 the second is larger: slower, for times). `names`: the two runs, in the
 /// legend.
 pub fn pairs(
-    path: &Path,
+    format: Format,
     title: &str,
     unit: &str,
     names: (&str, &str),
     ratio_desc: &str,
     rows: &[Pair],
-) -> Result<(), PlotError> {
+) -> Result<Vec<u8>, PlotError> {
     let max = rows
         .iter()
         .flat_map(|r| [r.a, r.b])
@@ -232,7 +263,7 @@ pub fn pairs(
         max,
         range: ratio_range(rows.iter().map(|r| r.b / r.a)),
     };
-    render(path, &fig)
+    render(format, &fig)
 }
 
 struct Pairs<'a> {
@@ -293,22 +324,17 @@ impl Figure for Pairs<'_> {
             r.set_margin(if first { 4 } else { 1 }, if first { 1 } else { 4 }, 0, 0);
             r
         };
-        c.draw_series(
-            rows.iter()
-                .enumerate()
-                .map(|(i, r)| bar(i, r.a, true, A_COLOR)),
-        )
-        .map_err(|e| e.to_string())?
-        .label(names.0)
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], A_COLOR.filled()));
-        c.draw_series(
-            rows.iter()
-                .enumerate()
-                .map(|(i, r)| bar(i, r.b, false, B_COLOR)),
-        )
-        .map_err(|e| e.to_string())?
-        .label(names.1)
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], B_COLOR.filled()));
+        // The first run's bar above the second's, each with its legend entry.
+        for (first, name, color) in [(true, names.0, A_COLOR), (false, names.1, B_COLOR)] {
+            c.draw_series(
+                rows.iter()
+                    .enumerate()
+                    .map(|(i, r)| bar(i, if first { r.a } else { r.b }, first, color)),
+            )
+            .map_err(|e| e.to_string())?
+            .label(name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        }
         c.configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
@@ -423,7 +449,12 @@ fn ratio_panel<DB: DrawingBackend>(
 
 /// One ratio per row on a log axis from 1 (a fidelity card: replay over original per
 /// figure), each labelled with its note.
-pub fn ratios(path: &Path, title: &str, desc: &str, rows: &[Ratio]) -> Result<(), PlotError> {
+pub fn ratios(
+    format: Format,
+    title: &str,
+    desc: &str,
+    rows: &[Ratio],
+) -> Result<Vec<u8>, PlotError> {
     if !rows.iter().any(|r| r.ratio.is_finite() && r.ratio > 0.0) {
         return Err(PlotError::Empty);
     }
@@ -448,7 +479,7 @@ pub fn ratios(path: &Path, title: &str, desc: &str, rows: &[Ratio]) -> Result<()
         labels,
         label_px,
     };
-    render(path, &fig)
+    render(format, &fig)
 }
 
 struct Ratios<'a> {
@@ -506,9 +537,6 @@ mod tests {
 
     #[test]
     fn an_svg_names_its_rows_and_axes_and_an_unknown_extension_is_refused() {
-        let dir = std::env::temp_dir().join(format!("mq-plot-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("pairs.svg");
         let rows = vec![
             Pair {
                 label: "aten::mm x3".into(),
@@ -521,8 +549,8 @@ mod tests {
                 b: 3.0,
             },
         ];
-        pairs(
-            &p,
+        let svg = pairs(
+            Format::of(Path::new("pairs.svg")).unwrap(),
             "iteration 2.0 ms vs 2.1 ms",
             "ms per iteration",
             ("A", "B"),
@@ -530,7 +558,7 @@ mod tests {
             &rows,
         )
         .unwrap();
-        let s = std::fs::read_to_string(&p).unwrap();
+        let s = String::from_utf8(svg).unwrap();
         for want in [
             "aten::mm x3",
             "aten::add x8",
@@ -541,11 +569,25 @@ mod tests {
         ] {
             assert!(s.contains(want), "{want} missing");
         }
-        let e = pairs(&dir.join("x.pdf"), "t", "ms", ("A", "B"), "B / A", &rows).unwrap_err();
+        let e = Format::of(Path::new("x.pdf")).unwrap_err();
         assert!(matches!(e, PlotError::Format { .. }), "{e}");
-        let e = pairs(&p, "t", "ms", ("A", "B"), "B / A", &[]).unwrap_err();
+        let e = pairs(Format::Svg, "t", "ms", ("A", "B"), "B / A", &[]).unwrap_err();
         assert!(matches!(e, PlotError::Empty), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn times_under_a_millisecond_go_to_microseconds() {
+        let pair = |a, b| Pair {
+            label: "x".into(),
+            a,
+            b,
+        };
+        let mut small = vec![pair(0.5, 0.25), pair(f64::NAN, 0.1)];
+        assert_eq!(time_per_iteration(&mut small), "µs per iteration");
+        assert_eq!((small[0].a, small[0].b, small[1].b), (500.0, 250.0, 100.0));
+        let mut large = vec![pair(0.5, 2.0)];
+        assert_eq!(time_per_iteration(&mut large), "ms per iteration");
+        assert_eq!((large[0].a, large[0].b), (0.5, 2.0));
     }
 }
 
@@ -590,8 +632,8 @@ mod png_tests {
             },
         ];
         let (p1, p2) = (dir.join("pairs.png"), dir.join("card.png"));
-        pairs(
-            &p1,
+        let pairs_png = pairs(
+            Format::Png,
             "iteration 2.0 ms (A) vs 2.1 ms (B)",
             "ms per iteration",
             ("A", "B"),
@@ -599,15 +641,15 @@ mod png_tests {
             &rows,
         )
         .unwrap();
-        ratios(
-            &p2,
+        let card_png = ratios(
+            Format::Png,
             "fidelity card: replay / original",
             "replay / original",
             &card,
         )
         .unwrap();
-        for (p, fig_w) in [(&p1, 980), (&p2, 640)] {
-            let b = std::fs::read(p).unwrap();
+        for (p, b, fig_w) in [(&p1, &pairs_png, 980), (&p2, &card_png, 640)] {
+            std::fs::write(p, b).unwrap();
             assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}", p.display());
             // The IHDR chunk's width: the label column and the panels.
             let w = u32::from_be_bytes(b[16..20].try_into().unwrap());

@@ -299,12 +299,13 @@ pub(super) fn write_files(h: &Harness, rows: &[(Row, String)]) -> Result<()> {
         .svg
         .clone()
         .unwrap_or_else(|| out.join(format!("{stem}.svg")));
-    metrics::plot::ratios(
-        &svg,
+    let plot = metrics::plot::ratios(
+        metrics::plot::Format::of(&svg)?,
         "replay with gaps from the quiet capture / original iteration (1 = exact)",
         "replay / original",
         &plot_rows(rows),
     )?;
+    std::fs::write(&svg, plot)?;
     println!(
         "\nwrote {} and {}",
         out.join(format!("{stem}.json")).display(),

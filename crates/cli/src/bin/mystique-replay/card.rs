@@ -94,9 +94,7 @@ impl Card {
         }
         Ok(())
     }
-}
 
-impl Card {
     /// The figure named `name`, where the card has it.
     pub fn figure(&self, name: &str) -> Option<&Figure> {
         self.figures
@@ -106,8 +104,9 @@ impl Card {
     }
 
     /// `compare --card-plot`: each figure's ratio, replay over original, on a log axis, its
-    /// two values beside it (a figure one side did not measure is listed without a bar).
-    pub fn plot(&self, out: &std::path::Path, trace: &str) -> anyhow::Result<()> {
+    /// two values beside it (a figure one side did not measure is listed without a bar),
+    /// titled by the trace's file name.
+    pub fn plot(&self, out: &std::path::Path, trace_name: &str) -> anyhow::Result<()> {
         let rows: Vec<metrics::plot::Ratio> = self
             .figures
             .iter()
@@ -120,13 +119,10 @@ impl Card {
                 }
             })
             .collect();
-        let name = std::path::Path::new(trace)
-            .file_name()
-            .map_or(trace.to_string(), |n| n.to_string_lossy().into_owned());
-        mystique_cli::output::write_plot(out, |p| {
+        mystique_cli::output::write_plot(out, |f| {
             metrics::plot::ratios(
-                p,
-                &format!("{name}: fidelity card"),
+                f,
+                &format!("{trace_name}: fidelity card"),
                 "replay / original",
                 &rows,
             )

@@ -103,11 +103,15 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         .collect();
     let c = Compared::of(a, &original, &r, &included, meta.as_ref())?;
     let card = c.card(&linked);
+    // Plots are titled by the trace's file name, not the path it has on this machine.
+    let name = Path::new(&trace.source)
+        .file_name()
+        .map_or(trace.source.clone(), |n| n.to_string_lossy().into_owned());
     if let Some(p) = &a.svg {
-        c.plot(p, &trace.source, &card)?;
+        c.plot(p, &name, &card)?;
     }
     if let Some(p) = &a.card_plot {
-        card.plot(p, &trace.source)?;
+        card.plot(p, &name)?;
     }
     let mut out = std::io::stdout().lock();
     if json {
@@ -349,9 +353,9 @@ impl<'a> Compared<'a> {
     /// `compare --svg`: the 20 largest differences per op, on the basis of the text's table
     /// (the profiled replay's op windows where it ran under the capture's instrumentation),
     /// headed by the card's iteration figure.
-    fn plot(&self, out: &Path, trace: &str, card: &Card) -> Result<()> {
+    fn plot(&self, out: &Path, name: &str, card: &Card) -> Result<()> {
         let profiled = self.cmp.profiled_ops > 0;
-        let ops: Vec<(String, f64, f64)> = self
+        let mut pairs: Vec<metrics::plot::Pair> = self
             .cmp
             .ops
             .iter()
@@ -362,26 +366,14 @@ impl<'a> Compared<'a> {
                 } else {
                     r.replay_us
                 };
-                (format!("{} x{}", r.op, r.calls), r.original_us, replay)
+                metrics::plot::Pair {
+                    label: format!("{} x{}", r.op, r.calls),
+                    a: r.original_us / 1000.0,
+                    b: replay / 1000.0,
+                }
             })
             .collect();
-        let max = ops.iter().map(|o| o.1.max(o.2)).fold(0.0f64, f64::max);
-        let (scale, unit) = if max >= 1000.0 {
-            (1e-3, "ms per iteration")
-        } else {
-            (1.0, "µs per iteration")
-        };
-        let pairs: Vec<metrics::plot::Pair> = ops
-            .into_iter()
-            .map(|(label, a, b)| metrics::plot::Pair {
-                label,
-                a: a * scale,
-                b: b * scale,
-            })
-            .collect();
-        let name = Path::new(trace)
-            .file_name()
-            .map_or(trace.to_string(), |n| n.to_string_lossy().into_owned());
+        let unit = metrics::plot::time_per_iteration(&mut pairs);
         let it = card.figure("iteration_ms");
         let title = format!(
             "{name}: iteration {} original vs {} replay ({})",
@@ -397,8 +389,8 @@ impl<'a> Compared<'a> {
                 "replay (plain)"
             },
         );
-        mystique_cli::output::write_plot(out, |p| {
-            metrics::plot::pairs(p, &title, unit, names, "replay / original", &pairs)
+        mystique_cli::output::write_plot(out, |f| {
+            metrics::plot::pairs(f, &title, unit, names, "replay / original", &pairs)
         })
     }
 
