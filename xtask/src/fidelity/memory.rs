@@ -4,13 +4,15 @@
 //! replay's counted by its allocator, `iteration_memory`). Two replays per model of an ET
 //! captured with a `profile_memory` profile in a process of their own (`zoo.py memory`:
 //! `memory/MODEL.memory.et.json` and `memory/MODEL.memory.json` in the zoo's directory, beside
-//! `quiet/` and `busy/`, made where missing or older than the model's capture): one with tensors freed at their last use, one given the profile through
-//! `--kineto`, whose frees it follows. Memory is not timing: one replay of each
-//! per model, no rounds. Tables per set, as the timing harness reports them; the whole zoo's
-//! figures are saved for `cargo xtask results`.
+//! `quiet/` and `busy/`, made where missing or older than the model's capture): one with
+//! tensors freed at their last use, one given the profile through `--memory-profile`, whose
+//! frees it follows. Memory is not timing: one replay of each per model, no rounds. Tables per
+//! set, as the timing harness reports them; the whole zoo's figures are saved for
+//! `cargo xtask results`.
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::zoo::{python_env, quiet_meta, zoo_script, Model, HELD_OUT};
@@ -33,18 +35,26 @@ impl Row {
     }
 }
 
-/// The models' ETs with memory profiles (`memory/M.memory.et.json`, `memory/M.memory.json`),
-/// made where missing or older than the model's quiet capture.
+/// Model `name`'s ET and memory profile, captured together (`zoo.py memory`).
+fn memory_files(h: &Harness, name: &str) -> (PathBuf, PathBuf) {
+    let d = h.dir.join("memory");
+    (
+        d.join(format!("{name}.memory.et.json")),
+        d.join(format!("{name}.memory.json")),
+    )
+}
+
+/// The models' ETs with memory profiles ([`memory_files`]), made where missing or older than
+/// the model's quiet capture.
 fn ensure_profiles(h: &Harness, models: &[Model]) -> Result<()> {
     let quiet = h.dir.join("quiet");
-    let memory = h.dir.join("memory");
-    let modified = |p: std::path::PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     let stale: Vec<&str> = models
         .iter()
         .filter(|m| {
-            let profile = modified(memory.join(format!("{}.memory.json", m.name)));
-            let et = modified(memory.join(format!("{}.memory.et.json", m.name)));
-            let capture = modified(quiet.join(format!("{}.meta.json", m.name)));
+            let (et, profile) = memory_files(h, &m.name);
+            let (et, profile) = (modified(&et), modified(&profile));
+            let capture = modified(&quiet.join(format!("{}.meta.json", m.name)));
             profile.is_none() || et.is_none() || profile < capture || et < capture
         })
         .map(|m| m.name.as_str())
@@ -59,7 +69,7 @@ fn ensure_profiles(h: &Harness, models: &[Model]) -> Result<()> {
     let mut c = Command::new(crate::python());
     c.arg(zoo_script(h.root))
         .arg("memory")
-        .arg(&memory)
+        .arg(h.dir.join("memory"))
         .args(&stale);
     python_env(&mut c, h.torch_py);
     let o = c.output()?;
@@ -67,18 +77,15 @@ fn ensure_profiles(h: &Harness, models: &[Model]) -> Result<()> {
     Ok(())
 }
 
-/// One replay's peak over the iteration's start, and its report.
-fn replay_peak(
-    h: &Harness,
-    et: &std::path::Path,
-    kineto: Option<&std::path::Path>,
-) -> Result<(f64, Value, String)> {
+/// One replay's peak over the iteration's start, and its report; with `profile`, following
+/// that memory profile's frees.
+fn replay_peak(h: &Harness, et: &Path, profile: Option<&Path>) -> Result<(f64, Value, String)> {
     let mut c = Command::new(h.bin);
     c.args(["replay"])
         .arg(et)
         .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "2"]);
-    if let Some(k) = kineto {
-        c.arg("--kineto").arg(k);
+    if let Some(p) = profile {
+        c.arg("--memory-profile").arg(p);
     }
     let out = c
         .output()
@@ -102,9 +109,8 @@ pub(super) fn run(h: &Harness, models: &[Model]) -> Result<()> {
     for m in models {
         let meta = quiet_meta(&h.dir, &m.name);
         let original = meta["peak_over_start_bytes"].as_f64().unwrap_or(f64::NAN);
-        let et = h.dir.join(format!("memory/{}.memory.et.json", m.name));
+        let (et, profile) = memory_files(h, &m.name);
         let (last_use, _, why_last) = replay_peak(h, &et, None)?;
-        let profile = h.dir.join(format!("memory/{}.memory.json", m.name));
         let (replay, j, why) = replay_peak(h, &et, Some(&profile))?;
         if !(original > 0.0 && replay.is_finite() && last_use.is_finite()) {
             failed.push(format!(
