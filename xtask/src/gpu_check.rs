@@ -816,61 +816,75 @@ impl Check {
     fn replay_captured(&mut self, cap: &Path, meta: &serde_json::Value) -> serde_json::Value {
         let name = meta["model"].as_str().unwrap_or_default().to_string();
         let original = meta["iter_ms_median"].as_f64().unwrap_or(f64::NAN);
-        let mut row = serde_json::json!({"model": name, "original_ms": original});
         let common = [
             "--device", "cuda", "--json", "--warmup", "5", "--iters", "30",
         ];
-        for label in ["plain", "card"] {
-            if self.limit(60) < Duration::from_secs(15) {
-                self.failures
-                    .push(format!("{name} {label} on cuda: not run, out of time"));
-                continue;
-            }
-            let mut c = Command::new(&self.bin);
-            if label == "plain" {
-                c.arg("replay")
-                    .arg(cap.join(format!("{name}.et.json")))
-                    .args(common)
-                    .args(["--nvml-period", "0"]);
-            } else {
-                c.arg("compare")
-                    .arg(cap.join(format!("{name}.linked.et.json")))
-                    .arg(cap.join(format!("{name}.kineto.json")))
-                    .args(common)
-                    .arg("--emulate-gaps");
-            }
-            self.with_env(&mut c);
-            let (code, out, err) = run_limited(&mut c, self.limit(60))
-                .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
-            let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
-            if r.is_null() || r["ops_failed"] != 0 {
-                self.failures.push(format!(
-                    "{name} {label} on cuda (exit {code:?}): {} failed ops {}",
-                    r["ops_failed"],
-                    tail(&err, 6)
-                ));
-            }
-            row[label] = if label == "plain" {
-                let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
-                serde_json::json!({
-                    "iter_ms": ms, "ratio": ms / original, "ops_failed": r["ops_failed"],
-                    "ops_replayed": r["ops_replayed"], "fallbacks": r["fallbacks"],
-                })
-            } else {
-                serde_json::json!({
-                    "card": r["card"], "ops_failed": r["ops_failed"],
-                    "gap_model": r["gap_model"], "original_gpu_off_op": r["original_gpu_off_op"],
-                })
-            };
-        }
+        let r = self.captured_report(&name, "plain", |c| {
+            c.arg("replay")
+                .arg(cap.join(format!("{name}.et.json")))
+                .args(common)
+                .args(["--nvml-period", "0"]);
+        });
+        let ms = r["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+        let plain = (!r.is_null()).then(|| {
+            serde_json::json!({
+                "iter_ms": ms, "ratio": ms / original, "ops_failed": r["ops_failed"],
+                "ops_replayed": r["ops_replayed"], "fallbacks": r["fallbacks"],
+            })
+        });
+        let r = self.captured_report(&name, "card", |c| {
+            c.arg("compare")
+                .arg(cap.join(format!("{name}.linked.et.json")))
+                .arg(cap.join(format!("{name}.kineto.json")))
+                .args(common)
+                .arg("--emulate-gaps");
+        });
+        let card = (!r.is_null()).then(|| {
+            serde_json::json!({
+                "card": r["card"], "ops_failed": r["ops_failed"],
+                "gap_model": r["gap_model"], "original_gpu_off_op": r["original_gpu_off_op"],
+            })
+        });
         println!(
             "   {name:<18} original {original:>8.3} ms   replay/original plain {:>6.3}",
-            row["plain"]["ratio"].as_f64().unwrap_or(f64::NAN),
+            ms / original,
         );
-        for line in card_lines(&row["card"]["card"]) {
+        for line in card_lines(&r["card"]) {
             println!("     {line}");
         }
-        row
+        serde_json::json!({
+            "model": name, "original_ms": original, "plain": plain, "card": card,
+        })
+    }
+
+    /// The JSON report of one run of a model captured here (`label` names it in failures),
+    /// its command's arguments set by `args`; null where it was not run (out of time) or wrote
+    /// none. A run that wrote none, or failed ops, is a failure.
+    fn captured_report(
+        &mut self,
+        name: &str,
+        label: &str,
+        args: impl FnOnce(&mut Command),
+    ) -> serde_json::Value {
+        if self.limit(60) < Duration::from_secs(15) {
+            self.failures
+                .push(format!("{name} {label} on cuda: not run, out of time"));
+            return serde_json::Value::Null;
+        }
+        let mut c = Command::new(&self.bin);
+        args(&mut c);
+        self.with_env(&mut c);
+        let (code, out, err) = run_limited(&mut c, self.limit(60))
+            .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
+        let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        if r.is_null() || r["ops_failed"] != 0 {
+            self.failures.push(format!(
+                "{name} {label} on cuda (exit {code:?}): {} failed ops {}",
+                r["ops_failed"],
+                tail(&err, 6)
+            ));
+        }
+        r
     }
 
     /// The summary, written to `$OUT` and printed with every failure; an error where a check
