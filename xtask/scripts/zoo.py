@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh11), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh12), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -41,6 +41,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh9    the harness's grouped rounds and references
   fresh10   peak memory counted on the allocator's basis, gradients held to the iteration's end
   fresh11   frees placed where a profile_memory profile shows the original freed
+  fresh12   linked pairs: the part of an op's instrumentation cost inside its profiled window
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1575,6 +1576,132 @@ def embed_mean_pool_rmsprop():
     return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3),
                  lambda m: F.cross_entropy(m[1](m[0](tok).mean(1)), y))
 
+# ---- held-out set fresh12: an op's instrumentation cost inside its window (linked captures) ---
+# Written before the gap model left the part of the probed op's cost inside its profiled window
+# out of the boundary's charge was first measured on linked pairs.
+
+def gru_encoder_adagrad():
+    """A GRU encoder's last state into a linear head, Adagrad."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = nn.GRU(24, 40, batch_first=True), nn.Linear(40, 6)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[1][0])
+    m = M()
+    x, y = torch.randn(12, 10, 24), torch.randint(0, 6, (12,))
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.01), lambda m: F.cross_entropy(m(x), y))
+
+
+def attention_pool_infer():
+    """Multi-head attention with a key padding mask, pooled by a learned query: inference."""
+    attn = nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    query = torch.randn(6, 1, 64)
+    seq = torch.randn(6, 30, 64)
+    pad = torch.zeros(6, 30, dtype=torch.bool)
+    pad[:, 24:] = True
+
+    @torch.no_grad()
+    def step():
+        out, _ = attn(query, seq, seq, key_padding_mask=pad)
+        return out.squeeze(1)
+    return step
+
+
+def resnet_block_nesterov():
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+    m = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), Block(12), Block(12),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 4))
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 4, (4,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, nesterov=True),
+                 lambda m: F.cross_entropy(m(x), y))
+
+
+def token_mixer_adamw():
+    """MLP-Mixer blocks: token mixing across a transpose, channel mixing, layer norms; AdamW."""
+    class Mix(nn.Module):
+        def __init__(self, tokens, ch):
+            super().__init__()
+            self.n1, self.n2 = nn.LayerNorm(ch), nn.LayerNorm(ch)
+            self.tok = nn.Sequential(nn.Linear(tokens, 32), nn.GELU(), nn.Linear(32, tokens))
+            self.chan = nn.Sequential(nn.Linear(ch, 64), nn.GELU(), nn.Linear(64, ch))
+
+        def forward(self, x):
+            x = x + self.tok(self.n1(x).transpose(1, 2)).transpose(1, 2)
+            return x + self.chan(self.n2(x))
+    m = nn.Sequential(Mix(16, 24), Mix(16, 24))
+    x, y = torch.randn(8, 16, 24), torch.randn(8, 16, 24)
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), y))
+
+
+def vae_kl_adam():
+    """A VAE step: reparameterised sample, binary cross entropy and the KL term; Adam."""
+    class Vae(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.mu, self.lv = nn.Linear(64, 48), nn.Linear(48, 8), nn.Linear(48, 8)
+            self.dec = nn.Sequential(nn.Linear(8, 48), nn.ReLU(), nn.Linear(48, 64))
+
+        def forward(self, x):
+            h = F.relu(self.enc(x))
+            mu, lv = self.mu(h), self.lv(h)
+            z = mu + torch.exp(0.5 * lv) * torch.randn_like(mu)
+            rec = F.binary_cross_entropy_with_logits(self.dec(z), x, reduction="sum")
+            return rec - 0.5 * torch.sum(1 + lv - mu.pow(2) - lv.exp())
+    m = Vae()
+    x = torch.rand(32, 64)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: m(x))
+
+
+def scatter_segment_infer():
+    """Segment sums and means by index_add_ and scatter_reduce, then a softmax: inference."""
+    vals, seg = torch.randn(400, 16), torch.randint(0, 32, (400,))
+
+    @torch.no_grad()
+    def step():
+        sums = torch.zeros(32, 16).index_add_(0, seg, vals)
+        counts = torch.zeros(32).scatter_add_(0, seg, torch.ones(400)).clamp_(min=1)
+        maxes = torch.full((32, 16), -1e9).scatter_reduce(0, seg[:, None].expand(-1, 16), vals, "amax")
+        return torch.softmax(sums / counts[:, None] + maxes, dim=1)
+    return step
+
+
+def unet_small_infer():
+    """A two-level U-Net: convs, max pooling, upsampling, a skip concatenated: inference."""
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d1, self.d2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 16, 3, padding=1)
+            self.u1, self.out = nn.Conv2d(16 + 8, 8, 3, padding=1), nn.Conv2d(8, 2, 1)
+
+        def forward(self, x):
+            a = F.relu(self.d1(x))
+            b = F.relu(self.d2(F.max_pool2d(a, 2)))
+            up = F.interpolate(b, scale_factor=2, mode="nearest")
+            return self.out(F.relu(self.u1(torch.cat([up, a], 1))))
+    return infer(UNet().eval(), torch.randn(2, 3, 24, 24))
+
+
+def infonce_sgd():
+    """Two noisy views through one encoder, normalised, similarity logits, InfoNCE; SGD."""
+    enc = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16))
+    x = torch.randn(40, 32)
+    labels = torch.arange(40)
+
+    def loss(m):
+        a = F.normalize(m(x + 0.05 * torch.randn_like(x)), dim=1)
+        b = F.normalize(m(x + 0.05 * torch.randn_like(x)), dim=1)
+        return F.cross_entropy(a @ b.t() / 0.1, labels)
+    return train(enc, torch.optim.SGD(enc.parameters(), lr=0.05), loss)
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1675,6 +1802,14 @@ MODELS = {
     "pairwise_dist_infer": (pairwise_dist_infer, "fresh11", "pairwise distances by broadcasting, topk, gather and mean: inference"),
     "conv_lstm_cell_adam": (conv_lstm_cell_adam, "fresh11", "ConvLSTM cell unrolled in Python: cat, conv, chunk, gates, Adam"),
     "embed_mean_pool_rmsprop": (embed_mean_pool_rmsprop, "fresh11", "embedding mean-pooled into a linear head, cross entropy, RMSprop"),
+    "gru_encoder_adagrad": (gru_encoder_adagrad, "fresh12", "GRU encoder's last state into a linear head, Adagrad"),
+    "attention_pool_infer": (attention_pool_infer, "fresh12", "multi-head attention with a key padding mask, pooled by a query: inference"),
+    "resnet_block_nesterov": (resnet_block_nesterov, "fresh12", "two residual conv-BN blocks, SGD with Nesterov momentum"),
+    "token_mixer_adamw": (token_mixer_adamw, "fresh12", "MLP-Mixer blocks: token mixing across a transpose, channel mixing, AdamW"),
+    "vae_kl_adam": (vae_kl_adam, "fresh12", "VAE step: reparameterised sample, BCE with logits and KL, Adam"),
+    "scatter_segment_infer": (scatter_segment_infer, "fresh12", "segment sums and maxima by index_add_ and scatter_reduce, softmax: inference"),
+    "unet_small_infer": (unet_small_infer, "fresh12", "two-level U-Net: convs, max pooling, nearest upsampling, a skip: inference"),
+    "infonce_sgd": (infonce_sgd, "fresh12", "two noisy views, normalised, similarity logits, InfoNCE loss, SGD"),
 }
 
 

@@ -49,6 +49,9 @@
 //!   iteration's end, chosen with the tuning set's and the earlier sets' peak ratios in view.
 //! - `fresh11`: frees placed where a `profile_memory` profile shows the original freed,
 //!   written before that was first measured, with every earlier set's peak ratios in view.
+//! - `fresh12`: linked pairs with the part of the probed op's instrumentation cost inside its
+//!   window left out of each boundary's charge, written before that was first measured on linked
+//!   pairs, with the tuning set's linked pairs and fresh11's in view.
 
 mod args;
 mod harness;

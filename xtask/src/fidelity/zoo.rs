@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 12] = [
+pub(super) static HELD_OUT: [HeldOut; 13] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -74,6 +74,11 @@ pub(super) static HELD_OUT: [HeldOut; 12] = [
         set: "fresh11",
         title: "HELD-OUT fresh11",
         label: "held-out fresh11",
+    },
+    HeldOut {
+        set: "fresh12",
+        title: "HELD-OUT fresh12",
+        label: "held-out fresh12",
     },
 ];
 
