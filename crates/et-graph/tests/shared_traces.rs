@@ -643,6 +643,7 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
                 event_us: None,
                 backward_event_us: backward,
                 op_event_us: None,
+                op_in_window_us: None,
                 node_us: None,
             },
         )
@@ -816,6 +817,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         event_us: None,
         backward_event_us: None,
         op_event_us: None,
+        op_in_window_us: None,
         node_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
@@ -882,6 +884,7 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
         event_us: None,
         backward_event_us: None,
         op_event_us: None,
+        op_in_window_us: None,
         node_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
@@ -1171,6 +1174,7 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
         event_us: Some(0.5),
         backward_event_us: Some((1.0, 0.25)),
         op_event_us: None,
+        op_in_window_us: None,
         node_us: None,
     };
     let m = gap_model(&t, &l, &kt, &o, &times);
@@ -1214,15 +1218,17 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
     let doubled: Vec<f64> = windows.iter().map(|w| 2.0 * w).collect();
     let profiled = replay_times(&doubled, &windows, 0.0);
     let (e, p, q) = (0.5, 1.0, 0.25);
-    let times = |op: Option<f64>, node: Option<f64>| ReplayTimes {
+    let windowed = |op: Option<f64>, in_window: Option<f64>, node: Option<f64>| ReplayTimes {
         plain_us: &windows,
         between_us: 0.0,
         profiled: &profiled,
         event_us: Some(e),
         backward_event_us: Some((p, q)),
         op_event_us: op,
+        op_in_window_us: in_window,
         node_us: node,
     };
+    let times = |op: Option<f64>, node: Option<f64>| windowed(op, None, node);
     let base = gap_model(&t, &l, &kt, &o, &times(None, None));
     assert_eq!(base.per_node_us, None);
     assert_eq!(base.per_boundary_us, base.replay_boundary_us);
@@ -1244,6 +1250,18 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
         (moved - expected).abs() < 1e-6 * expected.abs().max(1.0),
         "{moved} vs {expected}"
     );
+    // Of an op's probed cost, the part inside its window is the capture's op time, not a gap's:
+    // a probe of 0.5 µs with 0.4 inside its window charges the boundary 0.1, as above.
+    let split = gap_model(&t, &l, &kt, &o, &windowed(Some(0.5), Some(0.4), None));
+    assert!((split.per_boundary_us - 0.1).abs() < 1e-12, "{split:?}");
+    assert_eq!(split.op_in_window_us, Some(0.4));
+    assert!((split.emulated_ms - op.emulated_ms).abs() < 1e-9);
+    // Never below nothing; and a window without the op probed is not charged.
+    let inside = gap_model(&t, &l, &kt, &o, &windowed(Some(0.3), Some(0.4), None));
+    assert_eq!(inside.per_boundary_us, 0.0);
+    let unprobed = gap_model(&t, &l, &kt, &o, &windowed(None, Some(0.4), None));
+    assert_eq!(unprobed.per_boundary_us, base.per_boundary_us);
+    assert_eq!(unprobed.op_in_window_us, None);
 
     let c = 3.0;
     let node = gap_model(&t, &l, &kt, &o, &times(None, Some(c)));

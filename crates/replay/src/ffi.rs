@@ -102,7 +102,7 @@ extern "C" {
         profile_memory: i32,
     ) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
-    fn mq_probe_op() -> f64;
+    fn mq_probe_op(kernel_ns: *mut f64, unix_ns: *mut i64) -> f64;
     fn mq_probe_nodes(k: i32) -> f64;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
@@ -933,13 +933,33 @@ pub fn probe_scope_us(tensors: usize) -> f64 {
     us_of(ns)
 }
 
-/// One op called as Python calls it (unboxed, `aten::add` of two 16-float tensors), timed (µs;
-/// negative if it could not be): under the instrumentation and without, the difference is what
-/// one op's events cost the original between its ops.
-pub fn probe_op_us() -> f64 {
-    // SAFETY: a plain call into libtorch; the shim catches every exception.
-    let ns = unsafe { mq_probe_op() };
-    us_of(ns)
+/// One probe of an op called as Python calls it ([`probe_op`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ProbedOp {
+    /// The call (µs; negative if it could not be timed).
+    pub us: f64,
+    /// The op's kernel called without the dispatcher (µs): what its profiled window would hold
+    /// without any instrumentation.
+    pub kernel_us: f64,
+    /// The call's interval on the clock the profiler's event times are on (Unix ns), to find
+    /// its event in the profile.
+    pub unix_ns: (u64, u64),
+}
+
+/// One op called as Python calls it (unboxed, `aten::add` of two 16-float tensors), timed:
+/// under the instrumentation and without, the difference is what one op's events cost the
+/// original; the part of it inside the op's profiled window ([`ProbedOp::unix_ns`] finds the
+/// window) is in the original's op durations rather than in its gaps.
+pub fn probe_op() -> ProbedOp {
+    let (mut kernel_ns, mut unix_ns) = (0.0f64, [0i64; 2]);
+    // SAFETY: a plain call into libtorch (the shim catches every exception), writing one f64
+    // and two i64 through pointers to locals that outlive it.
+    let ns = unsafe { mq_probe_op(&mut kernel_ns, unix_ns.as_mut_ptr()) };
+    ProbedOp {
+        us: us_of(ns),
+        kernel_us: us_of(kernel_ns),
+        unix_ns: (unix_ns[0].max(0) as u64, unix_ns[1].max(0) as u64),
+    }
 }
 
 /// Nodes of a probe's autograd graph: the engine runs these and its root.

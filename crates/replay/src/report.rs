@@ -191,6 +191,11 @@ pub struct Report {
     /// an instrumented probe iteration, the difference of the means.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_op_us: Option<f64>,
+    /// Of `instrumented_op_us`, the part inside the op's profiled window (µs): the probe's
+    /// event found in the profile, its window less the add's kernel called without the
+    /// dispatcher. The capture's op durations hold this part; its gaps hold the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_op_in_window_us: Option<f64>,
     /// With `instrument`: what it adds per node to autograd's engine (µs), timed the same way
     /// on a graph of nodes that only route their gradient.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -27,8 +27,9 @@ pub const SLICE_MIN_US: f64 = 500.0;
 ///   GPU work, so a capture on a busy or slower host counts for what it is. For a capture that
 ///   lost time slices, the same ratio over the ops around the gap (`local_speed`), as such a
 ///   host's share of the CPU moved while it ran.
-/// * `per_boundary`: the instrumented replay's own time between two ops, beyond its plain
-///   bookkeeping.
+/// * `per_boundary`: what the instrumentation adds to an op called as Python calls one
+///   (probed), less the part of that inside the op's profiled window; or unprobed, the
+///   instrumented replay's own time between two ops, beyond its plain bookkeeping.
 /// * `per_gap_event`: the probed cost of an event without arguments, for each of the `n_i`
 ///   events inside the gap that record none (annotations, autograd's `evaluate_function`
 ///   wrappers).
@@ -54,7 +55,7 @@ pub fn gap_model(
     let events = GapEvents::new(t, k);
     let mut ops = OpPairs::measure(l, orig, r);
     ops.take_out_slices();
-    let costs = Costs::of(&ops, r);
+    let costs = Costs::of(&ops, r, Instrumentation::of(k).execution_trace);
     let mut est = estimate_gaps(l, k, orig, &events, &ops, &costs);
     rescale_to_total(&mut est.gaps, est.total);
     let capped = cap_gaps(&mut est.gaps, orig);
@@ -69,6 +70,7 @@ pub fn gap_model(
         speed_ops: ops.found(),
         per_event_us: costs.per_event_us,
         per_boundary_us: costs.per_boundary_us,
+        op_in_window_us: costs.op_in_window_us,
         replay_boundary_us: costs.replay_boundary_us,
         per_node_us: costs.per_node_us,
         events_in_gaps: est.events_in_gaps,
@@ -322,6 +324,7 @@ struct Costs {
     per_event_us: f64,
     replay_boundary_us: f64,
     per_boundary_us: f64,
+    op_in_window_us: Option<f64>,
     per_node_us: Option<f64>,
     per_gap_event_us: f64,
     /// Events that record arguments (autograd's backward nodes) at their probed cost with
@@ -332,7 +335,8 @@ struct Costs {
 impl Costs {
     /// The speed and the costs from the ops found in both profiles, the instrumented replay's
     /// gaps and the probed costs. Without enough ops found, speed 1 and no costs.
-    fn of(ops: &OpPairs, r: &ReplayTimes) -> Costs {
+    /// `observer`: the capture was taken under the execution trace observer.
+    fn of(ops: &OpPairs, r: &ReplayTimes, observer: bool) -> Costs {
         let enough = ops.enough() && ops.original_sum > 0.0;
         let plain_speed = if enough {
             ops.plain_sum / ops.original_sum
@@ -354,12 +358,32 @@ impl Costs {
         let backward = r.backward_event_us.filter(|(a, b)| {
             ops.enough() && a.is_finite() && b.is_finite() && *a >= 0.0 && *b >= 0.0
         });
+        // Of the probed op's cost, only what falls outside its window is in a gap. Under the
+        // observer that part is its entry callback recording the op's inputs, which costs by
+        // the inputs: the probe's add of two small tensors is the least of it, and the
+        // calibration replay's own time between its steps holds it for the trace's own ops
+        // (less the boxing of their arguments, which its boxed calls skip): the larger of the
+        // two. Under the profiler alone an op's record costs about the same whatever its
+        // inputs, and the replay's boxed calls and bookkeeping are not Python's: the probe.
+        let op_in_window_us = probed(r.op_event_us).and(probed(r.op_in_window_us));
+        let per_boundary_us = match probed(r.op_event_us) {
+            Some(op) => {
+                let outside = (op - op_in_window_us.unwrap_or(0.0)).max(0.0);
+                if observer {
+                    outside.max(replay_boundary_us)
+                } else {
+                    outside
+                }
+            }
+            None => replay_boundary_us,
+        };
         Costs {
             speed,
             plain_speed,
             per_event_us,
             replay_boundary_us,
-            per_boundary_us: probed(r.op_event_us).unwrap_or(replay_boundary_us),
+            per_boundary_us,
+            op_in_window_us,
             per_node_us: probed(r.node_us),
             per_gap_event_us: probed(r.event_us).unwrap_or(per_event_us),
             backward,

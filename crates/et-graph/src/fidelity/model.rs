@@ -28,8 +28,14 @@ pub struct ReplayTimes<'a> {
     pub backward_event_us: Option<(f64, f64)>,
     /// What the instrumentation adds to an op called as the original's Python calls one (µs),
     /// probed on this host through the dispatcher (experimental, `--probed-costs`): where
-    /// given, the cost charged at each boundary between two ops.
+    /// given, the cost charged at each boundary between two ops, less `op_in_window_us`.
     pub op_event_us: Option<f64>,
+    /// Of `op_event_us`, the part inside the op's own profiled window (µs): the probe's window
+    /// less its kernel called without the dispatcher. The observer's exit callback runs before
+    /// the profiler takes an op's end time, so most of the observer's cost is in the op's
+    /// window, which the capture's op durations hold (and `speed` sets against the replay's),
+    /// not in the gap after it.
+    pub op_in_window_us: Option<f64>,
     /// What it adds to autograd's engine per node it runs (µs), probed on this host with the
     /// engine itself: the cost of each backward node (its two events and the rest).
     pub node_us: Option<f64>,
@@ -136,8 +142,13 @@ pub struct GapModel {
     pub per_event_us: f64,
     /// The instrumentation's cost between two ops on this host (µs): by default
     /// `replay_boundary_us`; with the op probed (`ReplayTimes::op_event_us`, experimental),
-    /// what it adds to an op called as the original calls ops.
+    /// what it adds to an op called as the original calls ops, less the part of that inside the
+    /// op's own window (`op_in_window_us`).
     pub per_boundary_us: f64,
+    /// Of the probed op's cost, the part inside its profiled window, which `per_boundary_us`
+    /// leaves out (µs; `None` where not probed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_in_window_us: Option<f64>,
     /// The mean of the instrumented replay's gaps less the plain replay's bookkeeping between
     /// steps (µs). More than the probed cost of an op's events: it also holds how much the
     /// instrumentation's records slow the work between two ops, as they slow the original's

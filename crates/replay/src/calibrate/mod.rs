@@ -392,6 +392,7 @@ fn calibrate_once(
             event_us: r.instrumented_event_us,
             backward_event_us: r.instrumented_backward_event_us,
             op_event_us: r.instrumented_op_us.filter(|_| probed_costs),
+            op_in_window_us: r.instrumented_op_in_window_us,
             node_us: r.instrumented_node_us,
         },
     );

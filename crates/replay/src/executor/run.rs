@@ -678,7 +678,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             // First, where the original's next op call started (right after the previous op);
             // on a short trace, again, for some 256 samples in all.
             for _ in 0..256usize.div_ceil(n_steps.max(1)).min(32) {
-                self.rec.op_probed(phase.instrumented(), ffi::probe_op_us());
+                self.rec.op_probed(phase.instrumented(), ffi::probe_op());
             }
         }
         if phase == Phase::InstrumentedProbe {

@@ -149,6 +149,7 @@ impl Recorder<'_> {
             instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)),
             events_probed_in_context: in_context.is_some(),
             instrumented_op_us: probe_cost(&self.op_probes, 1),
+            instrumented_op_in_window_us: in_window(&self.op_probe_windows, &self.op_kernels),
             instrumented_node_us: probe_cost(&self.node_probes, crate::ffi::PROBE_NODES + 1),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
@@ -429,22 +430,31 @@ fn restored_scalars(plan: &Plan) -> Vec<crate::report::RestoredScalar> {
 /// probe runs): the mean of its times under the instrumentation less the mean without (each
 /// the middle 80% of them); `None` where either was not timed.
 pub(super) fn probe_cost(probes: &[Vec<f64>; 2], units: usize) -> Option<f64> {
-    // The mean of the middle 80%: a probe of about a microsecond is now and then 5-10 times
-    // that (an interrupt, a page fault), and a few such in a short trace's samples moved the
-    // difference by more than itself (0-3 us an op over twelve replays of a 45-step trace).
-    let mean = |v: &[f64]| {
-        let mut v: Vec<f64> = v
-            .iter()
-            .copied()
-            .filter(|x| x.is_finite() && *x >= 0.0)
-            .collect();
-        v.sort_by(f64::total_cmp);
-        let cut = v.len() / 10;
-        let mid = &v[cut..v.len() - cut];
-        (!mid.is_empty()).then(|| mid.iter().sum::<f64>() / mid.len() as f64)
-    };
-    let (plain, instrumented) = (mean(&probes[0])?, mean(&probes[1])?);
+    let (plain, instrumented) = (middle_mean(&probes[0])?, middle_mean(&probes[1])?);
     Some(((instrumented - plain) / units.max(1) as f64).max(0.0))
+}
+
+/// The mean of the middle 80% of the finite, non-negative values: a probe of about a
+/// microsecond is now and then 5-10 times that (an interrupt, a page fault), and a few such in
+/// a short trace's samples moved a difference of two means by more than itself (0-3 us an op
+/// over twelve replays of a 45-step trace).
+fn middle_mean(v: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = v
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    let cut = v.len() / 10;
+    let mid = &v[cut..v.len() - cut];
+    (!mid.is_empty()).then(|| mid.iter().sum::<f64>() / mid.len() as f64)
+}
+
+/// Of the op probe's instrumented cost, the part inside its profiled window (µs): the windows'
+/// mean less that of its kernel called without the dispatcher; `None` where no window was
+/// found.
+pub(super) fn in_window(windows: &[f64], kernels: &[f64]) -> Option<f64> {
+    Some((middle_mean(windows)? - middle_mean(kernels)?).max(0.0))
 }
 
 /// (µs per backward event, µs per tensor input) from the costs of events with 1 and with 4.

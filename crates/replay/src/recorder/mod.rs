@@ -87,6 +87,12 @@ pub(crate) struct Recorder<'a> {
     pub(crate) probed_in_context: Vec<(f64, f64, f64)>,
     /// The op probes' times (µs): plain, under the instrumentation.
     op_probes: [Vec<f64>; 2],
+    /// The op probes' kernels called without the dispatcher (µs), in both probe iterations.
+    op_kernels: Vec<f64>,
+    /// The instrumented op probes' intervals (Unix ns), to find their events in the profile.
+    op_probe_spans: Vec<(u64, u64)>,
+    /// Those events' profiled windows (µs), found in [`Recorder::profiled`].
+    op_probe_windows: Vec<f64>,
     /// The autograd node probes' times (µs): plain, under the instrumentation.
     node_probes: [Vec<f64>; 2],
     /// How collectives on CUDA tensors ran, when collectives ran for real.
@@ -172,6 +178,9 @@ impl<'a> Recorder<'a> {
             gap_factors: Vec::new(),
             probed_in_context: Vec::new(),
             op_probes: [Vec::new(), Vec::new()],
+            op_kernels: Vec::new(),
+            op_probe_spans: Vec::new(),
+            op_probe_windows: Vec::new(),
             node_probes: [Vec::new(), Vec::new()],
             cuda_comm: None,
             coll_calls: BTreeMap::new(),
@@ -297,9 +306,13 @@ impl<'a> Recorder<'a> {
         self.first_nonfinite.is_some()
     }
 
-    /// One op probe (µs; negative: failed), in the plain or the instrumented probe iteration.
-    pub fn op_probed(&mut self, instrumented: bool, us: f64) {
-        self.op_probes[usize::from(instrumented)].push(us);
+    /// One op probe, in the plain or the instrumented probe iteration.
+    pub fn op_probed(&mut self, instrumented: bool, probe: crate::ffi::ProbedOp) {
+        self.op_probes[usize::from(instrumented)].push(probe.us);
+        self.op_kernels.push(probe.kernel_us);
+        if instrumented && probe.us >= 0.0 {
+            self.op_probe_spans.push(probe.unix_ns);
+        }
     }
 
     /// One probe of autograd's engine running [`crate::ffi::PROBE_NODES`] nodes (µs; negative:
@@ -501,6 +514,7 @@ impl<'a> Recorder<'a> {
                 t.1 += 1;
             }
         }
+        self.op_probe_windows = probe_windows(events, &self.op_probe_spans);
         let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
         let mut j = 0;
@@ -560,6 +574,44 @@ impl<'a> Recorder<'a> {
         }
     }
 }
+
+/// The profiled windows (µs) of the op probes that ran in `spans` (their calls' intervals on the
+/// events' clock): for each, the probe's op event (`aten::add`, nesting none) inside the
+/// interval, give or take [`PROBE_CLOCK_SLACK_NS`], nearest its middle. The events' times are
+/// the profiler's cycle counter put on the Unix clock by a fit, a little off the call's own
+/// reading of that clock; a probe whose event is not found is left out.
+fn probe_windows(events: &[crate::ffi::ProfiledEvent], spans: &[(u64, u64)]) -> Vec<f64> {
+    let mut adds: Vec<(u64, u64)> = events
+        .iter()
+        .filter(|e| e.name == "aten::add" && e.end_ns >= e.start_ns)
+        .map(|e| (e.start_ns, e.end_ns))
+        .collect();
+    adds.sort_unstable();
+    let mid = |(a, b): (u64, u64)| (a as f64 + b as f64) / 2.0;
+    spans
+        .iter()
+        .filter_map(|&(t0, t1)| {
+            let (lo, hi) = (
+                t0.saturating_sub(PROBE_CLOCK_SLACK_NS),
+                t1.saturating_add(PROBE_CLOCK_SLACK_NS),
+            );
+            let from = adds.partition_point(|&(s, _)| s < lo);
+            adds[from..]
+                .iter()
+                .take_while(|&&(s, _)| s <= hi)
+                .filter(|&&(_, e)| e <= hi)
+                .min_by(|&&x, &&y| {
+                    let m = mid((t0, t1));
+                    (mid(x) - m).abs().total_cmp(&(mid(y) - m).abs())
+                })
+                .map(|&(s, e)| (e - s) as f64 / 1e3)
+        })
+        .collect()
+}
+
+/// How far a probe's event may lie outside its call's interval (ns): the error of the fit that
+/// puts the profiler's cycle counter on the Unix clock.
+const PROBE_CLOCK_SLACK_NS: u64 = 5_000;
 
 /// What a run's GPU side hands the recorder: NVML samples (device name, period in ms, GPM read,
 /// samples) or why there are none (`None`: not a GPU replay), and the external-input arena.

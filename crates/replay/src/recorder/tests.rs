@@ -14,6 +14,38 @@ fn a_probes_cost_is_the_difference_of_its_means_per_unit() {
     assert_eq!(probe_cost(&[vec![1.0], vec![-1.0]], 1), None);
 }
 
+/// Each op probe's window is its own `aten::add` event's: the one inside its call's interval,
+/// give or take the clock's slack, nearest the interval's middle (a step's `aten::add` just
+/// before it is not taken); a probe whose event is missing has none. Of the probe's cost, the
+/// part inside the window is the windows' mean less the kernel's.
+#[test]
+fn an_op_probe_takes_the_window_of_its_own_event() {
+    let ev = |name: &str, start_ns: u64, end_ns: u64| crate::ffi::ProfiledEvent {
+        name: name.into(),
+        start_ns,
+        end_ns,
+    };
+    let events = [
+        // A step's add ending just before the first probe's call, and the probe's own.
+        ev("aten::add", 1_006_000, 1_009_500),
+        ev("aten::add", 1_010_500, 1_014_500),
+        // The second probe's event, 1 µs off its call (the clock's fit).
+        ev("aten::mul", 2_000_000, 2_003_000),
+        ev("aten::add", 2_000_500, 2_004_000),
+    ];
+    let spans = [
+        (1_010_000, 1_015_000),
+        (2_001_500, 2_006_000),
+        // No event there.
+        (3_000_000, 3_005_000),
+    ];
+    assert_eq!(probe_windows(&events, &spans), vec![4.0, 3.5]);
+    assert_eq!(finish::in_window(&[4.0, 3.5], &[0.5, 0.25]), Some(3.375));
+    // Never below nothing; nothing without a window.
+    assert_eq!(finish::in_window(&[0.2], &[0.5]), Some(0.0));
+    assert_eq!(finish::in_window(&[], &[0.5]), None);
+}
+
 fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
     Some(ProfiledStep {
         start_us,

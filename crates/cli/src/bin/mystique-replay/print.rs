@@ -295,7 +295,7 @@ pub(crate) fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> R
     writeln!(
         out,
         "gap model  {:.3} ms emulated of the capture's {:.3} ms: this host at {:.3}x the capture's \
-         op time ({} ops), instrumentation {:.2} us per op event, {} events with arguments in gaps, {:.2} us per event without ({} in gaps) and {:.2} us per op boundary",
+         op time ({} ops), instrumentation {:.2} us per op event, {} events with arguments in gaps, {:.2} us per event without ({} in gaps) and {:.2} us per op boundary{}",
         m.emulated_ms,
         m.capture_gaps_ms,
         m.speed,
@@ -304,7 +304,10 @@ pub(crate) fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> R
         m.events_with_args,
         m.per_gap_event_us,
         m.events_in_gaps - m.events_with_args,
-        m.per_boundary_us
+        m.per_boundary_us,
+        m.op_in_window_us
+            .map(|w| format!(" (the probed op's {w:.2} us inside its window left out)"))
+            .unwrap_or_default()
     )?;
     if let Some(a) = &m.anchored {
         // The total is the reference's, not the line above's: say so first.
