@@ -49,9 +49,10 @@
 //!   iteration's end, chosen with the tuning set's and the earlier sets' peak ratios in view.
 //! - `fresh11`: frees placed where a `profile_memory` profile shows the original freed,
 //!   written before that was first measured, with every earlier set's peak ratios in view.
-//! - `fresh12`: linked pairs with the part of the probed op's instrumentation cost inside its
-//!   window left out of each boundary's charge, written before that was first measured on linked
-//!   pairs, with the tuning set's linked pairs and fresh11's in view.
+//! - `fresh12`: a linked pair's boundary charge (the probed op's cost inside its window left
+//!   out; under the observer, the calibration replay's own time between its steps where that
+//!   is more), written before either was first measured, with the tuning set's linked pairs
+//!   and fresh11's in view.
 
 mod args;
 mod harness;
@@ -95,6 +96,9 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     };
     if h.opts.memory {
         return memory::run(&h, &models);
+    }
+    if [h.opts.capture, h.opts.against_capture].contains(&zoo::Capture::LinkedMemory) {
+        zoo::ensure_linked_memory(root, &h.dir, torch_py, &models)?;
     }
     // Before anything pins this process to one core.
     let cores = host::allowed_cores();

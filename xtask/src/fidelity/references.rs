@@ -290,7 +290,7 @@ fn reference_half(h: &Harness, group: &[&Model], busy: bool) -> Result<Vec<Half>
         r: Vec<(f64, f64)>,
     }
     let (dir, capture) = (&h.dir, h.opts.capture);
-    let d = dir.join(if busy { "busy" } else { "quiet" });
+    let d = capture.dir(dir, if busy { "busy" } else { "quiet" });
     let mut t = Vec::with_capacity(group.len());
     for m in group {
         let meta = quiet_meta(dir, &m.name);

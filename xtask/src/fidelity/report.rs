@@ -331,7 +331,7 @@ fn save_results(h: &Harness, rows: &[(Row, String)]) -> Result<()> {
         "run": {
             "rounds": h.opts.rounds, "host": host, "subset": h.opts.only.is_some(),
             "block_ms": h.opts.block_ms, "round_parts": h.opts.round_parts,
-            "capture": match h.opts.capture { Capture::Timing => "timing", Capture::Linked => "linked" },
+            "capture": h.opts.capture.arg(),
             "glibc_heap_defaults": h.opts.glibc_heap_defaults,
         },
         "models": rows.iter().map(|(r, _)| serde_json::json!({
@@ -379,8 +379,8 @@ fn command_line(h: &Harness) -> String {
     if o.glibc_heap_defaults {
         c += " --glibc-heap-defaults";
     }
-    if o.capture == Capture::Linked {
-        c += " --capture linked";
+    if o.capture != Capture::Timing {
+        c += &format!(" --capture {}", o.capture.arg());
     }
     c
 }

@@ -58,20 +58,17 @@ impl<'a> Run<'a> {
     /// quiet and busy captures' references.
     fn new(h: &Harness, m: &'a Model, ref_q: &'a Path, ref_b: &'a Path) -> Run<'a> {
         let (bin, capture, rounds) = (h.bin, h.opts.capture, h.opts.rounds);
-        let q = h.dir.join("quiet");
-        let b = h.dir.join("busy");
+        let q = capture.dir(&h.dir, "quiet");
+        let b = capture.dir(&h.dir, "busy");
         // The quiet capture's record: its timing and its peak memory.
         let meta = quiet_meta(&h.dir, &m.name);
         let one = capture.iteration_args(&meta);
         let (et_q, kin_q) = capture.files(&q, &m.name);
         let (et_b, kin_b) = capture.files(&b, &m.name);
         // The --against replays may take another zoo's captures (another capture procedure's).
-        let q_a = h
-            .opts
-            .against_zoo
-            .as_ref()
-            .map_or(q.clone(), |d| d.join("quiet"));
-        let (et_a, kin_a) = h.opts.against_capture.files(&q_a, &m.name);
+        let against = h.opts.against_capture;
+        let q_a = against.dir(h.opts.against_zoo.as_deref().unwrap_or(&h.dir), "quiet");
+        let (et_a, kin_a) = against.files(&q_a, &m.name);
         // Iterations per block: about `block_ms` of the original's quiet iterations (its
         // capture's timing), the same count for all six so that a block's times compare as
         // they are.

@@ -223,6 +223,16 @@ fn options_parse_with_their_defaults_and_refuse_against_flags_alone() {
     assert_eq!(o.only, Some(vec!["a".to_string(), "b".to_string()]));
     assert_eq!((o.block_ms, o.capture), (20.0, Capture::Linked));
     assert!(o.host == ReplayHost::Throttled);
+    let o = Options::parse(&["--capture", "linked-memory"]).unwrap();
+    assert_eq!(o.capture, Capture::LinkedMemory);
+    // Its pairs sit apart from the zoo's own captures, under the same names.
+    let zoo = std::path::Path::new("/zoo");
+    assert_eq!(o.capture.dir(zoo, "busy"), zoo.join("linked-memory/busy"));
+    assert_eq!(Capture::Linked.dir(zoo, "busy"), zoo.join("busy"));
+    assert_eq!(
+        o.capture.files(&o.capture.dir(zoo, "quiet"), "m"),
+        Capture::Linked.files(&zoo.join("linked-memory/quiet"), "m")
+    );
     for bad in [
         &["--against-args", "--iters 3"][..],
         &["--against-capture", "timing"],

@@ -198,7 +198,7 @@ const CAPTURE_SUFFIXES: &[&str] = &[
 /// that reads the cache's directories (the zoo tests) replays a model the zoo has dropped.
 pub(super) fn prune_zoo(dir: &Path, names: &[String]) -> Result<()> {
     let mut gone = std::collections::BTreeSet::new();
-    for variant in ["quiet", "busy"] {
+    for variant in ["quiet", "busy", "linked-memory/quiet", "linked-memory/busy"] {
         let Ok(entries) = std::fs::read_dir(dir.join(variant)) else {
             continue;
         };
@@ -220,6 +220,54 @@ pub(super) fn prune_zoo(dir: &Path, names: &[String]) -> Result<()> {
             gone.len(),
             gone.into_iter().collect::<Vec<_>>().join(", ")
         );
+    }
+    Ok(())
+}
+
+/// Takes the linked pairs with `profile_memory` ([`Capture::LinkedMemory`]) of `models` that are
+/// missing or older than the model's capture on the same host (quiet and busy).
+pub(super) fn ensure_linked_memory(
+    root: &Path,
+    dir: &Path,
+    torch_py: &Path,
+    models: &[Model],
+) -> Result<()> {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    for variant in ["quiet", "busy"] {
+        let out = Capture::LinkedMemory.dir(dir, variant);
+        let stale: Vec<&str> = models
+            .iter()
+            .filter(|m| {
+                let (et, kineto) = Capture::LinkedMemory.files(&out, &m.name);
+                let capture = modified(&dir.join(variant).join(format!("{}.meta.json", m.name)));
+                let (et, kineto) = (modified(&et), modified(&kineto));
+                et.is_none() || kineto.is_none() || et < capture || kineto < capture
+            })
+            .map(|m| m.name.as_str())
+            .collect();
+        if stale.is_empty() {
+            continue;
+        }
+        eprintln!(
+            "[fidelity] capturing {} linked pair(s) under profile_memory ({variant}) ...",
+            stale.len()
+        );
+        let mut c = Command::new(crate::python());
+        c.arg(zoo_script(root))
+            .arg("linked-memory")
+            .arg(&out)
+            .args(&stale);
+        if variant == "busy" {
+            c.arg("--busy");
+        }
+        python_env(&mut c, torch_py);
+        let o = c.output()?;
+        if !o.status.success() {
+            bail!(
+                "capturing linked pairs under profile_memory ({variant}) failed: {}",
+                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+            );
+        }
     }
     Ok(())
 }
@@ -279,6 +327,9 @@ pub(super) enum Capture {
     Timing,
     /// The linked pair (`M.linked.et.json`, `M.kineto.json`), the iteration the capture names.
     Linked,
+    /// A linked pair taken with `profile_memory` too, as people who want the memory view take
+    /// theirs (`zoo.py linked-memory`, in `linked-memory/quiet` and `linked-memory/busy`).
+    LinkedMemory,
 }
 
 impl Capture {
@@ -286,7 +337,10 @@ impl Capture {
         match a {
             Some("timing") => Ok(Capture::Timing),
             Some("linked") => Ok(Capture::Linked),
-            other => bail!("--capture / --against-capture: timing or linked, not {other:?}"),
+            Some("linked-memory") => Ok(Capture::LinkedMemory),
+            other => bail!(
+                "--capture / --against-capture: timing, linked or linked-memory, not {other:?}"
+            ),
         }
     }
 
@@ -294,6 +348,26 @@ impl Capture {
         match self {
             Capture::Timing => "the clean ET + the profile taken without the observer",
             Capture::Linked => "the linked pair (ET + Kineto of the same iterations)",
+            Capture::LinkedMemory => {
+                "the linked pair taken with profile_memory (ET + Kineto with memory events)"
+            }
+        }
+    }
+
+    /// Its argument's value (`--capture NAME`).
+    pub(super) fn arg(self) -> &'static str {
+        match self {
+            Capture::Timing => "timing",
+            Capture::Linked => "linked",
+            Capture::LinkedMemory => "linked-memory",
+        }
+    }
+
+    /// The directory of the zoo `zoo` holding this capture of the `kind` host (`quiet`, `busy`).
+    pub(super) fn dir(self, zoo: &Path, kind: &str) -> PathBuf {
+        match self {
+            Capture::Timing | Capture::Linked => zoo.join(kind),
+            Capture::LinkedMemory => zoo.join("linked-memory").join(kind),
         }
     }
 
@@ -306,7 +380,7 @@ impl Capture {
                 d.join(format!("{name}.et.json")),
                 d.join(format!("{name}.timing.json")),
             ),
-            Capture::Linked => (
+            Capture::Linked | Capture::LinkedMemory => (
                 d.join(format!("{name}.linked.et.json")),
                 d.join(format!("{name}.kineto.json")),
             ),
@@ -318,7 +392,9 @@ impl Capture {
     /// typical of all of them).
     pub(super) fn iteration_args(self, meta: &serde_json::Value) -> Vec<String> {
         match (self, meta["replay_iteration"].as_u64()) {
-            (Capture::Linked, Some(n)) => vec!["--iteration".into(), n.to_string()],
+            (Capture::Linked | Capture::LinkedMemory, Some(n)) => {
+                vec!["--iteration".into(), n.to_string()]
+            }
             _ => Vec::new(),
         }
     }
