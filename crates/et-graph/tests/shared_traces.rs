@@ -1154,6 +1154,61 @@ fn a_profile_without_the_observer_links_step_by_step_by_order() {
     assert!(link_steps(&lg, &lg.replay_set(Some(&[2])), &lk).is_empty());
 }
 
+/// Under the execution trace observer, a boundary is charged the part of the probed op's cost
+/// outside its window (the observer's exit callback runs inside it, before the profiler takes
+/// the op's end time), or the calibration replay's own time between its steps where that is
+/// more: the observer's entry callback costs by the op's inputs, which the probe's are the least
+/// of.
+#[test]
+fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window() {
+    let (t, kt) = steps_pair();
+    assert!(Instrumentation::of(&kt).execution_trace);
+    let g = Graph::new(&t);
+    let set = g.replay_set(Some(&[2]));
+    let l = link(&g, &set, &kt).unwrap();
+    let o = original_timing(&l, &kt);
+    let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let doubled: Vec<f64> = windows.iter().map(|w| 2.0 * w).collect();
+    let model = |between: f64, op: Option<f64>, inside: Option<f64>| {
+        // The replay's own time between its steps is `between` beyond its plain bookkeeping.
+        let profiled = replay_times(&doubled, &windows, between);
+        gap_model(
+            &t,
+            &l,
+            &kt,
+            &o,
+            &ReplayTimes {
+                plain_us: &windows,
+                between_us: 0.0,
+                profiled: &profiled,
+                event_us: Some(0.5),
+                backward_event_us: Some((1.0, 0.25)),
+                op_event_us: op,
+                op_in_window_us: inside,
+                node_us: None,
+            },
+        )
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    // A probe of 5 µs with 3.5 inside its window: 1.5 outside, more than the replay's 0.5.
+    let split = model(0.5, Some(5.0), Some(3.5));
+    assert!(close(split.per_boundary_us, 1.5), "{split:?}");
+    assert_eq!(split.op_in_window_us, Some(3.5));
+    // The whole probe charged instead: the emulated time moves by 3.5 µs a gap.
+    let whole = model(0.5, Some(5.0), None);
+    assert!(close(whole.per_boundary_us, 5.0));
+    // The replay's own 2.5 µs between steps, more than the probe's 1.5 outside its window.
+    let replays = model(2.5, Some(5.0), Some(3.5));
+    assert!(close(replays.per_boundary_us, 2.5), "{replays:?}");
+    assert!(close(replays.replay_boundary_us, 2.5));
+    // Never below the replay's; a window without the op probed is not charged.
+    assert!(close(model(0.5, Some(3.0), Some(3.5)).per_boundary_us, 0.5));
+    let unprobed = model(0.5, None, Some(3.5));
+    assert!(close(unprobed.per_boundary_us, 0.5));
+    assert_eq!(unprobed.op_in_window_us, None);
+    assert!(split.emulated_ms > replays.emulated_ms && replays.emulated_ms > whole.emulated_ms);
+}
+
 /// Without record function ids, what an event in a gap records is read off the profile itself:
 /// the backward nodes autograd runs between the ops record their tensors' shapes, and are
 /// charged as events with arguments.
@@ -1250,18 +1305,9 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
         (moved - expected).abs() < 1e-6 * expected.abs().max(1.0),
         "{moved} vs {expected}"
     );
-    // Of an op's probed cost, the part inside its window is the capture's op time, not a gap's:
-    // a probe of 0.5 µs with 0.4 inside its window charges the boundary 0.1, as above.
-    let split = gap_model(&t, &l, &kt, &o, &windowed(Some(0.5), Some(0.4), None));
-    assert!((split.per_boundary_us - 0.1).abs() < 1e-12, "{split:?}");
-    assert_eq!(split.op_in_window_us, Some(0.4));
-    assert!((split.emulated_ms - op.emulated_ms).abs() < 1e-9);
-    // Never below nothing; and a window without the op probed is not charged.
-    let inside = gap_model(&t, &l, &kt, &o, &windowed(Some(0.3), Some(0.4), None));
-    assert_eq!(inside.per_boundary_us, 0.0);
-    let unprobed = gap_model(&t, &l, &kt, &o, &windowed(None, Some(0.4), None));
-    assert_eq!(unprobed.per_boundary_us, base.per_boundary_us);
-    assert_eq!(unprobed.op_in_window_us, None);
+    // Taken without the observer, the probe's whole cost, whatever of it was inside its window.
+    let whole = gap_model(&t, &l, &kt, &o, &windowed(Some(0.1), Some(0.05), None));
+    assert_eq!((whole.per_boundary_us, whole.op_in_window_us), (0.1, None));
 
     let c = 3.0;
     let node = gap_model(&t, &l, &kt, &o, &times(None, Some(c)));
