@@ -265,7 +265,10 @@ pub(super) fn ensure_linked_memory(
         if !o.status.success() {
             bail!(
                 "capturing linked pairs under profile_memory ({variant}) failed: {}",
-                String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
         }
     }
