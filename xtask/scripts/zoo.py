@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh12), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh13), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -44,6 +44,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh10   peak memory counted on the allocator's basis, gradients held to the iteration's end
   fresh11   frees placed where a profile_memory profile shows the original freed
   fresh12   linked pairs: the boundary's charge, less the op's cost inside its window
+  fresh13   linked pairs: the observer's cost charged per op
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1705,6 +1706,160 @@ def infonce_sgd():
         return F.cross_entropy(a @ b.t() / 0.1, labels)
     return train(enc, torch.optim.SGD(enc.parameters(), lr=0.05), loss)
 
+
+# ---- held-out set fresh13: a linked pair's instrumentation cost per op -------------------------
+# Written before any change to how a linked pair's gaps are charged for the observer that follows
+# fresh12 was measured.
+
+def deep_narrow_mlp_adam():
+    """Twelve narrow linear layers with ReLU (many small ops), MSE, Adam."""
+    layers = []
+    for _ in range(12):
+        layers += [nn.Linear(32, 32), nn.ReLU()]
+    m = nn.Sequential(*layers, nn.Linear(32, 1))
+    x, y = torch.randn(16, 32), torch.randn(16, 1)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), y))
+
+
+def convnext_block_infer():
+    """ConvNeXt blocks: 7x7 depthwise conv, permute, layer norm, GELU MLP, layer scale: inference."""
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+            self.norm = nn.LayerNorm(c)
+            self.up, self.down = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+            self.gamma = nn.Parameter(torch.full((c,), 0.1))
+
+        def forward(self, x):
+            y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+            y = self.gamma * self.down(F.gelu(self.up(y)))
+            return x + y.permute(0, 3, 1, 2)
+    m = nn.Sequential(nn.Conv2d(3, 16, 4, stride=4), Block(16), Block(16)).eval()
+    return infer(m, torch.randn(2, 3, 32, 32))
+
+
+def bert_pooler_sgd():
+    """Token and position embeddings, one pre-norm encoder layer, a tanh CLS pooler; SGD."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(300, 48), nn.Embedding(24, 48)
+            self.layer = nn.TransformerEncoderLayer(48, 4, 96, dropout=0.0, batch_first=True,
+                                                    norm_first=True)
+            self.pool, self.head = nn.Linear(48, 48), nn.Linear(48, 2)
+
+        def forward(self, ids):
+            h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+            return self.head(torch.tanh(self.pool(self.layer(h)[:, 0])))
+    m = M()
+    ids, y = torch.randint(0, 300, (6, 24)), torch.randint(0, 2, (6,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), lambda m: F.cross_entropy(m(ids), y))
+
+
+def lstmcell_loop_infer():
+    """An LSTMCell unrolled over 16 steps in Python, states carried: inference."""
+    cell, head = nn.LSTMCell(20, 32), nn.Linear(32, 5)
+    xs = torch.randn(16, 4, 20)
+
+    @torch.no_grad()
+    def step():
+        h, c = torch.zeros(4, 32), torch.zeros(4, 32)
+        for x in xs:
+            h, c = cell(x, (h, c))
+        return head(h)
+    return step
+
+
+def maxnorm_embed_adagrad():
+    """Embeddings with max_norm (renormalised in place on lookup) into an MLP, Adagrad."""
+    emb = nn.Embedding(400, 24, max_norm=1.0)
+    mlp = nn.Sequential(nn.Linear(3 * 24, 32), nn.ReLU(), nn.Linear(32, 1))
+    m = nn.ModuleList([emb, mlp])
+    idx, y = torch.randint(0, 400, (16, 3)), torch.rand(16, 1)
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.05),
+                 lambda m: F.mse_loss(m[1](m[0](idx).flatten(1)), y))
+
+
+def quantile_mlp_adam():
+    """An MLP predicting three quantiles, pinball loss (maximum of two products), Adam."""
+    m = nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3))
+    x, y = torch.randn(48, 10), torch.randn(48, 1)
+    q = torch.tensor([0.1, 0.5, 0.9])
+
+    def loss(m):
+        err = y - m(x)
+        return torch.maximum(q * err, (q - 1) * err).mean()
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), loss)
+
+
+def convtranspose1d_infer():
+    """A 1-D upsampler: transposed convs with stride 2, tanh, a final conv: inference."""
+    m = nn.Sequential(nn.Conv1d(8, 16, 3, padding=1), nn.Tanh(),
+                      nn.ConvTranspose1d(16, 16, 4, stride=2, padding=1), nn.Tanh(),
+                      nn.ConvTranspose1d(16, 8, 4, stride=2, padding=1), nn.Tanh(),
+                      nn.Conv1d(8, 1, 1)).eval()
+    return infer(m, torch.randn(3, 8, 50))
+
+
+def mixture_density_sgd():
+    """A mixture density network: mixture logits, means and log-scales, logsumexp NLL; SGD."""
+    trunk, heads = nn.Sequential(nn.Linear(6, 32), nn.Tanh()), nn.Linear(32, 15)
+    m = nn.ModuleList([trunk, heads])
+    x, y = torch.randn(40, 6), torch.randn(40, 1)
+
+    def loss(m):
+        logit, mu, log_s = m[1](m[0](x)).chunk(3, dim=1)
+        z = (y - mu) / log_s.exp()
+        comp = -0.5 * z.pow(2) - log_s - 0.5 * math.log(2 * math.pi)
+        return -torch.logsumexp(F.log_softmax(logit, dim=1) + comp, dim=1).mean()
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), loss)
+
+
+def capsule_routing_infer():
+    """Capsule dynamic routing: predictions by einsum, three routing rounds of softmax and
+    squash: inference."""
+    w = torch.randn(32, 10, 16, 8) * 0.1
+    u = torch.randn(4, 32, 8)
+
+    def squash(s):
+        n2 = (s * s).sum(-1, keepdim=True)
+        return n2 / (1 + n2) * s / (n2.sqrt() + 1e-8)
+
+    @torch.no_grad()
+    def step():
+        uhat = torch.einsum("ijkl,bil->bijk", w, u)
+        b = torch.zeros(4, 32, 10)
+        for _ in range(3):
+            c = torch.softmax(b, dim=2)
+            v = squash((c.unsqueeze(-1) * uhat).sum(1))
+            b = b + (uhat * v.unsqueeze(1)).sum(-1)
+        return v
+    return step
+
+
+def shuffle_group_conv_adamw():
+    """ShuffleNet-style units: grouped 1x1 convs, channel shuffle (view, transpose, contiguous),
+    depthwise 3x3, batch norm; AdamW."""
+    class Unit(nn.Module):
+        def __init__(self, c, g):
+            super().__init__()
+            self.g = g
+            self.a, self.ba = nn.Conv2d(c, c, 1, groups=g, bias=False), nn.BatchNorm2d(c)
+            self.dw, self.bd = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c)
+            self.b, self.bb = nn.Conv2d(c, c, 1, groups=g, bias=False), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            n, c, h, w = x.shape
+            y = F.relu(self.ba(self.a(x)))
+            y = y.view(n, self.g, c // self.g, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+            y = self.bb(self.b(self.bd(self.dw(y))))
+            return F.relu(x + y)
+    m = nn.Sequential(nn.Conv2d(3, 24, 3, padding=1), Unit(24, 3), Unit(24, 3),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(24, 5))
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1813,6 +1968,16 @@ MODELS = {
     "scatter_segment_infer": (scatter_segment_infer, "fresh12", "segment sums and maxima by index_add_ and scatter_reduce, softmax: inference"),
     "unet_small_infer": (unet_small_infer, "fresh12", "two-level U-Net: convs, max pooling, nearest upsampling, a skip: inference"),
     "infonce_sgd": (infonce_sgd, "fresh12", "two noisy views, normalised, similarity logits, InfoNCE loss, SGD"),
+    "deep_narrow_mlp_adam": (deep_narrow_mlp_adam, "fresh13", "twelve narrow linear layers with ReLU, MSE, Adam"),
+    "convnext_block_infer": (convnext_block_infer, "fresh13", "ConvNeXt blocks: 7x7 depthwise conv, permute, layer norm, GELU MLP, layer scale: inference"),
+    "bert_pooler_sgd": (bert_pooler_sgd, "fresh13", "token and position embeddings, a pre-norm encoder layer, tanh CLS pooler, SGD"),
+    "lstmcell_loop_infer": (lstmcell_loop_infer, "fresh13", "LSTMCell unrolled over 16 steps in Python: inference"),
+    "maxnorm_embed_adagrad": (maxnorm_embed_adagrad, "fresh13", "embeddings with max_norm (renormalised in place) into an MLP, Adagrad"),
+    "quantile_mlp_adam": (quantile_mlp_adam, "fresh13", "MLP predicting three quantiles, pinball loss, Adam"),
+    "convtranspose1d_infer": (convtranspose1d_infer, "fresh13", "1-D upsampler: stride-2 transposed convs, tanh: inference"),
+    "mixture_density_sgd": (mixture_density_sgd, "fresh13", "mixture density network: chunked heads, log_softmax, logsumexp NLL, SGD"),
+    "capsule_routing_infer": (capsule_routing_infer, "fresh13", "capsule dynamic routing: einsum predictions, softmax and squash rounds: inference"),
+    "shuffle_group_conv_adamw": (shuffle_group_conv_adamw, "fresh13", "ShuffleNet-style units: grouped 1x1 convs, channel shuffle, depthwise conv, batch norm, AdamW"),
 }
 
 

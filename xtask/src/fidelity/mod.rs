@@ -53,6 +53,9 @@
 //!   out; under the observer, the calibration replay's own time between its steps where that
 //!   is more), written before either was first measured, with the tuning set's linked pairs
 //!   and fresh11's in view.
+//! - `fresh13`: how a linked pair's gaps are charged for the observer, per op, written before
+//!   any change after fresh12's was first measured, with the tuning set's and fresh12's linked
+//!   pairs in view.
 
 mod args;
 mod harness;

@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 13] = [
+pub(super) static HELD_OUT: [HeldOut; 14] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -79,6 +79,11 @@ pub(super) static HELD_OUT: [HeldOut; 13] = [
         set: "fresh12",
         title: "HELD-OUT fresh12",
         label: "held-out fresh12",
+    },
+    HeldOut {
+        set: "fresh13",
+        title: "HELD-OUT fresh13",
+        label: "held-out fresh13",
     },
 ];
 
