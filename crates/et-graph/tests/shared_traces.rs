@@ -645,6 +645,8 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
                 op_event_us: None,
                 op_in_window_us: None,
                 node_us: None,
+                call_us: &[],
+                boxing_us: None,
             },
         )
     };
@@ -819,6 +821,8 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
         op_event_us: None,
         op_in_window_us: None,
         node_us: None,
+        call_us: &[],
+        boxing_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
@@ -886,6 +890,8 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
         op_event_us: None,
         op_in_window_us: None,
         node_us: None,
+        call_us: &[],
+        boxing_us: None,
     };
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!(!before.local_speed);
@@ -1186,6 +1192,8 @@ fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window()
                 op_event_us: op,
                 op_in_window_us: inside,
                 node_us: None,
+                call_us: &[],
+                boxing_us: None,
             },
         )
     };
@@ -1207,6 +1215,66 @@ fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window()
     assert!(close(unprobed.per_boundary_us, 0.5));
     assert_eq!(unprobed.op_in_window_us, None);
     assert!(split.emulated_ms > replays.emulated_ms && replays.emulated_ms > whole.emulated_ms);
+}
+
+/// Under the observer, where each op's own call was probed with its inputs, its boundary is
+/// charged that and the boxing of its inputs instead of one cost for all: the emulated time
+/// moves by the difference, an op not probed is charged the probed ones' mean, and the report
+/// gives the mean charge.
+#[test]
+fn under_the_observer_each_boundary_is_charged_its_own_ops_probed_call() {
+    let (t, kt) = steps_pair();
+    let g = Graph::new(&t);
+    let set = g.replay_set(Some(&[2]));
+    let l = link(&g, &set, &kt).unwrap();
+    let o = original_timing(&l, &kt);
+    let n = set.ops.len();
+    let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let profiled = replay_times(&windows, &windows, 0.5);
+    let model = |calls: &[Option<f64>], boxing: Option<f64>| {
+        gap_model(
+            &t,
+            &l,
+            &kt,
+            &o,
+            &ReplayTimes {
+                plain_us: &windows,
+                between_us: 0.0,
+                profiled: &profiled,
+                event_us: Some(0.5),
+                backward_event_us: Some((1.0, 0.25)),
+                op_event_us: Some(5.0),
+                op_in_window_us: Some(3.5),
+                node_us: None,
+                call_us: calls,
+                boxing_us: boxing,
+            },
+        )
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let probe = model(&[], None);
+    assert_eq!(probe.call_probed, 0);
+    assert!(close(probe.per_boundary_us, 1.5), "{probe:?}");
+    // Every op's call 1 µs outside its window, and 0.25 µs of boxing.
+    let calls = model(&vec![Some(1.0); n], Some(0.25));
+    assert_eq!(calls.call_probed, calls.boundaries);
+    assert!(calls.boundaries > 0);
+    assert!(close(calls.per_boundary_us, 1.25), "{calls:?}");
+    assert_eq!(calls.boxing_us, Some(0.25));
+    let moved = (calls.emulated_ms - probe.emulated_ms) * 1e3;
+    assert!(close(moved, 0.25 * calls.boundaries as f64), "{moved}");
+    // One op's call not probed: charged the others' mean (here the same 1 µs).
+    let mut one_missing = vec![Some(1.0); n];
+    one_missing[0] = None;
+    let m = model(&one_missing, Some(0.25));
+    assert_eq!(m.call_probed, m.boundaries - 1);
+    assert!(close(m.emulated_ms, calls.emulated_ms));
+    // Heavier calls charge more.
+    let heavy = model(&vec![Some(2.0); n], Some(0.25));
+    assert!(close(
+        (calls.emulated_ms - heavy.emulated_ms) * 1e3,
+        calls.boundaries as f64
+    ));
 }
 
 /// Without record function ids, what an event in a gap records is read off the profile itself:
@@ -1231,6 +1299,8 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
         op_event_us: None,
         op_in_window_us: None,
         node_us: None,
+        call_us: &[],
+        boxing_us: None,
     };
     let m = gap_model(&t, &l, &kt, &o, &times);
     assert_eq!(m.instrumentation, Instrumentation::of(&kt));
@@ -1282,6 +1352,8 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
         op_event_us: op,
         op_in_window_us: in_window,
         node_us: node,
+        call_us: &[],
+        boxing_us: None,
     };
     let times = |op: Option<f64>, node: Option<f64>| windowed(op, None, node);
     let base = gap_model(&t, &l, &kt, &o, &times(None, None));

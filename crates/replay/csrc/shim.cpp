@@ -499,6 +499,7 @@ int mq_load_library(const char* path) {
 struct MqEvents {
   std::vector<std::string> names;
   std::vector<uint64_t> start_ns, end_ns, tid;
+  std::vector<int64_t> seq;
   std::vector<uint8_t> gpu;
   uint64_t self_tid = 0;
 };
@@ -604,6 +605,55 @@ double mq_probe_op(double* kernel_ns, int64_t* unix_ns) {
   }
 }
 
+// An op's call as the dispatcher records it, without the call: a RecordFunction scope with the
+// op's schema and its boxed inputs (`args`), as `callBoxed` opens one around the kernel, timed.
+// Its event carries the sequence number `seq`, a tag no real op's event has (autograd numbers
+// ops from 0 up), for it to be found in the profile. Under the instrumentation, the time less
+// the event's window is what the callbacks add to a call outside its window (the observer's
+// entry callback recording these inputs, the profiler's bookkeeping on either side): for each of
+// the trace's own ops, with the inputs the original recorded.
+static double probe_scope_of(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                             int64_t seq) {
+  auto t0 = std::chrono::steady_clock::now();
+  {
+    at::RecordFunction guard(at::RecordScope::FUNCTION);
+    if (guard.isActive()) {
+      auto schema = std::reference_wrapper<const c10::FunctionSchema>(op.schema());
+      if (guard.needsInputs()) {
+        guard.before(schema, c10::ArrayRef<const c10::IValue>(args.data(), args.size()), seq);
+      } else {
+        guard.before(schema, seq);
+      }
+    }
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count();
+}
+
+double mq_probe_call(void* op, MqStack* st, int64_t seq) {
+  try {
+    return probe_scope_of(*static_cast<c10::OperatorHandle*>(op), st->s, seq);
+  } catch (...) {
+    return -1.0;
+  }
+}
+
+// The op probe's `aten::add` probed as `mq_probe_call` probes a replayed op (boxed inputs): its
+// cost outside the window against the unboxed probe's is the boxing of the inputs that the
+// dispatcher does for the callbacks on the path Python's calls take, which the replay's boxed
+// calls skip.
+double mq_probe_boxed_add(int64_t seq) {
+  try {
+    static const at::Tensor a = at::ones({16}), b = at::ones({16});
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::add", "Tensor");
+    const torch::jit::Stack args{a, b, c10::Scalar(1)};
+    return probe_scope_of(op, args, seq);
+  } catch (...) {
+    return -1.0;
+  }
+}
+
 // The nodes' forward is built outside the timing; `k` at most 64.
 double mq_probe_nodes(int k) {
   try {
@@ -650,6 +700,7 @@ MqEvents* mq_instr_end() {
       ev->start_ns.push_back(e.startNs());
       ev->end_ns.push_back(e.endNs());
       ev->tid.push_back(gpu ? 0 : e.startThreadId());
+      ev->seq.push_back(gpu ? -1 : e.sequenceNr());
       ev->gpu.push_back(gpu ? 1 : 0);
     }
     out = ev.release();
@@ -660,8 +711,9 @@ MqEvents* mq_instr_end() {
 size_t mq_events_len(const MqEvents* ev) { return ev->names.size(); }
 uint64_t mq_events_self_tid(const MqEvents* ev) { return ev->self_tid; }
 const char* mq_event(const MqEvents* ev, size_t i, uint64_t* start_ns, uint64_t* end_ns,
-                     uint64_t* tid, uint8_t* gpu) {
+                     uint64_t* tid, uint8_t* gpu, int64_t* seq) {
   *gpu = ev->gpu[i];
+  *seq = ev->seq[i];
   *start_ns = ev->start_ns[i];
   *end_ns = ev->end_ns[i];
   *tid = ev->tid[i];

@@ -103,6 +103,8 @@ extern "C" {
     ) -> i32;
     fn mq_probe_record_function(n: i32, tensors: i32) -> f64;
     fn mq_probe_op(kernel_ns: *mut f64, unix_ns: *mut i64) -> f64;
+    fn mq_probe_call(op: *mut c_void, st: *mut MqStack, seq: i64) -> f64;
+    fn mq_probe_boxed_add(seq: i64) -> f64;
     fn mq_probe_nodes(k: i32) -> f64;
     fn mq_instr_end() -> *mut MqEvents;
     fn mq_events_len(ev: *const MqEvents) -> usize;
@@ -114,6 +116,7 @@ extern "C" {
         end_ns: *mut u64,
         tid: *mut u64,
         gpu: *mut u8,
+        seq: *mut i64,
     ) -> *const c_char;
     fn mq_events_free(ev: *mut MqEvents);
     fn mq_dist_init(
@@ -540,6 +543,15 @@ impl Stack {
         }
     }
 
+    /// The record-function scope that calling `op` on this stack opens, opened and closed with
+    /// the stack's inputs but without the call (the stack is left as it is), timed (µs;
+    /// negative if it could not be): under the instrumentation, what its callbacks cost this
+    /// op with these inputs. Its event carries the tag `PROBE_SEQ + pos` ([`PROBE_SEQ`]).
+    pub fn probe_call(&mut self, op: &Op, pos: usize) -> f64 {
+        // SAFETY: live op and stack, read only; the shim catches every C++ exception.
+        us_of(unsafe { mq_probe_call(op.0.as_ptr(), self.p(), PROBE_SEQ + pos as i64) })
+    }
+
     /// [`Stack::call`] under autocast to `dtype` (a ScalarType code) on `device`, as the
     /// original ran the op inside `torch.autocast`.
     pub fn call_autocast(
@@ -764,6 +776,9 @@ pub struct ProfiledEvent {
     pub name: String,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The sequence number its record-function scope carried (-1: none): autograd's, or a
+    /// call probe's tag ([`PROBE_SEQ`]).
+    pub seq: i64,
 }
 
 /// The instrumentation a capture was taken under (a linked ET + Kineto pair: the execution
@@ -878,12 +893,13 @@ impl Instrumentation {
         unsafe {
             let me = mq_events_self_tid(ev);
             for i in 0..mq_events_len(ev) {
-                let (mut s, mut e, mut tid, mut gpu) = (0, 0, 0, 0u8);
-                let name = mq_event(ev, i, &mut s, &mut e, &mut tid, &mut gpu);
+                let (mut s, mut e, mut tid, mut gpu, mut seq) = (0, 0, 0, 0u8, -1i64);
+                let name = mq_event(ev, i, &mut s, &mut e, &mut tid, &mut gpu, &mut seq);
                 let event = || ProfiledEvent {
                     name: CStr::from_ptr(name).to_string_lossy().into_owned(),
                     start_ns: s,
                     end_ns: e,
+                    seq,
                 };
                 if gpu != 0 {
                     out.gpu.push(event());
@@ -960,6 +976,20 @@ pub fn probe_op() -> ProbedOp {
         kernel_us: us_of(kernel_ns),
         unix_ns: (unix_ns[0].max(0) as u64, unix_ns[1].max(0) as u64),
     }
+}
+
+/// The sequence numbers that tag the call probes' events: [`Stack::probe_call`]'s for step
+/// `pos` is `PROBE_SEQ + pos`, [`probe_boxed_add`]'s `PROBE_SEQ - 1`. Autograd numbers the
+/// ops it records from 0, one per op, so none of a real op's events comes near.
+pub const PROBE_SEQ: i64 = 1 << 50;
+
+/// The op probe's `aten::add` with its inputs boxed, probed as [`Stack::probe_call`] probes a
+/// replayed op (µs; negative if it could not be timed): set against [`probe_op`], what boxing
+/// the inputs for the instrumentation costs a call made as Python makes one, which the
+/// replay's boxed calls do not pay. Its event is tagged `PROBE_SEQ - 1`.
+pub fn probe_boxed_add() -> f64 {
+    // SAFETY: a plain call into libtorch; the shim catches every exception.
+    us_of(unsafe { mq_probe_boxed_add(PROBE_SEQ - 1) })
 }
 
 /// Nodes of a probe's autograd graph: the engine runs these and its root.

@@ -196,6 +196,16 @@ pub struct Report {
     /// dispatcher. The capture's op durations hold this part; its gaps hold the rest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_op_in_window_us: Option<f64>,
+    /// With `instrument` and the op probed: per step, what the instrumentation adds to its
+    /// call outside the call's profiled window (µs), probed with the step's own op and inputs
+    /// (a record-function scope as the dispatcher opens one, without the call); `None` where
+    /// not probed. Empty without the probes.
+    #[serde(skip)]
+    pub instrumented_call_us: Vec<Option<f64>>,
+    /// What boxing the inputs for the instrumentation costs a call made as Python makes one
+    /// (µs), which the probes of the replay's boxed calls leave out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_boxing_us: Option<f64>,
     /// With `instrument`: what it adds per node to autograd's engine (µs), timed the same way
     /// on a graph of nodes that only route their gradient.
     #[serde(skip_serializing_if = "Option::is_none")]

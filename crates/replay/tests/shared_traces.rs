@@ -162,10 +162,16 @@ fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
     }
 }
 
+/// Held by each test that replays under the instrumentation.
+static INSTRUMENTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// One extra iteration under the capture's instrumentation (execution trace observer + Kineto)
 /// finds every dispatched op among the profiler's events, in order, and leaves no file behind.
 #[test]
 fn an_instrumented_iteration_profiles_every_op() {
+    // One instrumented replay at a time in this process: libtorch has one profiler session
+    // and one observer, and a second start is refused.
+    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
     tch::set_num_threads(1);
     let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
@@ -232,6 +238,9 @@ fn an_instrumented_iteration_profiles_every_op() {
 /// events come after the recorded iterations'). Without, neither is timed.
 #[test]
 fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
+    // One instrumented replay at a time in this process: libtorch has one profiler session
+    // and one observer, and a second start is refused.
+    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
     tch::set_num_threads(1);
     let t = et_schema::read_trace(&shared("cpu/mlp.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
@@ -274,6 +283,53 @@ fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
     // calibrations of gru_lm_adam), here it is only read back.
     assert!(op.is_finite() && op >= 0.0, "{op}");
     assert!(node.is_finite() && node >= 0.0, "{node}");
+}
+
+/// Under the execution trace observer, the probe iterations also probe each op's own call: its
+/// record-function scope with the step's inputs, without the call. Each step gets what the
+/// instrumentation adds to its call outside the call's window, found by the probe event's tag;
+/// the tagged events are not taken for the steps' own (every step is still found), and the
+/// boxing that the probes' boxed inputs leave out is probed beside the op. Without the
+/// observer, no call is probed.
+#[test]
+fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
+    // One instrumented replay at a time in this process: libtorch has one profiler session
+    // and one observer, and a second start is refused.
+    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
+    tch::set_num_threads(1);
+    let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let set = g.replay_set(None);
+    let opts = |execution_trace: bool| replay::ReplayOptions {
+        warmup: 1,
+        iters: 2,
+        instrument: true,
+        instrumentation: et_graph::Instrumentation {
+            execution_trace,
+            record_shapes: true,
+            profile_memory: false,
+        },
+        probe_mechanisms: true,
+        probe_op: true,
+        ..Default::default()
+    };
+    let r = replay::replay(&g, &set, &opts(true)).unwrap().0;
+    assert_eq!(r.ops_failed, 0);
+    assert!(r.profiled.iter().all(|p| p.is_some()));
+    assert_eq!(r.instrumented_call_us.len(), set.ops.len());
+    let costs: Vec<f64> = r.instrumented_call_us.iter().flatten().copied().collect();
+    assert_eq!(costs.len(), set.ops.len(), "{:?}", r.instrumented_call_us);
+    assert!(
+        costs.iter().all(|c| c.is_finite() && *c >= 0.0),
+        "{costs:?}"
+    );
+    // The observer's entry callback records every input: the calls cost something.
+    assert!(costs.iter().sum::<f64>() > 0.0, "{costs:?}");
+    let boxing = r.instrumented_boxing_us.expect("boxing probed");
+    assert!(boxing.is_finite() && boxing >= 0.0, "{boxing}");
+    let r = replay::replay(&g, &set, &opts(false)).unwrap().0;
+    assert!(r.instrumented_call_us.is_empty());
+    assert_eq!(r.instrumented_boxing_us, None);
 }
 
 /// Values stay finite across iterations: parameters carry their optimizer updates from one

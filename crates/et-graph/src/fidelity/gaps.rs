@@ -69,7 +69,14 @@ pub fn gap_model(
         plain_speed: costs.plain_speed,
         speed_ops: ops.found(),
         per_event_us: costs.per_event_us,
-        per_boundary_us: costs.per_boundary_us,
+        // With each op's call probed, the mean charge.
+        per_boundary_us: match (&costs.calls, est.boundaries) {
+            (Some(_), n) if n > 0 => est.boundary_sum / n as f64,
+            _ => costs.per_boundary_us,
+        },
+        boundaries: est.boundaries,
+        call_probed: est.call_probed,
+        boxing_us: costs.calls.as_ref().map(|c| c.boxing),
         op_in_window_us: costs.op_in_window_us,
         replay_boundary_us: costs.replay_boundary_us,
         per_node_us: costs.per_node_us,
@@ -330,6 +337,17 @@ struct Costs {
     /// Events that record arguments (autograd's backward nodes) at their probed cost with
     /// their tensor count, where probed (else the replay's mean cost per op event).
     backward: Option<(f64, f64)>,
+    /// Under the observer, with the calls probed: each boundary's charge is its own op's.
+    calls: Option<CallCosts>,
+}
+
+/// What the instrumentation adds outside each op's window, probed with the op's own call and
+/// inputs ([`ReplayTimes::call_us`]), and the boxing of the inputs those probes leave out.
+struct CallCosts {
+    us: Vec<Option<f64>>,
+    /// The mean of the probed ones: the charge of an op not probed.
+    mean: f64,
+    boxing: f64,
 }
 
 impl Costs {
@@ -375,6 +393,22 @@ impl Costs {
             (Some(op), None) => op,
             (None, _) => replay_boundary_us,
         };
+        // Under the observer, what its entry callback costs an op depends on the op's inputs
+        // (a list of tensors costs several times two small tensors): where each op's own call
+        // was probed with its inputs, its boundary is charged that, and the boxing of the
+        // inputs the original's unboxed calls paid (which the probes' boxed inputs leave out).
+        let call_us: Vec<f64> = r
+            .call_us
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|c| c.is_finite() && *c >= 0.0)
+            .collect();
+        let calls = (observer && ops.enough() && call_us.len() >= 3).then(|| CallCosts {
+            us: r.call_us.to_vec(),
+            mean: call_us.iter().sum::<f64>() / call_us.len() as f64,
+            boxing: probed(r.boxing_us).unwrap_or(0.0),
+        });
         Costs {
             speed,
             plain_speed,
@@ -385,13 +419,32 @@ impl Costs {
             per_node_us: probed(r.node_us),
             per_gap_event_us: probed(r.event_us).unwrap_or(per_event_us),
             backward,
+            calls,
+        }
+    }
+
+    /// The instrumentation's charge at the boundary before the op at replay position `pos`,
+    /// and whether it was that op's own probed call.
+    fn boundary(&self, pos: usize) -> (f64, bool) {
+        match &self.calls {
+            Some(c) => match c.us.get(pos).copied().flatten() {
+                Some(us) if us.is_finite() && us >= 0.0 => (us + c.boxing, true),
+                _ => (c.mean + c.boxing, false),
+            },
+            None => (self.per_boundary_us, false),
         }
     }
 
     /// The formula for one gap: `g` put on this host at `speed`, less the instrumentation's
     /// cost between two ops and that of the `light` argument-less events and the `heavy`
     /// events with arguments (recording `tensors` tensors) inside the gap.
-    fn estimate(&self, speed: f64, g: f64, light: usize, heavy: usize, tensors: usize) -> f64 {
+    fn estimate(
+        &self,
+        speed: f64,
+        g: f64,
+        boundary: f64,
+        (light, heavy, tensors): (usize, usize, usize),
+    ) -> f64 {
         // A backward node's cost covers its `evaluate_function` wrapper too: one
         // argument-less event per node is in it.
         let (light, heavy_cost) = match (self.per_node_us, self.backward) {
@@ -404,7 +457,7 @@ impl Costs {
             }
             (None, None) => (light, self.per_event_us * heavy as f64),
         };
-        speed * g - self.per_boundary_us - self.per_gap_event_us * light as f64 - heavy_cost
+        speed * g - boundary - self.per_gap_event_us * light as f64 - heavy_cost
     }
 }
 
@@ -435,6 +488,9 @@ fn replay_boundary(r: &ReplayTimes) -> f64 {
 struct Estimates {
     gaps: Vec<f64>,
     total: f64,
+    boundaries: usize,
+    boundary_sum: f64,
+    call_probed: usize,
     events_in_gaps: usize,
     events_with_args: usize,
     tensors_in_gap_events: usize,
@@ -489,7 +545,11 @@ fn estimate_gaps(
             }
             _ => g,
         };
-        let estimate = costs.estimate(speed, g, light, heavy, tensors);
+        let (boundary, own) = costs.boundary(pos);
+        let estimate = costs.estimate(speed, g, boundary, (light, heavy, tensors));
+        est.boundaries += 1;
+        est.boundary_sum += boundary;
+        est.call_probed += usize::from(own);
         est.total += estimate;
         est.gaps.push(estimate.max(0.0));
     }

@@ -39,6 +39,13 @@ pub struct ReplayTimes<'a> {
     /// What it adds to autograd's engine per node it runs (µs), probed on this host with the
     /// engine itself: the cost of each backward node (its two events and the rest).
     pub node_us: Option<f64>,
+    /// Per step, what the instrumentation adds to its call outside the call's profiled window
+    /// (µs), probed with the step's own op and inputs (empty: not probed; `None`: that step
+    /// not).
+    pub call_us: &'a [Option<f64>],
+    /// What boxing an op's inputs for the instrumentation costs a call made as Python makes
+    /// one (µs), which `call_us` (probed with boxed inputs) leaves out.
+    pub boxing_us: Option<f64>,
 }
 
 /// The instrumentation a Kineto trace was taken under, as far as the trace shows: what the
@@ -145,6 +152,15 @@ pub struct GapModel {
     /// what it adds to an op called as the original calls ops, less the part of that inside the
     /// op's own window (`op_in_window_us`).
     pub per_boundary_us: f64,
+    /// The gaps charged `per_boundary_us` each: one before every linked op.
+    pub boundaries: usize,
+    /// Of those, the boundaries charged the cost probed for their own op's call with its own
+    /// inputs (`ReplayTimes::call_us`, under the observer), plus `boxing_us`;
+    /// `per_boundary_us` is then the mean charge.
+    pub call_probed: usize,
+    /// The boxing of an op's inputs charged at each call-probed boundary (µs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boxing_us: Option<f64>,
     /// Of the probed op's cost, the part inside its profiled window, which `per_boundary_us`
     /// leaves out (µs; `None` where not probed).
     #[serde(skip_serializing_if = "Option::is_none")]

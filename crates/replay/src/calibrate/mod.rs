@@ -394,6 +394,12 @@ fn calibrate_once(
             op_event_us: r.instrumented_op_us.filter(|_| probed_costs),
             op_in_window_us: r.instrumented_op_in_window_us,
             node_us: r.instrumented_node_us,
+            call_us: if probed_costs {
+                &r.instrumented_call_us
+            } else {
+                &[]
+            },
+            boxing_us: r.instrumented_boxing_us.filter(|_| probed_costs),
         },
     );
     if model.capped > 0 && warn {

@@ -203,6 +203,9 @@ pub struct Executor<'a> {
     /// Per slot: it holds NaN/Inf by the trace's design (a mask filled with `-inf`), which
     /// `--check-values` does not report ([`Executor::produced_nonfinite`]).
     by_design: Vec<bool>,
+    /// In a probe iteration: each called op's record-function scope probed before its call
+    /// (its step, the probe), as [`ffi::Stack::probe_call`] probes it.
+    probed_calls: Option<Vec<(usize, f64)>>,
 }
 
 /// The bytes of the distinct storages the slots hold, kept up to date slot by slot: the first

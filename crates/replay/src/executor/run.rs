@@ -398,6 +398,13 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         let live = (it == 0).then(|| super::LiveCounter::of(&slots));
         let timed = Vec::with_capacity(ex.plan.steps.len());
         timer.clear();
+        // Under the observer, the probe iterations probe each op's record-function scope
+        // before its call: what the observer's entry callback costs depends on the op's inputs.
+        ex.probed_calls = (opts.probe_mechanisms
+            && opts.probe_op
+            && opts.instrumentation.execution_trace
+            && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe))
+        .then(Vec::new);
         let waited_at_start = rec.waited_us();
         let start = timer.mark();
         let last_op_end = timer.host_at(start);
@@ -679,6 +686,10 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             // on a short trace, again, for some 256 samples in all.
             for _ in 0..256usize.div_ceil(n_steps.max(1)).min(32) {
                 self.rec.op_probed(phase.instrumented(), ffi::probe_op());
+                if opts.instrumentation.execution_trace {
+                    self.rec
+                        .boxed_add_probed(phase.instrumented(), ffi::probe_boxed_add());
+                }
             }
         }
         if phase == Phase::InstrumentedProbe {
@@ -865,6 +876,9 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             let last = self.it + 1 == total_iterations(self.opts) - instrumented(self.opts);
             self.rec
                 .measured(self.timer, &self.timed, wall_us, window, last);
+        }
+        if let Some(calls) = self.ex.probed_calls.take() {
+            self.rec.calls_probed(self.phase.instrumented(), calls);
         }
         self.rec.end_iteration(self.phase, wall_us);
         Ok(self.dispatched)

@@ -76,6 +76,7 @@ impl<'a> Executor<'a> {
             complete_each: false,
             barrier_op: None,
             rebalanced: HashMap::new(),
+            probed_calls: None,
         };
         ex.prepare_left_out(only);
         Ok(ex)
@@ -394,6 +395,11 @@ impl<'a> Executor<'a> {
         let autocast = self.plan.steps[pos].autocast;
         let device = self.bound.device.tch();
         let first = push_args(&mut self.stack, args, slots, op, &self.bound.device, comm)
+            .inspect(|()| {
+                if let Some(calls) = self.probed_calls.as_mut() {
+                    calls.push((pos, self.stack.probe_call(op, pos)));
+                }
+            })
             .and_then(|()| match autocast {
                 Some(d) => self
                     .stack

@@ -150,6 +150,8 @@ impl Recorder<'_> {
             events_probed_in_context: in_context.is_some(),
             instrumented_op_us: probe_cost(&self.op_probes, 1),
             instrumented_op_in_window_us: in_window(&self.op_probe_windows, &self.op_kernels),
+            instrumented_call_us: self.call_costs(),
+            instrumented_boxing_us: self.boxing_cost(),
             instrumented_node_us: probe_cost(&self.node_probes, crate::ffi::PROBE_NODES + 1),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
@@ -424,6 +426,38 @@ fn restored_scalars(plan: &Plan) -> Vec<crate::report::RestoredScalar> {
             .count += 1;
     }
     by.into_values().collect()
+}
+
+impl Recorder<'_> {
+    /// Per step, what the instrumentation adds to its call outside the call's profiled window
+    /// (µs): its call probe's time under the instrumentation less its event's window, less the
+    /// probes' plain time (their middle mean); `None` where the step was not probed or its
+    /// event not found.
+    pub(super) fn call_costs(&self) -> Vec<Option<f64>> {
+        let mut out = vec![None; self.plan.steps.len()];
+        let Some(plain) = middle_mean(&self.call_probes[0].iter().map(|c| c.1).collect::<Vec<_>>())
+        else {
+            return Vec::new();
+        };
+        for &(pos, us) in &self.call_probes[1] {
+            if let (Some(w), Some(o)) = (self.call_probe_windows.get(&pos), out.get_mut(pos)) {
+                if us >= 0.0 {
+                    *o = Some((us - w - plain).max(0.0));
+                }
+            }
+        }
+        out
+    }
+
+    /// What boxing an op's inputs for the instrumentation costs a call made as Python makes
+    /// one (µs): the op probe's cost outside its window less the boxed add probe's, each
+    /// without its plain time.
+    pub(super) fn boxing_cost(&self) -> Option<f64> {
+        let op =
+            probe_cost(&self.op_probes, 1)? - in_window(&self.op_probe_windows, &self.op_kernels)?;
+        let boxed = probe_cost(&self.boxed_add_probes, 1)? - middle_mean(&self.boxed_add_windows)?;
+        Some((op - boxed).max(0.0))
+    }
 }
 
 /// What the instrumentation adds to a probe, per unit of it (`units`: the events or nodes one

@@ -16,6 +16,7 @@ use crate::report::{
 };
 use metrics::{Counter, Slice, Stats, Timeline};
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 mod finish;
 
@@ -95,6 +96,17 @@ pub(crate) struct Recorder<'a> {
     op_probe_windows: Vec<f64>,
     /// The autograd node probes' times (µs): plain, under the instrumentation.
     node_probes: [Vec<f64>; 2],
+    /// The call probes ([`crate::ffi::Stack::probe_call`]): (step, µs), plain and
+    /// under the instrumentation.
+    call_probes: [Vec<(usize, f64)>; 2],
+    /// The instrumented call probes' events' windows (µs), by step, found in
+    /// [`Recorder::profiled`] by their tags.
+    call_probe_windows: HashMap<usize, f64>,
+    /// The boxed `aten::add` probes' times (µs, [`crate::ffi::probe_boxed_add`]): plain, under
+    /// the instrumentation.
+    boxed_add_probes: [Vec<f64>; 2],
+    /// Their events' windows (µs).
+    boxed_add_windows: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -181,6 +193,10 @@ impl<'a> Recorder<'a> {
             op_kernels: Vec::new(),
             op_probe_spans: Vec::new(),
             op_probe_windows: Vec::new(),
+            call_probes: [Vec::new(), Vec::new()],
+            call_probe_windows: HashMap::new(),
+            boxed_add_probes: [Vec::new(), Vec::new()],
+            boxed_add_windows: Vec::new(),
             node_probes: [Vec::new(), Vec::new()],
             cuda_comm: None,
             coll_calls: BTreeMap::new(),
@@ -313,6 +329,16 @@ impl<'a> Recorder<'a> {
         if instrumented && probe.us >= 0.0 {
             self.op_probe_spans.push(probe.unix_ns);
         }
+    }
+
+    /// A probe iteration's call probes, plain or under the instrumentation.
+    pub fn calls_probed(&mut self, instrumented: bool, calls: Vec<(usize, f64)>) {
+        self.call_probes[usize::from(instrumented)].extend(calls);
+    }
+
+    /// One probe of the op probe's add with its inputs boxed, plain or instrumented.
+    pub fn boxed_add_probed(&mut self, instrumented: bool, us: f64) {
+        self.boxed_add_probes[usize::from(instrumented)].push(us);
     }
 
     /// One probe of autograd's engine running [`crate::ffi::PROBE_NODES`] nodes (µs; negative:
@@ -499,7 +525,9 @@ impl<'a> Recorder<'a> {
         let events = &profile.cpu;
         const LOOKAHEAD: usize = 8;
         let mut order: Vec<usize> = (0..events.len())
-            .filter(|&i| !events[i].name.starts_with(crate::ffi::PROBE_PREFIX))
+            .filter(|&i| {
+                !events[i].name.starts_with(crate::ffi::PROBE_PREFIX) && !is_call_probe(&events[i])
+            })
             .collect();
         order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
         // Outermost events with the number of events that start inside each.
@@ -515,6 +543,18 @@ impl<'a> Recorder<'a> {
             }
         }
         self.op_probe_windows = probe_windows(events, &self.op_probe_spans);
+        // The call probes' events, by their tags.
+        let window =
+            |e: &crate::ffi::ProfiledEvent| e.end_ns.saturating_sub(e.start_ns) as f64 / 1e3;
+        for e in events.iter().filter(|e| is_call_probe(e)) {
+            match e.seq - crate::ffi::PROBE_SEQ {
+                -1 => self.boxed_add_windows.push(window(e)),
+                pos if pos >= 0 => {
+                    self.call_probe_windows.insert(pos as usize, window(e));
+                }
+                _ => {}
+            }
+        }
         let t0 = top.first().map_or(0, |&(i, _)| events[i].start_ns);
         let us = |ns: u64| (ns.saturating_sub(t0)) as f64 / 1000.0;
         let mut j = 0;
@@ -583,7 +623,7 @@ impl<'a> Recorder<'a> {
 fn probe_windows(events: &[crate::ffi::ProfiledEvent], spans: &[(u64, u64)]) -> Vec<f64> {
     let mut adds: Vec<(u64, u64)> = events
         .iter()
-        .filter(|e| e.name == "aten::add" && e.end_ns >= e.start_ns)
+        .filter(|e| e.name == "aten::add" && e.end_ns >= e.start_ns && !is_call_probe(e))
         .map(|e| (e.start_ns, e.end_ns))
         .collect();
     adds.sort_unstable();
@@ -607,6 +647,11 @@ fn probe_windows(events: &[crate::ffi::ProfiledEvent], spans: &[(u64, u64)]) -> 
                 .map(|&(s, e)| (e - s) as f64 / 1e3)
         })
         .collect()
+}
+
+/// A call probe's event ([`crate::ffi::PROBE_SEQ`]'s tags), not a step's.
+fn is_call_probe(e: &crate::ffi::ProfiledEvent) -> bool {
+    e.seq >= crate::ffi::PROBE_SEQ - 1
 }
 
 /// How far a probe's event may lie outside its call's interval (ns): the error of the fit that

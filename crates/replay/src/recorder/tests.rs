@@ -24,6 +24,7 @@ fn an_op_probe_takes_the_window_of_its_own_event() {
         name: name.into(),
         start_ns,
         end_ns,
+        seq: -1,
     };
     let events = [
         // A step's add ending just before the first probe's call, and the probe's own.
@@ -44,6 +45,84 @@ fn an_op_probe_takes_the_window_of_its_own_event() {
     // Never below nothing; nothing without a window.
     assert_eq!(finish::in_window(&[0.2], &[0.5]), Some(0.0));
     assert_eq!(finish::in_window(&[], &[0.5]), None);
+}
+
+/// A call probe's event is found by its tag, not taken for its step's (which has the same
+/// name and follows it): each step's cost outside its window is its probe's time less the
+/// event's window less the plain probes' time. A step whose probe's event is missing has none.
+/// The boxing is the op probe's cost outside its window less the boxed add's.
+#[test]
+fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
+    use et_schema::testkit::{tensor, TraceBuilder};
+    let add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
+    let f32 = |id| tensor(id, id, 0, 4, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    for (x, out) in [(1, 3), (3, 4), (4, 5)] {
+        b.op("aten::add", add)
+            .input(f32(x), serde_json::json!([4]), "Tensor(float)")
+            .input(f32(2), serde_json::json!([4]), "Tensor(float)")
+            .input(serde_json::json!(1), serde_json::json!([]), "Int")
+            .output(f32(out), serde_json::json!([4]), "Tensor(float)")
+            .done();
+    }
+    let t = b.build();
+    let g = et_graph::Graph::new(&t);
+    let plan = crate::plan::compile(&g, &g.replay_set(None));
+    let opts = ReplayOptions::default();
+    let ev = |start_us: u64, end_us: u64, seq: i64| crate::ffi::ProfiledEvent {
+        name: "aten::add".into(),
+        start_ns: start_us * 1000,
+        end_ns: end_us * 1000,
+        seq,
+    };
+    let tag = crate::ffi::PROBE_SEQ;
+    let profile = Profile {
+        cpu: vec![
+            ev(0, 2, tag),
+            ev(3, 13, -1),
+            ev(15, 18, tag + 1),
+            ev(20, 30, -1),
+            // The third step's probe event is missing.
+            ev(35, 45, -1),
+            // The boxed add's.
+            ev(50, 51, tag - 1),
+        ],
+        gpu: Vec::new(),
+    };
+    let mut rec = Recorder::new(&plan, &opts, 0, metrics::cpu::CpuSampler::new());
+    rec.calls_probed(false, vec![(0, 0.5), (1, 0.5), (2, 0.5)]);
+    rec.calls_probed(true, vec![(0, 6.0), (1, 5.0), (2, 4.0)]);
+    rec.op_probed(
+        false,
+        crate::ffi::ProbedOp {
+            us: 1.0,
+            kernel_us: 0.5,
+            unix_ns: (0, 0),
+        },
+    );
+    rec.op_probed(
+        true,
+        crate::ffi::ProbedOp {
+            us: 6.0,
+            kernel_us: 0.5,
+            unix_ns: (0, 0),
+        },
+    );
+    rec.boxed_add_probed(false, 0.5);
+    rec.boxed_add_probed(true, 3.0);
+    let steps = vec![(0usize, 0.0), (1, 0.0), (2, 0.0)];
+    rec.profiled(&profile, None, std::slice::from_ref(&steps));
+    let windows: Vec<Option<f64>> = rec.profiled[0]
+        .iter()
+        .map(|p| p.map(|p| p.end_us - p.start_us))
+        .collect();
+    assert_eq!(windows, vec![Some(10.0), Some(10.0), Some(10.0)]);
+    assert_eq!(rec.call_costs(), vec![Some(3.5), Some(1.5), None]);
+    // The op probe's window is not found here (its span is empty): no boxing.
+    assert_eq!(rec.boxing_cost(), None);
+    rec.op_probe_windows = vec![2.5];
+    // Outside the op probe's window: 5 - (2.5 - 0.5) = 3; the boxed add's: 2.5 - 1 = 1.5.
+    assert_eq!(rec.boxing_cost(), Some(1.5));
 }
 
 fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
@@ -79,6 +158,7 @@ fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
         name: "aten::add".into(),
         start_ns: start_us * 1000,
         end_ns: end_us * 1000,
+        seq: -1,
     };
     let profile = Profile {
         cpu: vec![ev(0, 10), ev(12, 20), ev(100, 150), ev(152, 160)],
