@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh13), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh14), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -45,6 +45,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh11   frees placed where a profile_memory profile shows the original freed
   fresh12   linked pairs: the boundary's charge, less the op's cost inside its window
   fresh13   linked pairs: the observer's cost charged per op
+  fresh14   linked pairs: what fresh13's results led to
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1860,6 +1861,142 @@ def shuffle_group_conv_adamw():
     x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
     return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
 
+
+# ---- held-out set fresh14: the observer's cost, after fresh13 --------------------------------
+# Written before any change to the gap model chosen with fresh13's linked pairs in view was
+# measured.
+
+def gru_tagger_sgd():
+    """A bidirectional GRU tagger: embeddings, per-token cross entropy; SGD with momentum."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(200, 24)
+            self.gru = nn.GRU(24, 20, batch_first=True, bidirectional=True)
+            self.out = nn.Linear(40, 7)
+
+        def forward(self, ids):
+            return self.out(self.gru(self.emb(ids))[0])
+    m = M()
+    ids, tags = torch.randint(0, 200, (6, 14)), torch.randint(0, 7, (6, 14))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                 lambda m: F.cross_entropy(m(ids).reshape(-1, 7), tags.reshape(-1)))
+
+
+def conv_ln_stack_infer():
+    """1-D convs each followed by a layer norm over channels (transposes around it), GELU:
+    inference."""
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv, self.norm = nn.Conv1d(c, c, 5, padding=2), nn.LayerNorm(c)
+
+        def forward(self, x):
+            y = self.norm(self.conv(x).transpose(1, 2)).transpose(1, 2)
+            return x + F.gelu(y)
+    m = nn.Sequential(*[Block(24) for _ in range(4)]).eval()
+    return infer(m, torch.randn(4, 24, 40))
+
+
+def topk_router_infer():
+    """Token routing: router logits, top-2 by topk, softmax over the chosen, gather of expert
+    outputs, weighted sum: inference."""
+    router, experts = nn.Linear(32, 6), nn.Linear(32, 6 * 32)
+    x = torch.randn(50, 32)
+
+    @torch.no_grad()
+    def step():
+        w, idx = torch.topk(router(x), 2, dim=1)
+        w = torch.softmax(w, dim=1)
+        outs = experts(x).view(50, 6, 32)
+        chosen = torch.gather(outs, 1, idx[:, :, None].expand(-1, -1, 32))
+        return (w[:, :, None] * chosen).sum(1)
+    return step
+
+
+def wide_resblock_adamw():
+    """Residual MLP blocks 256 wide with layer norm, batch 64, AdamW."""
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm, self.fc1, self.fc2 = nn.LayerNorm(d), nn.Linear(d, d), nn.Linear(d, d)
+
+        def forward(self, x):
+            return x + self.fc2(F.relu(self.fc1(self.norm(x))))
+    m = nn.Sequential(nn.Linear(64, 256), Block(256), Block(256), nn.Linear(256, 10))
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def cosine_towers_rmsprop():
+    """Two embedding-bag towers, cosine embedding loss against +1/-1 labels, RMSprop."""
+    a, b = nn.EmbeddingBag(300, 16, mode="mean"), nn.EmbeddingBag(300, 16, mode="mean")
+    m = nn.ModuleList([a, b])
+    ia, ib = torch.randint(0, 300, (12, 5)), torch.randint(0, 300, (12, 5))
+    y = torch.where(torch.rand(12) > 0.5, 1.0, -1.0)
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3),
+                 lambda m: F.cosine_embedding_loss(m[0](ia), m[1](ib), y))
+
+
+def sinusoid_attn_infer():
+    """Sinusoidal position encodings computed each step (arange, exp, sin, cos), attention by
+    matmul and softmax: inference."""
+    q_proj, k_proj = nn.Linear(32, 32), nn.Linear(32, 32)
+    x = torch.randn(3, 20, 32)
+
+    @torch.no_grad()
+    def step():
+        pos = torch.arange(20, dtype=torch.float32)[:, None]
+        freq = torch.exp(torch.arange(0, 32, 2, dtype=torch.float32) * (-math.log(10000.0) / 32))
+        pe = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
+        h = x + pe
+        att = torch.softmax(q_proj(h) @ k_proj(h).transpose(1, 2) / math.sqrt(32), dim=-1)
+        return att @ h
+    return step
+
+
+def gn_encdec_sgd():
+    """A conv encoder-decoder with group norm: strided conv down, transposed conv up, MSE; SGD."""
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
+                      nn.Conv2d(16, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
+                      nn.ConvTranspose2d(16, 3, 4, stride=2, padding=1))
+    x = torch.randn(2, 3, 20, 20)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), lambda m: F.mse_loss(m(x), x))
+
+
+def beam_step_loop_infer():
+    """Eight decoding steps in Python: log_softmax over a small vocabulary, topk, gather of
+    scores, cumulative scores: inference."""
+    proj = nn.Linear(16, 40)
+    h = torch.randn(4, 16)
+
+    @torch.no_grad()
+    def step():
+        scores = torch.zeros(4, 1)
+        state = h
+        for _ in range(8):
+            logp = F.log_softmax(proj(state), dim=-1)
+            top, idx = logp.topk(3, dim=-1)
+            scores = (scores + top).max(dim=1, keepdim=True).values
+            state = torch.tanh(state + idx.float().mean(1, keepdim=True) * 0.01)
+        return scores
+    return step
+
+
+def squared_hinge_sgd():
+    """A linear classifier with the squared hinge loss (clamp, pow), SGD."""
+    m = nn.Linear(30, 1)
+    x, y = torch.randn(64, 30), torch.where(torch.rand(64, 1) > 0.5, 1.0, -1.0)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01),
+                 lambda m: torch.clamp(1 - y * m(x), min=0).pow(2).mean())
+
+
+def big_batch_mlp_infer():
+    """A 512-wide MLP on a batch of 256: inference (compute-bound)."""
+    m = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 16)).eval()
+    return infer(m, torch.randn(256, 128))
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -1978,6 +2115,16 @@ MODELS = {
     "mixture_density_sgd": (mixture_density_sgd, "fresh13", "mixture density network: chunked heads, log_softmax, logsumexp NLL, SGD"),
     "capsule_routing_infer": (capsule_routing_infer, "fresh13", "capsule dynamic routing: einsum predictions, softmax and squash rounds: inference"),
     "shuffle_group_conv_adamw": (shuffle_group_conv_adamw, "fresh13", "ShuffleNet-style units: grouped 1x1 convs, channel shuffle, depthwise conv, batch norm, AdamW"),
+    "gru_tagger_sgd": (gru_tagger_sgd, "fresh14", "bidirectional GRU tagger, per-token cross entropy, SGD momentum"),
+    "conv_ln_stack_infer": (conv_ln_stack_infer, "fresh14", "1-D convs with a layer norm over channels between transposes, GELU: inference"),
+    "topk_router_infer": (topk_router_infer, "fresh14", "top-2 token routing: topk, softmax, gather of expert outputs, weighted sum: inference"),
+    "wide_resblock_adamw": (wide_resblock_adamw, "fresh14", "256-wide residual MLP blocks with layer norm, batch 64, AdamW"),
+    "cosine_towers_rmsprop": (cosine_towers_rmsprop, "fresh14", "two mean embedding-bag towers, cosine embedding loss, RMSprop"),
+    "sinusoid_attn_infer": (sinusoid_attn_infer, "fresh14", "sinusoidal position encodings computed each step, matmul attention: inference"),
+    "gn_encdec_sgd": (gn_encdec_sgd, "fresh14", "conv encoder-decoder with group norm and SiLU, transposed conv up, MSE, SGD"),
+    "beam_step_loop_infer": (beam_step_loop_infer, "fresh14", "eight decoding steps in Python: log_softmax, topk, running scores: inference"),
+    "squared_hinge_sgd": (squared_hinge_sgd, "fresh14", "linear classifier, squared hinge loss, SGD"),
+    "big_batch_mlp_infer": (big_batch_mlp_infer, "fresh14", "512-wide MLP on a batch of 256: inference"),
 }
 
 

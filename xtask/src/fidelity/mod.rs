@@ -56,6 +56,8 @@
 //! - `fresh13`: how a linked pair's gaps are charged for the observer, per op, written before
 //!   any change after fresh12's was first measured, with the tuning set's and fresh12's linked
 //!   pairs in view.
+//! - `fresh14`: changes to a linked pair's charges chosen with fresh13's results in view,
+//!   written before any was measured.
 
 mod args;
 mod harness;

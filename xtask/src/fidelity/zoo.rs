@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 14] = [
+pub(super) static HELD_OUT: [HeldOut; 15] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -84,6 +84,11 @@ pub(super) static HELD_OUT: [HeldOut; 14] = [
         set: "fresh13",
         title: "HELD-OUT fresh13",
         label: "held-out fresh13",
+    },
+    HeldOut {
+        set: "fresh14",
+        title: "HELD-OUT fresh14",
+        label: "held-out fresh14",
     },
 ];
 
