@@ -325,9 +325,12 @@ impl<'a> Recorder<'a> {
     /// One op probe, in the plain or the instrumented probe iteration.
     pub fn op_probed(&mut self, instrumented: bool, probe: crate::ffi::ProbedOp) {
         self.op_probes[usize::from(instrumented)].push(probe.us);
-        self.op_kernels.push(probe.kernel_us);
-        if instrumented && probe.us >= 0.0 {
-            self.op_probe_spans.push(probe.unix_ns);
+        // A failed probe timed no kernel either (the shim leaves it at 0).
+        if probe.us >= 0.0 {
+            self.op_kernels.push(probe.kernel_us);
+            if instrumented {
+                self.op_probe_spans.push(probe.unix_ns);
+            }
         }
     }
 
