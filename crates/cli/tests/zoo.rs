@@ -117,12 +117,24 @@ fn every_zoo_model_stays_finite_over_a_long_replay() {
             "300",
         ]));
         assert_eq!(j["ops_failed"], 0, "{}: {}", p.display(), j["failures"]);
-        assert_eq!(
-            j["nonfinite_externals"],
-            0,
-            "{}: state went NaN/Inf within 300 iterations",
-            p.display()
-        );
+        let model = p
+            .file_name()
+            .and_then(|f| f.to_str())
+            .and_then(|f| f.strip_suffix(".et.json"))
+            .unwrap_or_default();
+        match DIVERGES.iter().find(|(m, _)| *m == model) {
+            Some((_, why)) => assert!(
+                j["nonfinite_externals"].as_u64().unwrap_or(0) > 0,
+                "{}: stays finite now ({why}): take it off DIVERGES",
+                p.display()
+            ),
+            None => assert_eq!(
+                j["nonfinite_externals"],
+                0,
+                "{}: state went NaN/Inf within 300 iterations",
+                p.display()
+            ),
+        }
         seen += 1;
     }
     let models = captured_models(std::slice::from_ref(&quiet));
@@ -132,6 +144,15 @@ fn every_zoo_model_stays_finite_over_a_long_replay() {
         quiet.display()
     );
 }
+
+/// Zoo models whose state the replay cannot keep finite, with why. Each must still go NaN/Inf
+/// in the long replay: once one stays finite, the test fails until it is taken off the list.
+const DIVERGES: &[(&str, &str)] = &[(
+    "mixture_density_sgd",
+    "its loss multiplies by -0.5 given as a Python number: a wrapped 0-dim double whose value \
+     neither the trace nor Kineto records, replayed as 1, the neutral factor; the Gaussian \
+     log-likelihood's sign flips, and SGD drives the log-scales to Inf in 5-11 iterations",
+)];
 
 /// The models captured in `dirs`: one meta file each (`cargo xtask fidelity --models` captures
 /// some of the zoo, a full run all of it).
