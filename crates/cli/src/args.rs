@@ -288,6 +288,19 @@ pub struct ReplayArgs {
     /// own dispatch outside the op's event. For A/B runs.
     #[arg(long, requires = "emulate_gaps")]
     pub replay_boundary_costs: bool,
+    /// With --emulate-gaps on a linked pair (the observer and the profiler together): charge
+    /// each boundary its own op's call, probed with the op's own inputs (the record-function
+    /// scope the dispatcher opens for it, without the call), plus the boxing of the inputs,
+    /// instead of one probed op's cost. Steady from one calibration to the next, and it
+    /// follows each op's inputs, but it leaves out how much the instrumentation slows the
+    /// original's own work between ops: on held-out linked pairs it over-fills small
+    /// inference models. For A/B runs.
+    #[arg(
+        long,
+        requires = "emulate_gaps",
+        conflicts_with = "replay_boundary_costs"
+    )]
+    pub call_probed_boundaries: bool,
     /// With --emulate-gaps: measure the time base the gaps follow the host's speed from with
     /// the gaps in place (a short replay spinning them; an anchored model is anchored on it)
     /// instead of with the ops back to back. Not the default: on a busy replay host it brings

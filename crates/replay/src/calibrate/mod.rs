@@ -16,12 +16,24 @@ pub use reference::{
     ReferenceOriginal,
 };
 
+/// What each boundary between two ops is charged for the capture's instrumentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundaryCosts {
+    /// The calibration replay's own time between its steps (`--replay-boundary-costs`).
+    Replay,
+    /// What the instrumentation adds to a probed op call (the default): under the observer,
+    /// its part outside the op's window, or the replay's own time between steps where more.
+    Probed,
+    /// Under the observer, each op's own call probed with its own inputs, and the boxing of
+    /// them (`--call-probed-boundaries`); otherwise as `Probed`.
+    CallProbed,
+}
+
 /// How [`calibrated_gaps`] makes its model.
 #[derive(Clone, Copy, Debug)]
 pub struct GapChoices {
-    /// Charge each boundary what the instrumentation adds to a probed op call (the default),
-    /// not the calibration's own time between steps (`--replay-boundary-costs`).
-    pub probed_costs: bool,
+    /// What each boundary is charged.
+    pub boundary_costs: BoundaryCosts,
     /// Anchor the gaps' total on it (`--reference`).
     pub reference: Option<et_graph::Reference>,
     /// `--time-base-with-gaps`.
@@ -41,12 +53,13 @@ pub fn calibrated_gaps(
     choices: GapChoices,
 ) -> Result<et_graph::GapModel, ReplayError> {
     let GapChoices {
-        probed_costs,
+        boundary_costs,
         reference,
         time_base_with_gaps,
     } = choices;
+    let probed_costs = boundary_costs != BoundaryCosts::Replay;
     let calib = calibration_options(kineto, device, autograd, probed_costs);
-    let mut model = median_calibration(g, set, kineto, &calib, probed_costs)?;
+    let mut model = median_calibration(g, set, kineto, &calib, boundary_costs)?;
     // How much slower the ops run between the gaps, measured with the gaps as the replay will
     // spin them (anchored, where there is a reference), in iterations that alternate
     // (`et_graph::OpsBetweenGaps`); not with --time-base-with-gaps, which takes the base with
@@ -121,7 +134,7 @@ fn median_calibration(
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     calib: &ReplayOptions,
-    probed_costs: bool,
+    costs: BoundaryCosts,
 ) -> Result<et_graph::GapModel, ReplayError> {
     let started = std::time::Instant::now();
     eprintln!(
@@ -137,7 +150,7 @@ fn median_calibration(
             && (started.elapsed() < CALIBRATION_BUDGET || models.len() % 2 == 0))
     {
         let first = models.is_empty();
-        models.push(calibrate_once(g, set, kineto, calib, first, probed_costs)?);
+        models.push(calibrate_once(g, set, kineto, calib, first, costs)?);
     }
     eprintln!(
         "[replay] calibrated {} times in {:.1} s",
@@ -357,8 +370,9 @@ fn calibrate_once(
     kineto: &Linked,
     calib: &ReplayOptions,
     warn: bool,
-    probed_costs: bool,
+    costs: BoundaryCosts,
 ) -> Result<et_graph::GapModel, ReplayError> {
+    let probed_costs = costs != BoundaryCosts::Replay;
     let (r, _) = crate::replay(g, set, calib)?;
     if let (Some(e), true) = (&r.instrument_error, warn) {
         eprintln!(
@@ -394,12 +408,14 @@ fn calibrate_once(
             op_event_us: r.instrumented_op_us.filter(|_| probed_costs),
             op_in_window_us: r.instrumented_op_in_window_us,
             node_us: r.instrumented_node_us,
-            call_us: if probed_costs {
+            call_us: if costs == BoundaryCosts::CallProbed {
                 &r.instrumented_call_us
             } else {
                 &[]
             },
-            boxing_us: r.instrumented_boxing_us.filter(|_| probed_costs),
+            boxing_us: r
+                .instrumented_boxing_us
+                .filter(|_| costs == BoundaryCosts::CallProbed),
         },
     );
     if model.capped > 0 && warn {

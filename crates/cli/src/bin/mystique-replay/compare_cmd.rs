@@ -55,7 +55,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             device,
             !a.run.no_autograd,
             calibrate::GapChoices {
-                probed_costs: false,
+                boundary_costs: calibrate::BoundaryCosts::Replay,
                 reference: None,
                 time_base_with_gaps: false,
             },

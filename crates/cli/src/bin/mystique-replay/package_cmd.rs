@@ -160,7 +160,7 @@ fn package_gaps(
         device,
         true,
         replay::calibrate::GapChoices {
-            probed_costs: true,
+            boundary_costs: replay::calibrate::BoundaryCosts::Probed,
             reference,
             time_base_with_gaps: false,
         },

@@ -346,7 +346,13 @@ fn gap_model(
             device,
             !a.run.no_autograd,
             calibrate::GapChoices {
-                probed_costs: !a.replay_boundary_costs,
+                boundary_costs: if a.replay_boundary_costs {
+                    calibrate::BoundaryCosts::Replay
+                } else if a.call_probed_boundaries {
+                    calibrate::BoundaryCosts::CallProbed
+                } else {
+                    calibrate::BoundaryCosts::Probed
+                },
                 reference,
                 time_base_with_gaps: a.time_base_with_gaps,
             },
