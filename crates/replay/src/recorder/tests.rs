@@ -47,17 +47,14 @@ fn an_op_probe_takes_the_window_of_its_own_event() {
     assert_eq!(finish::in_window(&[], &[0.5]), None);
 }
 
-/// A call probe's event is found by its tag, not taken for its step's (which has the same
-/// name and follows it): each step's cost outside its window is its probe's time less the
-/// event's window less the plain probes' time. A step whose probe's event is missing has none.
-/// The boxing is the op probe's cost outside its window less the boxed add's.
-#[test]
-fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
+/// A trace of `n` chained `aten::add`s of four floats, each adding tensor 2 to the last sum.
+fn add_chain(n: usize) -> et_schema::Trace {
     use et_schema::testkit::{tensor, TraceBuilder};
     let add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
     let f32 = |id| tensor(id, id, 0, 4, 4, "cpu");
     let mut b = TraceBuilder::new();
-    for (x, out) in [(1, 3), (3, 4), (4, 5)] {
+    for k in 0..n as u64 {
+        let (x, out) = if k == 0 { (1, 3) } else { (k + 2, k + 3) };
         b.op("aten::add", add)
             .input(f32(x), serde_json::json!([4]), "Tensor(float)")
             .input(f32(2), serde_json::json!([4]), "Tensor(float)")
@@ -65,7 +62,16 @@ fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
             .output(f32(out), serde_json::json!([4]), "Tensor(float)")
             .done();
     }
-    let t = b.build();
+    b.build()
+}
+
+/// A call probe's event is found by its tag, not taken for its step's (which has the same
+/// name and follows it): each step's cost outside its window is its probe's time less the
+/// event's window less the plain probes' time. A step whose probe's event is missing has none.
+/// The boxing is the op probe's cost outside its window less the boxed add's.
+#[test]
+fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
+    let t = add_chain(3);
     let g = et_graph::Graph::new(&t);
     let plan = crate::plan::compile(&g, &g.replay_set(None));
     let opts = ReplayOptions::default();
@@ -138,19 +144,7 @@ fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
 /// recorded iteration's windows are its own (here 50 and 8 µs, not the warm-up's 10 and 8).
 #[test]
 fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
-    use et_schema::testkit::{tensor, TraceBuilder};
-    let add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor";
-    let f32 = |id| tensor(id, id, 0, 4, 4, "cpu");
-    let mut b = TraceBuilder::new();
-    for (x, out) in [(1, 3), (3, 4)] {
-        b.op("aten::add", add)
-            .input(f32(x), serde_json::json!([4]), "Tensor(float)")
-            .input(f32(2), serde_json::json!([4]), "Tensor(float)")
-            .input(serde_json::json!(1), serde_json::json!([]), "Int")
-            .output(f32(out), serde_json::json!([4]), "Tensor(float)")
-            .done();
-    }
-    let t = b.build();
+    let t = add_chain(2);
     let g = et_graph::Graph::new(&t);
     let plan = crate::plan::compile(&g, &g.replay_set(None));
     let opts = ReplayOptions::default();
