@@ -424,6 +424,40 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     assert_eq!(c["instrumented"]["ops"], c["linked"]);
 }
 
+/// On a linked pair, `--call-probed-boundaries` charges each boundary its own op's probed call
+/// and the boxing of its inputs, and the report says how many boundaries were probed; by
+/// default none is. Beside `--replay-boundary-costs` it is refused.
+#[test]
+fn each_ops_call_is_charged_only_when_asked() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let linked = || {
+        let mut c = bin();
+        c.arg("replay")
+            .arg(data.join("steps.linked.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.kineto.json.gz"))
+            .args(["--emulate-gaps", "--iteration", "2"])
+            .args(["--json", "--threads", "1", "--iters", "2"]);
+        c
+    };
+    let d = json(&mut linked());
+    assert_eq!(d["gap_model"]["call_probed"], 0, "{}", d["gap_model"]);
+    assert!(d["gap_model"]["boxing_us"].is_null());
+    let r = json(linked().arg("--call-probed-boundaries"));
+    assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    let m = &r["gap_model"];
+    let boundaries = m["boundaries"].as_u64().unwrap_or(0);
+    assert!(boundaries > 0, "{m}");
+    assert_eq!(m["call_probed"].as_u64(), Some(boundaries), "{m}");
+    let boxing = m["boxing_us"].as_f64().unwrap_or(f64::NAN);
+    assert!(boxing.is_finite() && boxing >= 0.0, "{m}");
+    let out = linked()
+        .args(["--call-probed-boundaries", "--replay-boundary-costs"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
 /// `--time-base-with-gaps` measures the pace's time base with the gaps spun and says so in the
 /// report (the plain base beside it); by default the base is the calibration's times how much
 /// slower the ops ran between the gaps in runs of iterations that alternated (`ops_between_gaps`), and

@@ -305,9 +305,15 @@ pub(crate) fn print_gap_model(out: &mut impl Write, m: &et_graph::GapModel) -> R
         m.per_gap_event_us,
         m.events_in_gaps - m.events_with_args,
         m.per_boundary_us,
-        m.op_in_window_us
-            .map(|w| format!(" (the probed op's {w:.2} us inside its window left out)"))
-            .unwrap_or_default()
+        match (m.call_probed, m.boxing_us, m.op_in_window_us) {
+            (n, Some(b), _) if n > 0 => format!(
+                " on average (each op's own call probed, {n} of {} boundaries, with {b:.2} us of \
+                 boxing)",
+                m.boundaries
+            ),
+            (_, _, Some(w)) => format!(" (the probed op's {w:.2} us inside its window left out)"),
+            _ => String::new(),
+        }
     )?;
     if let Some(a) = &m.anchored {
         // The total is the reference's, not the line above's: say so first.
