@@ -49,6 +49,11 @@ pub struct ReplayOptions {
     /// With `probe_mechanisms`: probe the op call as well (some 256 calls in each probe
     /// iteration, about a millisecond; only `--probed-costs` charges what it measures).
     pub probe_op: bool,
+    /// With `probe_op`, under the execution trace observer: probe each op's own call too, its
+    /// record-function scope with the step's inputs before the call
+    /// ([`crate::Report::instrumented_call_us`]), and the boxing of inputs
+    /// ([`crate::Report::instrumented_boxing_us`]); `--call-probed-boundaries` charges them.
+    pub probe_calls: bool,
     /// Time in running time: the time the replaying thread waited for a CPU (the kernel's run
     /// delay: another process had the core) is taken out of every step's time, every profiled
     /// window and every iteration. For a calibration, whose times stand for the ops' speed on
@@ -282,6 +287,7 @@ impl Default for ReplayOptions {
             instrumentation: et_graph::Instrumentation::LINKED,
             probe_mechanisms: false,
             probe_op: false,
+            probe_calls: false,
             running_time: false,
             running_time_steps: None,
             autograd: true,

@@ -285,12 +285,12 @@ fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
     assert!(node.is_finite() && node >= 0.0, "{node}");
 }
 
-/// Under the execution trace observer, the probe iterations also probe each op's own call: its
-/// record-function scope with the step's inputs, without the call. Each step gets what the
-/// instrumentation adds to its call outside the call's window, found by the probe event's tag;
-/// the tagged events are not taken for the steps' own (every step is still found), and the
-/// boxing that the probes' boxed inputs leave out is probed beside the op. Without the
-/// observer, no call is probed.
+/// Under the execution trace observer, with `probe_calls` the probe iterations also probe each
+/// op's own call: its record-function scope with the step's inputs, without the call. Each
+/// step gets what the instrumentation adds to its call outside the call's window, found by
+/// the probe event's tag; the tagged events are not taken for the steps' own (every step is
+/// still found), and the boxing that the probes' boxed inputs leave out is probed beside the
+/// op. Unless asked for (`probe_calls`), and without the observer, no call is probed.
 #[test]
 fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
     // One instrumented replay at a time in this process: libtorch has one profiler session
@@ -300,7 +300,7 @@ fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
     let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
     let set = g.replay_set(None);
-    let opts = |execution_trace: bool| replay::ReplayOptions {
+    let opts = |execution_trace: bool, probe_calls: bool| replay::ReplayOptions {
         warmup: 1,
         iters: 2,
         instrument: true,
@@ -311,9 +311,10 @@ fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
         },
         probe_mechanisms: true,
         probe_op: true,
+        probe_calls,
         ..Default::default()
     };
-    let r = replay::replay(&g, &set, &opts(true)).unwrap().0;
+    let r = replay::replay(&g, &set, &opts(true, true)).unwrap().0;
     assert_eq!(r.ops_failed, 0);
     assert!(r.profiled.iter().all(|p| p.is_some()));
     assert_eq!(r.instrumented_call_us.len(), set.ops.len());
@@ -327,9 +328,12 @@ fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
     assert!(costs.iter().sum::<f64>() > 0.0, "{costs:?}");
     let boxing = r.instrumented_boxing_us.expect("boxing probed");
     assert!(boxing.is_finite() && boxing >= 0.0, "{boxing}");
-    let r = replay::replay(&g, &set, &opts(false)).unwrap().0;
-    assert!(r.instrumented_call_us.is_empty());
-    assert_eq!(r.instrumented_boxing_us, None);
+    // Not asked for, or without the observer: none.
+    for (observer, calls) in [(true, false), (false, true)] {
+        let r = replay::replay(&g, &set, &opts(observer, calls)).unwrap().0;
+        assert!(r.instrumented_call_us.is_empty());
+        assert_eq!(r.instrumented_boxing_us, None);
+    }
 }
 
 /// Values stay finite across iterations: parameters carry their optimizer updates from one

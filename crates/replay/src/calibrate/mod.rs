@@ -57,8 +57,7 @@ pub fn calibrated_gaps(
         reference,
         time_base_with_gaps,
     } = choices;
-    let probed_costs = boundary_costs != BoundaryCosts::Replay;
-    let calib = calibration_options(kineto, device, autograd, probed_costs);
+    let calib = calibration_options(kineto, device, autograd, boundary_costs);
     let mut model = median_calibration(g, set, kineto, &calib, boundary_costs)?;
     // How much slower the ops run between the gaps, measured with the gaps as the replay will
     // spin them (anchored, where there is a reference), in iterations that alternate
@@ -88,7 +87,7 @@ fn calibration_options(
     kineto: &Linked,
     device: Device,
     autograd: bool,
-    probed_costs: bool,
+    costs: BoundaryCosts,
 ) -> ReplayOptions {
     let instrument_iters = iterations_within(0.5, kineto.original.span_us / 1e6, (3, 15));
     ReplayOptions {
@@ -104,7 +103,10 @@ fn calibration_options(
         // two each, came out 10-20% long). The op too, unless --replay-boundary-costs (which
         // charges the replay's own time between its steps instead).
         probe_mechanisms: true,
-        probe_op: probed_costs,
+        probe_op: costs != BoundaryCosts::Replay,
+        // Each op's own call only where it is charged: elsewhere it is work the calibration
+        // would do for nothing.
+        probe_calls: costs == BoundaryCosts::CallProbed,
         // What the capture was taken under: the observer's cost is the bulk of a linked
         // pair's gaps, and none of a profile's taken without it.
         instrumentation: et_graph::Instrumentation::of(&kineto.kineto),
