@@ -293,8 +293,8 @@ pub struct ReplayArgs {
     /// scope the dispatcher opens for it, without the call), plus the boxing of the inputs,
     /// instead of one probed op's cost. Steady from one calibration to the next, and it
     /// follows each op's inputs, but it leaves out how much the instrumentation slows the
-    /// original's own work between ops: on held-out linked pairs it over-fills small
-    /// inference models. For A/B runs.
+    /// original's own work between ops: on held-out linked pairs it over-fills, the smallest
+    /// models most. For A/B runs.
     #[arg(
         long,
         requires = "emulate_gaps",
