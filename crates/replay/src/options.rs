@@ -268,6 +268,17 @@ impl ReplayOptions {
     }
 }
 
+impl ReplayOptions {
+    /// The probe iterations probe each op's own call ([`ReplayOptions::probe_calls`]): asked
+    /// for, with the op probe it is set against, under the execution trace observer.
+    pub(crate) fn probes_calls(&self) -> bool {
+        self.probe_mechanisms
+            && self.probe_op
+            && self.probe_calls
+            && self.instrumentation.execution_trace
+    }
+}
+
 impl Default for ReplayOptions {
     fn default() -> Self {
         ReplayOptions {

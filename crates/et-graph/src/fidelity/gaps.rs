@@ -344,6 +344,7 @@ struct Costs {
 /// What the instrumentation adds outside each op's window, probed with the op's own call and
 /// inputs ([`ReplayTimes::call_us`]), and the boxing of the inputs those probes leave out.
 struct CallCosts {
+    /// Per replay position, the probed cost where it was timed (finite, not negative).
     us: Vec<Option<f64>>,
     /// The mean of the probed ones: the charge of an op not probed.
     mean: f64,
@@ -394,19 +395,18 @@ impl Costs {
             (None, _) => replay_boundary_us,
         };
         // Under the observer, what its entry callback costs an op depends on the op's inputs
-        // (a list of tensors costs several times two small tensors): where each op's own call
-        // was probed with its inputs, its boundary is charged that, and the boxing of the
-        // inputs the original's unboxed calls paid (which the probes' boxed inputs leave out).
-        let call_us: Vec<f64> = r
+        // (the more inputs, the more): where each op's own call was probed with its inputs, its
+        // boundary is charged that, and the boxing of the inputs the original's unboxed calls
+        // paid (which the probes' boxed inputs leave out).
+        let us: Vec<Option<f64>> = r
             .call_us
             .iter()
-            .flatten()
-            .copied()
-            .filter(|c| c.is_finite() && *c >= 0.0)
+            .map(|c| c.filter(|c| c.is_finite() && *c >= 0.0))
             .collect();
-        let calls = (observer && ops.enough() && call_us.len() >= 3).then(|| CallCosts {
-            us: r.call_us.to_vec(),
-            mean: call_us.iter().sum::<f64>() / call_us.len() as f64,
+        let probed_calls: Vec<f64> = us.iter().flatten().copied().collect();
+        let calls = (observer && ops.enough() && probed_calls.len() >= 3).then(|| CallCosts {
+            mean: probed_calls.iter().sum::<f64>() / probed_calls.len() as f64,
+            us,
             boxing: probed(r.boxing_us).unwrap_or(0.0),
         });
         Costs {
@@ -428,8 +428,8 @@ impl Costs {
     fn boundary(&self, pos: usize) -> (f64, bool) {
         match &self.calls {
             Some(c) => match c.us.get(pos).copied().flatten() {
-                Some(us) if us.is_finite() && us >= 0.0 => (us + c.boxing, true),
-                _ => (c.mean + c.boxing, false),
+                Some(us) => (us + c.boxing, true),
+                None => (c.mean + c.boxing, false),
             },
             None => (self.per_boundary_us, false),
         }

@@ -58,7 +58,7 @@ pub fn calibrated_gaps(
         time_base_with_gaps,
     } = choices;
     let calib = calibration_options(kineto, device, autograd, boundary_costs);
-    let mut model = median_calibration(g, set, kineto, &calib, boundary_costs)?;
+    let mut model = median_calibration(g, set, kineto, &calib)?;
     // How much slower the ops run between the gaps, measured with the gaps as the replay will
     // spin them (anchored, where there is a reference), in iterations that alternate
     // (`et_graph::OpsBetweenGaps`); not with --time-base-with-gaps, which takes the base with
@@ -136,7 +136,6 @@ fn median_calibration(
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     calib: &ReplayOptions,
-    costs: BoundaryCosts,
 ) -> Result<et_graph::GapModel, ReplayError> {
     let started = std::time::Instant::now();
     eprintln!(
@@ -152,7 +151,7 @@ fn median_calibration(
             && (started.elapsed() < CALIBRATION_BUDGET || models.len() % 2 == 0))
     {
         let first = models.is_empty();
-        models.push(calibrate_once(g, set, kineto, calib, first, costs)?);
+        models.push(calibrate_once(g, set, kineto, calib, first)?);
     }
     eprintln!(
         "[replay] calibrated {} times in {:.1} s",
@@ -372,9 +371,7 @@ fn calibrate_once(
     kineto: &Linked,
     calib: &ReplayOptions,
     warn: bool,
-    costs: BoundaryCosts,
 ) -> Result<et_graph::GapModel, ReplayError> {
-    let probed_costs = costs != BoundaryCosts::Replay;
     let (r, _) = crate::replay(g, set, calib)?;
     if let (Some(e), true) = (&r.instrument_error, warn) {
         eprintln!(
@@ -407,17 +404,13 @@ fn calibrate_once(
             profiled: &profiled,
             event_us: r.instrumented_event_us,
             backward_event_us: r.instrumented_backward_event_us,
-            op_event_us: r.instrumented_op_us.filter(|_| probed_costs),
+            // What `calib` probed, which `costs` chose (`calibration_options`): nothing else
+            // is in the report.
+            op_event_us: r.instrumented_op_us,
             op_in_window_us: r.instrumented_op_in_window_us,
             node_us: r.instrumented_node_us,
-            call_us: if costs == BoundaryCosts::CallProbed {
-                &r.instrumented_call_us
-            } else {
-                &[]
-            },
-            boxing_us: r
-                .instrumented_boxing_us
-                .filter(|_| costs == BoundaryCosts::CallProbed),
+            call_us: &r.instrumented_call_us,
+            boxing_us: r.instrumented_boxing_us,
         },
     );
     if model.capped > 0 && warn {

@@ -400,10 +400,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
         timer.clear();
         // Under the observer, the probe iterations probe each op's record-function scope
         // before its call: what the observer's entry callback costs depends on the op's inputs.
-        ex.probed_calls = (opts.probe_mechanisms
-            && opts.probe_op
-            && opts.probe_calls
-            && opts.instrumentation.execution_trace
+        ex.probed_calls = (opts.probes_calls()
             && matches!(phase, Phase::InstrumentedProbe | Phase::PlainProbe))
         .then(Vec::new);
         let waited_at_start = rec.waited_us();
@@ -687,7 +684,7 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             // on a short trace, again, for some 256 samples in all.
             for _ in 0..256usize.div_ceil(n_steps.max(1)).min(32) {
                 self.rec.op_probed(phase.instrumented(), ffi::probe_op());
-                if opts.probe_calls && opts.instrumentation.execution_trace {
+                if opts.probes_calls() {
                     self.rec
                         .boxed_add_probed(phase.instrumented(), ffi::probe_boxed_add());
                 }

@@ -63,6 +63,7 @@ impl Recorder<'_> {
             }
         }
         let (gpu_report, gpu_unavailable) = self.gpu_report(gpu, &mut timeline);
+        let (op, op_in_window) = self.op_costs();
         let report = Report {
             trace: plan.source.clone(),
             device: device.name(),
@@ -148,10 +149,10 @@ impl Recorder<'_> {
             instrumented_event_us: in_context.map(|c| c.0),
             instrumented_backward_event_us: in_context.map(|c| backward_costs(c.1, c.2)),
             events_probed_in_context: in_context.is_some(),
-            instrumented_op_us: probe_cost(&self.op_probes, 1),
-            instrumented_op_in_window_us: in_window(&self.op_probe_windows, &self.op_kernels),
+            instrumented_op_us: op,
+            instrumented_op_in_window_us: op_in_window,
             instrumented_call_us: self.call_costs(),
-            instrumented_boxing_us: self.boxing_cost(),
+            instrumented_boxing_us: self.boxing_cost(op, op_in_window),
             instrumented_node_us: probe_cost(&self.node_probes, crate::ffi::PROBE_NODES + 1),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
@@ -449,14 +450,24 @@ impl Recorder<'_> {
         out
     }
 
+    /// What the instrumentation adds to the op probe's call (µs), and the part of that inside
+    /// its profiled window.
+    pub(super) fn op_costs(&self) -> (Option<f64>, Option<f64>) {
+        (
+            probe_cost(&self.op_probes, 1),
+            in_window(&self.op_probe_windows, &self.op_kernels),
+        )
+    }
+
     /// What boxing an op's inputs for the instrumentation costs a call made as Python makes
     /// one (µs): the op probe's cost outside its window less the boxed add probe's, each
     /// without its plain time.
-    pub(super) fn boxing_cost(&self) -> Option<f64> {
-        let op =
-            probe_cost(&self.op_probes, 1)? - in_window(&self.op_probe_windows, &self.op_kernels)?;
+    /// `op`, `inside`: the op probe's cost and the part of it inside its window
+    /// ([`Recorder::op_costs`]).
+    pub(super) fn boxing_cost(&self, op: Option<f64>, inside: Option<f64>) -> Option<f64> {
+        let (op, inside) = (op?, inside?);
         let boxed = probe_cost(&self.boxed_add_probes, 1)? - middle_mean(&self.boxed_add_windows)?;
-        Some((op - boxed).max(0.0))
+        Some((op - inside - boxed).max(0.0))
     }
 }
 

@@ -47,6 +47,16 @@ fn an_op_probe_takes_the_window_of_its_own_event() {
     assert_eq!(finish::in_window(&[], &[0.5]), None);
 }
 
+/// A profiled `aten::add` from `start_us` to `end_us`, its record-function scope tagged `seq`.
+fn add_event(start_us: u64, end_us: u64, seq: i64) -> crate::ffi::ProfiledEvent {
+    crate::ffi::ProfiledEvent {
+        name: "aten::add".into(),
+        start_ns: start_us * 1000,
+        end_ns: end_us * 1000,
+        seq,
+    }
+}
+
 /// A trace of `n` chained `aten::add`s of four floats, each adding tensor 2 to the last sum.
 fn add_chain(n: usize) -> et_schema::Trace {
     use et_schema::testkit::{tensor, TraceBuilder};
@@ -75,12 +85,7 @@ fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
     let g = et_graph::Graph::new(&t);
     let plan = crate::plan::compile(&g, &g.replay_set(None));
     let opts = ReplayOptions::default();
-    let ev = |start_us: u64, end_us: u64, seq: i64| crate::ffi::ProfiledEvent {
-        name: "aten::add".into(),
-        start_ns: start_us * 1000,
-        end_ns: end_us * 1000,
-        seq,
-    };
+    let ev = add_event;
     let tag = crate::ffi::PROBE_SEQ;
     let profile = Profile {
         cpu: vec![
@@ -125,10 +130,14 @@ fn a_call_probe_is_charged_outside_the_window_its_tag_finds() {
     assert_eq!(windows, vec![Some(10.0), Some(10.0), Some(10.0)]);
     assert_eq!(rec.call_costs(), vec![Some(3.5), Some(1.5), None]);
     // The op probe's window is not found here (its span is empty): no boxing.
-    assert_eq!(rec.boxing_cost(), None);
+    let boxing = |rec: &Recorder| {
+        let (op, inside) = rec.op_costs();
+        rec.boxing_cost(op, inside)
+    };
+    assert_eq!(boxing(&rec), None);
     rec.op_probe_windows = vec![2.5];
     // Outside the op probe's window: 5 - (2.5 - 0.5) = 3; the boxed add's: 2.5 - 1 = 1.5.
-    assert_eq!(rec.boxing_cost(), Some(1.5));
+    assert_eq!(boxing(&rec), Some(1.5));
 }
 
 fn w(start_us: f64, end_us: f64, nested: u32) -> Option<ProfiledStep> {
@@ -148,12 +157,7 @@ fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
     let g = et_graph::Graph::new(&t);
     let plan = crate::plan::compile(&g, &g.replay_set(None));
     let opts = ReplayOptions::default();
-    let ev = |start_us: u64, end_us: u64| crate::ffi::ProfiledEvent {
-        name: "aten::add".into(),
-        start_ns: start_us * 1000,
-        end_ns: end_us * 1000,
-        seq: -1,
-    };
+    let ev = |start_us, end_us| add_event(start_us, end_us, -1);
     let profile = Profile {
         cpu: vec![ev(0, 10), ev(12, 20), ev(100, 150), ev(152, 160)],
         gpu: Vec::new(),
