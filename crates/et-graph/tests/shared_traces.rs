@@ -606,6 +606,27 @@ fn the_iteration_spans_every_et_node_and_its_edges_count_as_a_gap() {
     assert!((total - o.span_us).abs() < 1.0, "{total} vs {}", o.span_us);
 }
 
+/// The replay's times with nothing probed: the plain step times, the plain replay's time
+/// between steps and the profiled windows; each test sets the probes it needs.
+fn unprobed<'a>(
+    plain_us: &'a [f64],
+    between_us: f64,
+    profiled: &'a [Option<(f64, f64, u32)>],
+) -> ReplayTimes<'a> {
+    ReplayTimes {
+        plain_us,
+        between_us,
+        profiled,
+        event_us: None,
+        backward_event_us: None,
+        op_event_us: None,
+        op_in_window_us: None,
+        node_us: None,
+        call_us: &[],
+        boxing_us: None,
+    }
+}
+
 /// The replay's times for `gap_model`: each op's plain time and its profiled window, the
 /// windows laid back to back `between` µs apart (no instrumentation cost between ops).
 fn replay_times(windows: &[f64], plain: &[f64], between: f64) -> Vec<Option<(f64, f64, u32)>> {
@@ -637,16 +658,8 @@ fn the_gap_model_scales_the_captures_gaps_by_the_measured_host_speed() {
             &kt,
             &o,
             &ReplayTimes {
-                plain_us: plain,
-                between_us: 0.3,
-                profiled,
-                event_us: None,
                 backward_event_us: backward,
-                op_event_us: None,
-                op_in_window_us: None,
-                node_us: None,
-                call_us: &[],
-                boxing_us: None,
+                ..unprobed(plain, 0.3, profiled)
             },
         )
     };
@@ -812,18 +825,7 @@ fn time_slices_a_busy_capture_lost_are_not_emulated() {
     let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
     // This host runs the ops as the quiet capture did, with no instrumentation cost.
     let prof = replay_times(&orig, &orig, 0.0);
-    let times = ReplayTimes {
-        plain_us: &orig,
-        between_us: 0.0,
-        profiled: &prof,
-        event_us: None,
-        backward_event_us: None,
-        op_event_us: None,
-        op_in_window_us: None,
-        node_us: None,
-        call_us: &[],
-        boxing_us: None,
-    };
+    let times = unprobed(&orig, 0.0, &prof);
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!((before.speed - 1.0).abs() < 1e-9, "{}", before.speed);
     assert_eq!((before.slices_in_ops, before.slices_in_gaps), (0, 0));
@@ -881,18 +883,7 @@ fn a_busy_captures_slow_stretch_is_put_on_this_host_by_the_ops_around_each_gap()
     let o = original_timing(&l, &quiet);
     let orig: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
     let prof = replay_times(&orig, &orig, 0.0);
-    let times = ReplayTimes {
-        plain_us: &orig,
-        between_us: 0.0,
-        profiled: &prof,
-        event_us: None,
-        backward_event_us: None,
-        op_event_us: None,
-        op_in_window_us: None,
-        node_us: None,
-        call_us: &[],
-        boxing_us: None,
-    };
+    let times = unprobed(&orig, 0.0, &prof);
     let before = gap_model(&t, &l, &quiet, &o, &times);
     assert!(!before.local_speed);
     let found = linked_positions(&l);
@@ -1184,16 +1175,11 @@ fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window()
             &kt,
             &o,
             &ReplayTimes {
-                plain_us: &windows,
-                between_us: 0.0,
-                profiled: &profiled,
                 event_us: Some(0.5),
                 backward_event_us: Some((1.0, 0.25)),
                 op_event_us: op,
                 op_in_window_us: inside,
-                node_us: None,
-                call_us: &[],
-                boxing_us: None,
+                ..unprobed(&windows, 0.0, &profiled)
             },
         )
     };
@@ -1238,16 +1224,13 @@ fn under_the_observer_each_boundary_is_charged_its_own_ops_probed_call() {
             &kt,
             &o,
             &ReplayTimes {
-                plain_us: &windows,
-                between_us: 0.0,
-                profiled: &profiled,
                 event_us: Some(0.5),
                 backward_event_us: Some((1.0, 0.25)),
                 op_event_us: Some(5.0),
                 op_in_window_us: Some(3.5),
-                node_us: None,
                 call_us: calls,
                 boxing_us: boxing,
+                ..unprobed(&windows, 0.0, &profiled)
             },
         )
     };
@@ -1291,16 +1274,9 @@ fn a_profile_without_the_observer_counts_its_gap_events_tensors() {
     let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
     let profiled = replay_times(&windows, &windows, 0.0);
     let times = ReplayTimes {
-        plain_us: &windows,
-        between_us: 0.0,
-        profiled: &profiled,
         event_us: Some(0.5),
         backward_event_us: Some((1.0, 0.25)),
-        op_event_us: None,
-        op_in_window_us: None,
-        node_us: None,
-        call_us: &[],
-        boxing_us: None,
+        ..unprobed(&windows, 0.0, &profiled)
     };
     let m = gap_model(&t, &l, &kt, &o, &times);
     assert_eq!(m.instrumentation, Instrumentation::of(&kt));
@@ -1344,16 +1320,12 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
     let profiled = replay_times(&doubled, &windows, 0.0);
     let (e, p, q) = (0.5, 1.0, 0.25);
     let windowed = |op: Option<f64>, in_window: Option<f64>, node: Option<f64>| ReplayTimes {
-        plain_us: &windows,
-        between_us: 0.0,
-        profiled: &profiled,
         event_us: Some(e),
         backward_event_us: Some((p, q)),
         op_event_us: op,
         op_in_window_us: in_window,
         node_us: node,
-        call_us: &[],
-        boxing_us: None,
+        ..unprobed(&windows, 0.0, &profiled)
     };
     let times = |op: Option<f64>, node: Option<f64>| windowed(op, None, node);
     let base = gap_model(&t, &l, &kt, &o, &times(None, None));
