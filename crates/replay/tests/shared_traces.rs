@@ -3,6 +3,23 @@
 mod common;
 use common::{replay_with, shared};
 use std::path::PathBuf;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The execution trace observer's callbacks are process-wide: while one test replays under
+/// the instrumentation, the observer records every op that any other thread runs, and it is
+/// not safe for that (it crashed in `recordOperatorStart` with another test's op). libtorch
+/// also has one profiler session, and a second start is refused. So a test that replays under
+/// the instrumentation runs alone in this binary ([`instrumented`]), and every other test
+/// holds [`plain`] while it runs ops.
+static INSTRUMENTATION: RwLock<()> = RwLock::new(());
+
+fn plain() -> RwLockReadGuard<'static, ()> {
+    INSTRUMENTATION.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn instrumented() -> RwLockWriteGuard<'static, ()> {
+    INSTRUMENTATION.write().unwrap_or_else(|e| e.into_inner())
+}
 
 fn replay(rel: &str, only: et_graph::Kind) -> replay::Report {
     tch::set_num_threads(1);
@@ -39,6 +56,7 @@ fn replay_selected(
 
 #[test]
 fn every_single_rank_cpu_trace_replays_without_failures() {
+    let _plain = plain();
     for m in [
         "mlp.et.json",
         "cnn.et.json.gz",
@@ -63,6 +81,7 @@ fn every_single_rank_cpu_trace_replays_without_failures() {
 /// grad; the trace's explicit backward and optimizer ops run without one.
 #[test]
 fn forward_ops_record_autograd_and_backward_ops_do_not() {
+    let _plain = plain();
     let plan = cpu_plan("cpu/mlp.linked.et.json");
     assert!(!plan.grad_inputs.is_empty());
     let bound = replay::bind(&plan, &replay::Device::Cpu);
@@ -82,6 +101,7 @@ fn forward_ops_record_autograd_and_backward_ops_do_not() {
 
 #[test]
 fn the_gloo_traces_replay_their_compute_on_cpu() {
+    let _plain = plain();
     for m in ["dist_mlp_w2.rank0.et.json", "dist_mlp_w2.rank1.et.json"] {
         let r = replay(&format!("cpu/{m}"), et_graph::Kind::Compute);
         assert_eq!(r.ops_failed, 0, "{m}: {:?}", r.failures);
@@ -91,6 +111,7 @@ fn the_gloo_traces_replay_their_compute_on_cpu() {
 
 #[test]
 fn gpu_traces_replay_on_cpu_with_fallbacks() {
+    let _plain = plain();
     // A DDP ResNet captured on a GPU: cudnn batch-norm backward runs as the native op on CPU.
     // (Only a window of it: the whole iteration takes tens of seconds on two cores.)
     let sel = et_graph::Selection {
@@ -112,6 +133,7 @@ fn gpu_traces_replay_on_cpu_with_fallbacks() {
 /// the library and sets MYSTIQUE_FBGEMM_DIR; without it this test only checks the rest.
 #[test]
 fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
+    let _plain = plain();
     let dir = std::env::var_os("MYSTIQUE_FBGEMM_DIR").map(PathBuf::from);
     let mut loaded = false;
     if let Some(d) = &dir {
@@ -162,16 +184,11 @@ fn public_dlrm_rank_replays_on_cpu_with_fbgemm_loaded() {
     }
 }
 
-/// Held by each test that replays under the instrumentation.
-static INSTRUMENTED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// One extra iteration under the capture's instrumentation (execution trace observer + Kineto)
 /// finds every dispatched op among the profiler's events, in order, and leaves no file behind.
 #[test]
 fn an_instrumented_iteration_profiles_every_op() {
-    // One instrumented replay at a time in this process: libtorch has one profiler session
-    // and one observer, and a second start is refused.
-    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = instrumented();
     tch::set_num_threads(1);
     let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
@@ -238,9 +255,7 @@ fn an_instrumented_iteration_profiles_every_op() {
 /// events come after the recorded iterations'). Without, neither is timed.
 #[test]
 fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
-    // One instrumented replay at a time in this process: libtorch has one profiler session
-    // and one observer, and a second start is refused.
-    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = instrumented();
     tch::set_num_threads(1);
     let t = et_schema::read_trace(&shared("cpu/mlp.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
@@ -293,9 +308,7 @@ fn probing_the_mechanisms_measures_an_ops_and_a_nodes_instrumentation_cost() {
 /// op. Unless asked for (`probe_calls`), and without the observer, no call is probed.
 #[test]
 fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
-    // One instrumented replay at a time in this process: libtorch has one profiler session
-    // and one observer, and a second start is refused.
-    let _one = INSTRUMENTED.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = instrumented();
     tch::set_num_threads(1);
     let t = et_schema::read_trace(&shared("cpu/mlp.linked.et.json")).unwrap();
     let g = et_graph::Graph::new(&t);
@@ -343,6 +356,7 @@ fn under_the_observer_each_ops_call_is_probed_with_its_own_inputs() {
 /// run at speeds the original never had (max_pool2d 2.5x faster on cnn).
 #[test]
 fn values_stay_finite_over_many_iterations() {
+    let _plain = plain();
     tch::set_num_threads(1);
     let sel = et_graph::Selection::default();
     for (m, iters) in [
@@ -365,6 +379,7 @@ fn values_stay_finite_over_many_iterations() {
 /// never decays it.
 #[test]
 fn wrapped_python_numbers_in_optimizer_averages_are_their_decays() {
+    let _plain = plain();
     let plan = cpu_plan("cpu/cnn.linked.et.json.gz");
     let mut wrapped = 0;
     for step in plan.steps.iter().filter(|s| s.name == "aten::mul_") {
@@ -392,6 +407,7 @@ fn wrapped_python_numbers_in_optimizer_averages_are_their_decays() {
 /// operators.
 #[test]
 fn compiled_plans_of_every_shared_cpu_trace_round_trip_through_serde() {
+    let _plain = plain();
     let mut names: Vec<String> = ["cpu", "public"]
         .iter()
         .flat_map(|d| {
@@ -435,6 +451,7 @@ fn compiled_plans_of_every_shared_cpu_trace_round_trip_through_serde() {
 /// depends on them still runs; `comm` leaves the compute out.
 #[test]
 fn only_leaves_steps_out_and_their_dependants_still_run() {
+    let _plain = plain();
     tch::set_num_threads(1);
     let opts = |only| replay::ReplayOptions {
         only,
@@ -464,6 +481,7 @@ fn only_leaves_steps_out_and_their_dependants_still_run() {
 /// autograd has no graph to let go of.
 #[test]
 fn training_replays_let_go_of_the_forward_graph_before_the_backward() {
+    let _plain = plain();
     for m in ["cpu/cnn.et.json.gz", "cpu/transformer.et.json.gz"] {
         let plan = cpu_plan(m);
         assert!(!plan.graph_releases.is_empty(), "{m}");
