@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh14), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh15), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -46,6 +46,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh12   linked pairs: the boundary's charge, less the op's cost inside its window
   fresh13   linked pairs: the observer's cost charged per op
   fresh14   linked pairs: what fresh13's results led to
+  fresh15   memory that composites hold for the backward; linked pairs' first gap
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -1997,6 +1998,110 @@ def big_batch_mlp_infer():
                       nn.Linear(512, 16)).eval()
     return infer(m, torch.randn(256, 128))
 
+# ---- held-out set fresh15: memory held by composites, linked pairs' first gap --------------------
+# Written before any change chosen with fresh5's memory miss (grucell_loop_adam) or fresh13's and
+# fresh14's linked pairs in view was measured.
+
+def lstmcell_loop_sgd():
+    """An LSTMCell unrolled six steps in Python, a linear head, cross entropy; SGD."""
+    cell, head = nn.LSTMCell(12, 24), nn.Linear(24, 3)
+    m = nn.ModuleList([cell, head])
+    x, y = torch.randn(5, 6, 12), torch.randint(0, 3, (5,))
+
+    def loss(m):
+        h = c = x.new_zeros(5, 24)
+        for t in range(6):
+            h, c = m[0](x[:, t], (h, c))
+        return F.cross_entropy(m[1](h), y)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05), loss)
+
+
+def rnncell_relu_adam():
+    """An RNNCell with ReLU unrolled ten steps, the mean of the states regressed (MSE); Adam."""
+    cell = nn.RNNCell(8, 16, nonlinearity="relu")
+    x, y = torch.randn(3, 10, 8), torch.randn(3, 16)
+
+    def loss(m):
+        h, hs = x.new_zeros(3, 16), []
+        for t in range(10):
+            h = m(x[:, t], h)
+            hs.append(h)
+        return F.mse_loss(torch.stack(hs).mean(0), y)
+    return train(cell, torch.optim.Adam(cell.parameters(), lr=1e-3), loss)
+
+
+def glu_mlp_adamw():
+    """Linear to twice the width, GLU, linear; cross entropy, AdamW."""
+    m = nn.Sequential(nn.Linear(40, 160), nn.GLU(), nn.Linear(80, 160), nn.GLU(), nn.Linear(80, 5))
+    x, y = torch.randn(32, 40), torch.randint(0, 5, (32,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def instnorm_cnn_sgd():
+    """Convs with affine instance norm and leaky ReLU, global average pool, linear; SGD."""
+    m = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.InstanceNorm2d(12, affine=True), nn.LeakyReLU(0.2),
+                      nn.Conv2d(12, 12, 3, padding=1), nn.InstanceNorm2d(12, affine=True), nn.LeakyReLU(0.2),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 4))
+    x, y = torch.randn(3, 3, 18, 18), torch.randint(0, 4, (3,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), lambda m: F.cross_entropy(m(x), y))
+
+
+def label_smooth_mlp_adam():
+    """An MLP with cross entropy under label smoothing 0.1; Adam."""
+    m = nn.Sequential(nn.Linear(50, 96), nn.Tanh(), nn.Linear(96, 12))
+    x, y = torch.randn(24, 50), torch.randint(0, 12, (24,))
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3),
+                 lambda m: F.cross_entropy(m(x), y, label_smoothing=0.1))
+
+
+def huber_mlp_rmsprop():
+    """An MLP regressing three targets with the Huber loss; RMSprop with momentum."""
+    m = nn.Sequential(nn.Linear(20, 64), nn.SiLU(), nn.Linear(64, 3))
+    x, y = torch.randn(40, 20), torch.randn(40, 3)
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3, momentum=0.5),
+                 lambda m: F.huber_loss(m(x), y, delta=0.5))
+
+
+def unfold_patch_infer():
+    """Image patches by unfold, a linear embedding of each, mean over patches: inference."""
+    proj = nn.Linear(3 * 4 * 4, 32)
+    x = torch.randn(2, 3, 24, 24)
+
+    @torch.no_grad()
+    def step():
+        patches = F.unfold(x, kernel_size=4, stride=4).transpose(1, 2)
+        return proj(patches).mean(1)
+    return step
+
+
+def decoder_layer_sgd():
+    """A transformer decoder layer (self- and cross-attention, feed-forward) on a short target
+    and memory, MSE against the target; SGD."""
+    m = nn.TransformerDecoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    tgt, mem = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), lambda m: F.mse_loss(m(tgt, mem), tgt))
+
+
+def gelu_conv_adagrad():
+    """Strided convs with GELU, average pool, linear; cross entropy, Adagrad."""
+    m = nn.Sequential(nn.Conv2d(1, 8, 3, stride=2, padding=1), nn.GELU(),
+                      nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.GELU(),
+                      nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+    x, y = torch.randn(6, 1, 32, 32), torch.randint(0, 10, (6,))
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.01), lambda m: F.cross_entropy(m(x), y))
+
+
+def logsumexp_pool_infer():
+    """Token scores by a linear layer, log-sum-exp pooling over tokens, a classifier:
+    inference."""
+    score, cls = nn.Linear(24, 24), nn.Linear(24, 6)
+    x = torch.randn(8, 30, 24)
+
+    @torch.no_grad()
+    def step():
+        return cls(torch.logsumexp(torch.tanh(score(x)), dim=1))
+    return step
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -2125,6 +2230,16 @@ MODELS = {
     "beam_step_loop_infer": (beam_step_loop_infer, "fresh14", "eight decoding steps in Python: log_softmax, topk, running scores: inference"),
     "squared_hinge_sgd": (squared_hinge_sgd, "fresh14", "linear classifier, squared hinge loss, SGD"),
     "big_batch_mlp_infer": (big_batch_mlp_infer, "fresh14", "512-wide MLP on a batch of 256: inference"),
+    "lstmcell_loop_sgd": (lstmcell_loop_sgd, "fresh15", "LSTMCell unrolled in a Python loop, SGD"),
+    "rnncell_relu_adam": (rnncell_relu_adam, "fresh15", "ReLU RNNCell unrolled, stacked states, MSE, Adam"),
+    "glu_mlp_adamw": (glu_mlp_adamw, "fresh15", "linear + GLU blocks, AdamW"),
+    "instnorm_cnn_sgd": (instnorm_cnn_sgd, "fresh15", "convs with affine instance norm, leaky ReLU, SGD"),
+    "label_smooth_mlp_adam": (label_smooth_mlp_adam, "fresh15", "MLP, cross entropy with label smoothing, Adam"),
+    "huber_mlp_rmsprop": (huber_mlp_rmsprop, "fresh15", "MLP regression with the Huber loss, RMSprop momentum"),
+    "unfold_patch_infer": (unfold_patch_infer, "fresh15", "unfold patches, linear embedding, mean: inference"),
+    "decoder_layer_sgd": (decoder_layer_sgd, "fresh15", "transformer decoder layer (self + cross attention), SGD"),
+    "gelu_conv_adagrad": (gelu_conv_adagrad, "fresh15", "strided convs with GELU, avg pool, Adagrad"),
+    "logsumexp_pool_infer": (logsumexp_pool_infer, "fresh15", "linear scores, log-sum-exp pooling over tokens: inference"),
 }
 
 

@@ -58,6 +58,9 @@
 //!   pairs in view.
 //! - `fresh14`: changes to a linked pair's charges chosen with fresh13's results in view,
 //!   written before any was measured.
+//! - `fresh15`: the memory that ops inside composites hold for the backward (chosen with
+//!   fresh5's grucell_loop_adam in view) and a linked pair's first gap (with fresh13's and
+//!   fresh14's in view), written before either was measured.
 
 mod args;
 mod harness;

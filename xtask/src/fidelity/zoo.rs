@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 15] = [
+pub(super) static HELD_OUT: [HeldOut; 16] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -89,6 +89,11 @@ pub(super) static HELD_OUT: [HeldOut; 15] = [
         set: "fresh14",
         title: "HELD-OUT fresh14",
         label: "held-out fresh14",
+    },
+    HeldOut {
+        set: "fresh15",
+        title: "HELD-OUT fresh15",
+        label: "held-out fresh15",
     },
 ];
 
