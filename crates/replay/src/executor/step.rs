@@ -249,6 +249,21 @@ impl<'a> Executor<'a> {
                         attention_logsumexp(base, key, causal, scale)
                             .and_then(|l| l.f_to_kind(kind_of(v.spec.dtype)))
                     }
+                    ViewKind::Copy => {
+                        // With the recorded strides where they are dense; a chunk of a wider
+                        // storage (a recurrent cell's gate, one of three over its row) is
+                        // made dense: with its strides it would take the whole row's bytes,
+                        // once per chunk the backward reads.
+                        let numel: i64 = v.spec.shape.iter().product();
+                        let dense = v.spec.extent() - v.spec.offset == numel;
+                        let opts = (base.kind(), base.device());
+                        if dense {
+                            Tensor::f_empty_strided(&v.spec.shape, &v.spec.strides, opts)
+                        } else {
+                            Tensor::f_empty(&v.spec.shape, opts)
+                        }
+                        .and_then(|mut c| c.f_copy_(base).map(|_| c))
+                    }
                     ViewKind::WeightNormNorms { g, dim } => {
                         let g = slots[g as usize].as_ref()?;
                         Tensor::f_internal_weight_norm_interface(base, g, dim)

@@ -160,6 +160,10 @@ impl<'g, 't> Compiler<'g, 't> {
                 views: Vec::new(),
                 producers: None,
                 node: 0,
+                step_of: HashMap::with_capacity(n_steps),
+                first_rank: None,
+                allocators: None,
+                copies: Vec::new(),
                 group: 0,
             },
             groups: process_groups(t),
@@ -243,6 +247,8 @@ impl<'g, 't> Compiler<'g, 't> {
             autocast: None,
             views: std::mem::take(&mut self.b.views),
         });
+        self.b.step_of.insert(i, step);
+        self.b.first_rank.get_or_insert(g.rank[i as usize]);
     }
 
     /// The op's arguments by its schema: each recorded input built into an [`Arg`] (what its
@@ -539,6 +545,22 @@ impl<'g, 't> Compiler<'g, 't> {
             }
         }
         let graph_releases = graph_releases(self.b.g, &self.steps);
+        // A value made inside a composite is copied before the step after the composite's; but
+        // where the composite recorded a graph, the graph holds the replay's own value until
+        // it is let go, and a copy made before that held both (lstm_train at 1.55 of the
+        // original's peak): it is made after the release. First among the step's views, which
+        // may read it.
+        for (producer, consumer, view) in std::mem::take(&mut self.b.copies) {
+            let released = graph_releases
+                .iter()
+                .find(|&&r| r >= producer)
+                .filter(|_| self.steps[producer].autograd);
+            let at = released
+                .map_or(producer, |&r| r)
+                .saturating_add(1)
+                .min(consumer);
+            self.steps[at].views.insert(0, view);
+        }
         let mut plan = Plan {
             graph_releases,
             restored: self.restored,

@@ -385,6 +385,11 @@ pub enum ViewKind {
     /// op writes. Filled random instead, `_weight_norm_interface_backward` divided by them and
     /// its gradients reached Inf (weightnorm_mlp_sgd, fresh8; format 5).
     WeightNormNorms { g: Slot, dim: i64 },
+    /// A copy of `base` (an external input holding its values), with the view's sizes and
+    /// strides: a value an op inside a composite the replay runs whole made in the iteration
+    /// and a later step reads (saved for the backward), so its memory is held from the
+    /// composite's step to its last use, as the original held it (format 7).
+    Copy,
 }
 
 impl ViewKind {
@@ -428,8 +433,10 @@ impl Plan {
     }
 
     /// The version [`Plan::version`] has when compiled by this build.
-    pub const VERSION: u32 = 6;
-    /// The oldest format this build still runs. Format 6 only added [`Plan::graph_releases`]
+    pub const VERSION: u32 = 7;
+    /// The oldest format this build still runs. Format 7 only added [`ViewKind::Copy`] (an
+    /// older plan has none, and read such a value from its external input throughout). Format
+    /// 6 only added [`Plan::graph_releases`]
     /// (an older plan has none, and holds its forward's graph as the build that made it did).
     /// Format 5 only added [`ViewKind::WeightNormNorms`], as format 4 only added
     /// [`ViewKind::AttentionLogsumexp`] (an older plan has none, and compiled such a value as

@@ -934,6 +934,88 @@ fn the_graph_is_let_go_after_each_forward_that_a_backward_follows() {
     ));
 }
 
+/// A value an op inside a composite made, and the backward reads (autograd saved it), is a
+/// copy of its external input, made where the original held it from: after the forward's graph
+/// is let go when the composite recorded one (the graph holds the replay's own until then),
+/// after the composite's step otherwise; freed after its last use. A value no op of the
+/// iteration made stays an external input.
+#[test]
+fn values_a_composite_made_for_the_backward_are_copied_where_the_original_held_them() {
+    const RELU: &str = "aten::relu(Tensor self) -> Tensor";
+    const SIGMOID: &str = "aten::sigmoid(Tensor self) -> Tensor";
+    const NEG: &str = "aten::neg(Tensor self) -> Tensor";
+    let trace = |autograd: bool| {
+        let mut b = TraceBuilder::new();
+        // Forward ops carry a sequence number where they recorded a graph node.
+        let seq = |s: i64| if autograd { s } else { -1 };
+        // The composite: relu(1) -> 2, inside it sigmoid(1) -> 40 on a storage of its own.
+        let composite = b
+            .op("aten::relu", RELU)
+            .seq_id(seq(1))
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .output(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .done();
+        b.op("aten::sigmoid", SIGMOID)
+            .parent(composite)
+            .input(f32(1, 1, 4), json!([4]), "Tensor(float)")
+            .output(f32(40, 50, 4), json!([4]), "Tensor(float)")
+            .done();
+        b.op("aten::relu", RELU)
+            .seq_id(seq(2))
+            .input(f32(2, 2, 4), json!([4]), "Tensor(float)")
+            .output(f32(3, 3, 4), json!([4]), "Tensor(float)")
+            .done();
+        let engine = b
+            .node("autograd::engine::evaluate_function: ReluBackward0")
+            .done();
+        // The backward: neg(3), then neg of the sigmoid's value (tensor 41 over its storage),
+        // then neg of a value no op made.
+        for (x, storage, y) in [(3, 3, 4), (41, 50, 5), (60, 60, 6)] {
+            b.op("aten::neg", NEG)
+                .parent(engine)
+                .input(f32(x, storage, 4), json!([4]), "Tensor(float)")
+                .output(f32(y, y, 4), json!([4]), "Tensor(float)")
+                .done();
+        }
+        plan_of(&b)
+    };
+    for autograd in [true, false] {
+        let p = trace(autograd);
+        let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "aten::relu",
+                "aten::relu",
+                "aten::neg",
+                "aten::neg",
+                "aten::neg"
+            ]
+        );
+        let copies: Vec<(usize, &View)> = p
+            .steps
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.views.iter().map(move |v| (i, v)))
+            .filter(|(_, v)| v.kind == ViewKind::Copy)
+            .collect();
+        assert_eq!(copies.len(), 1, "{autograd}: {:?}", p.steps);
+        let (at, copy) = copies[0];
+        // The graph is let go after step 1, the forward's last.
+        assert_eq!(at, if autograd { 2 } else { 1 }, "{:?}", p.graph_releases);
+        assert_eq!(p.steps[3].args[0], Arg::Tensor(copy.slot));
+        assert!(p.externals.iter().any(|e| e.0 == copy.base));
+        assert_eq!(copy.spec.shape, vec![4]);
+        assert!(p.steps[3].frees.contains(&copy.slot), "{:?}", p.steps[3]);
+        // The value no op made is read from its external input.
+        let Arg::Tensor(other) = p.steps[4].args[0] else {
+            panic!("{:?}", p.steps[4].args)
+        };
+        assert!(p.externals.iter().any(|e| e.0 == other));
+        assert!(p.steps[4].views.is_empty());
+    }
+}
+
 /// Collective kinds as PARAM and nccl-tests name them, whatever op or record carries them.
 #[test]
 fn collectives_have_the_kinds_param_names() {
