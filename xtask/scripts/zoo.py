@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh15), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh16), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -47,6 +47,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh13   linked pairs: the observer's cost charged per op
   fresh14   linked pairs: what fresh13's results led to
   fresh15   memory that composites hold for the backward; linked pairs' first gap
+  fresh16   saved values made again where the original made them
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -2102,6 +2103,133 @@ def logsumexp_pool_infer():
         return cls(torch.logsumexp(torch.tanh(score(x)), dim=1))
     return step
 
+# ---- held-out set fresh16: values made again where the original made them ---------------------
+# Written before the replay made a composite's saved values (cross-entropy's log-probabilities,
+# attention's log-sum-exp) after the composite instead of before their backward was measured,
+# with fresh15's memory in view.
+
+def gru_seq_cls_adamw():
+    """A one-layer GRU over 20 steps, the last state classified (cross entropy); AdamW."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.fc = nn.GRU(10, 40, batch_first=True), nn.Linear(40, 6)
+
+        def forward(self, x):
+            return self.fc(self.gru(x)[0][:, -1])
+    m = M()
+    x, y = torch.randn(6, 20, 10), torch.randint(0, 6, (6,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def big_vocab_lm_sgd():
+    """Embeddings, a linear layer to a 2,000-word vocabulary, cross entropy over 64 tokens;
+    SGD."""
+    m = nn.Sequential(nn.Embedding(2000, 32), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2000))
+    t, y = torch.randint(0, 2000, (64,)), torch.randint(0, 2000, (64,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.1), lambda m: F.cross_entropy(m(t), y))
+
+
+def sdpa_block_adam():
+    """Multi-head self-attention by scaled_dot_product_attention, a residual and layer norm,
+    MSE; Adam."""
+    class M(nn.Module):
+        def __init__(self, d=48, h=4):
+            super().__init__()
+            self.qkv, self.out, self.norm, self.h = nn.Linear(d, 3 * d), nn.Linear(d, d), nn.LayerNorm(d), h
+
+        def forward(self, x):
+            b, n, d = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+            return self.norm(x + self.out(a))
+    m = M()
+    x = torch.randn(3, 16, 48)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), x))
+
+
+def rnn_relu_stack_sgd():
+    """A two-layer ReLU RNN over 12 steps, every state projected, cross entropy per step;
+    SGD with momentum."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.fc = nn.RNN(8, 24, num_layers=2, nonlinearity="relu", batch_first=True), nn.Linear(24, 5)
+
+        def forward(self, x):
+            return self.fc(self.rnn(x)[0])
+    m = M()
+    x, y = torch.randn(4, 12, 8), torch.randint(0, 5, (4, 12))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                 lambda m: F.cross_entropy(m(x).reshape(-1, 5), y.reshape(-1)))
+
+
+def nll_logsoftmax_adagrad():
+    """log_softmax then nll_loss written out (not cross_entropy), an MLP; Adagrad."""
+    m = nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 20))
+    x, y = torch.randn(48, 30), torch.randint(0, 20, (48,))
+    return train(m, torch.optim.Adagrad(m.parameters(), lr=0.01),
+                 lambda m: F.nll_loss(F.log_softmax(m(x), dim=1), y))
+
+
+def lstm_bidir_cls_rmsprop():
+    """A bidirectional LSTM, mean over time, classified; RMSprop."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(12, 20, batch_first=True, bidirectional=True), nn.Linear(40, 3)
+
+        def forward(self, x):
+            return self.fc(self.lstm(x)[0].mean(1))
+    m = M()
+    x, y = torch.randn(5, 15, 12), torch.randint(0, 3, (5,))
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def softmax_gate_mlp_adam():
+    """Softmax gating over four expert MLP outputs, weighted sum, MSE; Adam."""
+    experts, gate = nn.Linear(16, 4 * 16), nn.Linear(16, 4)
+    m = nn.ModuleList([experts, gate])
+    x, y = torch.randn(32, 16), torch.randn(32, 16)
+
+    def loss(m):
+        w = torch.softmax(m[1](x), dim=-1)
+        return F.mse_loss((m[0](x).view(32, 4, 16) * w[:, :, None]).sum(1), y)
+    return train(m, torch.optim.Adam(m.parameters(), lr=1e-3), loss)
+
+
+def layernorm_mlp_infer():
+    """Linear, layer norm, GELU, twice, on a batch of 64: inference."""
+    m = nn.Sequential(nn.Linear(48, 96), nn.LayerNorm(96), nn.GELU(),
+                      nn.Linear(96, 96), nn.LayerNorm(96), nn.GELU()).eval()
+    return infer(m, torch.randn(64, 48))
+
+
+def causal_sdpa_lm_adamw():
+    """Token embeddings, causal scaled_dot_product_attention, a vocabulary head, cross entropy;
+    AdamW."""
+    class M(nn.Module):
+        def __init__(self, v=300, d=32):
+            super().__init__()
+            self.emb, self.qkv, self.head = nn.Embedding(v, d), nn.Linear(d, 3 * d), nn.Linear(d, v)
+
+        def forward(self, t):
+            h = self.emb(t)
+            q, k, v = self.qkv(h).chunk(3, dim=-1)
+            return self.head(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    m = M()
+    t = torch.randint(0, 300, (4, 18))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3),
+                 lambda m: F.cross_entropy(m(t[:, :-1]).reshape(-1, 300), t[:, 1:].reshape(-1)))
+
+
+def kl_soft_targets_sgd():
+    """KL divergence of log-softmax outputs against fixed soft targets, an MLP; SGD."""
+    m = nn.Sequential(nn.Linear(24, 48), nn.Tanh(), nn.Linear(48, 10))
+    x, target = torch.randn(40, 24), torch.softmax(torch.randn(40, 10), dim=1)
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.05),
+                 lambda m: F.kl_div(F.log_softmax(m(x), dim=1), target, reduction="batchmean"))
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -2240,6 +2368,16 @@ MODELS = {
     "decoder_layer_sgd": (decoder_layer_sgd, "fresh15", "transformer decoder layer (self + cross attention), SGD"),
     "gelu_conv_adagrad": (gelu_conv_adagrad, "fresh15", "strided convs with GELU, avg pool, Adagrad"),
     "logsumexp_pool_infer": (logsumexp_pool_infer, "fresh15", "linear scores, log-sum-exp pooling over tokens: inference"),
+    "gru_seq_cls_adamw": (gru_seq_cls_adamw, "fresh16", "GRU over 20 steps, last state classified, AdamW"),
+    "big_vocab_lm_sgd": (big_vocab_lm_sgd, "fresh16", "embeddings, 2,000-word vocabulary head, cross entropy, SGD"),
+    "sdpa_block_adam": (sdpa_block_adam, "fresh16", "SDPA self-attention block with layer norm, MSE, Adam"),
+    "rnn_relu_stack_sgd": (rnn_relu_stack_sgd, "fresh16", "two-layer ReLU RNN, per-step cross entropy, SGD momentum"),
+    "nll_logsoftmax_adagrad": (nll_logsoftmax_adagrad, "fresh16", "MLP, log_softmax + nll_loss written out, Adagrad"),
+    "lstm_bidir_cls_rmsprop": (lstm_bidir_cls_rmsprop, "fresh16", "bidirectional LSTM, mean over time, RMSprop"),
+    "softmax_gate_mlp_adam": (softmax_gate_mlp_adam, "fresh16", "softmax gating over four experts, MSE, Adam"),
+    "layernorm_mlp_infer": (layernorm_mlp_infer, "fresh16", "linear, layer norm, GELU twice: inference"),
+    "causal_sdpa_lm_adamw": (causal_sdpa_lm_adamw, "fresh16", "embeddings, causal SDPA, vocabulary head, AdamW"),
+    "kl_soft_targets_sgd": (kl_soft_targets_sgd, "fresh16", "MLP, KL divergence against soft targets, SGD"),
 }
 
 

@@ -61,6 +61,9 @@
 //! - `fresh15`: the memory that ops inside composites hold for the backward (chosen with
 //!   fresh5's grucell_loop_adam in view) and a linked pair's first gap (with fresh13's and
 //!   fresh14's in view), written before either was measured.
+//! - `fresh16`: saved values the replay makes again (cross-entropy's log-probabilities,
+//!   attention's log-sum-exp) made after their composite, chosen with fresh15's memory in
+//!   view, written before it was measured.
 
 mod args;
 mod harness;

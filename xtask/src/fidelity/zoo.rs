@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 16] = [
+pub(super) static HELD_OUT: [HeldOut; 17] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -94,6 +94,11 @@ pub(super) static HELD_OUT: [HeldOut; 16] = [
         set: "fresh15",
         title: "HELD-OUT fresh15",
         label: "held-out fresh15",
+    },
+    HeldOut {
+        set: "fresh16",
+        title: "HELD-OUT fresh16",
+        label: "held-out fresh16",
     },
 ];
 
