@@ -164,6 +164,7 @@ impl<'g, 't> Compiler<'g, 't> {
                 first_rank: None,
                 allocators: None,
                 copies: Vec::new(),
+                placed: Vec::new(),
                 group: 0,
             },
             groups: process_groups(t),
@@ -550,6 +551,7 @@ impl<'g, 't> Compiler<'g, 't> {
         // it is let go, and a copy made before that held both (lstm_train at 1.55 of the
         // original's peak): it is made after the release. First among the step's views, which
         // may read it.
+        let mut first: Vec<Vec<View>> = vec![Vec::new(); self.steps.len()];
         for (producer, consumer, view) in std::mem::take(&mut self.b.copies) {
             let released = graph_releases
                 .iter()
@@ -559,7 +561,17 @@ impl<'g, 't> Compiler<'g, 't> {
                 .map_or(producer, |&r| r)
                 .saturating_add(1)
                 .min(consumer);
-            self.steps[at].views.insert(0, view);
+            first[at].push(view);
+        }
+        // Values made again after their composite's step (no copy reads them).
+        for (at, view) in std::mem::take(&mut self.b.placed) {
+            first[at].push(view);
+        }
+        for (step, mut views) in self.steps.iter_mut().zip(first) {
+            if !views.is_empty() {
+                views.append(&mut step.views);
+                step.views = views;
+            }
         }
         let mut plan = Plan {
             graph_releases,

@@ -186,6 +186,9 @@ pub(super) struct Builder<'g, 't> {
     /// Copies ([`ViewKind::Copy`]) of values made inside a composite: the step that ran it,
     /// the step that first reads the value, and the view (placed by `Compiler::finish`).
     pub(super) copies: Vec<(usize, usize, View)>,
+    /// Values made again ([`Builder::derived`]) before an earlier step than the one that reads
+    /// them first: that step and the view.
+    pub(super) placed: Vec<(usize, View)>,
     /// The process group of the step being built (its ProcessGroup arguments).
     pub(super) group: u32,
 }
@@ -320,9 +323,9 @@ impl Builder<'_, '_> {
     }
 
     /// The step that ran the op which last made `storage` before the step being built, where
-    /// that op ran since the iteration's first step (inside the step: a composite the replay
-    /// runs whole). `None` when no node since the iteration's first step made it, or none of
-    /// the steps ran the one that did.
+    /// that op ran since the iteration's first step inside the step (a composite the replay
+    /// runs whole). `None` when no node since the iteration's first step made it, when a
+    /// step made it itself, or when none of the steps ran the one that did.
     fn made_in_iteration(&mut self, storage: u64) -> Option<usize> {
         let (g, t) = (self.g, self.g.trace);
         let first = self.first_rank?;
@@ -353,11 +356,18 @@ impl Builder<'_, '_> {
         let now = g.rank[self.node];
         let at = made.partition_point(|&(r, _)| r < now).checked_sub(1)?;
         let (rank, k) = made[at];
-        if rank < first {
+        // Made by a step itself, the value is a region of that step's output that a slot
+        // holds already (read with sizes past its own: see `input_slot`).
+        if rank < first || self.step_of.contains_key(&k) {
             return None;
         }
+        self.step_of_node(k)
+    }
+
+    /// The step that ran node `k`: the step of `k` or of its nearest ancestor that is one.
+    fn step_of_node(&self, k: u32) -> Option<usize> {
         std::iter::once(k)
-            .chain(g.ancestors(k))
+            .chain(self.g.ancestors(k))
             .find_map(|a| self.step_of.get(&a).copied())
     }
 
@@ -412,14 +422,21 @@ impl Builder<'_, '_> {
         // trace of several iterations holds one producer of it per iteration.
         let before = producers.get(&region?)?;
         let at = before.partition_point(|&k| k < self.node).checked_sub(1)?;
-        let node = &t.nodes[before[at]];
+        let made = before[at];
+        let node = &t.nodes[made];
         let name = t.name(node);
         let ins = t.inputs(node);
+        // Made right after the step that ran the op, as the original held its value from
+        // there to the backward; made before the backward op instead, the replay held the
+        // op's input there too (cross-entropy's logits, past the loss).
+        let at = self
+            .step_of_node(made as u32)
+            .map_or(step, |p| (p + 1).min(step));
         if is_fused_attention(name) {
-            return self.attention_logsumexp(step, node, spec);
+            return self.attention_logsumexp(step, at, node, spec);
         }
         if name == "aten::_weight_norm_interface" {
-            return self.weight_norm_norms(step, node, spec);
+            return self.weight_norm_norms(step, at, node, spec);
         }
         let (base, in_spec) = self.live_input(node, 0)?;
         let dim = match ins.get(1)?.value {
@@ -435,8 +452,10 @@ impl Builder<'_, '_> {
         } else {
             ViewKind::Softmax { dim }
         };
-        log::debug!("step {step}: {name} of slot {base} made again for its backward");
-        Some(self.computed_view(step, base, &[], spec, kind))
+        log::debug!(
+            "step {step}: {name} of slot {base} made again for its backward, before step {at}"
+        );
+        Some(self.computed_view(step, at, base, &[], spec, kind))
     }
 
     /// Input `i` of `node` where it is live in a slot with the shape and dtype the trace
@@ -453,22 +472,25 @@ impl Builder<'_, '_> {
         (self.slot_meta[s as usize] == Some((sp.shape.clone(), sp.dtype))).then_some((s, sp))
     }
 
-    /// A new slot made at `step` of `base` (and the other slots it `reads`) as `kind` says,
-    /// contiguous with `spec`'s shape and dtype: a value a composite run whole made inside it
-    /// and saved for a backward, which no replayed op writes.
+    /// A new slot that `step` reads, made before step `at` (at most `step`) of `base` (and
+    /// the other slots it `reads`) as `kind` says, contiguous with `spec`'s shape and dtype: a
+    /// value a composite run whole made inside it and saved for a backward, which no replayed
+    /// op writes.
     pub(super) fn computed_view(
         &mut self,
         step: usize,
+        at: usize,
         base: Slot,
         reads: &[Slot],
         spec: &TensorSpec,
         kind: ViewKind,
     ) -> Slot {
         for &r in std::iter::once(&base).chain(reads) {
-            self.last_use[r as usize] = step;
+            let last = &mut self.last_use[r as usize];
+            *last = (*last).max(at);
         }
         let s = self.new_slot(step, Some((spec.shape.clone(), spec.dtype)));
-        self.views.push(View {
+        let view = View {
             slot: s,
             base,
             spec: TensorSpec {
@@ -476,7 +498,12 @@ impl Builder<'_, '_> {
                 ..spec.clone()
             },
             kind,
-        });
+        };
+        if at < step {
+            self.placed.push((at, view));
+        } else {
+            self.views.push(view);
+        }
         s
     }
 
@@ -487,6 +514,7 @@ impl Builder<'_, '_> {
     pub(super) fn attention_logsumexp(
         &mut self,
         step: usize,
+        at: usize,
         node: &et_schema::Node,
         spec: &TensorSpec,
     ) -> Option<Slot> {
@@ -527,7 +555,7 @@ impl Builder<'_, '_> {
             causal,
             scale,
         };
-        Some(self.computed_view(step, q, &[k], spec, kind))
+        Some(self.computed_view(step, at, q, &[k], spec, kind))
     }
 
     /// The norms `_weight_norm_interface(v, g, dim)` (`node`) returned second (`spec`, `g`'s
@@ -536,6 +564,7 @@ impl Builder<'_, '_> {
     pub(super) fn weight_norm_norms(
         &mut self,
         step: usize,
+        at: usize,
         node: &et_schema::Node,
         spec: &TensorSpec,
     ) -> Option<Slot> {
@@ -549,7 +578,8 @@ impl Builder<'_, '_> {
             return None;
         }
         log::debug!("step {step}: the weight norm's norms made again for its backward");
-        Some(self.computed_view(step, v, &[g], spec, ViewKind::WeightNormNorms { g, dim }))
+        let kind = ViewKind::WeightNormNorms { g, dim };
+        Some(self.computed_view(step, at, v, &[g], spec, kind))
     }
 
     /// The slot is a floating-point external input (a parameter, if anything requires grad).

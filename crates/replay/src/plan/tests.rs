@@ -1016,6 +1016,67 @@ fn values_a_composite_made_for_the_backward_are_copied_where_the_original_held_t
     }
 }
 
+/// Cross-entropy's log-probabilities, saved inside the composite and read by the backward, are
+/// made again of the logits right after the composite's step, where the original's were made:
+/// the logits are let go there, not held to the backward.
+#[test]
+fn a_value_made_again_is_made_after_its_composite_and_its_input_let_go() {
+    const CE: &str = "aten::cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor";
+    const LSM: &str = "aten::_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor";
+    const BWD: &str = "aten::_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor";
+    const RELU: &str = "aten::relu(Tensor self) -> Tensor";
+    let mut b = TraceBuilder::new();
+    // Logits [2, 3] from a replayed op.
+    b.op("aten::relu", RELU)
+        .input(f32(1, 1, 6), json!([2, 3]), "Tensor(float)")
+        .output(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    let ce = b
+        .op("aten::cross_entropy_loss", CE)
+        .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!([3, 3, 0, 2, 8, "cpu"]), json!([2]), "Tensor(long)")
+        .input(json!("<None>"), json!([]), "None")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(-100), json!([]), "Int")
+        .input(json!(0.0), json!([]), "Double")
+        .output(f32(4, 4, 1), json!([]), "Tensor(float)")
+        .done();
+    b.op("aten::_log_softmax", LSM)
+        .parent(ce)
+        .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .output(f32(5, 5, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    // Something else between the loss and its backward.
+    b.op("aten::relu", RELU)
+        .input(f32(4, 4, 1), json!([]), "Tensor(float)")
+        .output(f32(7, 7, 1), json!([]), "Tensor(float)")
+        .done();
+    b.op("aten::_log_softmax_backward_data", BWD)
+        .input(f32(8, 8, 6), json!([2, 3]), "Tensor(float)")
+        .input(f32(9, 5, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(6), json!([]), "Int")
+        .output(f32(10, 10, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    let names: Vec<&str> = p.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names[1], "aten::cross_entropy_loss", "{names:?}");
+    assert_eq!(names[3], "aten::_log_softmax_backward_data", "{names:?}");
+    assert!(p.steps[3].views.is_empty(), "{:?}", p.steps[3]);
+    assert_eq!(p.steps[2].views.len(), 1, "{:?}", p.steps[2]);
+    let v = &p.steps[2].views[0];
+    assert_eq!(v.kind, ViewKind::LogSoftmax { dim: 1 });
+    let Out::Tensor(logits) = p.steps[0].outs[0] else {
+        panic!("{:?}", p.steps[0].outs)
+    };
+    assert_eq!(v.base, logits);
+    assert_eq!(p.steps[3].args[1], Arg::Tensor(v.slot));
+    assert!(p.steps[2].frees.contains(&logits), "{:?}", p.steps[2]);
+    assert!(p.steps[3].frees.contains(&v.slot), "{:?}", p.steps[3]);
+}
+
 /// Collective kinds as PARAM and nccl-tests name them, whatever op or record carries them.
 #[test]
 fn collectives_have_the_kinds_param_names() {
