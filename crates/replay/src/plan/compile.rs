@@ -153,6 +153,7 @@ impl<'g, 't> Compiler<'g, 't> {
                 externals: Vec::new(),
                 external_index: HashMap::new(),
                 last_use: Vec::new(),
+                made_at: Vec::new(),
                 slot_meta: Vec::new(),
                 ops: indexmap::IndexSet::new(),
                 written_over: HashMap::new(),

@@ -153,6 +153,9 @@ pub(super) struct Builder<'g, 't> {
     pub(super) externals: Vec<(Slot, TensorSpec, Fill)>,
     pub(super) external_index: HashMap<Slot, usize>,
     pub(super) last_use: Vec<usize>,
+    /// The step each slot was made for (by slot): an output's step, a view's or an external
+    /// input's first reader.
+    pub(super) made_at: Vec<usize>,
     /// Shape and dtype each slot holds, as the trace records it.
     pub(super) slot_meta: Vec<Option<(Vec<i64>, DType)>>,
     /// Distinct operators and their index in [`Plan::ops`].
@@ -197,6 +200,7 @@ impl Builder<'_, '_> {
     pub(super) fn new_slot(&mut self, step: usize, meta: Option<(Vec<i64>, DType)>) -> Slot {
         self.n_slots += 1;
         self.last_use.push(step);
+        self.made_at.push(step);
         self.slot_meta.push(meta);
         self.n_slots - 1
     }
@@ -485,6 +489,15 @@ impl Builder<'_, '_> {
         spec: &TensorSpec,
         kind: ViewKind,
     ) -> Slot {
+        // Where a slot it is made of is filled only later (the trace's ids were reused for
+        // another tensor since), before the step that reads it, as the values there are.
+        let ready =
+            |b: &Self, r: Slot| b.external_index.contains_key(&r) || b.made_at[r as usize] < at;
+        let at = if std::iter::once(&base).chain(reads).all(|&r| ready(self, r)) {
+            at
+        } else {
+            step
+        };
         for &r in std::iter::once(&base).chain(reads) {
             let last = &mut self.last_use[r as usize];
             *last = (*last).max(at);
