@@ -808,6 +808,68 @@ fn a_transposed_read_of_an_output_is_a_view_of_it() {
     assert_eq!(values(w), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
 }
 
+/// Values an op inside a composite made and a later op reads (saved for a backward) are
+/// copies of their external inputs, each a tensor of its own holding the external's values:
+/// with the recorded strides where they are dense, dense where the value is a chunk of a
+/// wider storage (a gate of three over its row).
+#[test]
+fn a_value_made_inside_a_composite_is_read_from_a_copy_of_its_external() {
+    const RELU: &str = "aten::relu(Tensor self) -> Tensor";
+    const ADDMM: &str = "aten::addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor";
+    const NEG: &str = "aten::neg(Tensor self) -> Tensor";
+    let mut b = TraceBuilder::new();
+    let composite = b
+        .op("aten::relu", RELU)
+        .input(t(1, 1, 6), json!([2, 3]), "Tensor(float)")
+        .output(t(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    // Inside it, [2, 3] gates on storage 50, made by an op the replay does not run.
+    b.op("aten::addmm", ADDMM)
+        .parent(composite)
+        .input(t(3, 3, 3), json!([3]), "Tensor(float)")
+        .input(t(1, 1, 6), json!([2, 3]), "Tensor(float)")
+        .input(t(4, 4, 9), json!([3, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(1), json!([]), "Int")
+        .output(t(40, 50, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    // Read whole, then its middle column alone (offset 1, stride 3: not dense).
+    b.op("aten::neg", NEG)
+        .input(t(41, 50, 6), json!([2, 3]), "Tensor(float)")
+        .output(t(5, 5, 6), json!([2, 3]), "Tensor(float)")
+        .done();
+    b.op("aten::neg", NEG)
+        .input_strided(
+            json!([42, 50, 1, 2, 4, "cpu"]),
+            json!([2, 1]),
+            json!([3, 1]),
+            "Tensor(float)",
+        )
+        .output(t(6, 6, 2), json!([2, 1]), "Tensor(float)")
+        .done();
+    let tr = b.build();
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    let copies: Vec<&replay::plan::View> = plan
+        .steps
+        .iter()
+        .flat_map(|s| &s.views)
+        .filter(|v| v.kind == replay::plan::ViewKind::Copy)
+        .collect();
+    assert_eq!(copies.len(), 2, "{:?}", plan.steps);
+    for (k, copy) in copies.iter().enumerate() {
+        let step = 1 + k;
+        assert_eq!(arg_slot(&plan, step, 0), copy.slot as usize);
+        let made = slots[copy.slot as usize].as_ref().unwrap();
+        let external = slots[copy.base as usize].as_ref().unwrap();
+        assert_ne!(made.data_ptr(), external.data_ptr());
+        assert_eq!(values(made), values(external));
+        assert!(made.is_contiguous(), "{:?}", made.stride());
+        let out = slots[out_slot(&plan, step, 0)].as_ref().unwrap();
+        assert_eq!(values(out), values(&-external));
+    }
+}
+
 /// Cross-entropy's log-probabilities, made by a `_log_softmax` inside the composite the replay
 /// runs whole and read by the backward under a new tensor id, are made again of the logits:
 /// the backward's gradient is softmax less the target's one-hot, as in the original, not the
