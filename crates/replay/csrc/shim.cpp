@@ -156,6 +156,14 @@ int mq_alloc_count_install() {
   });
 }
 
+// Switches RecordFunction on or off on this thread (the profiler's and the execution trace
+// observer's callbacks see nothing while off); returns whether it was on.
+int mq_record_function(int on) {
+  bool was = at::isRecordFunctionEnabled();
+  at::enableRecordFunction(on != 0);
+  return was ? 1 : 0;
+}
+
 // Starts a counting window: from here, what is allocated counts until it is freed.
 void mq_alloc_count_reset() {
   counting_window.fetch_add(1);

@@ -91,6 +91,7 @@ extern "C" {
     fn mq_flush_denormal() -> i32;
     fn mq_alloc_count_install() -> i32;
     fn mq_alloc_count_reset();
+    fn mq_record_function(on: i32) -> i32;
     fn mq_alloc_count_read(now: *mut i64, peak: *mut i64);
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_storage_use_count(t: *const C_tensor) -> usize;
@@ -296,6 +297,34 @@ pub fn alloc_count_install() -> Result<(), String> {
 pub fn alloc_count_reset() {
     // SAFETY: no arguments; resets atomic counters.
     unsafe { mq_alloc_count_reset() }
+}
+
+/// While it lives, this thread's ops run without RecordFunction: the profiler and the
+/// execution trace observer do not see them. For the replay's own bookkeeping, which the
+/// original did not dispatch (its autograd unpacked what it saved without an op).
+pub struct Unrecorded {
+    was: bool,
+}
+
+impl Unrecorded {
+    pub fn new() -> Self {
+        // SAFETY: sets a thread-local flag; no arguments to check.
+        let was = unsafe { mq_record_function(0) } != 0;
+        Unrecorded { was }
+    }
+}
+
+impl Default for Unrecorded {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Unrecorded {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { mq_record_function(i32::from(self.was)) };
+    }
 }
 
 /// The counting window's bytes held now and at its peak.

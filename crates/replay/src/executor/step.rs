@@ -234,7 +234,15 @@ impl<'a> Executor<'a> {
     /// what it saved before the backward op runs. A view that cannot be made leaves its slot
     /// empty (the step then reports the missing input).
     pub fn make_views(&self, pos: usize, slots: &mut [Option<Tensor>]) {
-        for v in &self.plan.steps[pos].views {
+        let views = &self.plan.steps[pos].views;
+        if views.is_empty() {
+            return;
+        }
+        // Not the original's ops: under the capture's instrumentation they would be events
+        // the profile's steps are found among (a step's copies pushed its own event out of
+        // reach) and calls the observer charges.
+        let _unrecorded = ffi::Unrecorded::new();
+        for v in views {
             let made = slots[v.base as usize].as_ref().and_then(|base| {
                 // Not a step of the model's graph: no autograd node for the view itself.
                 let _guard = tch::no_grad_guard();
