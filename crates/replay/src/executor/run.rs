@@ -445,6 +445,8 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
             // receives outstanding until here complete first.
             self.wait_pending(pos)?;
             let t = self.timer.host_us();
+            // Its views are still made: a copy placed here may be for a step that runs.
+            self.ex.make_views(pos, &mut self.slots);
             self.ex.leave_out(pos, &mut self.slots);
             self.rec.skipped();
             self.ex.free(pos, &mut self.slots);

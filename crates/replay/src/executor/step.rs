@@ -36,6 +36,13 @@ impl<'a> Executor<'a> {
                         needed[s as usize] = true;
                     }
                 }
+                // Views are made whatever steps run (one may be placed on a step left out, for
+                // a step that runs), and their bases may be external inputs no step reads.
+                if !pooled {
+                    for s in step.views.iter().flat_map(|v| v.reads()) {
+                        needed[s as usize] = true;
+                    }
+                }
             }
             needed
         });

@@ -357,6 +357,18 @@ pub struct View {
     pub kind: ViewKind,
 }
 
+impl View {
+    /// The slots it is made of: its base, and the key or magnitude some kinds read too.
+    pub fn reads(&self) -> impl Iterator<Item = Slot> + '_ {
+        let other = match self.kind {
+            ViewKind::AttentionLogsumexp { key, .. } => Some(key),
+            ViewKind::WeightNormNorms { g, .. } => Some(g),
+            _ => None,
+        };
+        std::iter::once(self.base).chain(other)
+    }
+}
+
 /// What a [`View`] is of its base.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub enum ViewKind {

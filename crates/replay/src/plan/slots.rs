@@ -315,6 +315,9 @@ impl Builder<'_, '_> {
                     spec.dtype
                 );
                 self.copies.push((producer, step, view));
+                // Its consumers' constraints (indices in bounds, a variance non-negative) are
+                // the external's fill.
+                self.written_over.insert(copy, s);
                 copy
             }
             None => s,
