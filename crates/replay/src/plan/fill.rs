@@ -53,7 +53,10 @@ pub(super) fn needs_nonnegative(op: &str, arg_name: Option<&str>) -> bool {
         "max_exp_avg_sqs",
         "state_sums",
     ];
-    OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a))
+    // Arguments of one op: `kl_div`'s target is a distribution (its log where `log_target`;
+    // a non-negative one is valid there too), and a negative one takes its log to NaN.
+    const OP_ARGS: &[(&str, &str)] = &[("aten::kl_div", "target")];
+    OPS.contains(&op) || arg_name.is_some_and(|a| ARGS.contains(&a) || OP_ARGS.contains(&(op, a)))
 }
 
 /// An argument an `nn.Module` passes its parameters as: `weight`, `bias`, `*_weight`,

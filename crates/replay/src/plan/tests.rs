@@ -1077,6 +1077,24 @@ fn a_value_made_again_is_made_after_its_composite_and_its_input_let_go() {
     assert!(p.steps[3].frees.contains(&v.slot), "{:?}", p.steps[3]);
 }
 
+/// `kl_div`'s target is a distribution: its external input is filled non-negative, so the
+/// divergence's log of it is finite (random signs made a fresh16 model's loss NaN).
+#[test]
+fn a_kl_divergences_target_is_non_negative() {
+    const KL: &str = "aten::kl_div(Tensor self, Tensor target, int reduction=1, *, bool log_target=False) -> Tensor";
+    let mut b = TraceBuilder::new();
+    b.op("aten::kl_div", KL)
+        .input(f32(1, 1, 6), json!([2, 3]), "Tensor(float)")
+        .input(f32(2, 2, 6), json!([2, 3]), "Tensor(float)")
+        .input(json!(1), json!([]), "Int")
+        .input(json!(false), json!([]), "Bool")
+        .output(f32(3, 3, 1), json!([]), "Tensor(float)")
+        .done();
+    let p = plan_of(&b);
+    assert_eq!(fill_of(&p, 0, 0), Fill::Random);
+    assert_eq!(fill_of(&p, 0, 1), Fill::NonNegative);
+}
+
 /// Collective kinds as PARAM and nccl-tests name them, whatever op or record carries them.
 #[test]
 fn collectives_have_the_kinds_param_names() {
