@@ -13,11 +13,23 @@ pub(super) fn push_args(
     // The stack is empty here: every call path clears it after use (`settle`) or before a
     // retry, so no FFI call is spent clearing it again.
     debug_assert!(stack.is_empty());
-    for a in args {
+    for (k, a) in args.iter().enumerate() {
         match a {
             Arg::Tensor(s) => match &slots[*s as usize] {
                 Some(t) => stack.tensor(t),
-                None => stack.undefined_tensor(),
+                // The trace recorded a tensor here: passed as undefined, an optional one reads
+                // as None, and a kernel told by another argument that it is there (batch
+                // norm's backward in training, its saved statistics) reads through a null
+                // pointer. The step fails instead.
+                None => {
+                    stack.clear();
+                    return Err(CallError::new(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "argument {k}: the tensor the trace recorded there (slot {s}) was                              not made"
+                        ),
+                    ));
+                }
             },
             Arg::UndefinedTensor => stack.undefined_tensor(),
             Arg::None => stack.none(),
