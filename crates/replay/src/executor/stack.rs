@@ -26,7 +26,8 @@ pub(super) fn push_args(
                     return Err(CallError::new(
                         ErrorKind::InvalidArgument,
                         format!(
-                            "argument {k}: the tensor the trace recorded there (slot {s}) was                              not made"
+                            "argument {k}: the tensor the trace recorded there (slot {s}) was \
+                             not made"
                         ),
                     ));
                 }

@@ -436,14 +436,14 @@ impl Builder<'_, '_> {
         // Made right after the step that ran the op, as the original held its value from
         // there to the backward; made before the backward op instead, the replay held the
         // op's input there too (cross-entropy's logits, past the loss).
-        let at = self
+        let place = self
             .step_of_node(made as u32)
             .map_or(step, |p| (p + 1).min(step));
         if is_fused_attention(name) {
-            return self.attention_logsumexp(step, at, node, spec);
+            return self.attention_logsumexp(step, place, node, spec);
         }
         if name == "aten::_weight_norm_interface" {
-            return self.weight_norm_norms(step, at, node, spec);
+            return self.weight_norm_norms(step, place, node, spec);
         }
         let (base, in_spec) = self.live_input(node, 0)?;
         let dim = match ins.get(1)?.value {
@@ -460,9 +460,9 @@ impl Builder<'_, '_> {
             ViewKind::Softmax { dim }
         };
         log::debug!(
-            "step {step}: {name} of slot {base} made again for its backward, before step {at}"
+            "step {step}: {name} of slot {base} made again for its backward, before step {place}"
         );
-        Some(self.computed_view(step, at, base, &[], spec, kind))
+        Some(self.computed_view(step, place, base, &[], spec, kind))
     }
 
     /// Input `i` of `node` where it is live in a slot with the shape and dtype the trace
