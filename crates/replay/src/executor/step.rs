@@ -123,6 +123,10 @@ impl<'a> Executor<'a> {
         if pos == self.plan.graph_releases.first().copied().unwrap_or(pos) {
             self.graph_released = 0;
         }
+        // The original's engine let its graph go without an op: the detaches are the replay's
+        // bookkeeping, out of the profiler's and the observer's sight (under the capture's
+        // instrumentation each cost an event, and their events came between the steps' own).
+        let _unrecorded = ffi::Unrecorded::new();
         for t in slots.iter_mut().flatten() {
             if ffi::has_grad_fn(t) {
                 if let Ok(d) = t.f_detach() {
