@@ -21,6 +21,15 @@ const TORCH: &str = "torch==2.11.0";
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // `--help` asks for the usage, wherever it comes (`cargo xtask fidelity --help`), except
+    // where the arguments go on to another program (replay's to mystique, test's to cargo).
+    let help = args.first() == Some(&"help")
+        || (!matches!(args.first(), Some(&"replay" | &"test"))
+            && args.iter().any(|a| matches!(*a, "--help" | "-h")));
+    if help {
+        println!("{}", usage());
+        return Ok(());
+    }
     match args.as_slice() {
         ["setup"] => setup().map(|_| ()),
         ["test", rest @ ..] => test(rest),
@@ -36,25 +45,30 @@ fn main() -> Result<()> {
         ["gpu-check", rest @ ..] => gpu_check::main(rest, &root(), &shared()),
         ["results", rest @ ..] => results::main(rest),
         _ => {
-            eprintln!(
-                "usage: cargo xtask <command>\n\n\
-                 setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
-                 example        setup, then inspect and replay the bundled example trace\n\
-                 replay TRACE [ARGS]  setup, then mystique replay TRACE ARGS (e.g. --iters 20 --json)\n\
-                 test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test) and check the wheel\n\
-                 wheel [--check]  build the mystique-rs wheel (pip install target/wheels/mystique_rs-*.whl); --check: install it in a fresh venv and capture, replay, package there (part of test)\n\
-                 bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
-                 bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
-                 bench world [N...]  compose world --chakra: time and peak memory for N ranks (default 1024 8192) from small captures\n\
-                 fidelity --memory [--models a,b]  each zoo model's peak memory per iteration, replay over original (the CPU allocator's bytes over the iteration's start), frees following a profile_memory profile and at last use\n\
-                 fidelity [N] [--models a,b] [--block-ms MS] [--round-parts K] [--svg P] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked|linked-memory] [--against BIN [--against-capture timing|linked|linked-memory] [--against-zoo DIR]]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (defaults: 100 rounds, 50 ms; --round-parts K: the rounds in K parts, each in processes started anew, default 1); gaps from the profile taken without the execution trace observer (--capture linked: from the linked pair; linked-memory: from a linked pair taken with profile_memory too, captured where missing); --busy-host: replay and time the original beside one CPU burner per core; --throttled-host: under a CPU quota of 5 ms per 10 ms (a cgroup, as a container's CPU limit); the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique (and capture) on the quiet captures in place of the busy ones, paired in the same rounds (--against-zoo DIR: its quiet captures from another zoo cache, e.g. one an older zoo.py captured; --against-args 'ARGS': its replays' extra arguments, {{reference}} standing for each model's quiet reference)\n\
-                 bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
-                 gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML\n\
-                 results [--run NAMES] [--rounds N]  write docs/results.md from the measurements saved under target/mystique-results/ (fidelity and bench parse save theirs); --run fidelity,fidelity-throttled,fidelity-busy,fidelity-memory,parse,dispatch: measure those first (dispatch: the criterion dispatch benchmark), --rounds N: the fidelity and parse rounds"
-            );
+            eprintln!("{}", usage());
             std::process::exit(2)
         }
     }
+}
+
+/// What `cargo xtask` does, command by command.
+fn usage() -> String {
+    format!(
+                "usage: cargo xtask <command>\n\n\
+             setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
+             example        setup, then inspect and replay the bundled example trace\n\
+             replay TRACE [ARGS]  setup, then mystique replay TRACE ARGS (e.g. --iters 20 --json)\n\
+             test [ARGS]    setup, then run every test of the workspace (ARGS go to cargo test) and check the wheel\n\
+             wheel [--check]  build the mystique-rs wheel (pip install target/wheels/mystique_rs-*.whl); --check: install it in a fresh venv and capture, replay, package there (part of test)\n\
+             bench parse    parse throughput and peak RSS on a >= 200 MB trace vs Python json.load\n\
+             bench comms [ROUNDS]  collectives replayed over Gloo vs the same issued by PyTorch, loopback\n\
+             bench world [N...]  compose world --chakra: time and peak memory for N ranks (default 1024 8192) from small captures\n\
+             fidelity --memory [--models a,b]  each zoo model's peak memory per iteration, replay over original (the CPU allocator's bytes over the iteration's start), frees following a profile_memory profile and at last use\n\
+             fidelity [N] [--models a,b] [--block-ms MS] [--round-parts K] [--svg P] [--busy-host | --throttled-host] [--glibc-heap-defaults] [--capture timing|linked|linked-memory] [--against BIN [--against-capture timing|linked|linked-memory] [--against-zoo DIR]]  replay vs original over the model zoo (captured once, cached), N rounds of paired blocks of about MS ms (defaults: 100 rounds, 50 ms; --round-parts K: the rounds in K parts, each in processes started anew, default 1); gaps from the profile taken without the execution trace observer (--capture linked: from the linked pair; linked-memory: from a linked pair taken with profile_memory too, captured where missing); --busy-host: replay and time the original beside one CPU burner per core; --throttled-host: under a CPU quota of 5 ms per 10 ms (a cgroup, as a container's CPU limit); the zoo's Python runs with the replay's glibc heap settings (--glibc-heap-defaults: the original with glibc's defaults); --against BIN: A/B, another build's mystique (and capture) on the quiet captures in place of the busy ones, paired in the same rounds (--against-zoo DIR: its quiet captures from another zoo cache, e.g. one an older zoo.py captured; --against-args 'ARGS': its replays' extra arguments, {{reference}} standing for each model's quiet reference)\n\
+             bench-ops TRACE [--top N] [--filter REGEX] [--kineto K]  a criterion benchmark per op signature (top 10)\n\
+             gpu-check [prepare | run] [--dir DIR]  bundle (prepare) and run (run) the CUDA checks: GPU tests, public GPU traces on cuda, NVML\n\
+             results [--run NAMES] [--rounds N]  write docs/results.md from the measurements saved under target/mystique-results/ (fidelity and bench parse save theirs); --run fidelity,fidelity-throttled,fidelity-busy,fidelity-memory,parse,dispatch: measure those first (dispatch: the criterion dispatch benchmark), --rounds N: the fidelity and parse rounds"
+    )
 }
 
 fn root() -> PathBuf {
