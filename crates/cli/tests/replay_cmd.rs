@@ -424,9 +424,44 @@ fn gaps_from_a_profile_taken_without_the_observer() {
     assert_eq!(c["instrumented"]["ops"], c["linked"]);
 }
 
+/// A linked pair's gaps, taken under the execution trace observer, come with a note that a
+/// reference or a profile taken without the observer pins them, and the gap that holds the
+/// iteration's edges is charged what the calibration measured there (`edge_us`). A profile
+/// taken without the observer gets neither.
+#[test]
+fn a_linked_pairs_edges_are_charged_and_its_gaps_come_with_a_note() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let note = "taken under the execution trace observer";
+    let out = bin()
+        .arg("replay")
+        .arg(data.join("steps.linked.et.json.gz"))
+        .arg("--kineto")
+        .arg(data.join("steps.kineto.json.gz"))
+        .args(["--emulate-gaps", "--iteration", "2"])
+        .args(["--json", "--threads", "1", "--iters", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains(note), "{stderr}");
+    let l: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let edge = l["gap_model"]["edge_us"].as_f64();
+    assert!(
+        edge.is_some_and(|e| e.is_finite() && e >= 0.0),
+        "{}",
+        l["gap_model"]
+    );
+    let out = steps_with_gaps().arg("--json").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains(note), "{stderr}");
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(c["gap_model"]["edge_us"].is_null(), "{}", c["gap_model"]);
+}
+
 /// On a linked pair, `--call-probed-boundaries` charges each boundary its own op's probed call
-/// and the boxing of its inputs, and the report says how many boundaries were probed; by
-/// default none is. Beside `--replay-boundary-costs` it is refused.
+/// and the boxing of its inputs (all but the iteration's edges), and the report says how many
+/// boundaries were probed; by default none is. Beside `--replay-boundary-costs` it is refused.
 #[test]
 fn each_ops_call_is_charged_only_when_asked() {
     let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
@@ -448,7 +483,10 @@ fn each_ops_call_is_charged_only_when_asked() {
     let m = &r["gap_model"];
     let boundaries = m["boundaries"].as_u64().unwrap_or(0);
     assert!(boundaries > 0, "{m}");
-    assert_eq!(m["call_probed"].as_u64(), Some(boundaries), "{m}");
+    // Every boundary but the one that holds the iteration's edges, which is charged what the
+    // calibration measured there.
+    let edge = u64::from(m["edge_us"].is_number());
+    assert_eq!(m["call_probed"].as_u64(), Some(boundaries - edge), "{m}");
     let boxing = m["boxing_us"].as_f64().unwrap_or(f64::NAN);
     assert!(boxing.is_finite() && boxing >= 0.0, "{m}");
     let out = linked()

@@ -624,6 +624,8 @@ fn unprobed<'a>(
         node_us: None,
         call_us: &[],
         boxing_us: None,
+        edges_us: None,
+        plain_leads_us: &[],
     }
 }
 
@@ -1203,6 +1205,50 @@ fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window()
     assert!(split.emulated_ms > replays.emulated_ms && replays.emulated_ms > whole.emulated_ms);
 }
 
+/// Under the observer, the gap that holds the iteration's edges (from the profiler's step to
+/// the first op, and from the last op to the step's end) is charged what the calibration's
+/// iterations measured there, less the replay's bookkeeping, in place of a boundary: the
+/// emulated time moves by the difference, and the report gives the charge.
+#[test]
+fn under_the_observer_the_iterations_edges_are_charged_what_the_calibration_measured() {
+    let (t, kt) = steps_pair();
+    let g = Graph::new(&t);
+    let set = g.replay_set(Some(&[2]));
+    let l = link(&g, &set, &kt).unwrap();
+    assert!(l.span.is_some());
+    let o = original_timing(&l, &kt);
+    let windows: Vec<f64> = o.op_us.iter().map(|d| d.unwrap()).collect();
+    let profiled = replay_times(&windows, &windows, 0.5);
+    let model = |edges: Option<f64>| {
+        gap_model(
+            &t,
+            &l,
+            &kt,
+            &o,
+            &ReplayTimes {
+                event_us: Some(0.5),
+                backward_event_us: Some((1.0, 0.25)),
+                op_event_us: Some(5.0),
+                op_in_window_us: Some(3.5),
+                edges_us: edges,
+                ..unprobed(&windows, 0.0, &profiled)
+            },
+        )
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    let boundary = model(None);
+    assert_eq!(boundary.edge_us, None);
+    assert!(close(boundary.per_boundary_us, 1.5), "{boundary:?}");
+    // The replay's bookkeeping between steps is 0 here (`unprobed`'s `between_us`).
+    let edges = model(Some(6.0));
+    assert_eq!(edges.edge_us, Some(6.0));
+    assert_eq!(edges.boundaries, boundary.boundaries);
+    let moved = (boundary.emulated_ms - edges.emulated_ms) * 1e3;
+    assert!(close(moved, 6.0 - 1.5), "{moved}");
+    // A measurement that is not a time is not charged.
+    assert_eq!(model(Some(f64::NAN)).edge_us, None);
+}
+
 /// Under the observer, where each op's own call was probed with its inputs, its boundary is
 /// charged that and the boxing of its inputs instead of one cost for all: the emulated time
 /// moves by the difference, an op not probed is charged the probed ones' mean, and the report
@@ -1230,6 +1276,7 @@ fn under_the_observer_each_boundary_is_charged_its_own_ops_probed_call() {
                 op_in_window_us: Some(3.5),
                 call_us: calls,
                 boxing_us: boxing,
+                edges_us: None,
                 ..unprobed(&windows, 0.0, &profiled)
             },
         )

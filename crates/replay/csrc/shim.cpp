@@ -164,6 +164,32 @@ int mq_record_function(int on) {
   return was ? 1 : 0;
 }
 
+// The scope `torch.profiler.profile.step()` opens around each profiled iteration
+// (`ProfilerStep#N`, a user scope), opened around each instrumented iteration of the replay:
+// under the execution trace observer, an iteration's first gap and its tail (from the scope's
+// start to the first op, from the last op to its end) cost several times a boundary between two
+// ops, and the capture's edges held that. Null where no callback is active or on error.
+void* mq_step_scope_begin(int64_t n) {
+  try {
+    auto* rf = new at::RecordFunction(at::RecordScope::USER_SCOPE);
+    if (rf->isActive()) {
+      rf->before("ProfilerStep#" + std::to_string(n));
+      return rf;
+    }
+    delete rf;
+  } catch (...) {
+  }
+  return nullptr;
+}
+
+// Ends (and frees) a scope `mq_step_scope_begin` opened.
+void mq_step_scope_end(void* scope) {
+  try {
+    delete static_cast<at::RecordFunction*>(scope);
+  } catch (...) {
+  }
+}
+
 // Starts a counting window: from here, what is allocated counts until it is freed.
 void mq_alloc_count_reset() {
   counting_window.fetch_add(1);

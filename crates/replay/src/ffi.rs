@@ -92,6 +92,8 @@ extern "C" {
     fn mq_alloc_count_install() -> i32;
     fn mq_alloc_count_reset();
     fn mq_record_function(on: i32) -> i32;
+    fn mq_step_scope_begin(n: i64) -> *mut c_void;
+    fn mq_step_scope_end(scope: *mut c_void);
     fn mq_alloc_count_read(now: *mut i64, peak: *mut i64);
     fn mq_storage_info(t: *const C_tensor, ptr: *mut usize, nbytes: *mut usize);
     fn mq_storage_use_count(t: *const C_tensor) -> usize;
@@ -324,6 +326,31 @@ impl Drop for Unrecorded {
     fn drop(&mut self) {
         // SAFETY: as in `new`.
         unsafe { mq_record_function(i32::from(self.was)) };
+    }
+}
+
+/// The name `torch.profiler.profile.step()` gives the scope around each profiled iteration,
+/// less its number.
+pub const STEP_SCOPE_PREFIX: &str = "ProfilerStep#";
+
+/// While it lives, a `ProfilerStep#N` user scope is open, as `torch.profiler.profile.step()`
+/// opens one around each profiled iteration: the instrumented iterations' edges (from its start
+/// to the first op, from the last op to its end) then cost here what the capture's did.
+pub struct StepScope(*mut c_void);
+
+impl StepScope {
+    pub fn open(n: usize) -> Self {
+        // SAFETY: the shim catches every exception; null where no callback is active.
+        StepScope(unsafe { mq_step_scope_begin(n as i64) })
+    }
+}
+
+impl Drop for StepScope {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: a scope `mq_step_scope_begin` made, ended once.
+            unsafe { mq_step_scope_end(self.0) };
+        }
     }
 }
 

@@ -158,6 +158,10 @@ pub struct Report {
     /// Median time of each step (with `per_step`), in replay-set order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTiming>,
+    /// With `per_step`: each step's median time from the previous step's end to its start (the
+    /// replay's own bookkeeping between the two), in replay-set order (NaN where not timed).
+    #[serde(skip)]
+    pub step_leads_us: Vec<f64>,
     /// With `per_step` and `gaps_every_other`: each step's median host time in the iterations
     /// that spun the gaps ([0]) and in those that ran back to back ([1]), in replay-set order
     /// (NaN where it has none).
@@ -206,6 +210,11 @@ pub struct Report {
     /// (µs), which the probes of the replay's boxed calls leave out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instrumented_boxing_us: Option<f64>,
+    /// With `instrument`: an instrumented iteration's edges (µs, the median): from the start of
+    /// the `ProfilerStep#N` scope it runs in to its first op's window, and from its last op's
+    /// window to the scope's end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instrumented_edges_us: Option<f64>,
     /// With `instrument`: what it adds per node to autograd's engine (µs), timed the same way
     /// on a graph of nodes that only route their gradient.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -46,6 +46,13 @@ pub struct ReplayTimes<'a> {
     /// What boxing an op's inputs for the instrumentation costs a call made as Python makes
     /// one (µs), which `call_us` (probed with boxed inputs) leaves out.
     pub boxing_us: Option<f64>,
+    /// An instrumented iteration's edges (µs): from the start of the `ProfilerStep#N` scope it
+    /// ran in to its first op's window, and from its last op's window to the scope's end.
+    pub edges_us: Option<f64>,
+    /// Per step, the plain replay's time from the previous step's end to its start (µs; NaN or
+    /// missing where not timed): what its own bookkeeping takes there, which the instrumented
+    /// replay's gap before the step holds too. Empty: `between_us` at every step.
+    pub plain_leads_us: &'a [f64],
 }
 
 /// The instrumentation a Kineto trace was taken under, as far as the trace shows: what the
@@ -161,6 +168,11 @@ pub struct GapModel {
     /// The boxing of an op's inputs charged at each call-probed boundary (µs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boxing_us: Option<f64>,
+    /// Under the observer, what the iteration's edges (its first gap and its tail, one gap of
+    /// the model) are charged in place of a boundary (µs): the calibration's instrumented
+    /// iterations' edges ([`ReplayTimes::edges_us`]) less the replay's bookkeeping there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edge_us: Option<f64>,
     /// Of the probed op's cost, the part inside its profiled window, which `per_boundary_us`
     /// leaves out (µs; `None` where not probed).
     #[serde(skip_serializing_if = "Option::is_none")]

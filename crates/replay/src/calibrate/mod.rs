@@ -58,6 +58,15 @@ pub fn calibrated_gaps(
         time_base_with_gaps,
     } = choices;
     let calib = calibration_options(kineto, device, autograd, boundary_costs);
+    if calib.instrumentation.execution_trace && reference.is_none() {
+        eprintln!(
+            "note: the gaps come from a profile taken under the execution trace observer, whose \
+             cost is most of each gap there: from that profile alone the replay's iteration can \
+             be off the original's by tens of percent. A reference timed on the capture host \
+             (--reference), or a profile taken without the observer, pins it \
+             (docs/gap-model.md, \"Which to use\")"
+        );
+    }
     let mut model = median_calibration(g, set, kineto, &calib)?;
     // How much slower the ops run between the gaps, measured with the gaps as the replay will
     // spin them (anchored, where there is a reference), in iterations that alternate
@@ -411,6 +420,8 @@ fn calibrate_once(
             node_us: r.instrumented_node_us,
             call_us: &r.instrumented_call_us,
             boxing_us: r.instrumented_boxing_us,
+            edges_us: r.instrumented_edges_us,
+            plain_leads_us: if host { &r.step_leads_us } else { &[] },
         },
     );
     if model.capped > 0 && warn {

@@ -298,6 +298,10 @@ pub(super) fn iteration(
     // timeline in the counted one (the first measured: the recorder's `keep_allocated`).
     let trace_memory = log::log_enabled!(log::Level::Trace) && phase == Phase::Measured;
     let keep = i.rec.keep_allocated;
+    // The recorded iterations under the instrumentation run in the scope the capture's
+    // profiled iterations ran in (`ProfilerStep#N`): its edges are measured from it.
+    let scope = matches!(phase, Phase::InstrumentedWarmUp | Phase::Instrumented)
+        .then(|| ffi::StepScope::open(it));
     for pos in 0..i.ex.plan.steps.len() {
         i.step(pos, gaps.as_deref(), factor)?;
         if trace_memory || keep {
@@ -312,6 +316,7 @@ pub(super) fn iteration(
             }
         }
     }
+    drop(scope);
     i.finish(gaps.as_mut().and_then(|g| g.pace.as_mut()))
 }
 

@@ -142,6 +142,17 @@ impl Recorder<'_> {
             gaps_ms,
             gap_pace,
             steps: self.step_timings(),
+            step_leads_us: self
+                .step_lead_samples
+                .iter()
+                .map(|v| {
+                    if v.is_empty() {
+                        f64::NAN
+                    } else {
+                        Stats::of(v).median
+                    }
+                })
+                .collect(),
             steps_alternating_us: self.alternating_medians(),
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error.take(),
@@ -154,6 +165,8 @@ impl Recorder<'_> {
             instrumented_call_us: self.call_costs(),
             instrumented_boxing_us: self.boxing_cost(op, op_in_window),
             instrumented_node_us: probe_cost(&self.node_probes, crate::ffi::PROBE_NODES + 1),
+            instrumented_edges_us: (!self.step_edges_us.is_empty())
+                .then(|| Stats::of(&self.step_edges_us).median),
             instrumented_iter_ms: (!self.instrumented_ms.is_empty())
                 .then(|| Stats::of(&self.instrumented_ms).median),
             first_nonfinite: self.first_nonfinite.take(),

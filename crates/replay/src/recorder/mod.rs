@@ -40,6 +40,9 @@ pub(crate) struct Recorder<'a> {
     cpu: metrics::cpu::CpuSampler,
     /// Per step, every measured host (launch) time (with `per_step`).
     step_launch_samples: Vec<Vec<f64>>,
+    /// Per step, every measured time from the previous step's end to its start (with
+    /// `per_step`; where the previous step was timed just before it).
+    step_lead_samples: Vec<Vec<f64>>,
     /// Per step, every measured time (with `per_step`).
     step_us: Vec<Vec<f64>>,
     /// With `per_step` and `gaps_every_other`: per step, the host times of the iterations that
@@ -107,6 +110,9 @@ pub(crate) struct Recorder<'a> {
     boxed_add_probes: [Vec<f64>; 2],
     /// Their events' windows (µs).
     boxed_add_windows: Vec<f64>,
+    /// Each recorded instrumented iteration's edges (µs): from its `ProfilerStep#N` scope's
+    /// start to its first step's window, and from its last step's window to the scope's end.
+    step_edges_us: Vec<f64>,
     /// How collectives on CUDA tensors ran, when collectives ran for real.
     pub(crate) cuda_comm: Option<crate::ffi::CudaComm>,
     /// The replaying thread's run delay, read around each step with
@@ -155,6 +161,11 @@ impl<'a> Recorder<'a> {
             } else {
                 Vec::new()
             },
+            step_lead_samples: if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            },
             step_us: if opts.per_step {
                 vec![Vec::new(); n]
             } else {
@@ -197,6 +208,7 @@ impl<'a> Recorder<'a> {
             call_probe_windows: HashMap::new(),
             boxed_add_probes: [Vec::new(), Vec::new()],
             boxed_add_windows: Vec::new(),
+            step_edges_us: Vec::new(),
             node_probes: [Vec::new(), Vec::new()],
             cuda_comm: None,
             coll_calls: BTreeMap::new(),
@@ -379,6 +391,14 @@ impl<'a> Recorder<'a> {
             self.event_error.get_or_insert_with(|| e.clone());
         }
         self.windows.push(window);
+        if self.opts.per_step {
+            for w in timed.windows(2) {
+                if w[1].pos == w[0].pos + 1 {
+                    let lead = timer.host_at(w[1].start) - timer.host_at(w[0].end);
+                    self.step_lead_samples[w[1].pos].push(lead);
+                }
+            }
+        }
         for &Timed {
             pos,
             start: t0,
@@ -527,11 +547,23 @@ impl<'a> Recorder<'a> {
     ) {
         let events = &profile.cpu;
         const LOOKAHEAD: usize = 8;
+        let is_scope = |e: &crate::ffi::ProfiledEvent| {
+            e.name.starts_with(crate::ffi::STEP_SCOPE_PREFIX) && e.seq < 0
+        };
         let mut order: Vec<usize> = (0..events.len())
             .filter(|&i| {
-                !events[i].name.starts_with(crate::ffi::PROBE_PREFIX) && !is_call_probe(&events[i])
+                !events[i].name.starts_with(crate::ffi::PROBE_PREFIX)
+                    && !is_call_probe(&events[i])
+                    && !is_scope(&events[i])
             })
             .collect();
+        // The iterations' own scopes, by start.
+        let mut scopes: Vec<(u64, u64)> = events
+            .iter()
+            .filter(|e| is_scope(e) && e.end_ns >= e.start_ns)
+            .map(|e| (e.start_ns, e.end_ns))
+            .collect();
+        scopes.sort_unstable();
         order.sort_by_key(|&i| (events[i].start_ns, std::cmp::Reverse(events[i].end_ns)));
         // Outermost events with the number of events that start inside each.
         let mut top: Vec<(usize, u32)> = Vec::new();
@@ -543,6 +575,22 @@ impl<'a> Recorder<'a> {
                 open_end = e.end_ns;
             } else if let Some(t) = top.last_mut() {
                 t.1 += 1;
+            }
+        }
+        // Each recorded iteration's edges: from its scope's start to the first outermost event
+        // in it, and from the last one's end to the scope's end (the warm-up's scope, the
+        // first, is passed over as its events are).
+        let recorded_scopes = scopes.iter().skip(usize::from(warm_up.is_some()));
+        for &(a, b) in recorded_scopes {
+            let from = top.partition_point(|&(i, _)| events[i].start_ns < a);
+            let inside: Vec<&crate::ffi::ProfiledEvent> = top[from..]
+                .iter()
+                .map(|&(i, _)| &events[i])
+                .take_while(|e| e.end_ns <= b)
+                .collect();
+            if let (Some(first), Some(last)) = (inside.first(), inside.last()) {
+                self.step_edges_us
+                    .push(((first.start_ns - a) + (b - last.end_ns)) as f64 / 1e3);
             }
         }
         self.op_probe_windows = probe_windows(events, &self.op_probe_spans);

@@ -176,6 +176,63 @@ fn the_warm_up_iterations_events_are_not_a_recorded_iterations() {
     assert_eq!(windows(None), vec![Some(10.0), Some(8.0)]);
 }
 
+/// Each recorded iteration's edges come from the `ProfilerStep#N` scope it ran in: from the
+/// scope's start to its first op's window, and from its last op's window to the scope's end. The
+/// scopes are not taken for ops (the steps' windows are their own), and the warm-up's scope,
+/// the first, is passed over with its events.
+#[test]
+fn an_iterations_edges_are_measured_from_its_step_scope() {
+    let t = add_chain(2);
+    let g = et_graph::Graph::new(&t);
+    let plan = crate::plan::compile(&g, &g.replay_set(None));
+    let opts = ReplayOptions::default();
+    let ev = |start_us, end_us| add_event(start_us, end_us, -1);
+    let scope = |n: usize, start_us: u64, end_us: u64| crate::ffi::ProfiledEvent {
+        name: format!("{}{n}", crate::ffi::STEP_SCOPE_PREFIX),
+        start_ns: start_us * 1000,
+        end_ns: end_us * 1000,
+        seq: -1,
+    };
+    let profile = Profile {
+        cpu: vec![
+            // The warm-up: edges 2 + 5.
+            scope(0, 0, 30),
+            ev(2, 10),
+            ev(12, 25),
+            // Two recorded iterations: edges 3 + 4 and 5 + 6.
+            scope(1, 100, 130),
+            ev(103, 110),
+            ev(112, 126),
+            scope(2, 200, 240),
+            ev(205, 220),
+            ev(222, 234),
+        ],
+        gpu: Vec::new(),
+    };
+    let both = vec![(0usize, 0.0), (1, 0.0)];
+    let mut rec = Recorder::new(&plan, &opts, 0, metrics::cpu::CpuSampler::new());
+    rec.profiled(&profile, Some(&both), &[both.clone(), both.clone()]);
+    assert_eq!(rec.step_edges_us, vec![7.0, 11.0]);
+    let windows: Vec<Option<f64>> = rec.profiled[0]
+        .iter()
+        .map(|p| p.map(|p| p.end_us - p.start_us))
+        .collect();
+    assert_eq!(windows, vec![Some(7.0), Some(14.0)]);
+    // Without scopes (an older profile, or instrumentation that recorded none): no edges.
+    let bare = Profile {
+        cpu: profile
+            .cpu
+            .iter()
+            .filter(|e| !e.name.starts_with(crate::ffi::STEP_SCOPE_PREFIX))
+            .cloned()
+            .collect(),
+        gpu: Vec::new(),
+    };
+    let mut rec = Recorder::new(&plan, &opts, 0, metrics::cpu::CpuSampler::new());
+    rec.profiled(&bare, Some(&both), &[both.clone(), both.clone()]);
+    assert!(rec.step_edges_us.is_empty());
+}
+
 #[test]
 fn time_waited_for_a_cpu_leaves_the_windows_but_not_the_leads() {
     // The first step lost a 1500 µs slice in two runs of three: its running time is 10 µs
