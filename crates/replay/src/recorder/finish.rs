@@ -142,17 +142,7 @@ impl Recorder<'_> {
             gaps_ms,
             gap_pace,
             steps: self.step_timings(),
-            step_leads_us: self
-                .step_lead_samples
-                .iter()
-                .map(|v| {
-                    if v.is_empty() {
-                        f64::NAN
-                    } else {
-                        Stats::of(v).median
-                    }
-                })
-                .collect(),
+            step_leads_us: medians(&self.step_lead_samples),
             steps_alternating_us: self.alternating_medians(),
             profiled: consolidate(&self.profiled),
             instrument_error: self.instrument_error.take(),
@@ -374,21 +364,24 @@ impl Recorder<'_> {
 
     /// With alternating runs, each kind's median time per step (NaN where not timed).
     fn alternating_medians(&self) -> Option<[Vec<f64>; 2]> {
-        self.alternating.as_ref().map(|a| {
-            a.each_ref().map(|by_step| {
-                by_step
-                    .iter()
-                    .map(|v| {
-                        if v.is_empty() {
-                            f64::NAN
-                        } else {
-                            Stats::of(v).median
-                        }
-                    })
-                    .collect()
-            })
-        })
+        self.alternating
+            .as_ref()
+            .map(|a| a.each_ref().map(|by_step| medians(by_step)))
     }
+}
+
+/// Each step's median of its samples (NaN where it has none).
+fn medians(by_step: &[Vec<f64>]) -> Vec<f64> {
+    by_step
+        .iter()
+        .map(|v| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                Stats::of(v).median
+            }
+        })
+        .collect()
 }
 
 /// How a detour taken at run time ran its op.
