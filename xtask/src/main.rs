@@ -54,7 +54,7 @@ fn main() -> Result<()> {
 /// What `cargo xtask` does, command by command.
 fn usage() -> String {
     format!(
-                "usage: cargo xtask <command>\n\n\
+        "usage: cargo xtask <command>\n\n\
              setup          install libtorch (PyPI {TORCH}) into the user cache, build target/release/mystique\n\
              example        setup, then inspect and replay the bundled example trace\n\
              replay TRACE [ARGS]  setup, then mystique replay TRACE ARGS (e.g. --iters 20 --json)\n\

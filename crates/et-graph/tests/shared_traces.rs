@@ -629,6 +629,19 @@ fn unprobed<'a>(
     }
 }
 
+/// As `unprobed` with no bookkeeping between steps, and the events and the op probed as under
+/// the observer: an event 0.5 µs, a backward event 1 µs and 0.25 µs a tensor, the op 5 µs with
+/// 3.5 µs of it inside its window.
+fn probed<'a>(plain_us: &'a [f64], profiled: &'a [Option<(f64, f64, u32)>]) -> ReplayTimes<'a> {
+    ReplayTimes {
+        event_us: Some(0.5),
+        backward_event_us: Some((1.0, 0.25)),
+        op_event_us: Some(5.0),
+        op_in_window_us: Some(3.5),
+        ..unprobed(plain_us, 0.0, profiled)
+    }
+}
+
 /// The replay's times for `gap_model`: each op's plain time and its profiled window, the
 /// windows laid back to back `between` µs apart (no instrumentation cost between ops).
 fn replay_times(windows: &[f64], plain: &[f64], between: f64) -> Vec<Option<(f64, f64, u32)>> {
@@ -1177,11 +1190,9 @@ fn under_the_observer_a_boundary_is_charged_the_probed_cost_outside_the_window()
             &kt,
             &o,
             &ReplayTimes {
-                event_us: Some(0.5),
-                backward_event_us: Some((1.0, 0.25)),
                 op_event_us: op,
                 op_in_window_us: inside,
-                ..unprobed(&windows, 0.0, &profiled)
+                ..probed(&windows, &profiled)
             },
         )
     };
@@ -1226,12 +1237,8 @@ fn under_the_observer_the_iterations_edges_are_charged_what_the_calibration_meas
             &kt,
             &o,
             &ReplayTimes {
-                event_us: Some(0.5),
-                backward_event_us: Some((1.0, 0.25)),
-                op_event_us: Some(5.0),
-                op_in_window_us: Some(3.5),
                 edges_us: edges,
-                ..unprobed(&windows, 0.0, &profiled)
+                ..probed(&windows, &profiled)
             },
         )
     };
@@ -1270,14 +1277,9 @@ fn under_the_observer_each_boundary_is_charged_its_own_ops_probed_call() {
             &kt,
             &o,
             &ReplayTimes {
-                event_us: Some(0.5),
-                backward_event_us: Some((1.0, 0.25)),
-                op_event_us: Some(5.0),
-                op_in_window_us: Some(3.5),
                 call_us: calls,
                 boxing_us: boxing,
-                edges_us: None,
-                ..unprobed(&windows, 0.0, &profiled)
+                ..probed(&windows, &profiled)
             },
         )
     };

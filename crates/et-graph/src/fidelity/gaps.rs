@@ -77,7 +77,7 @@ pub fn gap_model(
         boundaries: est.boundaries,
         call_probed: est.call_probed,
         boxing_us: costs.calls.as_ref().map(|c| c.boxing),
-        edge_us: est.edge.then_some(costs.edge).flatten(),
+        edge_us: est.edge,
         op_in_window_us: costs.op_in_window_us,
         replay_boundary_us: costs.replay_boundary_us,
         per_node_us: costs.per_node_us,
@@ -517,8 +517,8 @@ struct Estimates {
     events_with_args: usize,
     tensors_in_gap_events: usize,
     slices_in_gaps: usize,
-    /// The iteration's edges were charged [`Costs::edge`].
-    edge: bool,
+    /// What the iteration's edges were charged ([`Costs::edge`]), where they were.
+    edge: Option<f64>,
 }
 
 /// Estimates each gap by the formula ([`Costs::estimate`]), at the speed of the ops around it
@@ -552,6 +552,9 @@ fn estimate_gaps(
             costs.speed
         };
         let ev = &k.events[*e as usize];
+        // The gap before the first op holds the iteration's edges: its start and its tail
+        // (`GapEvents::in_gap` counts the events of both).
+        let edges = prev_end.is_none() && l.span.is_some();
         let (light, heavy, tensors) = events.in_gap(ev, prev_end, l.span, last_end);
         est.events_in_gaps += light + heavy;
         est.events_with_args += heavy;
@@ -569,11 +572,9 @@ fn estimate_gaps(
             }
             _ => g,
         };
-        // The gap before the first op holds the iteration's edges: its start and its tail.
-        let edges = est.boundaries == 0 && l.span.is_some();
         let (boundary, own) = match costs.edge.filter(|_| edges) {
             Some(edge) => {
-                est.edge = true;
+                est.edge = Some(edge);
                 (edge, false)
             }
             None => costs.boundary(pos),
