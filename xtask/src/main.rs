@@ -27,7 +27,9 @@ fn main() -> Result<()> {
         || (!matches!(args.first(), Some(&"replay" | &"test"))
             && args.iter().any(|a| matches!(*a, "--help" | "-h")));
     if help {
-        println!("{}", usage());
+        // Not `println!`: piped into `head`, a closed stdout is no error of the usage's.
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout().lock(), "{}", usage());
         return Ok(());
     }
     match args.as_slice() {
