@@ -1430,7 +1430,7 @@ def vae_adamw():
     return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), loss)
 
 
-def attn_pool_infer():
+def attn_query_pool_infer():
     q = torch.randn(1, 1, 64)
     proj = nn.Linear(64, 64).eval()
     x = torch.randn(8, 40, 64)
@@ -2318,7 +2318,7 @@ MODELS = {
     "tied_lm_sgd": (tied_lm_sgd, "fresh10", "GRU language model with the embedding tied to the output projection, SGD"),
     "mlp_zero_grad_keep_sgd": (mlp_zero_grad_keep_sgd, "fresh10", "GELU MLP whose gradients are zeroed in place (set_to_none=False), SGD momentum"),
     "vae_adamw": (vae_adamw, "fresh10", "VAE: reparameterised sampling (randn_like, exp), MSE + KL loss, AdamW"),
-    "attn_pool_infer": (attn_pool_infer, "fresh10", "attention pooling with one learned query: linear, bmm, softmax, inference"),
+    "attn_query_pool_infer": (attn_query_pool_infer, "fresh10", "attention pooling with one learned query: linear, bmm, softmax, inference"),
     "multi_loss_adagrad": (multi_loss_adagrad, "fresh10", "shared trunk with three heads and a weighted sum of three losses, Adagrad"),
     "checkpointed_mlp_adam": (checkpointed_mlp_adam, "fresh10", "residual MLP blocks under activation checkpointing (non-reentrant), Adam"),
     "cnn_infer_batch8": (cnn_infer_batch8, "fresh10", "CNN inference on a batch of 8: 5x5 and 3x3 convs, max and adaptive pooling"),
@@ -2634,9 +2634,27 @@ def machinery_key():
     return _digest([inspect.getsource(f) for f in fns] + _module_settings() + [torch.__version__])
 
 
+def duplicated_names():
+    """Names this file defines twice at top level, or gives twice in MODELS. Python keeps the
+    last of each without a word: a second model under an existing name would replace the first
+    one, its set's model and its captures."""
+    import ast
+    from collections import Counter
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    defs = [st.name for st in tree.body if isinstance(st, (ast.FunctionDef, ast.ClassDef))]
+    keys = [k.value for st in tree.body if isinstance(st, ast.Assign)
+            and any(getattr(t, "id", None) == "MODELS" for t in st.targets)
+            for k in st.value.keys]
+    return sorted({n for n, c in Counter(defs).items() if c > 1}
+                  | {n for n, c in Counter(keys).items() if c > 1})
+
+
 def main():
     a = sys.argv[1:]
     if a[:1] == ["list"]:
+        dup = duplicated_names()
+        if dup:
+            sys.exit(f"zoo.py: defined or listed in MODELS twice (the second replaces the first): {', '.join(dup)}")
         machinery = machinery_key()
         print(json.dumps([dict(name=n, set=s, covers=c, key=model_key(n), machinery=machinery)
                           for n, (_, s, c) in MODELS.items()]))
