@@ -10,7 +10,7 @@ observer's cost, which is most of a linked pair's; the replay links it to the cl
 and takes each gap typical of the ten), and one more under torch.profiler(profile_memory=True) for
 the original's peak memory.
 
-  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh16), what it covers
+  zoo.py list                      the models as JSON: name, set (tune | heldout | fresh | fresh2 | ... | fresh17), what it covers
   zoo.py capture OUTDIR MODEL [--busy]
         --busy: the host is made busy (one CPU burner per core) during the captures only, so the
         Kineto trace is slower than the model really is (the timing stays quiet)
@@ -48,6 +48,7 @@ choice was measured. What each set checks (`cargo xtask fidelity` reports each a
   fresh14   linked pairs: what fresh13's results led to
   fresh15   memory that composites hold for the backward; linked pairs' first gap
   fresh16   saved values made again where the original made them
+  fresh17   linked pairs after fresh16's held-out results
 
 Single-threaded (torch.set_num_threads(1)), seeded.
 """
@@ -2230,6 +2231,119 @@ def kl_soft_targets_sgd():
     return train(m, torch.optim.SGD(m.parameters(), lr=0.05),
                  lambda m: F.kl_div(F.log_softmax(m(x), dim=1), target, reduction="batchmean"))
 
+# ---- held-out set fresh17: linked pairs after fresh16's held-out results ----------------------
+# Written before any change to the gap model chosen with fresh16's linked pairs in view was
+# measured: recurrent training (autograd's nodes between ops), small inference (the iteration's
+# edges), and heavier models where the gaps are a small share.
+
+def gru_cell_unroll_adam():
+    """A GRUCell unrolled over 12 steps in Python, the mean state regressed (MSE); Adam."""
+    cell, head = nn.GRUCell(8, 24), nn.Linear(24, 1)
+    params = list(cell.parameters()) + list(head.parameters())
+    x, y = torch.randn(12, 5, 8), torch.randn(5, 1)
+
+    def loss(_):
+        h = torch.zeros(5, 24)
+        for t in range(12):
+            h = cell(x[t], h)
+        return F.mse_loss(head(h), y)
+    return train(None, torch.optim.Adam(params, lr=1e-3), loss)
+
+
+def tiny_gelu_infer():
+    """Two small linears and a GELU on a batch of 4: inference, a few ops an iteration."""
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    return infer(m, torch.randn(4, 16))
+
+
+def pos_bias_attn_infer():
+    """Attention scores with a learned relative-position bias table, masked fill, softmax:
+    inference."""
+    qk, bias = nn.Linear(24, 48), nn.Embedding(31, 1)
+    x = torch.randn(2, 16, 24)
+    rel = (torch.arange(16)[None, :] - torch.arange(16)[:, None]) + 15
+    mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), diagonal=1)
+
+    @torch.no_grad()
+    def step():
+        q, k = qk(x).chunk(2, dim=-1)
+        s = q @ k.transpose(1, 2) / math.sqrt(24) + bias(rel).squeeze(-1)
+        return torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ x
+    return step
+
+
+def conv_bn_relu_sgd():
+    """Conv, batch norm, ReLU twice, global pooling, a linear head, cross entropy; SGD."""
+    m = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.BatchNorm2d(12), nn.ReLU(),
+                      nn.Conv2d(12, 12, 3, padding=1), nn.BatchNorm2d(12), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, 5))
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
+    return train(m, torch.optim.SGD(m.parameters(), lr=0.01), lambda m: F.cross_entropy(m(x), y))
+
+
+def lstm_two_layer_adagrad():
+    """A two-layer LSTM over 15 steps, every step's output regressed (MSE); Adagrad."""
+    lstm, head = nn.LSTM(6, 20, num_layers=2, batch_first=True), nn.Linear(20, 2)
+    params = list(lstm.parameters()) + list(head.parameters())
+    x, y = torch.randn(4, 15, 6), torch.randn(4, 15, 2)
+    return train(None, torch.optim.Adagrad(params, lr=0.01), lambda _: F.mse_loss(head(lstm(x)[0]), y))
+
+
+def gated_residual_rmsprop():
+    """Residual blocks with a sigmoid gate (x + g * f(x)), layer norm, MSE; RMSprop."""
+    class B(nn.Module):
+        def __init__(self, d=40):
+            super().__init__()
+            self.f, self.g, self.n = nn.Linear(d, d), nn.Linear(d, d), nn.LayerNorm(d)
+
+        def forward(self, x):
+            return self.n(x + torch.sigmoid(self.g(x)) * torch.tanh(self.f(x)))
+    m = nn.Sequential(B(), B(), B(), nn.Linear(40, 4))
+    x, y = torch.randn(16, 40), torch.randn(16, 4)
+    return train(m, torch.optim.RMSprop(m.parameters(), lr=1e-3), lambda m: F.mse_loss(m(x), y))
+
+
+def depthwise_sep_infer():
+    """Depthwise then pointwise convolutions with hardswish, three times: inference."""
+    layers = []
+    for c in (8, 16, 16):
+        layers += [nn.Conv2d(c, c, 3, padding=1, groups=c), nn.Conv2d(c, 16, 1), nn.Hardswish()]
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), *layers).eval()
+    return infer(m, torch.randn(2, 3, 24, 24))
+
+
+def wide_mlp_adamw():
+    """A wide MLP (512 to 1,024 to 512) on a batch of 128, cross entropy; AdamW: compute-bound."""
+    m = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 20))
+    x, y = torch.randn(128, 512), torch.randint(0, 20, (128,))
+    return train(m, torch.optim.AdamW(m.parameters(), lr=1e-3), lambda m: F.cross_entropy(m(x), y))
+
+
+def argmax_decode_infer():
+    """Greedy decoding: six steps of embedding, linear, argmax, each feeding the next: inference."""
+    emb, out = nn.Embedding(50, 16), nn.Linear(16, 50)
+    tok = torch.zeros(3, dtype=torch.long)
+
+    @torch.no_grad()
+    def step():
+        t, seq = tok, []
+        for _ in range(6):
+            t = out(emb(t)).argmax(dim=-1)
+            seq.append(t)
+        return torch.stack(seq, dim=1)
+    return step
+
+
+def cosine_embed_loss_sgd():
+    """Two embedding towers, cosine embedding loss against +-1 labels; SGD momentum."""
+    a, b = nn.EmbeddingBag(200, 24, mode="mean"), nn.EmbeddingBag(200, 24, mode="mean")
+    params = list(a.parameters()) + list(b.parameters())
+    ia, ib = torch.randint(0, 200, (16, 5)), torch.randint(0, 200, (16, 5))
+    y = torch.randint(0, 2, (16,)) * 2 - 1
+    return train(None, torch.optim.SGD(params, lr=0.05, momentum=0.9),
+                 lambda _: F.cosine_embedding_loss(a(ia), b(ib), y))
+
+
 MODELS = {
     # name: (factory, set, what it covers)
     "mlp_sgd": (mlp_sgd, "tune", "MLP, SGD with momentum"),
@@ -2378,8 +2492,17 @@ MODELS = {
     "layernorm_mlp_infer": (layernorm_mlp_infer, "fresh16", "linear, layer norm, GELU twice: inference"),
     "causal_sdpa_lm_adamw": (causal_sdpa_lm_adamw, "fresh16", "embeddings, causal SDPA, vocabulary head, AdamW"),
     "kl_soft_targets_sgd": (kl_soft_targets_sgd, "fresh16", "MLP, KL divergence against soft targets, SGD"),
+    "gru_cell_unroll_adam": (gru_cell_unroll_adam, "fresh17", "GRUCell unrolled over 12 steps, MSE, Adam"),
+    "tiny_gelu_infer": (tiny_gelu_infer, "fresh17", "two small linears and a GELU: inference"),
+    "pos_bias_attn_infer": (pos_bias_attn_infer, "fresh17", "attention with a relative-position bias table, causal mask: inference"),
+    "conv_bn_relu_sgd": (conv_bn_relu_sgd, "fresh17", "conv, batch norm, ReLU twice, pooled linear head, SGD"),
+    "lstm_two_layer_adagrad": (lstm_two_layer_adagrad, "fresh17", "two-layer LSTM over 15 steps, per-step MSE, Adagrad"),
+    "gated_residual_rmsprop": (gated_residual_rmsprop, "fresh17", "gated residual blocks with layer norm, MSE, RMSprop"),
+    "depthwise_sep_infer": (depthwise_sep_infer, "fresh17", "depthwise-separable convolutions with hardswish: inference"),
+    "wide_mlp_adamw": (wide_mlp_adamw, "fresh17", "wide MLP on a batch of 128, cross entropy, AdamW"),
+    "argmax_decode_infer": (argmax_decode_infer, "fresh17", "greedy decoding, six embedding-linear-argmax steps: inference"),
+    "cosine_embed_loss_sgd": (cosine_embed_loss_sgd, "fresh17", "two EmbeddingBag towers, cosine embedding loss, SGD momentum"),
 }
-
 
 def make(name):
     torch.manual_seed(0)

@@ -64,6 +64,8 @@
 //! - `fresh16`: saved values the replay makes again (cross-entropy's log-probabilities,
 //!   attention's log-sum-exp) made after their composite, chosen with fresh15's memory in
 //!   view, written before it was measured.
+//! - `fresh17`: linked pairs' gaps, written after fresh16's linked pairs were measured and before
+//!   any change chosen with them in view was.
 
 mod args;
 mod harness;

@@ -14,7 +14,7 @@ pub(super) struct HeldOut {
     pub(super) label: &'static str,
 }
 
-pub(super) static HELD_OUT: [HeldOut; 17] = [
+pub(super) static HELD_OUT: [HeldOut; 18] = [
     HeldOut {
         set: "heldout",
         title: "HELD-OUT",
@@ -99,6 +99,11 @@ pub(super) static HELD_OUT: [HeldOut; 17] = [
         set: "fresh16",
         title: "HELD-OUT fresh16",
         label: "held-out fresh16",
+    },
+    HeldOut {
+        set: "fresh17",
+        title: "HELD-OUT fresh17",
+        label: "held-out fresh17",
     },
 ];
 
