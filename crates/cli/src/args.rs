@@ -397,7 +397,8 @@ pub struct CommArgs {
     /// the trace, agreed on with an all-reduce at the first call.
     #[arg(long, value_name = "POLICY")]
     pub rebalance: Option<Rebalance>,
-    /// With --only comm: only the first N collectives of each process group in the iteration.
+    /// With --only comm: only the first N collectives of each process group in the iteration,
+    /// and the first N sends to each peer and receives from each.
     #[arg(long, value_name = "N")]
     pub max_collectives: Option<usize>,
 }

@@ -229,3 +229,106 @@ fn param_wait_records_are_paired_with_their_collectives_by_sequence_number() {
         "{waited:?}"
     );
 }
+
+const SEND: &str = "c10d::send(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int dst, int tag) -> __torch__.torch.classes.c10d.Work";
+const RECV: &str = "c10d::recv_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int src, int tag) -> __torch__.torch.classes.c10d.Work";
+
+/// Stage `rank` of a three-stage pipeline: two receives from the stage before, two sends to
+/// the stage after, then an all-reduce over the three.
+fn pipeline_stage(rank: i64) -> et_schema::Trace {
+    let mut b = TraceBuilder::new();
+    b.node("## process_group:init ##")
+        .input(
+            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 3, "group_count": 1}]"#),
+            json!([]),
+            "String",
+        )
+        .done();
+    let mut p2p = |op: &str, schema: &str, id: u64, peer: i64| {
+        let t = tensor(id, id, 0, 4, 4, "cpu");
+        b.op(op, schema)
+            .input(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
+            .input("<Object>", json!([]), "Object")
+            .input(peer, json!([]), "Int")
+            .input(0, json!([]), "Int")
+            .output("<Object>", json!([]), "Object")
+            .done();
+    };
+    for id in [1, 2] {
+        if rank > 0 {
+            p2p("c10d::recv_", RECV, id, rank - 1);
+        }
+    }
+    for id in [3, 4] {
+        if rank < 2 {
+            p2p("c10d::send", SEND, id, rank + 1);
+        }
+    }
+    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    b.op("c10d::allreduce_", ALLREDUCE)
+        .input(
+            json!([t.clone()]),
+            json!([[4]]),
+            "GenericList[Tensor(float)]",
+        )
+        .input("<Object>", json!([]), "Object")
+        .input("<Object>", json!([]), "Object")
+        .input("<None>", json!([]), "None")
+        .input(true, json!([]), "Bool")
+        .input(-1, json!([]), "Int")
+        .output(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
+        .output("<Object>", json!([]), "Object")
+        .done();
+    b.build()
+}
+
+/// `--only comm --max-collectives 1 --check-collectives` on three pipeline stages over Gloo:
+/// every stage keeps its all-reduce and each pair of neighbours one send and its receive, so
+/// all complete with the values checked. (Capped with the group's collectives, the middle
+/// stage would keep its receive alone and the others wait in their all-reduce until the
+/// timeout.)
+#[test]
+fn a_capped_pipeline_keeps_matching_sends_and_completes() {
+    let port = free_port();
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            // A whole replay: a process's main thread's stack, not a spawned thread's 2 MB.
+            let stage = std::thread::Builder::new().stack_size(16 << 20);
+            stage
+                .spawn(move || {
+                    let tr = pipeline_stage(rank as i64);
+                    let g = et_graph::Graph::new(&tr);
+                    let opts = replay::ReplayOptions {
+                        only: et_graph::Kind::Comm,
+                        warmup: 0,
+                        iters: 1,
+                        dist: Some(replay::DistOptions {
+                            rank,
+                            world_size: 3,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                            timeout: Duration::from_secs(20),
+                            local_rank: Some(rank),
+                            store: replay::Store::RankZero,
+                        }),
+                        comm: replay::CommOptions {
+                            check: true,
+                            select: replay::plan::CommSelection {
+                                max: Some(1),
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    let (report, _) = replay::replay(&g, &g.replay_set(None), &opts)
+                        .unwrap_or_else(|e| panic!("rank {rank}: {e:?}"));
+                    (report.ops_failed, report.ops_replayed)
+                })
+                .unwrap()
+        })
+        .collect();
+    let done: Vec<(usize, usize)> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+    // Failed none; ran its all-reduce and one send or receive per neighbour.
+    assert_eq!(done, [(0, 2), (0, 3), (0, 2)]);
+}

@@ -67,7 +67,8 @@ pub struct CommSelection {
     /// Only collectives of these kinds ([`KINDS`]); waits always run.
     pub kinds: Option<Vec<String>>,
     /// Only the first this many collectives of each process group in the iteration (waits
-    /// not counted): every member of a group keeps the same ones.
+    /// not counted), and of the sends and receives the first this many to each peer and from
+    /// each: every member of a group keeps the same ones, and each pair of peers the same.
     pub max: Option<usize>,
     /// Replay on this many ranks, of `captured` (the trace's world size): ranks `0..world`
     /// replay their own traces, every process group keeps its members among them, and the
@@ -120,7 +121,11 @@ impl Plan {
         // Counted per process group: its members issue its collectives in the same order, so
         // each keeps the same ones (counted over the whole iteration, a rank of a subgroup
         // could keep a collective its peers left out, and wait for it until the timeout).
-        let mut kept: HashMap<u32, usize> = HashMap::new();
+        // A send or a receive is counted apart, per peer and way: only the two ranks of a pair
+        // issue those, in the same order, and a middle stage of a pipeline sends and receives
+        // where its neighbours only send or only receive (counted with the group's collectives,
+        // its cap would fall on other collectives than theirs).
+        let mut kept: HashMap<(u32, Option<(bool, i64)>), usize> = HashMap::new();
         for st in &mut plan.steps {
             let StepKind::Collective(c) = &st.kind else {
                 continue;
@@ -130,7 +135,7 @@ impl Plan {
                 continue;
             }
             let wanted = sel.kinds.as_ref().is_none_or(|k| k.contains(&kind));
-            let n = kept.entry(c.group).or_default();
+            let n = kept.entry((c.group, p2p_peer(st))).or_default();
             let under_cap = sel.max.is_none_or(|m| *n < m);
             if wanted && under_cap {
                 *n += 1;
@@ -147,6 +152,23 @@ impl Plan {
             }
         }
         Ok(plan)
+    }
+}
+
+/// A send's or a receive's way (`true`: sends) and peer, by the step's op: its group rank
+/// (`c10d::send(tensors, group, dst, tag)`, `c10d::recv_(tensors, group, src, tag)`),
+/// or -1 for a receive from any source. `None` for other ops, counted with the group's
+/// collectives.
+fn p2p_peer(st: &Step) -> Option<(bool, i64)> {
+    let rank = || match st.args.get(2) {
+        Some(Arg::Int(r)) => Some(*r),
+        _ => None,
+    };
+    match st.name.as_str() {
+        "c10d::send" => Some((true, rank()?)),
+        "c10d::recv_" => Some((false, rank()?)),
+        "c10d::recv_any_source_" => Some((false, -1)),
+        _ => None,
     }
 }
 

@@ -1209,6 +1209,78 @@ fn a_job_shrinks_to_fewer_ranks_with_its_tensors_resized() {
     assert_eq!(f.included(et_graph::Kind::Comm), 1);
 }
 
+const SEND: &str = "c10d::send(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int dst, int tag) -> __torch__.torch.classes.c10d.Work";
+const RECV: &str = "c10d::recv_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int src, int tag) -> __torch__.torch.classes.c10d.Work";
+
+/// `c10d::send` (`op` of SEND) or `c10d::recv_` (RECV) of tensor `id` to or from `peer`.
+fn p2p(b: &mut TraceBuilder, op: &str, schema: &str, id: u64, peer: i64) {
+    b.op(op, schema)
+        .input(
+            json!([f32(id, id, 4)]),
+            json!([[4]]),
+            "GenericList[Tensor(float)]",
+        )
+        .input(json!("pg"), json!([]), "Object")
+        .input(json!(peer), json!([]), "Int")
+        .input(json!(0), json!([]), "Int")
+        .output(json!("work"), json!([]), "Object")
+        .done();
+}
+
+/// `--max-collectives 1` on a three-stage pipeline that all-reduces over the world after
+/// its sends: each stage keeps its all-reduce, and each pair of neighbours the same send and
+/// receive. Counted with the group's collectives, the middle stage (a receive and a send
+/// before its all-reduce) would keep only its receive, and the others would wait in their
+/// all-reduce for it.
+#[test]
+fn a_collective_cap_keeps_each_pairs_sends_and_the_groups_collectives() {
+    let stage = |recv_from: Option<i64>, send_to: Option<i64>| {
+        let mut b = TraceBuilder::new();
+        if let Some(r) = recv_from {
+            p2p(&mut b, "c10d::recv_", RECV, 1, r);
+            p2p(&mut b, "c10d::recv_", RECV, 2, r);
+        }
+        if let Some(s) = send_to {
+            p2p(&mut b, "c10d::send", SEND, 3, s);
+            p2p(&mut b, "c10d::send", SEND, 4, s);
+        }
+        allreduce(&mut b, 5, 8);
+        plan_of(&b)
+    };
+    let cap = CommSelection {
+        max: Some(1),
+        ..Default::default()
+    };
+    // What each stage keeps: (op, its peer) in order.
+    let kept = |p: &Plan| -> Vec<(String, Option<i64>)> {
+        let q = p.select_comm(&cap).unwrap();
+        q.steps
+            .iter()
+            .filter(|s| s.kind.included(et_graph::Kind::Comm))
+            .map(|s| {
+                let peer = match s.args.get(2) {
+                    Some(Arg::Int(r)) if s.name != "c10d::allreduce_" => Some(*r),
+                    _ => None,
+                };
+                (s.name.clone(), peer)
+            })
+            .collect()
+    };
+    let (first, middle, last) = (
+        stage(None, Some(1)),
+        stage(Some(0), Some(2)),
+        stage(Some(1), None),
+    );
+    let (send, recv, all) = ("c10d::send", "c10d::recv_", "c10d::allreduce_");
+    let s = |n: &str, p: Option<i64>| (n.to_string(), p);
+    assert_eq!(kept(&first), [s(send, Some(1)), s(all, None)]);
+    assert_eq!(
+        kept(&middle),
+        [s(recv, Some(0)), s(send, Some(2)), s(all, None)]
+    );
+    assert_eq!(kept(&last), [s(recv, Some(1)), s(all, None)]);
+}
+
 /// Latency statistics: nearest-rank percentiles, and zeros for no samples.
 #[test]
 fn latency_statistics_take_nearest_rank_percentiles() {
