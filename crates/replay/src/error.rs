@@ -101,6 +101,18 @@ pub enum ReplayError {
         #[source]
         source: CallError,
     },
+    /// The members of a process group would issue different collectives: its name, and where.
+    #[error(
+        "rank {rank}: the ranks' traces disagree on process group {group}: {what}. Run \
+         together, the ranks would fail there (Gloo aborts a rank on a collective whose sizes \
+         differ between ranks, and waits for one a rank never issues); replay each rank's own \
+         trace of one job"
+    )]
+    RanksDisagree {
+        rank: usize,
+        group: String,
+        what: String,
+    },
     #[error(transparent)]
     CommSelect(#[from] crate::plan::CommSelectError),
     /// `--check-collectives` found a collective whose result is not what its inputs make.

@@ -11,6 +11,11 @@ const ALLREDUCE: &str = "c10d::allreduce_(Tensor[] tensors, __torch__.torch.clas
 
 /// `full([4], value)` then an allreduce of it: the trace of one rank.
 fn rank_trace(value: f64) -> et_schema::Trace {
+    sized_rank_trace(value, 4, 1)
+}
+
+/// `full([n], value)` then `reduces` allreduces of it.
+fn sized_rank_trace(value: f64, n: u64, reduces: usize) -> et_schema::Trace {
     let mut b = TraceBuilder::new();
     b.node("## process_group:init ##")
         .input(
@@ -19,31 +24,37 @@ fn rank_trace(value: f64) -> et_schema::Trace {
             "String",
         )
         .done();
-    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    let t = tensor(5, 5, 0, n, 4, "cpu");
     let none = || (json!("<None>"), json!([]), "None");
     let mut full = b
         .op("aten::full", FULL)
-        .input(json!([4]), json!([[]]), "GenericList[Int]");
+        .input(json!([n]), json!([[]]), "GenericList[Int]");
     full = full.input(json!(value), json!([]), "Double");
     for _ in 0..4 {
         let (v, s, ty) = none();
         full = full.input(v, s, ty);
     }
-    full.output(t.clone(), json!([4]), "Tensor(float)").done();
-    b.op("c10d::allreduce_", ALLREDUCE)
-        .input(
-            json!([t.clone()]),
-            json!([[4]]),
-            "GenericList[Tensor(float)]",
-        )
-        .input("<Object>", json!([]), "Object")
-        .input("<Object>", json!([]), "Object")
-        .input("<None>", json!([]), "None")
-        .input(true, json!([]), "Bool")
-        .input(-1, json!([]), "Int")
-        .output(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
-        .output("<Object>", json!([]), "Object")
-        .done();
+    full.output(t.clone(), json!([n]), "Tensor(float)").done();
+    for _ in 0..reduces {
+        b.op("c10d::allreduce_", ALLREDUCE)
+            .input(
+                json!([t.clone()]),
+                json!([[n]]),
+                "GenericList[Tensor(float)]",
+            )
+            .input("<Object>", json!([]), "Object")
+            .input("<Object>", json!([]), "Object")
+            .input("<None>", json!([]), "None")
+            .input(true, json!([]), "Bool")
+            .input(-1, json!([]), "Int")
+            .output(
+                json!([t.clone()]),
+                json!([[n]]),
+                "GenericList[Tensor(float)]",
+            )
+            .output("<Object>", json!([]), "Object")
+            .done();
+    }
     b.build()
 }
 
@@ -282,6 +293,43 @@ fn pipeline_stage(rank: i64) -> et_schema::Trace {
     b.build()
 }
 
+/// Replays `traces[r]` as rank r of them all over Gloo on loopback, each rank a thread with a
+/// process's stack (a whole replay overflows a spawned thread's 2 MB), under `opts` with
+/// `dist` set here: each rank's report, or its error in words.
+fn replay_ranks(
+    traces: Vec<et_schema::Trace>,
+    opts: replay::ReplayOptions,
+) -> Vec<Result<replay::Report, String>> {
+    let port = free_port();
+    let world = traces.len();
+    let ranks: Vec<_> = traces
+        .into_iter()
+        .enumerate()
+        .map(|(rank, tr)| {
+            let mut opts = opts.clone();
+            opts.dist = Some(replay::DistOptions {
+                rank,
+                world_size: world,
+                master_addr: "127.0.0.1".into(),
+                master_port: port,
+                timeout: Duration::from_secs(20),
+                local_rank: Some(rank),
+                store: replay::Store::RankZero,
+            });
+            std::thread::Builder::new()
+                .stack_size(16 << 20)
+                .spawn(move || {
+                    let g = et_graph::Graph::new(&tr);
+                    replay::replay(&g, &g.replay_set(None), &opts)
+                        .map(|(report, _)| report)
+                        .map_err(|e| e.to_string())
+                })
+                .unwrap()
+        })
+        .collect();
+    ranks.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// `--only comm --max-collectives 1 --check-collectives` on three pipeline stages over Gloo:
 /// every stage keeps its all-reduce and each pair of neighbours one send and its receive, so
 /// all complete with the values checked. (Capped with the group's collectives, the middle
@@ -289,46 +337,76 @@ fn pipeline_stage(rank: i64) -> et_schema::Trace {
 /// timeout.)
 #[test]
 fn a_capped_pipeline_keeps_matching_sends_and_completes() {
-    let port = free_port();
-    let ranks: Vec<_> = (0..3)
-        .map(|rank| {
-            // A whole replay: a process's main thread's stack, not a spawned thread's 2 MB.
-            let stage = std::thread::Builder::new().stack_size(16 << 20);
-            stage
-                .spawn(move || {
-                    let tr = pipeline_stage(rank as i64);
-                    let g = et_graph::Graph::new(&tr);
-                    let opts = replay::ReplayOptions {
-                        only: et_graph::Kind::Comm,
-                        warmup: 0,
-                        iters: 1,
-                        dist: Some(replay::DistOptions {
-                            rank,
-                            world_size: 3,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                            timeout: Duration::from_secs(20),
-                            local_rank: Some(rank),
-                            store: replay::Store::RankZero,
-                        }),
-                        comm: replay::CommOptions {
-                            check: true,
-                            select: replay::plan::CommSelection {
-                                max: Some(1),
-                                ..Default::default()
-                            },
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    };
-                    let (report, _) = replay::replay(&g, &g.replay_set(None), &opts)
-                        .unwrap_or_else(|e| panic!("rank {rank}: {e:?}"));
-                    (report.ops_failed, report.ops_replayed)
-                })
-                .unwrap()
+    let opts = replay::ReplayOptions {
+        only: et_graph::Kind::Comm,
+        warmup: 0,
+        iters: 1,
+        comm: replay::CommOptions {
+            check: true,
+            select: replay::plan::CommSelection {
+                max: Some(1),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let done: Vec<(usize, usize)> = replay_ranks((0..3).map(pipeline_stage).collect(), opts)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, r)| {
+            let r = r.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+            (r.ops_failed, r.ops_replayed)
         })
         .collect();
-    let done: Vec<(usize, usize)> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
     // Failed none; ran its all-reduce and one send or receive per neighbour.
     assert_eq!(done, [(0, 2), (0, 3), (0, 2)]);
+}
+
+/// Ranks whose traces all-reduce 4 and 8 floats (Gloo would abort both processes), or one
+/// all-reduce and two: each rank stops before its first iteration, naming the collective and
+/// what each side has.
+#[test]
+fn ranks_whose_collectives_differ_stop_before_running_naming_them() {
+    let opts = replay::ReplayOptions {
+        warmup: 0,
+        iters: 1,
+        ..Default::default()
+    };
+    let sizes = replay_ranks(
+        vec![sized_rank_trace(1.0, 4, 1), sized_rank_trace(2.0, 8, 1)],
+        opts.clone(),
+    );
+    for (rank, r) in sizes.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .err()
+            .unwrap_or_else(|| panic!("rank {rank} ran"));
+        assert!(
+            e.contains("disagree on process group")
+                && e.contains("collective #1 is all_reduce of")
+                && e.contains("all_reduce of 16 bytes")
+                && e.contains("all_reduce of 32 bytes"),
+            "rank {rank}: {e}"
+        );
+    }
+    let counts = replay_ranks(
+        vec![sized_rank_trace(1.0, 4, 2), sized_rank_trace(2.0, 4, 1)],
+        opts,
+    );
+    let errors: Vec<String> = counts
+        .into_iter()
+        .map(|r| r.expect_err("a rank ran"))
+        .collect();
+    assert!(
+        errors[0].contains("collective #2 is all_reduce of 16 bytes here")
+            && errors[0].contains("and none on another rank"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("this rank issues 1 collectives on it, another rank more"),
+        "{}",
+        errors[1]
+    );
 }

@@ -389,6 +389,115 @@ impl Executor<'_> {
         Ok(first)
     }
 
+    /// Before the first iteration, over each process group this rank is in (in the plan's
+    /// order, which every rank takes): its members' collectives must be the same kinds in the
+    /// same order, of the same sizes where every member gives the same (all-reduce, broadcast,
+    /// reduce, all-gather's input, reduce-scatter's, barrier). Gloo aborts a rank's process on
+    /// a collective whose sizes differ between ranks ("Received data size doesn't match
+    /// expected size"), and waits until the timeout for one a member never issues; this finds
+    /// either before, and names it. Two all-reduces per group of one code per collective (its
+    /// largest, and of the codes negated its smallest, over the group): equal where all agree.
+    /// Sends and receives (a pair's, not the group's) and waits are left out. On the CPU
+    /// (Gloo) only.
+    pub(super) fn agree_on_collectives(&mut self, only: et_graph::Kind) -> Result<(), ReplayError> {
+        let Some(comm) = self.comm.as_ref() else {
+            return Ok(());
+        };
+        if !matches!(self.bound.device, crate::Device::Cpu) {
+            return Ok(());
+        }
+        let me = comm.rank;
+        // Group 0 is the world, also where the trace recorded no group.
+        for gi in 0..self.plan.groups.len().max(1) {
+            let g = self.plan.groups.get(gi);
+            let name = g.map_or("the world".to_string(), |g| {
+                format!("{:?} ({})", g.name, g.desc)
+            });
+            if g.is_some_and(|g| gi > 0 && !g.ranks.is_empty() && !g.ranks.contains(&(me as i64))) {
+                continue;
+            }
+            let seq: Vec<(i64, usize)> = self
+                .plan
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(_, st)| st.kind.included(only))
+                .filter_map(|(pos, st)| match &st.kind {
+                    StepKind::Collective(c) if c.group as usize == gi => {
+                        collective_code(c).map(|code| (code, pos))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let fail = |e: CallError| ReplayError::Dist {
+                rank: me,
+                what: format!("comparing process group {name}'s collectives"),
+                source: e,
+            };
+            let n = self
+                .group_max(gi as u32, &[seq.len() as i64])
+                .map_err(fail)?[0] as usize;
+            let mut codes: Vec<i64> = seq.iter().map(|s| s.0).collect();
+            codes.resize(n, 0);
+            let hi = self.group_max(gi as u32, &codes).map_err(fail)?;
+            let negated: Vec<i64> = codes.iter().map(|c| -c).collect();
+            let lo = self.group_max(gi as u32, &negated).map_err(fail)?;
+            let Some(i) = (0..n).find(|&i| hi[i] != -lo[i]) else {
+                continue;
+            };
+            let other = if hi[i] != codes[i] { hi[i] } else { -lo[i] };
+            let what = match seq.get(i) {
+                Some(&(code, pos)) => format!(
+                    "its collective #{} is {} here (node {}) and {} on another rank",
+                    i + 1,
+                    describe_code(code),
+                    self.plan.steps[pos].id,
+                    describe_code(other)
+                ),
+                None => format!(
+                    "this rank issues {} collectives on it, another rank more: its #{} is {}",
+                    seq.len(),
+                    i + 1,
+                    describe_code(other)
+                ),
+            };
+            return Err(ReplayError::RanksDisagree {
+                rank: me,
+                group: name,
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// The largest of each element of `values` over process group `group` (an all-reduce of
+    /// int64s; every member passes as many).
+    fn group_max(&mut self, group: u32, values: &[i64]) -> Result<Vec<i64>, CallError> {
+        let Some(comm) = self.comm.as_ref() else {
+            return Ok(values.to_vec());
+        };
+        if values.is_empty() {
+            return Ok(Vec::new());
+        }
+        let op = ffi::Op::find("c10d::allreduce_", "")?;
+        let t = Tensor::from_slice(values);
+        let st = &mut self.stack;
+        st.tensor_list(&[Some(&t)]);
+        let done = st
+            .group(comm, group as i64)
+            .and_then(|()| {
+                st.reduce_op(MAX);
+                st.none();
+                st.bool(false);
+                st.default_of(&op, 5)
+            })
+            .and_then(|()| st.call(&op, false))
+            .and_then(|()| st.wait_works(self.timeout));
+        st.clear();
+        done?;
+        Vec::<i64>::try_from(&t).map_err(tch_error)
+    }
+
     /// The sum of `value` over step `pos`'s process group (an all-reduce of one int64).
     fn group_sum(&mut self, pos: usize, value: i64) -> Result<i64, CallError> {
         let Some(comm) = self.comm.as_ref() else {
@@ -414,6 +523,52 @@ impl Executor<'_> {
         st.clear();
         done?;
         Ok(t.int64_value(&[0]))
+    }
+}
+
+/// `c10d::ReduceOp::MAX`.
+const MAX: u8 = 4;
+
+/// Bits of a [`collective_code`] below its kind: its size in bytes.
+const SIZE_BITS: u32 = 48;
+
+/// What every member of a collective's group must agree on, as one number: its kind (its
+/// place in [`crate::plan::KINDS`] + 1, or one past them for a kind not listed) above
+/// [`SIZE_BITS`], and below it the bytes of its inputs where every member passes the same
+/// (0 for the kinds whose sizes differ by rank: all-to-all's splits, gather's and scatter's
+/// root). `None` for those not the group's: sends, receives, waits.
+fn collective_code(c: &crate::plan::Collective) -> Option<i64> {
+    let kind = c.kind();
+    if matches!(kind.as_str(), "send" | "recv" | "wait") {
+        return None;
+    }
+    let kinds = crate::plan::KINDS;
+    let k = kinds.iter().position(|x| *x == kind).unwrap_or(kinds.len()) as i64 + 1;
+    let same = matches!(
+        kind.as_str(),
+        "all_reduce" | "broadcast" | "reduce" | "all_gather" | "reduce_scatter" | "barrier"
+    );
+    let bytes = if same {
+        (c.bytes as i64) & ((1 << SIZE_BITS) - 1)
+    } else {
+        0
+    };
+    Some((k << SIZE_BITS) | bytes)
+}
+
+/// A [`collective_code`] in words.
+fn describe_code(code: i64) -> String {
+    let kinds = crate::plan::KINDS;
+    let kind = match (code >> SIZE_BITS) as usize {
+        0 => return "none".into(),
+        k => kinds
+            .get(k - 1)
+            .copied()
+            .unwrap_or("a collective of another kind"),
+    };
+    match code & ((1 << SIZE_BITS) - 1) {
+        0 => kind.to_string(),
+        b => format!("{kind} of {b} bytes"),
     }
 }
 

@@ -246,9 +246,11 @@ fn join<'a>(
         );
     }
     let comm = crate::dist::connect(plan, d, &ex.bound.device)?;
-    Ok(ex
+    let mut ex = ex
         .with_comm(comm, d.timeout)
-        .completing_each_collective(opts.comm.blocking || opts.comm.check))
+        .completing_each_collective(opts.comm.blocking || opts.comm.check);
+    ex.agree_on_collectives(opts.only)?;
+    Ok(ex)
 }
 
 /// On CUDA, NVML sampling of the replay's GPU on the timer's clock (and its period in ms), or
