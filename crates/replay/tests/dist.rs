@@ -14,16 +14,22 @@ fn rank_trace(value: f64) -> et_schema::Trace {
     sized_rank_trace(value, 4, 1)
 }
 
+/// A trace that starts with a world of `size` ranks over Gloo, as `init_process_group`
+/// records it.
+fn world_of(size: usize) -> TraceBuilder {
+    let mut b = TraceBuilder::new();
+    let groups = format!(
+        r#"[{{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": {size}, "group_count": 1}}]"#
+    );
+    b.node("## process_group:init ##")
+        .input(json!(groups), json!([]), "String")
+        .done();
+    b
+}
+
 /// `full([n], value)` then `reduces` allreduces of it.
 fn sized_rank_trace(value: f64, n: u64, reduces: usize) -> et_schema::Trace {
-    let mut b = TraceBuilder::new();
-    b.node("## process_group:init ##")
-        .input(
-            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 2, "group_count": 1}]"#),
-            json!([]),
-            "String",
-        )
-        .done();
+    let mut b = world_of(2);
     let t = tensor(5, 5, 0, n, 4, "cpu");
     let none = || (json!("<None>"), json!([]), "None");
     let mut full = b
@@ -36,26 +42,23 @@ fn sized_rank_trace(value: f64, n: u64, reduces: usize) -> et_schema::Trace {
     }
     full.output(t.clone(), json!([n]), "Tensor(float)").done();
     for _ in 0..reduces {
-        b.op("c10d::allreduce_", ALLREDUCE)
-            .input(
-                json!([t.clone()]),
-                json!([[n]]),
-                "GenericList[Tensor(float)]",
-            )
-            .input("<Object>", json!([]), "Object")
-            .input("<Object>", json!([]), "Object")
-            .input("<None>", json!([]), "None")
-            .input(true, json!([]), "Bool")
-            .input(-1, json!([]), "Int")
-            .output(
-                json!([t.clone()]),
-                json!([[n]]),
-                "GenericList[Tensor(float)]",
-            )
-            .output("<Object>", json!([]), "Object")
-            .done();
+        allreduce(&mut b, &t, n);
     }
     b.build()
+}
+
+/// `c10d::allreduce_` of `t` (`n` floats), in place.
+fn allreduce(b: &mut TraceBuilder, t: &serde_json::Value, n: u64) {
+    b.op("c10d::allreduce_", ALLREDUCE)
+        .input(json!([t]), json!([[n]]), "GenericList[Tensor(float)]")
+        .input("<Object>", json!([]), "Object")
+        .input("<Object>", json!([]), "Object")
+        .input("<None>", json!([]), "None")
+        .input(true, json!([]), "Bool")
+        .input(-1, json!([]), "Int")
+        .output(json!([t]), json!([[n]]), "GenericList[Tensor(float)]")
+        .output("<Object>", json!([]), "Object")
+        .done();
 }
 
 fn free_port() -> u16 {
@@ -247,14 +250,7 @@ const RECV: &str = "c10d::recv_(Tensor[] tensors, __torch__.torch.classes.c10d.P
 /// Stage `rank` of a three-stage pipeline: two receives from the stage before, two sends to
 /// the stage after, then an all-reduce over the three.
 fn pipeline_stage(rank: i64) -> et_schema::Trace {
-    let mut b = TraceBuilder::new();
-    b.node("## process_group:init ##")
-        .input(
-            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 3, "group_count": 1}]"#),
-            json!([]),
-            "String",
-        )
-        .done();
+    let mut b = world_of(3);
     let mut p2p = |op: &str, schema: &str, id: u64, peer: i64| {
         let t = tensor(id, id, 0, 4, 4, "cpu");
         b.op(op, schema)
@@ -275,21 +271,7 @@ fn pipeline_stage(rank: i64) -> et_schema::Trace {
             p2p("c10d::send", SEND, id, rank + 1);
         }
     }
-    let t = tensor(5, 5, 0, 4, 4, "cpu");
-    b.op("c10d::allreduce_", ALLREDUCE)
-        .input(
-            json!([t.clone()]),
-            json!([[4]]),
-            "GenericList[Tensor(float)]",
-        )
-        .input("<Object>", json!([]), "Object")
-        .input("<Object>", json!([]), "Object")
-        .input("<None>", json!([]), "None")
-        .input(true, json!([]), "Bool")
-        .input(-1, json!([]), "Int")
-        .output(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
-        .output("<Object>", json!([]), "Object")
-        .done();
+    allreduce(&mut b, &tensor(5, 5, 0, 4, 4, "cpu"), 4);
     b.build()
 }
 

@@ -470,9 +470,28 @@ impl Executor<'_> {
         Ok(())
     }
 
-    /// The largest of each element of `values` over process group `group` (an all-reduce of
-    /// int64s; every member passes as many).
+    /// The largest of each element of `values` over process group `group` (every member
+    /// passes as many).
     fn group_max(&mut self, group: u32, values: &[i64]) -> Result<Vec<i64>, CallError> {
+        self.group_all_reduce(group, values, MAX)
+    }
+
+    /// The sum of `value` over step `pos`'s process group.
+    fn group_sum(&mut self, pos: usize, value: i64) -> Result<i64, CallError> {
+        let StepKind::Collective(c) = &self.plan.steps[pos].kind else {
+            return Ok(value);
+        };
+        Ok(self.group_all_reduce(c.group, &[value], SUM)?[0])
+    }
+
+    /// `values` reduced element by element with `c10d::ReduceOp` `reduction` over process
+    /// group `group` (an all-reduce of int64s, waited for); as they are without one.
+    fn group_all_reduce(
+        &mut self,
+        group: u32,
+        values: &[i64],
+        reduction: u8,
+    ) -> Result<Vec<i64>, CallError> {
         let Some(comm) = self.comm.as_ref() else {
             return Ok(values.to_vec());
         };
@@ -486,7 +505,7 @@ impl Executor<'_> {
         let done = st
             .group(comm, group as i64)
             .and_then(|()| {
-                st.reduce_op(MAX);
+                st.reduce_op(reduction);
                 st.none();
                 st.bool(false);
                 st.default_of(&op, 5)
@@ -497,34 +516,10 @@ impl Executor<'_> {
         done?;
         Vec::<i64>::try_from(&t).map_err(tch_error)
     }
-
-    /// The sum of `value` over step `pos`'s process group (an all-reduce of one int64).
-    fn group_sum(&mut self, pos: usize, value: i64) -> Result<i64, CallError> {
-        let Some(comm) = self.comm.as_ref() else {
-            return Ok(value);
-        };
-        let StepKind::Collective(c) = &self.plan.steps[pos].kind else {
-            return Ok(value);
-        };
-        let op = ffi::Op::find("c10d::allreduce_", "")?;
-        let t = Tensor::from_slice(&[value]);
-        let st = &mut self.stack;
-        st.tensor_list(&[Some(&t)]);
-        let done = st
-            .group(comm, c.group as i64)
-            .and_then(|()| {
-                st.reduce_op(0);
-                st.none();
-                st.bool(false);
-                st.default_of(&op, 5)
-            })
-            .and_then(|()| st.call(&op, false))
-            .and_then(|()| st.wait_works(self.timeout));
-        st.clear();
-        done?;
-        Ok(t.int64_value(&[0]))
-    }
 }
+
+/// `c10d::ReduceOp::SUM`.
+const SUM: u8 = 0;
 
 /// `c10d::ReduceOp::MAX`.
 const MAX: u8 = 4;
