@@ -106,6 +106,12 @@ pub(super) fn references(
 
 /// Times again the references of the quiet captures (or the `busy` ones, beside a burner on
 /// each of `cores`) that are missing or stale ([`is_stale`]), and writes them.
+///
+/// In an A/B run (`--against`) a busy reference that another build timed is kept: the two
+/// builds are compared on the quiet capture, and only this build's figures on the busy
+/// capture take it (its anchored column and the busy drift, whose `O`, another build's plain
+/// op time, is off by as much as the builds' dispatch differs). Timing them again took 10-15
+/// minutes of every A/B run.
 fn time_stale(
     h: &Harness,
     build: &str,
@@ -115,7 +121,21 @@ fn time_stale(
 ) -> Result<()> {
     let kind = if busy { "busy" } else { "quiet" };
     let d = h.dir.join(kind);
-    let stale: Vec<&Model> = models.iter().filter(|m| is_stale(&d, m, build)).collect();
+    let any_build = busy && h.opts.against.is_some();
+    let stale: Vec<&Model> = models
+        .iter()
+        .filter(|m| is_stale(&d, m, (!any_build).then_some(build)))
+        .collect();
+    let kept = models
+        .iter()
+        .filter(|m| any_build && is_stale(&d, m, Some(build)) && !is_stale(&d, m, None))
+        .count();
+    if kept > 0 {
+        eprintln!(
+            "[fidelity] A/B: {kept} busy references another build timed are kept (the \
+             anchored column and the drift on the busy capture take them)"
+        );
+    }
     if stale.is_empty() {
         return Ok(());
     }
@@ -142,10 +162,11 @@ fn time_stale(
 }
 
 /// Whether model `m`'s reference in the capture directory `d` must be timed again: missing,
-/// made by another build or for other code of the model, or in another form.
-fn is_stale(d: &Path, m: &Model, build: &str) -> bool {
+/// made by another build than `build` (where one is given) or for other code of the model, or
+/// in another form.
+pub(super) fn is_stale(d: &Path, m: &Model, build: Option<&str>) -> bool {
     let j = read_json(&d.join(format!("{}.reference.json", m.name)));
-    j["replay_build"].as_str() != Some(build)
+    build.is_some_and(|b| j["replay_build"].as_str() != Some(b))
         || j["model_key"].as_str() != Some(&m.key)
         || j["rounds"].as_u64() != Some(REFERENCE_ROUNDS as u64)
         || !j["halves"].is_array()
@@ -229,7 +250,7 @@ pub(super) const REFERENCE_HALVES: usize = 2;
 
 /// How a reference's plain replay's share of its iteration in ops was taken ([`reference_half`]);
 /// a reference that took it otherwise is timed again.
-const OP_SHARE: &str = "ratio of the means";
+pub(super) const OP_SHARE: &str = "ratio of the means";
 
 /// Halves whose `T / O` differ by more than this (relative to the lower) get a third: below
 /// the 10% and more by which a spell or a slow process moved a reference ([`references`]).

@@ -4,8 +4,10 @@ use super::args::Options;
 use super::harness::{balanced_groups, cpu_ns, turn_order};
 use super::host::ReplayHost;
 use super::host::{Throttle, CGROUP_PREFIX, THROTTLE_PERIOD_US, THROTTLE_QUOTA_US};
-use super::references::{build_id, drift, halves_disagree, Half, HALVES_DISAGREE};
-use super::zoo::{prune_zoo, Capture};
+use super::references::{
+    build_id, drift, halves_disagree, is_stale, Half, HALVES_DISAGREE, OP_SHARE, REFERENCE_ROUNDS,
+};
+use super::zoo::{prune_zoo, Capture, Model};
 
 /// The drift is the plain replay's ratio now over the reference's, each program's time in
 /// running time (less its wait) where the reference has the waits; NaN without a time.
@@ -244,4 +246,34 @@ fn options_parse_with_their_defaults_and_refuse_against_flags_alone() {
     ] {
         assert!(Options::parse(bad).is_err(), "{bad:?}");
     }
+}
+
+/// A reference is timed again when missing, of other code of the model or in another form;
+/// one another build timed only where the build is asked about (an A/B run keeps its busy
+/// references of another build).
+#[test]
+fn a_reference_of_another_build_is_stale_only_where_the_build_counts() {
+    let dir = std::env::temp_dir().join(format!("xtask-stale-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let m = Model {
+        name: "mlp".into(),
+        set: "tune".into(),
+        covers: String::new(),
+        key: "k1".into(),
+        machinery: String::new(),
+    };
+    assert!(is_stale(&dir, &m, None), "missing");
+    let write = |key: &str| {
+        let j = serde_json::json!({"replay_build": "old", "model_key": key,
+            "rounds": REFERENCE_ROUNDS, "halves": [], "op_share": OP_SHARE});
+        std::fs::write(dir.join("mlp.reference.json"), j.to_string()).unwrap();
+    };
+    write("k1");
+    assert!(is_stale(&dir, &m, Some("new")));
+    assert!(!is_stale(&dir, &m, Some("old")));
+    assert!(!is_stale(&dir, &m, None));
+    write("k2");
+    assert!(is_stale(&dir, &m, None), "the model's code changed");
+    let _ = std::fs::remove_dir_all(&dir);
 }

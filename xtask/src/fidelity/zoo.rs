@@ -114,7 +114,7 @@ pub(super) struct Model {
     /// What its captures depend on besides the machinery: its code (`zoo.py`'s `model_key`).
     pub(super) key: String,
     /// What every capture depends on: the code that runs and records a model (`machinery_key`).
-    machinery: String,
+    pub(super) machinery: String,
 }
 
 pub(super) fn zoo_script(root: &Path) -> PathBuf {
