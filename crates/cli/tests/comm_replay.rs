@@ -191,6 +191,11 @@ fn world_2_replays_the_eight_rank_dlrm_communication_on_two_ranks() {
     // Fewer than captured only; and a collective whose peer is not kept is refused by name.
     let o = comm(&dlrm(), &["--world", "9"]).output().unwrap();
     assert!(!o.status.success());
+    // tpdp_w4 on two ranks: each compares its collectives over the world and its two
+    // subgroups (the data-parallel one down to itself) before it runs.
+    let tpdp = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tpdp_w4");
+    let j = json(&mut comm(&tpdp, &["--world", "2", "--check-collectives"]));
+    assert_eq!(j["world_size"], 2, "{j}");
     let o = comm(&every_w4(), &["--world", "2"]).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

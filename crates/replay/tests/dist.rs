@@ -49,7 +49,13 @@ fn sized_rank_trace(value: f64, n: u64, reduces: usize) -> et_schema::Trace {
 
 /// `c10d::allreduce_` of `t` (`n` floats), in place.
 fn allreduce(b: &mut TraceBuilder, t: &serde_json::Value, n: u64) {
+    allreduce_on(b, t, n, "0");
+}
+
+/// `c10d::allreduce_` of `t` (`n` floats), in place, on the process group named `pg`.
+fn allreduce_on(b: &mut TraceBuilder, t: &serde_json::Value, n: u64, pg: &str) {
     b.op("c10d::allreduce_", ALLREDUCE)
+        .attr("pg_name", "string", pg)
         .input(json!([t]), json!([[n]]), "GenericList[Tensor(float)]")
         .input("<Object>", json!([]), "Object")
         .input("<Object>", json!([]), "Object")
@@ -390,5 +396,49 @@ fn ranks_whose_collectives_differ_stop_before_running_naming_them() {
         errors[1].contains("this rank issues 1 collectives on it, another rank more"),
         "{}",
         errors[1]
+    );
+}
+
+/// Three ranks; ranks 0 and 1 form group "1" too, on which they all-reduce 4 and 8 floats,
+/// then all three all-reduce over the world. The two in the group stop naming it, and rank 2,
+/// whose own groups agree, stops too rather than run on into a world all-reduce the others
+/// never reach.
+#[test]
+fn a_subgroups_disagreement_stops_every_rank() {
+    let rank = |r: usize| {
+        let mut b = TraceBuilder::new();
+        b.node("## process_group:init ##")
+            .input(
+                json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 3, "group_count": 2}, {"pg_name": "1", "pg_desc": "pair", "backend_config": "cpu:gloo", "ranks": [0, 1], "group_size": 2, "group_count": 2}]"#),
+                json!([]),
+                "String",
+            )
+            .done();
+        if r < 2 {
+            let n = 4 * (r as u64 + 1);
+            allreduce_on(&mut b, &tensor(1, 1, 0, n, 4, "cpu"), n, "1");
+        }
+        allreduce(&mut b, &tensor(2, 2, 0, 4, 4, "cpu"), 4);
+        b.build()
+    };
+    let opts = replay::ReplayOptions {
+        warmup: 0,
+        iters: 1,
+        ..Default::default()
+    };
+    let errors: Vec<String> = replay_ranks((0..3).map(rank).collect(), opts)
+        .into_iter()
+        .map(|r| r.expect_err("a rank ran"))
+        .collect();
+    for e in &errors[..2] {
+        assert!(
+            e.contains(r#"process group "1" (pair)"#) && e.contains("all_reduce of 32 bytes"),
+            "{e}"
+        );
+    }
+    assert!(
+        errors[2].contains("another rank's error names"),
+        "{}",
+        errors[2]
     );
 }

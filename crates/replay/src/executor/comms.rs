@@ -391,12 +391,15 @@ impl Executor<'_> {
 
     /// Before the first iteration, over each process group this rank is in (in the plan's
     /// order, which every rank takes): its members' collectives must be the same kinds in the
-    /// same order, of the same sizes where every member gives the same (all-reduce, broadcast,
-    /// reduce, all-gather's input, reduce-scatter's, barrier). Gloo aborts a rank's process on
+    /// same order, of the same message size where every member gives the same (all-reduce,
+    /// broadcast, reduce, all-gather, reduce-scatter, barrier). Gloo aborts a rank's process on
     /// a collective whose sizes differ between ranks ("Received data size doesn't match
     /// expected size"), and waits until the timeout for one a member never issues; this finds
-    /// either before, and names it. Two all-reduces per group of one code per collective (its
-    /// largest, and of the codes negated its smallest, over the group): equal where all agree.
+    /// either before, and names it. Per group, three all-reduces: how many collectives each
+    /// member has, then one code per collective, its largest and its smallest over the group
+    /// (equal where all agree). Every group is compared before any rank stops, and a last
+    /// all-reduce over the world stops every rank where any group's members disagree (a rank
+    /// outside that group would otherwise run on into a collective that never completes).
     /// Sends and receives (a pair's, not the group's) and waits are left out. On the CPU
     /// (Gloo) only.
     pub(super) fn agree_on_collectives(&mut self, only: et_graph::Kind) -> Result<(), ReplayError> {
@@ -407,13 +410,15 @@ impl Executor<'_> {
             return Ok(());
         }
         let me = comm.rank;
-        // Group 0 is the world, also where the trace recorded no group.
+        let mut first: Option<ReplayError> = None;
+        // Group 0 is the world, also where the trace recorded no group; another group has
+        // the members it lists, as `dist::connect` made it (none where it lists none).
         for gi in 0..self.plan.groups.len().max(1) {
             let g = self.plan.groups.get(gi);
             let name = g.map_or("the world".to_string(), |g| {
                 format!("{:?} ({})", g.name, g.desc)
             });
-            if g.is_some_and(|g| gi > 0 && !g.ranks.is_empty() && !g.ranks.contains(&(me as i64))) {
+            if gi > 0 && !g.is_some_and(|g| g.ranks.contains(&(me as i64))) {
                 continue;
             }
             let seq: Vec<(i64, usize)> = self
@@ -435,17 +440,23 @@ impl Executor<'_> {
                 source: e,
             };
             let n = self
-                .group_max(gi as u32, &[seq.len() as i64])
+                .group_all_reduce(gi as u32, &[seq.len() as i64], MAX)
                 .map_err(fail)?[0] as usize;
             let mut codes: Vec<i64> = seq.iter().map(|s| s.0).collect();
             codes.resize(n, 0);
-            let hi = self.group_max(gi as u32, &codes).map_err(fail)?;
-            let negated: Vec<i64> = codes.iter().map(|c| -c).collect();
-            let lo = self.group_max(gi as u32, &negated).map_err(fail)?;
-            let Some(i) = (0..n).find(|&i| hi[i] != -lo[i]) else {
+            let hi = self
+                .group_all_reduce(gi as u32, &codes, MAX)
+                .map_err(fail)?;
+            let lo = self
+                .group_all_reduce(gi as u32, &codes, MIN)
+                .map_err(fail)?;
+            let Some(i) = (0..n).find(|&i| hi[i] != lo[i]) else {
                 continue;
             };
-            let other = if hi[i] != codes[i] { hi[i] } else { -lo[i] };
+            if first.is_some() {
+                continue;
+            }
+            let other = if hi[i] != codes[i] { hi[i] } else { lo[i] };
             let what = match seq.get(i) {
                 Some(&(code, pos)) => format!(
                     "its collective #{} is {} here (node {}) and {} on another rank",
@@ -461,19 +472,29 @@ impl Executor<'_> {
                     describe_code(other)
                 ),
             };
-            return Err(ReplayError::RanksDisagree {
+            first = Some(ReplayError::RanksDisagree {
                 rank: me,
                 group: name,
                 what,
             });
         }
-        Ok(())
-    }
-
-    /// The largest of each element of `values` over process group `group` (every member
-    /// passes as many).
-    fn group_max(&mut self, group: u32, values: &[i64]) -> Result<Vec<i64>, CallError> {
-        self.group_all_reduce(group, values, MAX)
+        let found = self
+            .group_all_reduce(0, &[first.is_some() as i64], MAX)
+            .map_err(|e| ReplayError::Dist {
+                rank: me,
+                what: "telling the ranks whether their collectives agree".into(),
+                source: e,
+            })?[0];
+        match first {
+            Some(e) => Err(e),
+            None if found > 0 => Err(ReplayError::RanksDisagree {
+                rank: me,
+                group: "of other ranks".into(),
+                what: "this rank's own groups agree; another rank's error names the collective"
+                    .into(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The sum of `value` over step `pos`'s process group.
@@ -521,6 +542,9 @@ impl Executor<'_> {
 /// `c10d::ReduceOp::SUM`.
 const SUM: u8 = 0;
 
+/// `c10d::ReduceOp::MIN`.
+const MIN: u8 = 3;
+
 /// `c10d::ReduceOp::MAX`.
 const MAX: u8 = 4;
 
@@ -529,9 +553,11 @@ const SIZE_BITS: u32 = 48;
 
 /// What every member of a collective's group must agree on, as one number: its kind (its
 /// place in [`crate::plan::KINDS`] + 1, or one past them for a kind not listed) above
-/// [`SIZE_BITS`], and below it the bytes of its inputs where every member passes the same
-/// (0 for the kinds whose sizes differ by rank: all-to-all's splits, gather's and scatter's
-/// root). `None` for those not the group's: sends, receives, waits.
+/// [`SIZE_BITS`], and below it its message size where every member has the same one (0 for
+/// the kinds whose sizes differ by rank: all-to-all's splits, gather's and scatter's root).
+/// The message size ([`crate::plan::Collective::message_bytes`]: an all-gather's whole
+/// output, a reduce-scatter's whole input) is the same on every rank where the inputs are
+/// not (an uneven all-gather's). `None` for those not the group's: sends, receives, waits.
 fn collective_code(c: &crate::plan::Collective) -> Option<i64> {
     let kind = c.kind();
     if matches!(kind.as_str(), "send" | "recv" | "wait") {
@@ -544,7 +570,7 @@ fn collective_code(c: &crate::plan::Collective) -> Option<i64> {
         "all_reduce" | "broadcast" | "reduce" | "all_gather" | "reduce_scatter" | "barrier"
     );
     let bytes = if same {
-        (c.bytes as i64) & ((1 << SIZE_BITS) - 1)
+        (c.message_bytes() as i64) & ((1 << SIZE_BITS) - 1)
     } else {
         0
     };
