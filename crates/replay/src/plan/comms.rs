@@ -68,7 +68,8 @@ pub struct CommSelection {
     pub kinds: Option<Vec<String>>,
     /// Only the first this many collectives of each process group in the iteration (waits
     /// not counted), and of the sends and receives the first this many to each peer and from
-    /// each: every member of a group keeps the same ones, and each pair of peers the same.
+    /// each, per tag: every member of a group keeps the same ones, and each pair of peers the
+    /// same. Refused where a rank receives from any source.
     pub max: Option<usize>,
     /// Replay on this many ranks, of `captured` (the trace's world size): ranks `0..world`
     /// replay their own traces, every process group keeps its members among them, and the
@@ -98,6 +99,12 @@ pub enum CommSelectError {
     OneSided,
     #[error("--world {world}: the capture has {captured} ranks; --world replays on fewer")]
     World { world: usize, captured: usize },
+    #[error(
+        "--max-collectives: node {id} receives from any source (c10d::recv_any_source_), and \
+         the ranks that send to it cannot cap their sends to match; replay without \
+         --max-collectives"
+    )]
+    AnySource { id: u64 },
 }
 
 impl Plan {
@@ -125,7 +132,8 @@ impl Plan {
         // issue those, in the same order, and a middle stage of a pipeline sends and receives
         // where its neighbours only send or only receive (counted with the group's collectives,
         // its cap would fall on other collectives than theirs).
-        let mut kept: HashMap<(u32, Option<(bool, i64)>), usize> = HashMap::new();
+        // Gloo pairs a send with its receive by peer and tag, so the tag is part of the count.
+        let mut kept: HashMap<(u32, Option<PointToPoint>), usize> = HashMap::new();
         for st in &mut plan.steps {
             let StepKind::Collective(c) = &st.kind else {
                 continue;
@@ -134,8 +142,12 @@ impl Plan {
             if kind == "wait" {
                 continue;
             }
+            if sel.max.is_some() && st.name == "c10d::recv_any_source_" {
+                return Err(CommSelectError::AnySource { id: st.id });
+            }
             let wanted = sel.kinds.as_ref().is_none_or(|k| k.contains(&kind));
-            let n = kept.entry((c.group, p2p_peer(st))).or_default();
+            let p2p = point_to_point(&kind, st);
+            let n = kept.entry((c.group, p2p)).or_default();
             let under_cap = sel.max.is_none_or(|m| *n < m);
             if wanted && under_cap {
                 *n += 1;
@@ -155,21 +167,24 @@ impl Plan {
     }
 }
 
-/// A send's or a receive's way (`true`: sends) and peer, by the step's op: its group rank
-/// (`c10d::send(tensors, group, dst, tag)`, `c10d::recv_(tensors, group, src, tag)`),
-/// or -1 for a receive from any source. `None` for other ops, counted with the group's
-/// collectives.
-fn p2p_peer(st: &Step) -> Option<(bool, i64)> {
-    let rank = || match st.args.get(2) {
-        Some(Arg::Int(r)) => Some(*r),
+/// What a send or a receive is counted by under `--max-collectives`: its way (`true`:
+/// sends), its peer's group rank and its tag, read from `c10d::send(tensors, group, dst, tag)`
+/// and `c10d::recv_(tensors, group, src, tag)` (`None` where the step records them otherwise:
+/// counted apart from the pairs whose peer is known).
+type PointToPoint = (bool, Option<i64>, Option<i64>);
+
+/// [`PointToPoint`] of step `st` of kind `kind`; `None` for the group's collectives.
+fn point_to_point(kind: &str, st: &Step) -> Option<PointToPoint> {
+    let sends = match kind {
+        "send" => true,
+        "recv" => false,
+        _ => return None,
+    };
+    let int = |k: usize| match st.args.get(k) {
+        Some(Arg::Int(r)) if matches!(st.name.as_str(), "c10d::send" | "c10d::recv_") => Some(*r),
         _ => None,
     };
-    match st.name.as_str() {
-        "c10d::send" => Some((true, rank()?)),
-        "c10d::recv_" => Some((false, rank()?)),
-        "c10d::recv_any_source_" => Some((false, -1)),
-        _ => None,
-    }
+    Some((sends, int(2), int(3)))
 }
 
 /// Each group's members among ranks `0..world`, as (old group rank -> new group rank).

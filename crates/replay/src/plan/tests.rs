@@ -1279,6 +1279,24 @@ fn a_collective_cap_keeps_each_pairs_sends_and_the_groups_collectives() {
         [s(recv, Some(0)), s(send, Some(2)), s(all, None)]
     );
     assert_eq!(kept(&last), [s(recv, Some(1)), s(all, None)]);
+    // A receive from any source: its senders cannot cap theirs to match, so the cap is refused.
+    let mut b = TraceBuilder::new();
+    b.op(
+        "c10d::recv_any_source_",
+        "c10d::recv_any_source_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup \
+         process_group, int tag) -> __torch__.torch.classes.c10d.Work",
+    )
+    .input(
+        json!([f32(1, 1, 4)]),
+        json!([[4]]),
+        "GenericList[Tensor(float)]",
+    )
+    .input(json!("pg"), json!([]), "Object")
+    .input(json!(0), json!([]), "Int")
+    .output(json!("work"), json!([]), "Object")
+    .done();
+    let err = plan_of(&b).select_comm(&cap).unwrap_err().to_string();
+    assert!(err.contains("any source"), "{err}");
 }
 
 /// Latency statistics: nearest-rank percentiles, and zeros for no samples.
