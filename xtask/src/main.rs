@@ -672,9 +672,19 @@ struct BinCopies {
 
 impl BinCopies {
     fn of(bin: &Path) -> Result<BinCopies> {
-        let dir = root()
-            .join("target/fidelity")
-            .join(format!("bin-{}", std::process::id()));
+        let parent = root().join("target/fidelity");
+        // Copies left by runs that were killed (Drop does not run then): 170 MB each.
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dead = name
+                .strip_prefix("bin-")
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists());
+            if dead {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let dir = parent.join(format!("bin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let copies = BinCopies {
             bin: dir.join(
