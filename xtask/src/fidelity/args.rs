@@ -22,6 +22,8 @@ pub(super) struct Options {
     pub(super) glibc_heap_defaults: bool,
     /// `--against BIN`: another build's `mystique`, replayed in place of the busy capture.
     pub(super) against: Option<PathBuf>,
+    /// The copy of `against` the replays run ([`super::run`] makes it; `None` until then).
+    pub(super) against_copy: Option<PathBuf>,
     /// `--against-args 'ARGS'`: the `--against` build's replays' extra arguments.
     pub(super) against_args: Vec<String>,
     /// `--block-ms MS`: about how much of the original's time a block runs.
@@ -158,6 +160,7 @@ impl Options {
             host,
             glibc_heap_defaults,
             against,
+            against_copy: None,
             against_args,
             block_ms,
             round_parts,

@@ -98,7 +98,12 @@ struct Harness<'a> {
 /// what the run does, pin to one core, time the references that are missing, put the replay
 /// host's load on, run every model's rounds, then print the tables and write the JSON and SVG.
 pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
-    let opts = Options::parse(args)?;
+    let mut opts = Options::parse(args)?;
+    // The --against build runs from a copy beside this build's (the caller's copies): a build
+    // during the run would otherwise relink it under the run when it is target/release's.
+    if let (Some(a), Some(dir)) = (&opts.against, bin.parent()) {
+        opts.against_copy = Some(copy_build(a, &dir.join("against"))?);
+    }
     let (models, dir) = zoo::prepare(root, cache, torch_py, opts.only.as_deref())?;
     let h = Harness {
         root,
@@ -126,4 +131,20 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     let rows = rounds::run_all(&h, &models, &refs)?;
     report::print_tables(&rows);
     report::write_files(&h, &rows)
+}
+
+/// Copies the build `bin` (`mystique` and, where there is one, the `mystique-replay` beside it)
+/// into `dir`; returns the copy of `bin`.
+fn copy_build(bin: &Path, dir: &Path) -> Result<PathBuf> {
+    use anyhow::Context;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let replay = format!("mystique-replay{}", std::env::consts::EXE_SUFFIX);
+    let to = |from: &Path| dir.join(from.file_name().unwrap_or_default());
+    for from in [bin.to_path_buf(), bin.with_file_name(&replay)] {
+        if from == bin || from.exists() {
+            std::fs::copy(&from, to(&from))
+                .with_context(|| format!("copying {} to {}", from.display(), dir.display()))?;
+        }
+    }
+    Ok(to(bin))
 }

@@ -93,7 +93,12 @@ impl<'a> Run<'a> {
             // A/B: another build (or arguments) on the quiet capture, paired with this one
             // in the same rounds (two runs apart sit in different phases of the VM's speed).
             match &h.opts.against {
-                Some(a) => replay(a, &et_a, Some(&kin_a), against_args(h, &meta, ref_q)),
+                Some(a) => replay(
+                    h.opts.against_copy.as_deref().unwrap_or(a),
+                    &et_a,
+                    Some(&kin_a),
+                    against_args(h, &meta, ref_q),
+                ),
                 None => replay(bin, &et_b, Some(&kin_b), one.clone()),
             },
             // The anchored gap model, on each capture and its own reference.
