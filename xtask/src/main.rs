@@ -12,7 +12,7 @@ mod wheel;
 use anyhow::{bail, Context, Result};
 // The benches and the fidelity report (as `crate::median`) share the one definition.
 use metrics::median;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
@@ -649,64 +649,14 @@ fn check_nodes(
 }
 
 fn fidelity(args: &[&str]) -> Result<()> {
-    let built = setup()?;
-    // The run starts replay processes for tens of minutes. A build in the meantime (a test
-    // run, say) relinks target/release's binaries under it, and the next process it starts
-    // dies or runs another build's code: it runs copies of its own.
-    let copies = BinCopies::of(&built)?;
+    let bin = setup()?;
     fidelity::run(
         args,
         &root(),
         &cache_dir(),
-        &copies.bin,
+        &bin,
         &cache_dir().join("torch-2.11.0"),
     )
-}
-
-/// `mystique` and the `mystique-replay` beside it, copied into a folder of this process's under
-/// target/ (their runpath is absolute, so they run from anywhere); removed on drop.
-struct BinCopies {
-    dir: PathBuf,
-    bin: PathBuf,
-}
-
-impl BinCopies {
-    fn of(bin: &Path) -> Result<BinCopies> {
-        let parent = root().join("target/fidelity");
-        // Copies left by runs that were killed (Drop does not run then): 170 MB each.
-        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let dead = name
-                .strip_prefix("bin-")
-                .and_then(|pid| pid.parse::<u32>().ok())
-                .is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists());
-            if dead {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let dir = parent.join(format!("bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let copies = BinCopies {
-            bin: dir.join(
-                bin.file_name()
-                    .context("the binary's path has no file name")?,
-            ),
-            dir,
-        };
-        let replay = format!("mystique-replay{}", std::env::consts::EXE_SUFFIX);
-        for from in [bin.to_path_buf(), bin.with_file_name(&replay)] {
-            let to = copies.dir.join(from.file_name().unwrap_or_default());
-            std::fs::copy(&from, &to)
-                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
-        }
-        Ok(copies)
-    }
-}
-
-impl Drop for BinCopies {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// `cargo xtask bench world [N ...]`: `mystique compose world --chakra --astra-sim` from small

@@ -99,10 +99,13 @@ struct Harness<'a> {
 /// host's load on, run every model's rounds, then print the tables and write the JSON and SVG.
 pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path) -> Result<()> {
     let mut opts = Options::parse(args)?;
-    // The --against build runs from a copy beside this build's (the caller's copies): a build
-    // during the run would otherwise relink it under the run when it is target/release's.
-    if let (Some(a), Some(dir)) = (&opts.against, bin.parent()) {
-        opts.against_copy = Some(copy_build(a, &dir.join("against"))?);
+    // The run starts replay processes for tens of minutes. A build in the meantime (a test
+    // run, say) relinks target/release's binaries under it, and the next process it starts
+    // dies or runs another build's code: it runs copies, of this build and of --against's.
+    let copies = BinCopies::new(root)?;
+    let bin = &copy_build(bin, &copies.dir)?;
+    if let Some(a) = &opts.against {
+        opts.against_copy = Some(copy_build(a, &copies.dir.join("against"))?);
     }
     let (models, dir) = zoo::prepare(root, cache, torch_py, opts.only.as_deref())?;
     let h = Harness {
@@ -133,8 +136,40 @@ pub fn run(args: &[&str], root: &Path, cache: &Path, bin: &Path, torch_py: &Path
     report::write_files(&h, &rows)
 }
 
+/// A folder of this process's under target/fidelity for the builds' copies; removed on drop.
+struct BinCopies {
+    dir: PathBuf,
+}
+
+impl BinCopies {
+    fn new(root: &Path) -> Result<BinCopies> {
+        let parent = root.join("target/fidelity");
+        // Copies left by runs that were killed (Drop does not run then): 170 MB each.
+        for e in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dead = name
+                .strip_prefix("bin-")
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists());
+            if dead {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        Ok(BinCopies {
+            dir: parent.join(format!("bin-{}", std::process::id())),
+        })
+    }
+}
+
+impl Drop for BinCopies {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Copies the build `bin` (`mystique` and, where there is one, the `mystique-replay` beside it)
-/// into `dir`; returns the copy of `bin`.
+/// into `dir`; returns the copy of `bin`. Their runpath is absolute: the copies run from
+/// anywhere.
 fn copy_build(bin: &Path, dir: &Path) -> Result<PathBuf> {
     use anyhow::Context;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
