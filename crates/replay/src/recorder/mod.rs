@@ -145,6 +145,14 @@ impl<'a> Recorder<'a> {
         cpu: metrics::cpu::CpuSampler,
     ) -> Self {
         let n = plan.steps.len();
+        // A list of samples per step, with `per_step`.
+        let per_step = || {
+            if opts.per_step {
+                vec![Vec::new(); n]
+            } else {
+                Vec::new()
+            }
+        };
         Recorder {
             plan,
             opts,
@@ -156,21 +164,9 @@ impl<'a> Recorder<'a> {
             event_error: None,
             windows: Vec::new(),
             cpu,
-            step_launch_samples: if opts.per_step {
-                vec![Vec::new(); n]
-            } else {
-                Vec::new()
-            },
-            step_lead_samples: if opts.per_step {
-                vec![Vec::new(); n]
-            } else {
-                Vec::new()
-            },
-            step_us: if opts.per_step {
-                vec![Vec::new(); n]
-            } else {
-                Vec::new()
-            },
+            step_launch_samples: per_step(),
+            step_lead_samples: per_step(),
+            step_us: per_step(),
             alternating: (opts.per_step && opts.gaps_alternating)
                 .then(|| [vec![Vec::new(); n], vec![Vec::new(); n]]),
             iter_ms: Vec::new(),
