@@ -2733,19 +2733,30 @@ def model_key(name):
     return _digest(sorted(_sources(MODELS[name][0], set())))
 
 
+def _module_tree():
+    """This file's top-level statements, parsed."""
+    import ast
+    return ast.parse(inspect.getsource(sys.modules[__name__])).body
+
+
+def _is_model_table(st):
+    """Whether top-level statement `st` is the MODELS table."""
+    import ast
+    return isinstance(st, ast.Assign) and any(getattr(t, "id", None) == "MODELS" for t in st.targets)
+
+
 def _module_settings():
     """This file's top-level statements other than definitions, its docstring, the model table
     and the entry point: the imports, `torch.set_num_threads`, the constants. Every capture (and
     the timed original) runs under them."""
     import ast
-    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
     keep = []
-    for i, st in enumerate(tree.body):
+    for i, st in enumerate(_module_tree()):
         if isinstance(st, (ast.FunctionDef, ast.ClassDef, ast.If)):
             continue
         if i == 0 and isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant):
             continue
-        if isinstance(st, ast.Assign) and any(getattr(t, "id", None) == "MODELS" for t in st.targets):
+        if _is_model_table(st):
             continue
         keep.append(ast.unparse(st))
     return keep
@@ -2763,11 +2774,9 @@ def duplicated_names():
     one, its set's model and its captures."""
     import ast
     from collections import Counter
-    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
-    defs = [st.name for st in tree.body if isinstance(st, (ast.FunctionDef, ast.ClassDef))]
-    keys = [k.value for st in tree.body if isinstance(st, ast.Assign)
-            and any(getattr(t, "id", None) == "MODELS" for t in st.targets)
-            for k in st.value.keys]
+    tree = _module_tree()
+    defs = [st.name for st in tree if isinstance(st, (ast.FunctionDef, ast.ClassDef))]
+    keys = [k.value for st in tree if _is_model_table(st) for k in st.value.keys]
     return sorted({n for n, c in Counter(defs).items() if c > 1}
                   | {n for n, c in Counter(keys).items() if c > 1})
 
