@@ -398,7 +398,8 @@ pub struct CommArgs {
     #[arg(long, value_name = "POLICY")]
     pub rebalance: Option<Rebalance>,
     /// With --only comm: only the first N collectives of each process group in the iteration,
-    /// and the first N sends to each peer and receives from each.
+    /// and the first N sends to each peer and receives from each, per tag (refused on a rank
+    /// that receives from any source).
     #[arg(long, value_name = "N")]
     pub max_collectives: Option<usize>,
 }
