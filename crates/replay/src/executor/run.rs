@@ -376,16 +376,16 @@ struct CollectiveMode {
     check: bool,
 }
 
-/// Waits until the timer's host clock reads `target` (µs): sleeping while more than 2 ms
-/// remain, spinning the rest (a sleep overshoots by up to a time slice).
-fn wait_until(timer: &Timer, target: f64) {
+/// Waits until `left` (µs still to wait, read afresh each time) is no longer positive: sleeping
+/// while more than 2 ms remain, spinning the rest (a sleep overshoots by up to a time slice).
+fn wait_until(mut left: impl FnMut() -> f64) {
     loop {
-        let left = target - timer.host_us();
-        if left <= 0.0 {
+        let l = left();
+        if l <= 0.0 {
             return;
         }
-        if left > 2000.0 {
-            std::thread::sleep(std::time::Duration::from_micros((left - 1000.0) as u64));
+        if l > 2000.0 {
+            std::thread::sleep(std::time::Duration::from_micros((l - 1000.0) as u64));
         } else {
             std::hint::spin_loop();
         }
@@ -545,9 +545,17 @@ impl<'e, 'p, 'q, 'r> Iteration<'e, 'p, 'q, 'r> {
     ) -> Result<Option<comms::Expected>, ReplayError> {
         let Some(mode) = mode else { return Ok(None) };
         let plan = self.ex.plan;
-        if let Some(Some(at)) = self.opts.comm.paced_us.as_ref().and_then(|p| p.get(pos)) {
-            let target = self.timer.host_at(self.start) + at;
-            wait_until(self.timer, target);
+        if let Some(&Some(at)) = self.opts.comm.paced_us.as_ref().and_then(|p| p.get(pos)) {
+            // At `at` in the iteration's own time, as `finish` counts it: work the original did
+            // not do and waits for a CPU do not bring the collective forward.
+            let start = self.timer.host_at(self.start);
+            wait_until(|| {
+                let own = self.timer.host_us()
+                    - start
+                    - self.excluded_us
+                    - self.rec.waited_since(self.waited_at_start);
+                at - own
+            });
         }
         if self.opts.comm.rebalance_equal {
             let t = self.timer.host_us();
