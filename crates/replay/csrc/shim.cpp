@@ -308,13 +308,24 @@ void mq_push_device(MqStack* st, int type, int index) {
                                  static_cast<c10::DeviceIndex>(index)));
 }
 
+// The stack must hold exactly the schema's arguments: the dispatcher reads them from its top
+// without a bound check (a stack one short has it take the memory before the vector's start for
+// a tensor), so a call built from a damaged plan is refused here as invalid.
+static void check_arity(const c10::OperatorHandle& op, const torch::jit::Stack& s) {
+  const size_t want = op.schema().arguments().size();
+  TORCH_CHECK_VALUE(s.size() == want, "the call has ", s.size(), " arguments where ",
+                    op.schema().name(), "'s schema takes ", want);
+}
+
 // Calls the operator on the stack (arguments in schema order); results replace them. With
 // `grad`, autograd records the call as the original's forward did (the trace holds the backward
 // ops as explicit calls, so nothing ever runs backward through what it records).
 int mq_call(void* op, MqStack* st, int grad) {
   return guarded([&] {
     c10::AutoGradMode mode(grad != 0);
-    static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
+    const auto& h = *static_cast<c10::OperatorHandle*>(op);
+    check_arity(h, st->s);
+    h.callBoxed(&st->s);
   });
 }
 
@@ -339,7 +350,9 @@ int mq_call_autocast(void* op, MqStack* st, int grad, int device_type, int dtype
     at::autocast::set_autocast_enabled(dev, true);
     at::autocast::set_autocast_dtype(dev, static_cast<at::ScalarType>(dtype));
     c10::AutoGradMode mode(grad != 0);
-    static_cast<c10::OperatorHandle*>(op)->callBoxed(&st->s);
+    const auto& h = *static_cast<c10::OperatorHandle*>(op);
+    check_arity(h, st->s);
+    h.callBoxed(&st->s);
   });
 }
 

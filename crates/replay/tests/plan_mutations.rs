@@ -154,3 +154,40 @@ fn mutated_plans_are_refused_or_bind_without_a_panic() {
     );
     assert!(refused > 0 && valid > 0, "{unreadable} {refused} {valid}");
 }
+
+/// A step one argument short of its schema is refused by the call, not dispatched: libtorch's
+/// boxed dispatcher reads its arguments from the stack's top without a bound check, so it would
+/// take the memory before the stack for the missing one (a crash, or a tensor of garbage).
+#[test]
+fn a_step_short_of_an_argument_fails_with_its_arity() {
+    tch::set_num_threads(1);
+    let t = et_schema::read_trace(&shared("cpu/mlp.et.json")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let mut plan = replay::plan::compile(&g, &g.replay_set(None));
+    let pos = plan
+        .steps
+        .iter()
+        .position(|s| s.name == "aten::linear")
+        .expect("mlp has a linear layer");
+    // Its first argument (the input) gone: the dispatcher would look for it below the stack.
+    plan.steps[pos].args.remove(0);
+    plan.validate().unwrap();
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let opts = replay::ReplayOptions {
+        iters: 1,
+        warmup: 0,
+        ..Default::default()
+    };
+    let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+    let f = report
+        .failures
+        .iter()
+        .find(|f| f.op == "aten::linear")
+        .unwrap_or_else(|| panic!("linear did not fail: {:?}", report.failures));
+    assert!(
+        f.reason
+            .contains("2 arguments where aten::linear's schema takes 3"),
+        "{}",
+        f.reason
+    );
+}
