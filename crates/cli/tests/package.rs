@@ -300,6 +300,32 @@ fn a_two_rank_package_runs_its_ranks_together() {
             rk["report"]["failures"]
         );
         assert_eq!(rk["report"]["world_size"], 2);
+        // The trace records no process group: its collectives are the world's, of 2 ranks.
+        for c in rk["report"]["collective_calls"].as_array().unwrap() {
+            assert_eq!(c["group_size"], 2, "{c}");
+        }
+    }
+    // Each rank runs in a process of its own with the threads asked for, or one as
+    // `replay --ranks` runs them; the result says what they ran with.
+    for (extra, want) in [
+        (&["--threads", "1"][..], 1),
+        (&[], 1),
+        (&["--threads", "2"], 2),
+    ] {
+        let r = json(
+            bin()
+                .arg("run")
+                .arg(&pkg)
+                .args(["--json", "--iters", "1", "--warmup", "0"])
+                .args(extra)
+                .arg("-o")
+                .arg(tmp(&format!("dist-threads{want}.result.json")))
+                .env_remove("OMP_NUM_THREADS"),
+        );
+        for rk in r["ranks"].as_array().unwrap() {
+            assert_eq!(rk["report"]["threads"], want, "{extra:?}");
+        }
+        assert_eq!(r["machine"]["threads"], want, "{extra:?}");
     }
 }
 

@@ -380,7 +380,7 @@ pub struct CollectiveCall {
     pub kind: String,
     /// Its process group's name as recorded (`0`: the world).
     pub group: String,
-    /// Ranks in its group (0: not recorded).
+    /// Ranks in its group (0: not recorded, and not the default group).
     pub group_size: usize,
     /// Its message as nccl-tests counts it.
     pub size_bytes: u64,

@@ -23,7 +23,7 @@ impl Recorder<'_> {
         let in_context = self.events_in_context();
         let iters = opts.iters.max(1);
         let ops = self.op_timings(iters);
-        let collective_calls = self.collective_calls();
+        let collective_calls = self.collective_calls(rank.map(|r| r.1));
         let collectives =
             self.collective_timings(&collective_calls, iters, rank.map_or(1, |r| r.1));
         let iter = Stats::of(&self.iter_ms);
@@ -207,8 +207,10 @@ impl Recorder<'_> {
         ops
     }
 
-    /// Every collective step that ran, with each measured call's latency.
-    fn collective_calls(&self) -> Vec<CollectiveCall> {
+    /// Every collective step that ran, with each measured call's latency. `world`: the ranks
+    /// the job ran on, the size of the default group (the plan's group 0) where the trace
+    /// recorded none.
+    fn collective_calls(&self, world: Option<usize>) -> Vec<CollectiveCall> {
         let plan = self.plan;
         self.coll_calls
             .iter()
@@ -223,7 +225,9 @@ impl Recorder<'_> {
                     .filter(|&n| n > 0)
                     .or_else(|| group.map(|g| g.size).filter(|&n| n > 0))
                     .or_else(|| group.map(|g| g.ranks.len() as i64).filter(|&n| n > 0))
-                    .unwrap_or(0) as usize;
+                    .map(|n| n as usize)
+                    .or(world.filter(|_| c.group == 0))
+                    .unwrap_or(0);
                 Some(CollectiveCall {
                     id: step.id,
                     op: step.name.clone(),

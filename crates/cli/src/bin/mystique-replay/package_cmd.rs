@@ -177,6 +177,10 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     let dir = &a.package;
     let (m, manifest_hash) = package::read_manifest(dir)?;
     anyhow::ensure!(!m.ranks.is_empty(), "the package has no ranks");
+    if let Some(n) = a.threads {
+        anyhow::ensure!(n > 0, "--threads must be positive");
+        tch::set_num_threads(n);
+    }
     // A rank of a multi-rank run started below: run it and print its result.
     if std::env::var("MYSTIQUE_PACKAGE_RANK").is_ok() {
         let rank: usize = std::env::var("RANK")?.parse()?;
@@ -202,10 +206,6 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
-    if let Some(n) = a.threads {
-        anyhow::ensure!(n > 0, "--threads must be positive");
-        tch::set_num_threads(n);
-    }
     if !m.ops_from.is_empty() && a.load_library.is_empty() {
         eprintln!(
             "note: the package's ops come also from {:?}: without their libraries (--load-library) those fail",
@@ -230,6 +230,11 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                 .arg(dir)
                 .args(["--device", &a.device, "--timeout", &a.timeout.to_string()])
                 .env("MYSTIQUE_PACKAGE_RANK", "1");
+            // One intra-op thread per rank unless told otherwise, as `replay --ranks` runs
+            // them (and torchrun): the ranks share this machine's cores.
+            if a.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() {
+                cmd.env("OMP_NUM_THREADS", "1");
+            }
             for (flag, v) in [("--warmup", a.warmup), ("--iters", a.iters)] {
                 if let Some(v) = v {
                     cmd.args([flag, &v.to_string()]);
@@ -253,10 +258,20 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
             .map(|o| serde_json::from_slice(o).context("a rank's result is not JSON"))
             .collect::<Result<Vec<RankResult>>>()?
     };
+    let mut machine = machine(&device);
+    // The ranks' own thread count, where they ran in processes of their own (all alike).
+    let threads: Vec<i64> = ranks
+        .iter()
+        .filter_map(|r| r.report["threads"].as_i64())
+        .collect();
+    if m.ranks.len() > 1 && threads.len() == ranks.len() && threads.windows(2).all(|w| w[0] == w[1])
+    {
+        machine.threads = threads[0];
+    }
     let result = RunResult {
         format: RESULT_FORMAT.into(),
         package: manifest_hash,
-        machine: machine(&device),
+        machine,
         ranks,
     };
     let text = serde_json::to_vec_pretty(&result)?;
