@@ -495,6 +495,9 @@ pub struct GenerateArgs {
     /// The original's iteration time (ms), when no Kineto trace is at hand.
     #[arg(long)]
     pub original_ms: Option<f64>,
+    /// Where `original_ms` came from when not from the command line (a capture's meta file).
+    #[arg(skip)]
+    pub original_from: Option<String>,
     /// Package the --kineto profile (taken as `replay --emulate-gaps` takes it) so that `run`
     /// reproduces the original's time between ops, calibrated on the host that runs it. Its
     /// event names are the model's own: not with --anonymize.

@@ -531,7 +531,10 @@ fn a_capture_directory_packages_with_everything_it_holds() {
         serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
     let meta: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cap.join("mlp.meta.json")).unwrap()).unwrap();
-    assert_eq!(m["original"]["from"], "--original-ms", "{m}");
+    assert_eq!(
+        m["original"]["from"], "mlp.meta.json (iter_ms_median)",
+        "{m}"
+    );
     assert_eq!(m["original"]["iter_ms"], meta["iter_ms_median"]);
     assert!(!m["gaps"].is_null(), "{m}");
 

@@ -226,6 +226,10 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
             out.original_ms = v["iter_ms_median"]
                 .as_f64()
                 .filter(|x| x.is_finite() && *x > 0.0);
+            out.original_from = out.original_ms.and_then(|_| {
+                m.file_name()
+                    .map(|n| format!("{} (iter_ms_median)", n.to_string_lossy()))
+            });
         }
     }
     Ok(out)
@@ -613,7 +617,10 @@ impl<'a> PackageBuilder<'a> {
             original = Some(Original {
                 iter_ms: ms,
                 ops_ms: None,
-                from: "--original-ms".into(),
+                from: a
+                    .original_from
+                    .clone()
+                    .unwrap_or_else(|| "--original-ms".into()),
             });
         }
         let f = &a.filters;
