@@ -414,8 +414,8 @@ pub struct RunArgs {
     /// Seed of the synthetic input values (the same seed, the same values).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Measured iterations: the report's times are statistics over these.
-    #[arg(long, default_value_t = 10)]
+    /// Measured iterations: the report's times are statistics over these (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: usize,
     /// Intra-op threads libtorch may use per op, at most 4x this machine's cores (default:
     /// libtorch's own, usually one per physical core).
@@ -525,8 +525,8 @@ pub struct GenerateArgs {
     /// Warm-up iterations (not timed) that `run` does by default, stored in the package.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    /// Measured iterations that `run` does by default, stored in the package.
-    #[arg(long, default_value_t = 10)]
+    /// Measured iterations that `run` does by default, stored in the package (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: usize,
 }
 
@@ -543,8 +543,8 @@ pub struct RunPackageArgs {
     /// Warm-up iterations, not timed (default: the package's, set by `generate --warmup`).
     #[arg(long)]
     pub warmup: Option<usize>,
-    /// Measured iterations (default: the package's, set by `generate --iters`).
-    #[arg(long)]
+    /// Measured iterations (default: the package's, set by `generate --iters`; at least 1).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: Option<usize>,
     /// Intra-op threads libtorch may use per op (default: libtorch's own, usually one per
     /// physical core). The result records the count used.
