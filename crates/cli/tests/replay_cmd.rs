@@ -307,6 +307,35 @@ fn a_paced_replay_runs_a_block_per_line_and_answers_each() {
     assert_eq!(report["ops_failed"], 0);
 }
 
+/// No measured iteration is refused, not run as one; a machine too small for the replay (as
+/// `MYSTIQUE_AVAILABLE_MEMORY` makes this one) refuses it before it allocates.
+#[test]
+fn a_replay_needs_an_iteration_and_the_memory_it_estimates() {
+    let replay = |args: &[&str], available: Option<&str>| {
+        let mut c = bin();
+        c.arg("replay").arg(shared("cpu/mlp.et.json")).args(args);
+        if let Some(bytes) = available {
+            c.env("MYSTIQUE_AVAILABLE_MEMORY", bytes);
+        }
+        let out = c.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = replay(&["--iters", "0"], None);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--iters"), "{err}");
+    let (code, err) = replay(&["--iters", "1", "--warmup", "0"], Some("1000"));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("0.0 MiB is available"), "{err}");
+    let (code, err) = replay(&["--iters", "1", "--warmup", "0"], Some("banana"));
+    assert_eq!(code, Some(2));
+    assert!(err.contains("is not a number of bytes"), "{err}");
+    let (code, err) = replay(&["--iters", "1", "--warmup", "0", "--force"], Some("1000"));
+    assert_eq!(code, Some(0), "{err}");
+}
+
 #[test]
 fn paced_blocks_need_an_iteration() {
     let out = bin()

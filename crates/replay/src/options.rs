@@ -88,6 +88,10 @@ pub struct ReplayOptions {
     /// asked for and for a comm-only one (bytes): a launcher that starts several ranks on one
     /// machine checks their memory together, and `Err(why)` stops this one.
     pub memory_gate: Option<MemoryGate>,
+    /// Bytes taken as the CPU's available memory in the check before materialising, instead of
+    /// what this machine and its cgroup have (`None`: theirs): what a smaller machine would
+    /// refuse.
+    pub available_memory: Option<u64>,
     /// How the collectives run beyond the trace's order: blocking, paced, checked.
     pub comm: CommOptions,
     /// The original's allocations and where it freed them (a profile's memory events): the
@@ -308,6 +312,7 @@ impl Default for ReplayOptions {
             nvml_period_ms: 20,
             pace: None,
             memory_gate: None,
+            available_memory: None,
             comm: CommOptions::default(),
             original_allocs: None,
         }

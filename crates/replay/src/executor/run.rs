@@ -196,7 +196,11 @@ fn check_memory(plan: &Plan, bound: &Bound, opts: &ReplayOptions) -> Result<(), 
         let comm_only = plan.peak_bytes_estimate(et_graph::Kind::Comm);
         (gate.0)(needed, comm_only).map_err(ReplayError::Stopped)?;
     }
-    if let Some(available) = bound.device.available_memory() {
+    let available = match (&bound.device, opts.available_memory) {
+        (crate::Device::Cpu, Some(bytes)) => Some(bytes),
+        _ => bound.device.available_memory(),
+    };
+    if let Some(available) = available {
         if needed > available && !opts.force {
             return Err(ReplayError::Memory { needed, available });
         }

@@ -94,6 +94,7 @@ fn run_rank(dir: &Path, m: &Manifest, a: &RunPackageArgs, rank: usize) -> Result
         gaps_us: gap_model.as_ref().map(|g| g.gaps_us.clone()),
         gaps_base_us: gap_model.as_ref().map(|g| g.base_step_us.clone()),
         memory_gate: crate::ranks::gate_from_env(),
+        available_memory: crate::ranks::available_override()?,
         ..Default::default()
     };
     let (report, _) = replay::executor::run(&plan, &bound, &opts)?;

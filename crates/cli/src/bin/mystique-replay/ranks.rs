@@ -60,14 +60,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     let timeout = Duration::from_secs(a.timeout);
     // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU):
     // each rank says what its plan needs, and none starts until they fit together.
-    let available = std::env::var(AVAILABLE_ENV)
-        .ok()
-        .map(|v| {
-            v.parse::<u64>()
-                .with_context(|| format!("{AVAILABLE_ENV}={v:?} is not a number of bytes"))
-        })
-        .transpose()?
-        .or_else(metrics::available_memory);
+    let available = available_override()?.or_else(metrics::available_memory);
     let gate = MemoryGate {
         available,
         only: a.run.only,
@@ -177,9 +170,21 @@ impl MemoryGate {
 const GATE_ENV: &str = "MYSTIQUE_MEMORY_GATE";
 /// What a rank's gate line starts with: `mystique-gate ASKED COMM_ONLY` (bytes).
 const GATE_LINE: &str = "mystique-gate ";
-/// Bytes of memory `--ranks` takes as available instead of what this machine and its cgroup
-/// have: to see what a larger or smaller machine would refuse, and for tests.
+/// Bytes of memory a replay on the CPU (and `--ranks`, for its ranks together) takes as
+/// available instead of what this machine and its cgroup have: to see what a larger or smaller
+/// machine would refuse, and for tests.
 const AVAILABLE_ENV: &str = "MYSTIQUE_AVAILABLE_MEMORY";
+
+/// The bytes [`AVAILABLE_ENV`] gives, if set: an error where it is not a number of bytes.
+pub fn available_override() -> Result<Option<u64>> {
+    std::env::var(AVAILABLE_ENV)
+        .ok()
+        .map(|v| {
+            v.parse::<u64>()
+                .with_context(|| format!("{AVAILABLE_ENV}={v:?} is not a number of bytes"))
+        })
+        .transpose()
+}
 
 /// In a rank started with [`GATE_ENV`]: the gate that tells its launcher what its plan needs
 /// and waits for its go.

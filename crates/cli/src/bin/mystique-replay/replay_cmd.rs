@@ -221,6 +221,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             None => None,
         },
         memory_gate: crate::ranks::gate_from_env(),
+        available_memory: crate::ranks::available_override()?,
         comm,
         original_allocs,
         ..a.run.options()
