@@ -380,6 +380,40 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("one profile per rank"));
+    // The original's time is its whole step: the full package's ranks are set against it,
+    // a package of its communication alone is not.
+    let text = |pkg: &Path, result: &str| {
+        let o = bin()
+            .arg("run")
+            .arg(pkg)
+            .args(["--iters", "1", "--warmup", "0", "-o"])
+            .arg(tmp(result))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let full = text(&pkg, "dist-timed-text.result.json");
+    assert!(full.contains("; original "), "{full}");
+    let comm = tmp("dist-comm.pkg");
+    generate(
+        &[et(0), et(1)],
+        &comm,
+        &[
+            "--kineto",
+            k0.to_str().unwrap(),
+            "--kineto",
+            k1.to_str().unwrap(),
+            "--only",
+            "comm",
+        ],
+    );
+    let part = text(&comm, "dist-comm.result.json");
+    assert!(!part.contains("; original "), "{part}");
+    assert!(
+        part.contains("replays a part (--only comm), so no ratio"),
+        "{part}"
+    );
 }
 
 /// What-if edits go into the package (and its manifest says which); the package still runs.
