@@ -43,10 +43,12 @@ impl Filters {
                     .split_once("..")
                     .with_context(|| format!("--ids wants A..B, got {s:?}"))?;
                 let b = b.trim_start_matches('=');
-                Some(
-                    a.parse::<u64>().with_context(|| format!("--ids: {a:?}"))?
-                        ..=b.parse::<u64>().with_context(|| format!("--ids: {b:?}"))?,
-                )
+                let (a, b) = (
+                    a.parse::<u64>().with_context(|| format!("--ids: {a:?}"))?,
+                    b.parse::<u64>().with_context(|| format!("--ids: {b:?}"))?,
+                );
+                anyhow::ensure!(a <= b, "--ids {s}: the first id is after the last");
+                Some(a..=b)
             }
         };
         Ok(Selection {
@@ -110,9 +112,19 @@ pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
 
 pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
+    let sel = f.selection()?;
+    anyhow::ensure!(
+        sel.name.is_some()
+            || sel.scope.is_some()
+            || sel.ids.is_some()
+            || sel.iterations.is_some()
+            || sel.kind != et_graph::Kind::All,
+        "remove needs a filter (--name, --scope, --ids, --iteration, --only): without one it \
+         would remove every op"
+    );
     let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
-    let set = g.select(&f.selection()?)?;
+    let set = g.select(&sel)?;
     let new = et_graph::compose::remove(&g, &set);
     write_out(&new, out)?;
     report(&new, out, &format!("removed {} ops", set.ops.len()));
@@ -148,6 +160,9 @@ pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
     anyhow::ensure!(dim > 0 && factor > 0, "--dim and --factor must be positive");
     let t = crate::read_trace(trace)?;
     let new = et_graph::compose::scale_dim(&t, dim, factor)?;
+    changed(&t, &new, || {
+        format!("no tensor dimension or integer list holds {dim}: nothing to scale")
+    })?;
     write_out(&new, out)?;
     report(&new, out, &format!("scaled dimension {dim} x{factor}"));
     Ok(())
@@ -163,8 +178,24 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
     let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let new = et_graph::compose::change_dtype(&g, from, to);
+    changed(&t, &new, || {
+        format!("no tensor or dtype argument is {from}: nothing to change")
+    })?;
     write_out(&new, out)?;
     report(&new, out, &format!("{from} -> {to}"));
+    Ok(())
+}
+
+/// An edit that left the trace as it was is an error (`why` says what it did not find), not a
+/// copy written under a new name.
+pub fn changed(
+    old: &et_schema::Trace,
+    new: &et_schema::Trace,
+    why: impl FnOnce() -> String,
+) -> Result<()> {
+    if old.args == new.args && old.items == new.items && old.tensors == new.tensors {
+        anyhow::bail!(why());
+    }
     Ok(())
 }
 

@@ -137,3 +137,50 @@ fn a_bus_error_is_an_exit_2_with_a_message() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("SIGBUS") && err.contains("truncated"), "{err}");
 }
+
+/// An edit that would change nothing, or remove everything, is refused with what it did not
+/// find, and writes nothing; a reversed id range is named as such.
+#[test]
+fn edits_that_match_nothing_are_refused() {
+    let mlp = shared("cpu/mlp.et.json");
+    let m = mlp.to_str().unwrap();
+    let out = tmp("edit.et.json");
+    let o = out.to_str().unwrap();
+    for (args, why) in [
+        (
+            vec![
+                "compose", "scale", m, "--dim", "7777", "--factor", "2", "-o", o,
+            ],
+            "holds 7777: nothing to scale",
+        ),
+        (
+            vec![
+                "compose", "dtype", m, "--from", "float16", "--to", "float32", "-o", o,
+            ],
+            "is float16: nothing to change",
+        ),
+        (
+            vec!["compose", "remove", m, "-o", o],
+            "remove needs a filter",
+        ),
+        (
+            vec!["select", m, "--ids", "10..5", "-o", o],
+            "the first id is after the last",
+        ),
+    ] {
+        let r = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?} wrote {o}");
+    }
+    // The same edits that do match still write.
+    let r = bin()
+        .args([
+            "compose", "scale", m, "--dim", "64", "--factor", "2", "-o", o,
+        ])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.exists());
+}

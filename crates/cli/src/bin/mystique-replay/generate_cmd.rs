@@ -329,10 +329,18 @@ impl WhatIf {
     fn apply(&self, g: &Graph, set: &et_graph::ReplaySet) -> Result<et_schema::Trace> {
         let mut new = et_graph::compose::extract(g, set);
         if let Some((d, f)) = self.scale {
-            new = et_graph::compose::scale_dim(&new, d, f)?;
+            let scaled = et_graph::compose::scale_dim(&new, d, f)?;
+            mystique_cli::compose_cmd::changed(&new, &scaled, || {
+                format!("--scale {d}:{f}: no tensor dimension or integer list holds {d}")
+            })?;
+            new = scaled;
         }
         if let Some((x, y)) = self.dtype {
-            new = et_graph::compose::change_dtype(&Graph::new(&new), x, y);
+            let typed = et_graph::compose::change_dtype(&Graph::new(&new), x, y);
+            mystique_cli::compose_cmd::changed(&new, &typed, || {
+                format!("--dtype: no tensor or dtype argument is {x}")
+            })?;
+            new = typed;
         }
         Ok(new)
     }
