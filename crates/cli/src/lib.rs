@@ -239,8 +239,15 @@ pub fn exit(result: Result<()>) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {e}");
+            // A cause that the line above already quotes (an I/O error put in its context's
+            // message) is not printed again.
+            let mut said = e.to_string();
             for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                let text = cause.to_string();
+                if !said.contains(&text) {
+                    eprintln!("  caused by: {text}");
+                }
+                said = text;
             }
             ExitCode::from(2)
         }

@@ -82,9 +82,14 @@ pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
     let dir = dir_of(out);
     if !dir.is_dir() {
         bail!(
-            "cannot write {}: {} is not a directory",
+            "cannot write {}: {} {}",
             out.display(),
-            dir.display()
+            dir.display(),
+            if dir.exists() {
+                "is not a directory"
+            } else {
+                "does not exist"
+            }
         );
     }
     let probe = create_exclusive(&dir, "mystique-probe").with_context(|| {

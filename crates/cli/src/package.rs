@@ -200,6 +200,9 @@ pub fn check_name(name: &str) -> Result<()> {
 /// Reads and checks a package's manifest: its format, its file names, and every file's hash.
 pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
     let path = dir.join(MANIFEST);
+    if std::fs::symlink_metadata(dir).is_err() {
+        bail!("{} does not exist", dir.display());
+    }
     if !path.exists() && std::fs::symlink_metadata(&path).is_err() {
         bail!(
             "{} is not a mystique package (no {MANIFEST})",

@@ -184,3 +184,38 @@ fn edits_that_match_nothing_are_refused() {
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(out.exists());
 }
+
+/// Errors name what is wrong with what was given: an iteration with nothing in it, a Kineto
+/// trace where an execution trace goes, paths that do not exist; an I/O error is said once.
+#[test]
+fn errors_say_what_is_wrong_with_the_input() {
+    let fails = |args: &[&str]| {
+        let o = bin().args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    // GPT-2's profile ends with an empty ProfilerStep#1 (the profiler's last step() opens it).
+    let gpt2 = shared("public/param_hf_gpt2_1.1.0.et.json.gz");
+    let err = fails(&["replay", gpt2.to_str().unwrap(), "--iteration", "1"]);
+    assert!(
+        err.contains("ProfilerStep#1 holds no op to replay (the trace's replay set has"),
+        "{err}"
+    );
+    let kineto = shared("cpu/mlp.kineto.json");
+    let err = fails(&["inspect", kineto.to_str().unwrap()]);
+    assert!(err.contains("a Kineto (profiler) trace"), "{err}");
+    let err = fails(&["inspect", "/nonexistent/x.et.json"]);
+    assert_eq!(err.matches("No such file").count(), 1, "{err}");
+    let err = fails(&["run", "/nonexistent/pkg"]);
+    assert!(err.contains("/nonexistent/pkg does not exist"), "{err}");
+    let mlp = shared("cpu/mlp.et.json");
+    let err = fails(&[
+        "select",
+        mlp.to_str().unwrap(),
+        "--name",
+        "addmm",
+        "-o",
+        "/nonexistent/x.json",
+    ]);
+    assert!(err.contains("/nonexistent does not exist"), "{err}");
+}

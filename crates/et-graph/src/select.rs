@@ -64,6 +64,17 @@ pub enum SelectError {
         /// The selection, in words.
         what: String,
     },
+    /// The iterations asked for hold no op to replay (an empty last `ProfilerStep#N`, which
+    /// the profiler opens at its last `step()`).
+    #[error("{source_name}: {iterations} holds no op to replay (the trace's replay set has {total} ops in all)")]
+    EmptyIterations {
+        /// The trace.
+        source_name: String,
+        /// The iterations, as `ProfilerStep#N, ...`.
+        iterations: String,
+        /// Ops in the whole trace's replay set.
+        total: usize,
+    },
     /// An iteration asked for is not in the trace.
     #[error("{source_name}: no ProfilerStep#{missing} in the trace (present: {present:?})")]
     NoIteration {
@@ -116,6 +127,17 @@ impl Graph<'_> {
             }
         }
         let base = self.replay_set(sel.iterations.as_deref());
+        if let (Some(its), true) = (&sel.iterations, base.ops.is_empty()) {
+            return Err(SelectError::EmptyIterations {
+                source_name: self.trace.source.clone(),
+                iterations: its
+                    .iter()
+                    .map(|i| format!("ProfilerStep#{i}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                total: self.replay_set(None).ops.len(),
+            });
+        }
         // Matching scopes' windows, for the ops other threads ran inside them.
         let scope_windows = sel.scope.as_ref().map(|r| {
             let matching = (0..self.len() as u32).filter(|&a| {

@@ -96,9 +96,17 @@ fn parse_bytes(
     let nodes = parse_nodes(bytes, input, source, threads, !opts.visitors_only, &profile)?;
     profile.memory("scan+nodes");
     if !nodes.saw_nodes {
+        // Only on this error path: a Kineto (Chrome) trace is the file most often given here.
+        let kineto = bytes.windows(13).any(|w| w == b"\"traceEvents\"");
         return Err(Error::NotATrace {
             path: source.to_string(),
-            msg: "no \"nodes\" array at the top level".into(),
+            msg: if kineto {
+                "no \"nodes\" array at the top level: it holds \"traceEvents\", a Kineto \
+                 (profiler) trace, which goes with its execution trace as --kineto"
+                    .into()
+            } else {
+                "no \"nodes\" array at the top level".into()
+            },
         });
     }
     let meta = read_meta(bytes, &nodes.top, source)?;
