@@ -104,12 +104,13 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
             metrics::plot::pairs(f, &title, unit, ("A", "B"), "B / A", &pairs)
         })?;
     }
+    let (sa, sb) = (settings(&ra), settings(&rb));
     let mut out = std::io::stdout().lock();
     if json {
         let j = serde_json::json!({
             "package": ra.package,
-            "a": {"path": a.display().to_string(), "machine": ra.machine},
-            "b": {"path": b.display().to_string(), "machine": rb.machine},
+            "a": {"path": a.display().to_string(), "machine": ra.machine, "settings": sa},
+            "b": {"path": b.display().to_string(), "machine": rb.machine, "settings": sb},
             "iteration": {"a_ms": ia, "b_ms": ib, "ratio": ib / ia},
             "ops": rows.iter().map(|r| serde_json::json!({
                 "rank": r.rank, "signature": r.signature, "op": r.op, "count": r.count,
@@ -127,8 +128,14 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
             r.machine.device, r.machine.threads, r.machine.cpu, r.machine.libtorch
         )
     };
-    writeln!(out, "A          {}: {}", a.display(), m(&ra))?;
-    writeln!(out, "B          {}: {}", b.display(), m(&rb))?;
+    writeln!(out, "A          {}: {}; {sa}", a.display(), m(&ra))?;
+    writeln!(out, "B          {}: {}; {sb}", b.display(), m(&rb))?;
+    if sa != sb {
+        writeln!(
+            out,
+            "note       A and B ran with different settings: the differences below include theirs"
+        )?;
+    }
     writeln!(
         out,
         "iteration  {ia:.3} ms -> {ib:.3} ms  (B/A {:.3}; slowest rank's median)",
@@ -179,4 +186,25 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
         writeln!(out, "no op changed time")?;
     }
     Ok(())
+}
+
+/// How a result's run went, from its first rank's report: its iterations, and whether it spun
+/// the original's gaps (anchored or not) or ran the ops back to back.
+fn settings(r: &RunResult) -> String {
+    let Some(rep) = r.ranks.first().map(|k| &k.report) else {
+        return "no ranks".into();
+    };
+    let gaps = if rep["gap_model"].is_object() {
+        if rep["gap_model"]["anchored"].is_object() {
+            "gaps emulated, anchored"
+        } else {
+            "gaps emulated"
+        }
+    } else {
+        "ops back to back"
+    };
+    format!(
+        "{} warm-up + {} measured iterations, {gaps}",
+        rep["warmup"], rep["iters"]
+    )
 }

@@ -118,7 +118,12 @@ pub fn run(cli: Cli) -> Option<Result<()>> {
             filters,
             output,
         } => {
-            if chakra {
+            if astra_sim && !chakra {
+                // clap's `requires` takes a flag's default (false) as given: checked here.
+                Err(anyhow::anyhow!(
+                    "--astra-sim orders a Chakra export's nodes: it goes with --chakra"
+                ))
+            } else if chakra {
                 chakra::export(&trace, &filters, &output, json, astra_sim)
             } else {
                 compose_cmd::export_dot(&trace, &filters, &output)

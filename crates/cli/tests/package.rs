@@ -483,7 +483,8 @@ fn packages_with_gaps_emulate_them_where_they_run() {
     assert_eq!(m["original"]["iter_ms"], 5.0, "{m}");
     assert_eq!(m["original"]["from"], "reference", "{m}");
 
-    let r = run(&pkg, &tmp("gaps.result.json"));
+    let with_gaps = tmp("gaps.result.json");
+    let r = run(&pkg, &with_gaps);
     let rep = &r["ranks"][0]["report"];
     assert_eq!(rep["ops_failed"], 0, "{}", rep["failures"]);
     let gm = &rep["gap_model"];
@@ -497,6 +498,7 @@ fn packages_with_gaps_emulate_them_where_they_run() {
     );
     assert!(f(&gm["emulated_ms"]) > 3.0 * f(&a["replay_op_ms"]), "{gm}");
 
+    let without = tmp("gaps.plain.json");
     let plain = json(
         bin()
             .arg("run")
@@ -510,9 +512,31 @@ fn packages_with_gaps_emulate_them_where_they_run() {
                 "--no-gaps",
                 "-o",
             ])
-            .arg(tmp("gaps.plain.json")),
+            .arg(&without),
     );
     assert!(plain["ranks"][0]["report"]["gap_model"].is_null());
+    // `diff` of the two says how each ran, and that they ran differently.
+    let d = json(
+        bin()
+            .arg("diff")
+            .arg(&with_gaps)
+            .arg(&without)
+            .arg("--json"),
+    );
+    let settings = |k: &str| d[k]["settings"].as_str().unwrap().to_string();
+    assert!(settings("a").ends_with("gaps emulated, anchored"), "{d}");
+    assert!(settings("b").ends_with("ops back to back"), "{d}");
+    let o = bin()
+        .arg("diff")
+        .arg(&with_gaps)
+        .arg(&without)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("A and B ran with different settings"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 
     // Anonymising would leave the profile's names: refused.
     let o = bin()

@@ -218,4 +218,13 @@ fn errors_say_what_is_wrong_with_the_input() {
         "/nonexistent/x.json",
     ]);
     assert!(err.contains("/nonexistent does not exist"), "{err}");
+    let err = fails(&[
+        "export",
+        mlp.to_str().unwrap(),
+        "--dot",
+        "--astra-sim",
+        "-o",
+        "-",
+    ]);
+    assert!(err.contains("it goes with --chakra"), "{err}");
 }

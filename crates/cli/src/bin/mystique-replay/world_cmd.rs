@@ -21,6 +21,11 @@ pub struct WorldArgs {
 
 pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
     anyhow::ensure!(a.world > 0, "--world must be at least 1");
+    // clap's `requires` takes a flag's default (false) as given: checked here.
+    anyhow::ensure!(
+        a.chakra || !a.astra_sim,
+        "--astra-sim orders the Chakra traces' nodes: it goes with --chakra"
+    );
     let files: Vec<PathBuf> = match a.traces.as_slice() {
         [one] => rank_files::discover(&one.display().to_string(), a.rank_order)?
             .0
