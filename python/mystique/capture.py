@@ -102,6 +102,11 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         raise ValueError("mystique.capture: warmup, iters and profiled must be at least 1")
     if not name or os.sep in name:
         raise ValueError(f"mystique.capture: name {name!r} must be a plain file name")
+    if torch.autograd._profiler_enabled():
+        # Its instrumentation would be in the "uninstrumented" timing, and the capture's own
+        # profiles would stop the user's profiler under it.
+        raise RuntimeError("mystique.capture: a torch.profiler session is already running: "
+                           "call capture outside it")
     ranked = _rank()
     if reference and ranked is not None and ranked[1] > 1:
         raise ValueError(
@@ -112,9 +117,12 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
     out.mkdir(parents=True, exist_ok=True)
     base = name if ranked is None else f"{name}.rank{ranked[0]}"
     kinds = ["et", "kineto", "memory", "meta"] + (["reference"] if reference else [])
-    final = {k: out / f"{base}.{k}.json" for k in kinds}
+    # An earlier capture's files of the name, all of them, are set aside and replaced: a
+    # reference it made describes its trace, not this one, and is removed when none is made.
+    every = ["et", "kineto", "memory", "meta", "reference"]
+    final = {k: out / f"{base}.{k}.json" for k in every}
     partial = {k: out / f".{base}.{k}.json.partial-{os.getpid()}" for k in kinds}
-    kept = {k: out / f".{base}.{k}.json.previous-{os.getpid()}" for k in kinds}
+    kept = {k: out / f".{base}.{k}.json.previous-{os.getpid()}" for k in every}
 
     placed = []
 
@@ -192,7 +200,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         partial["meta"].write_text(json.dumps(meta, indent=1) + "\n")
         # The capture's files in place (an earlier capture of the name kept aside until this
         # one is complete), then the reference of the trace under its own name.
-        for k in kinds:
+        for k in every:
             if final[k].exists():
                 os.replace(final[k], kept[k])
         for k in ("et", "kineto", "memory", "meta"):
@@ -208,16 +216,16 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
                 p.unlink()
             except FileNotFoundError:
                 pass
-        for k in kinds:
+        for k in every:
             if kept[k].exists():
                 os.replace(kept[k], final[k])
         raise
-    for k in kinds:
+    for k in every:
         try:
             kept[k].unlink()
         except FileNotFoundError:
             pass
-    return {k: str(p) for k, p in final.items()}
+    return {k: str(final[k]) for k in kinds}
 
 
 def _peak_over_start(step, sync, cuda, path):

@@ -253,6 +253,8 @@ pub fn check() -> Result<()> {
 /// gaps anchored on the capture's reference and packaged with `generate` of its directory.
 fn capture_check(env: &Path, work: &Path) -> Result<()> {
     let caps = work.join("captures");
+    // Another folder for the checks of capturing again: `generate` of `caps` takes one model.
+    let again_dir = work.join("captures-again");
     let script = format!(
         r#"
 import os, torch, mystique
@@ -277,6 +279,21 @@ else:
     raise SystemExit("the step's error did not propagate")
 left = sorted(f for f in os.listdir({caps:?}) if "broken" in f)
 assert not left, left
+# A capture under the user's own profiler would time its instrumentation: refused.
+with torch.profiler.profile():
+    try:
+        mystique.capture(step, out={again_dir:?}, name="profiled", iters=3, profiled=1)
+    except RuntimeError as e:
+        assert "already running" in str(e), e
+    else:
+        raise SystemExit("a capture inside a profiler session was not refused")
+# A capture again of a name replaces all of the earlier one's files: a reference it made
+# describes the earlier trace.
+os.makedirs({again_dir:?}, exist_ok=True)
+open(os.path.join({again_dir:?}, "again.reference.json"), "w").write("{{}}")
+again = mystique.capture(step, out={again_dir:?}, name="again", iters=3, profiled=1)
+assert "reference" not in again, again
+assert sorted(os.listdir({again_dir:?})) == ["again." + k + ".json" for k in ["et", "kineto", "memory", "meta"]], os.listdir({again_dir:?})
 print("captured", sorted(os.listdir({caps:?})))
 "#,
     );
