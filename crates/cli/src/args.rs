@@ -417,8 +417,9 @@ pub struct RunArgs {
     /// Measured iterations: the report's times are statistics over these (at least 1).
     #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: usize,
-    /// Intra-op threads libtorch may use per op, at most 4x this machine's cores (default:
-    /// libtorch's own, usually one per physical core).
+    /// Intra-op threads libtorch may use per op, at most 4x this machine's cores (default: the
+    /// capture's, where a NAME.meta.json beside the trace records them and OMP_NUM_THREADS is
+    /// unset; else libtorch's own, usually one per physical core).
     #[arg(long)]
     pub threads: Option<i32>,
     /// Which ops to run: all, compute (everything but collectives) or comm (collectives only).

@@ -336,6 +336,37 @@ fn a_replay_needs_an_iteration_and_the_memory_it_estimates() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// A replay runs as many intra-op threads as the capture's meta file records, unless
+/// `--threads` or `OMP_NUM_THREADS` says otherwise.
+#[test]
+fn a_replay_runs_the_captures_thread_count_unless_told() {
+    let dir = std::env::temp_dir().join(format!("mystique-threads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let et = dir.join("mlp.et.json");
+    std::fs::copy(shared("cpu/mlp.et.json"), &et).unwrap();
+    std::fs::write(
+        dir.join("mlp.meta.json"),
+        r#"{"iter_ms_median": 1.0, "threads": 3}"#,
+    )
+    .unwrap();
+    let threads = |args: &[&str], omp: Option<&str>| {
+        let mut c = bin();
+        c.arg("replay")
+            .arg(&et)
+            .args(["--iters", "1", "--warmup", "0", "--json"])
+            .args(args)
+            .env_remove("OMP_NUM_THREADS");
+        if let Some(n) = omp {
+            c.env("OMP_NUM_THREADS", n);
+        }
+        json(&mut c)["threads"].as_i64().unwrap()
+    };
+    assert_eq!(threads(&[], None), 3);
+    assert_eq!(threads(&["--threads", "1"], None), 1);
+    assert_eq!(threads(&[], Some("1")), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn paced_blocks_need_an_iteration() {
     let out = bin()

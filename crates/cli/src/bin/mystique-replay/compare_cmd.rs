@@ -25,18 +25,8 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     a.run.apply()?;
     // The capture's meta file: the original's time, threads, CPU time and memory.
     let meta = meta_of(&a.trace);
-    // The original's thread count, where its meta file recorded it and --threads says none:
-    // per-op times compare like for like only at the same intra-op parallelism.
-    if a.run.threads.is_none() {
-        if let Some(n) = meta
-            .as_ref()
-            .and_then(|(v, _)| v["threads"].as_i64())
-            .filter(|&n| n > 0)
-        {
-            let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-            tch::set_num_threads(n.min(4 * cores as i64) as i32);
-        }
-    }
+    // The original's thread count, where its meta file recorded it and --threads says none.
+    crate::replay_cmd::threads_of_capture(&a.trace, a.run.threads);
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);

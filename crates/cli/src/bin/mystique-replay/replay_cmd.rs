@@ -167,6 +167,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         replay::load_library(lib)?;
     }
     a.run.apply()?;
+    if let Some(n) = threads_of_capture(path, a.run.threads) {
+        eprintln!(
+            "threads    {n}, as the capture's {} records (--threads sets another)",
+            meta_of(path).map_or_else(String::new, |(_, p)| p.display().to_string())
+        );
+    }
     let device = replay_device(a, dist.as_ref())?;
     let trace = mystique_cli::read_trace(path)?;
     let t0 = std::time::Instant::now();
@@ -492,6 +498,23 @@ pub(crate) fn original_ms_in(
         .as_f64()
         .filter(|m| m.is_finite() && *m > 0.0)?;
     Some((ms, meta.display().to_string()))
+}
+
+/// Sets libtorch's intra-op threads to the capture's, where `NAME.meta.json` beside the trace
+/// records them and neither `--threads` (`given`) nor `OMP_NUM_THREADS` chose: an op's time
+/// compares like for like only at the same parallelism, and libtorch's default (one thread per
+/// core) is rarely what a capture ran with. Returns the count set.
+pub(crate) fn threads_of_capture(trace: &Path, given: Option<i32>) -> Option<i64> {
+    if given.is_some() || std::env::var_os("OMP_NUM_THREADS").is_some() {
+        return None;
+    }
+    let n = meta_of(trace)?.0["threads"].as_i64().filter(|&n| n > 0)?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
+    let n = n.min(4 * cores);
+    (i64::from(tch::get_num_threads()) != n).then(|| {
+        tch::set_num_threads(n as i32);
+        n
+    })
 }
 
 /// The capture's `STEM.meta.json` beside the trace, read, and its path.
