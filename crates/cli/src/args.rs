@@ -469,6 +469,10 @@ pub struct CompareArgs {
     /// reported.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Compare this ProfilerStep#N iteration of a trace that holds several (a linked pair of
+    /// several profiled steps); its gaps are still typical of all iterations like it.
+    #[arg(long, value_name = "N")]
+    pub iteration: Option<u64>,
     #[command(flatten)]
     pub run: RunArgs,
 }

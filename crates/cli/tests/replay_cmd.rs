@@ -336,6 +336,40 @@ fn a_replay_needs_an_iteration_and_the_memory_it_estimates() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// `compare` sets one iteration against one: a trace of several profiled steps is refused
+/// unless `--iteration` picks one, which then compares as a single step.
+#[test]
+fn compare_takes_one_iteration_of_several() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let compare = |extra: &[&str]| {
+        let mut c = bin();
+        c.arg("compare")
+            .arg(data.join("steps.linked.et.json.gz"))
+            .arg(data.join("steps.kineto.json.gz"))
+            .args(["--iters", "1", "--warmup", "0", "--threads", "1"])
+            .args(extra);
+        c
+    };
+    let o = compare(&[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("holds 4 iterations") && err.contains("--iteration N"),
+        "{err}"
+    );
+    let j = json(&mut compare(&["--iteration", "2", "--json"]));
+    let all = json(
+        bin()
+            .args(["graph", "--json"])
+            .arg(data.join("steps.linked.et.json.gz")),
+    );
+    // One of the four steps' ops, all linked to the profile.
+    let ops = j["ops"].as_u64().unwrap();
+    let total = all["replay_set"]["ops"].as_u64().unwrap();
+    assert!(ops > 0 && 3 * ops < total, "{ops} of {total}");
+    assert_eq!(j["linked"], ops, "{}", j["linked"]);
+}
+
 /// A replay runs as many intra-op threads as the capture's meta file records, unless
 /// `--threads` or `OMP_NUM_THREADS` says otherwise.
 #[test]

@@ -30,8 +30,35 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
-    // Every op; `--only` is the replay's to apply, as for `replay`.
-    let set = g.select(&Selection::default())?;
+    // One iteration: the original's times are per iteration, and so is its meta's.
+    let iterations = match a.iteration {
+        Some(n) => Some(vec![n]),
+        None => {
+            let holding: Vec<u64> = g
+                .iterations()
+                .iter()
+                .map(|&(_, n)| n)
+                .filter(|&n| !g.replay_set(Some(&[n])).ops.is_empty())
+                .collect();
+            anyhow::ensure!(
+                holding.len() <= 1,
+                "{} holds {} iterations ({}): compare one of them, --iteration N",
+                a.trace.display(),
+                holding.len(),
+                holding
+                    .iter()
+                    .map(|n| format!("ProfilerStep#{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            None
+        }
+    };
+    // Every op of it; `--only` is the replay's to apply, as for `replay`.
+    let set = g.select(&Selection {
+        iterations,
+        ..Default::default()
+    })?;
     let linked = linked(&g, &set, &a.kineto, true)?;
     let original = Original::of(&linked, device);
     if let (Some(m), false) = (original.mismatch, json) {
@@ -390,7 +417,15 @@ impl<'a> Compared<'a> {
         let (orig_iter_ms, orig_ops_ms, gaps_ms) =
             (self.orig_iter_ms, self.orig_ops_ms, self.gaps_ms);
         writeln!(out, "linked     {} of {n_ops} ops", linked.link.linked())?;
-        writeln!(out, "original   {orig_iter_ms:.3} ms per iteration profiled ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them){}",
+        // The gaps are typical of the profile's iterations like this one (their least): this
+        // iteration's own span may hold more.
+        let rest = orig_iter_ms - orig_ops_ms - gaps_ms;
+        let typical = if rest > 0.01 * orig_iter_ms {
+            format!(" as typical of its iterations; {rest:.3} ms more in this one")
+        } else {
+            String::new()
+        };
+        writeln!(out, "original   {orig_iter_ms:.3} ms per iteration profiled ({orig_ops_ms:.3} ms in ops, {gaps_ms:.3} ms between them{typical}){}",
             self.uninstrumented.as_ref().map(|(ms, from)| format!("; {ms:.3} ms uninstrumented ({from})")).unwrap_or_default())?;
         writeln!(
             out,
