@@ -581,8 +581,33 @@ pub fn timing_link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, 
         return Ok(l);
     }
     let mid = steps.len() / 2;
-    let (_, mut chosen) = steps.swap_remove(mid);
+    let (n, mut chosen) = steps.swap_remove(mid);
     chosen.warnings = l.warnings;
+    // Names in order link a trace to any profile that begins with its ops (an inference
+    // step's to its training step's): a step holding far more events than the trace has
+    // nodes is most likely another model's or another step's.
+    if let Some((a, b)) = chosen.span {
+        let events = (0..k.events.len())
+            .filter(|&i| is_cpu_event(k, i))
+            .filter(|&i| {
+                let e = &k.events[i];
+                e.ts >= a && e.ts + e.dur <= b && !k.str(e.name).starts_with("ProfilerStep#")
+            })
+            .count();
+        let nodes = g
+            .order
+            .iter()
+            .filter(|&&i| !g.class[i as usize].contains(OpClass::ROOT))
+            .count();
+        if events > 2 * nodes && events - nodes >= 10 {
+            chosen.warnings.push(format!(
+                "{}'s ProfilerStep#{n} holds {events} events where {} has {nodes} nodes: is it \
+                 this trace's profile? Its ops were linked by name and order, and their times \
+                 may be another step's",
+                k.source, g.trace.source
+            ));
+        }
+    }
     Ok(chosen)
 }
 

@@ -1082,6 +1082,34 @@ fn timing_pair() -> (et_schema::Trace, et_schema::kineto::KinetoTrace) {
     (t, kt)
 }
 
+/// Linked by name and order, a trace of the first ops of a step links to the whole step's
+/// profile (an inference trace to a training step's): the link says the profile holds far
+/// more than the trace. Its own profile links without a word.
+#[test]
+fn a_profile_of_more_than_the_trace_links_with_a_warning() {
+    let (t, kt) = timing_pair();
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    assert!(timing_link(&g, &set, &kt).unwrap().warnings.is_empty());
+    let first = ReplaySet {
+        ops: set.ops[..3].to_vec(),
+        skip: set.skip.clone(),
+    };
+    let part = et_graph::compose::extract(&g, &first);
+    let pg = Graph::new(&part);
+    let pset = pg.replay_set(None);
+    assert_eq!(pset.ops.len(), 3);
+    let l = timing_link(&pg, &pset, &kt).unwrap();
+    assert_eq!(l.linked(), 3);
+    assert!(
+        l.warnings
+            .iter()
+            .any(|w| w.contains("is it this trace's profile?")),
+        "{:?}",
+        l.warnings
+    );
+}
+
 /// A profile taken without the execution trace observer has no record function ids to link
 /// by: the clean ET links to each of its `ProfilerStep#N` iterations by order and name, each
 /// step's extent is that iteration's span, and the timing is the least of each op and gap

@@ -78,12 +78,11 @@ pub(crate) fn linked(
     path: &Path,
     typical: bool,
 ) -> Result<calibrate::Linked> {
-    Ok(calibrate::Linked::of(
-        g,
-        set,
-        mystique_cli::read_kineto(path)?,
-        typical,
-    )?)
+    let l = calibrate::Linked::of(g, set, mystique_cli::read_kineto(path)?, typical)?;
+    for w in &l.link.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(l)
 }
 
 /// Where the original freed its tensors, from the linked profile's memory events; `None`
