@@ -370,6 +370,35 @@ fn compare_takes_one_iteration_of_several() {
     assert_eq!(j["linked"], ops, "{}", j["linked"]);
 }
 
+/// A trace of `torch.compile`d code says what it does not hold: the fused kernels of its
+/// compiled region are not ops of the trace, and the replay runs only the rest (here the two
+/// matmuls Inductor left to libtorch, and the optimizer's add).
+#[test]
+fn a_compiled_region_is_named_with_what_the_replay_leaves_out() {
+    let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/compiled");
+    let o = bin()
+        .arg("replay")
+        .arg(data.join("compiled.et.json.gz"))
+        .args(["--iters", "1", "--warmup", "0", "--threads", "1", "--json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("1 torch.compile region") && err.contains("not ops of the trace"),
+        "{err}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["ops_failed"], 0, "{j}");
+    let plain = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .args(["--iters", "1", "--warmup", "0", "--threads", "1"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("torch.compile"));
+}
+
 /// A replay runs as many intra-op threads as the capture's meta file records, unless
 /// `--threads` or `OMP_NUM_THREADS` says otherwise.
 #[test]

@@ -30,6 +30,9 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);
+    if let Some(n) = crate::replay_cmd::compiled_regions(&g) {
+        eprintln!("note: {n}");
+    }
     // One iteration: the original's times are per iteration, and so is its meta's.
     let iterations = match a.iteration {
         Some(n) => Some(vec![n]),

@@ -176,6 +176,9 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     let trace = mystique_cli::read_trace(path)?;
     let t0 = std::time::Instant::now();
     let g = Graph::new(&trace);
+    if let Some(n) = compiled_regions(&g) {
+        eprintln!("note: {n}");
+    }
     log::info!("graph in {:.3} s", t0.elapsed().as_secs_f64());
     // Every op of the iterations; `--only` is the replay's to apply (it passes the others'
     // inputs through), in one place.
@@ -497,6 +500,41 @@ pub(crate) fn original_ms_in(
         .as_f64()
         .filter(|m| m.is_finite() && *m > 0.0)?;
     Some((ms, meta.display().to_string()))
+}
+
+/// What a trace of `torch.compile`d code does not hold, said where it has such regions: the
+/// kernels Inductor fused inside them are not ops of the trace (only the regions' annotations
+/// and the ops left outside the fusion are), so the replay runs none of their work.
+pub(crate) fn compiled_regions(g: &Graph) -> Option<String> {
+    let count = |f: &dyn Fn(&str) -> bool| g.order.iter().filter(|&&i| f(g.name(i))).count();
+    // A region's `CompiledFunction` (its autograd function) sits inside its annotation.
+    let n = match count(&|n| n.starts_with("Torch-Compiled Region")) {
+        0 => count(&|n| n == "CompiledFunction"),
+        n => n,
+    };
+    // On a GPU the ET may record Inductor's Triton kernels as nodes of their own.
+    let kernels = g
+        .order
+        .iter()
+        .filter(|&&i| g.class[i as usize].contains(et_graph::OpClass::KERNEL))
+        .count();
+    (n > 0).then(|| {
+        let work = if kernels > 0 {
+            format!(
+                "the {kernels} compiled kernel calls the trace records are not libtorch ops, and \
+                 fail here"
+            )
+        } else {
+            "the kernels compiled inside them are not ops of the trace, so the replay runs none \
+             of their work (with --emulate-gaps their time is spun as gaps)"
+                .to_string()
+        };
+        format!(
+            "the trace holds {n} torch.compile region{} (`Torch-Compiled Region`, \
+             `CompiledFunction`): {work}",
+            if n == 1 { "" } else { "s" }
+        )
+    })
 }
 
 /// Sets libtorch's intra-op threads to the capture's, where `NAME.meta.json` beside the trace
