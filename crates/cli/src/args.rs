@@ -482,7 +482,8 @@ pub struct GenerateArgs {
     /// One trace per rank, ordered as `replay --ranks` orders them: by the rank each recorded,
     /// else by the number in its file name. Or a capture (`mystique.capture`'s files, or their
     /// directory): its `NAME.et.json`, with `NAME.kineto.json` (the original's timing and
-    /// gaps, as --kineto --emulate-gaps), `NAME.reference.json` (as --reference) and
+    /// gaps, as --kineto --emulate-gaps; else `NAME.timing.json`, a profile taken without the
+    /// observer), `NAME.reference.json` (as --reference) and
     /// `NAME.meta.json` (the uninstrumented iteration, as --original-ms) where present.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,

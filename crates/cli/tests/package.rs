@@ -564,6 +564,24 @@ fn packages_with_gaps_emulate_them_where_they_run() {
     assert!(String::from_utf8_lossy(&o.stderr).contains(name));
 }
 
+/// A capture made by hand as capturing.md shows (`NAME.timing.json`, the profile taken without
+/// the observer) packages its gaps too.
+#[test]
+fn a_hand_made_capture_directory_packages_its_timing_profile() {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
+    let cap = tmp("hand-capture");
+    std::fs::create_dir_all(&cap).unwrap();
+    for f in ["steps.et.json.gz", "steps.timing.json.gz"] {
+        std::fs::copy(data.join(f), cap.join(f)).unwrap();
+    }
+    let pkg = tmp("hand-capture.pkg");
+    generate(std::slice::from_ref(&cap), &pkg, &[]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["gaps"]["profile"], "rank0.timing.json.gz", "{m}");
+    assert_eq!(m["original"]["from"], "kineto", "{m}");
+}
+
 /// A capture's directory (`mystique.capture`'s files: `NAME.et.json`, `.kineto.json`,
 /// `.meta.json`) packages with no further flag: its timing profile as the gaps, its meta's
 /// uninstrumented iteration as the original's time. A reference among the files anchors it

@@ -97,6 +97,9 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
 enum CaptureFile {
     Trace,
     Kineto,
+    /// `NAME.timing.json`: a profile taken without the observer, as capturing.md's script
+    /// writes it; the capture's profile where it has no `NAME.kineto.json`.
+    Timing,
     Reference,
     Meta,
     /// `NAME.memory.json`: the profile_memory profile `replay --memory-profile` follows; a
@@ -112,6 +115,7 @@ impl CaptureFile {
         Some(match stem.rsplit('.').next()? {
             "et" => CaptureFile::Trace,
             "kineto" => CaptureFile::Kineto,
+            "timing" => CaptureFile::Timing,
             "reference" => CaptureFile::Reference,
             "meta" => CaptureFile::Meta,
             "memory" => CaptureFile::Memory,
@@ -181,11 +185,12 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     }
     let mut out = a.clone();
     out.traces.clear();
-    let mut kineto = Vec::new();
+    let (mut kineto, mut timing) = (Vec::new(), Vec::new());
     let (mut reference, mut metas) = (None, Vec::new());
     for f in files {
         match CaptureFile::of(&f) {
             Some(CaptureFile::Kineto) => kineto.push(f),
+            Some(CaptureFile::Timing) => timing.push(f),
             Some(CaptureFile::Reference) => {
                 if let Some(r) = reference.replace(f.clone()) {
                     bail!("two references: {} and {}", r.display(), f.display());
@@ -202,6 +207,9 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         "no execution trace among the inputs"
     );
     let single = out.traces.len() == 1;
+    if kineto.is_empty() {
+        kineto = timing;
+    }
     anyhow::ensure!(
         a.kineto.is_empty() || kineto.is_empty(),
         "a Kineto trace among the inputs and --kineto: give it once"
