@@ -102,7 +102,8 @@ fn parse_bytes(
             path: source.to_string(),
             msg: if kineto {
                 "no \"nodes\" array at the top level: it holds \"traceEvents\", a Kineto \
-                 (profiler) trace, which goes with its execution trace as --kineto"
+                 (profiler) trace, which goes after its execution trace (`replay ET --kineto \
+                 K`, `compare ET K`, `link ET K`)"
                     .into()
             } else {
                 "no \"nodes\" array at the top level".into()
