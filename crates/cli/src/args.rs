@@ -504,6 +504,9 @@ pub struct GenerateArgs {
     /// Where `original_ms` came from when not from the command line (a capture's meta file).
     #[arg(skip)]
     pub original_from: Option<String>,
+    /// The threads a capture's meta file says the original ran with.
+    #[arg(skip)]
+    pub original_threads: Option<i64>,
     /// Package the --kineto profile (taken as `replay --emulate-gaps` takes it) so that `run`
     /// reproduces the original's time between ops, calibrated on the host that runs it. Its
     /// event names are the model's own: not with --anonymize.

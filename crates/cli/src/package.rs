@@ -52,6 +52,10 @@ pub struct Manifest {
     /// from. Absent from packages made without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gaps: Option<Gaps>,
+    /// The intra-op threads the original ran with, where its capture's meta file recorded
+    /// them: `run`'s default for a single-rank package. Absent where unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<i64>,
     /// With `--anonymize`: how many names of each kind were replaced by hashes.
     pub anonymized: Option<BTreeMap<String, usize>>,
     /// Every other file of the package and its SHA-256 (a name given twice is refused).
@@ -357,6 +361,7 @@ mod tests {
                 from: "kineto".into(),
             }),
             gaps: None,
+            threads: None,
             anonymized: None,
             files,
         };
@@ -429,6 +434,7 @@ mod tests {
             ops_from: Vec::new(),
             original: None,
             gaps: None,
+            threads: None,
             anonymized: None,
             files: [("a.bin".to_string(), sha256_hex(b"checked"))].into(),
         };

@@ -612,6 +612,17 @@ fn a_capture_directory_packages_with_everything_it_holds() {
         "{m}"
     );
     assert_eq!(m["original"]["iter_ms"], meta["iter_ms_median"]);
+    // The threads the original ran with are the package's, and `run`'s unless told.
+    assert_eq!(m["threads"], meta["threads"], "{m}");
+    let r = json(
+        bin()
+            .arg("run")
+            .arg(&pkg)
+            .args(["--json", "--iters", "1", "--warmup", "0", "--no-gaps", "-o"])
+            .arg(tmp("capture-threads.result.json"))
+            .env_remove("OMP_NUM_THREADS"),
+    );
+    assert_eq!(r["ranks"][0]["report"]["threads"], meta["threads"], "{r}");
     assert!(!m["gaps"].is_null(), "{m}");
 
     // With a reference (as `replay --reference-out` writes it): anchored on it.

@@ -240,6 +240,14 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
             });
         }
     }
+    // The threads the original ran with: `run`'s default for the package.
+    if let ([m], true) = (metas.as_slice(), single) {
+        out.original_threads = std::fs::read(m)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["threads"].as_i64())
+            .filter(|&n| n > 0);
+    }
     Ok(out)
 }
 
@@ -661,6 +669,7 @@ impl<'a> PackageBuilder<'a> {
             ops_from: self.ops_from.into_iter().collect(),
             original,
             gaps: self.gaps,
+            threads: a.original_threads,
             anonymized: a.anonymize.then(|| self.anon.replaced.clone()),
             files: self.files,
         };

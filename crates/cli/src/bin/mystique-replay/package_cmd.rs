@@ -214,6 +214,18 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         );
     }
     let device = replay::Device::parse(&a.device)?;
+    // The original's threads, where the package records them and nothing here chose.
+    if let (Some(n), None, 1, None) = (
+        m.threads,
+        a.threads,
+        m.ranks.len(),
+        std::env::var_os("OMP_NUM_THREADS"),
+    ) {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
+        let n = n.min(4 * cores);
+        tch::set_num_threads(n as i32);
+        eprintln!("threads    {n}, as the original ran (the package's; --threads sets another)");
+    }
     let ranks = if m.ranks.len() == 1 {
         vec![run_rank(dir, &m, a, 0)?]
     } else {
