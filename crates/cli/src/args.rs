@@ -418,8 +418,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: usize,
     /// Intra-op threads libtorch may use per op, at most 4x this machine's cores (default: the
-    /// capture's, where a NAME.meta.json beside the trace records them and OMP_NUM_THREADS is
-    /// unset; else libtorch's own, usually one per physical core).
+    /// capture's, at most this machine's cores, where a NAME.meta.json beside the trace
+    /// records them and OMP_NUM_THREADS is unset; else libtorch's own, usually one per
+    /// physical core).
     #[arg(long)]
     pub threads: Option<i32>,
     /// Which ops to run: all, compute (everything but collectives) or comm (collectives only).
@@ -555,8 +556,9 @@ pub struct RunPackageArgs {
     /// Measured iterations (default: the package's, set by `generate --iters`; at least 1).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub iters: Option<usize>,
-    /// Intra-op threads libtorch may use per op (default: libtorch's own, usually one per
-    /// physical core). The result records the count used.
+    /// Intra-op threads libtorch may use per op (default, unless OMP_NUM_THREADS is set: the
+    /// original's that a single-rank package records, at most this machine's cores; one per
+    /// rank for several; else libtorch's own). The result records the count used.
     #[arg(long)]
     pub threads: Option<i32>,
     /// Load a library of custom operators first (the package lists the namespaces it needs;

@@ -158,6 +158,7 @@ pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
 pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
     anyhow::ensure!(dim > 0 && factor > 0, "--dim and --factor must be positive");
+    anyhow::ensure!(factor != 1, "--factor 1 changes nothing");
     let t = crate::read_trace(trace)?;
     let new = et_graph::compose::scale_dim(&t, dim, factor)?;
     changed(&t, &new, || {
@@ -175,6 +176,10 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
             .with_context(|| format!("unknown dtype {s:?} (float32, bfloat16, float16, ...)"))
     };
     let (from, to) = (parse(from)?, parse(to)?);
+    anyhow::ensure!(
+        from != to,
+        "--from and --to are both {from}: nothing to change"
+    );
     let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let new = et_graph::compose::change_dtype(&g, from, to);
@@ -193,10 +198,15 @@ pub fn changed(
     new: &et_schema::Trace,
     why: impl FnOnce() -> String,
 ) -> Result<()> {
-    if old.args == new.args && old.items == new.items && old.tensors == new.tensors {
+    if same(old, new) {
         anyhow::bail!(why());
     }
     Ok(())
+}
+
+/// Whether an edit left a trace's arguments, values and tensors as they were.
+pub fn same(old: &et_schema::Trace, new: &et_schema::Trace) -> bool {
+    old.args == new.args && old.items == new.items && old.tensors == new.tensors
 }
 
 pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {

@@ -18,6 +18,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 pub const PACKAGE_FORMAT: &str = "mystique-package/1";
+/// The format of a package whose manifest records the original's `threads`: a build that reads
+/// only [`PACKAGE_FORMAT`] refuses it by its format, not by an unknown field.
+pub const PACKAGE_FORMAT_THREADS: &str = "mystique-package/2";
 pub const RESULT_FORMAT: &str = "mystique-result/1";
 pub const MANIFEST: &str = "manifest.json";
 
@@ -216,11 +219,18 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
     let bytes = crate::input::read_bounded(&path, "manifest", crate::input::MANIFEST_MAX, true)?;
     let m: Manifest =
         serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
-    if m.format != PACKAGE_FORMAT {
+    if m.format != PACKAGE_FORMAT && m.format != PACKAGE_FORMAT_THREADS {
         bail!(
-            "{} is a package of format {:?}; this build reads {PACKAGE_FORMAT:?}",
+            "{} is a package of format {:?}; this build reads {PACKAGE_FORMAT:?} and \
+             {PACKAGE_FORMAT_THREADS:?}",
             dir.display(),
             m.format
+        );
+    }
+    if let Some(n) = m.threads.filter(|&n| n <= 0) {
+        bail!(
+            "{}: the manifest's threads ({n}) must be positive",
+            dir.display()
         );
     }
     for r in &m.ranks {

@@ -580,6 +580,13 @@ fn a_hand_made_capture_directory_packages_its_timing_profile() {
         serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(m["gaps"]["profile"], "rank0.timing.json.gz", "{m}");
     assert_eq!(m["original"]["from"], "kineto", "{m}");
+    // The same profile given as --kineto too is the one profile, not two.
+    let timing = cap.join("steps.timing.json.gz");
+    generate(
+        std::slice::from_ref(&cap),
+        &tmp("hand-capture-k.pkg"),
+        &["--kineto", timing.to_str().unwrap()],
+    );
 }
 
 /// A capture's directory (`mystique.capture`'s files: `NAME.et.json`, `.kineto.json`,
@@ -623,6 +630,18 @@ fn a_capture_directory_packages_with_everything_it_holds() {
             .env_remove("OMP_NUM_THREADS"),
     );
     assert_eq!(r["ranks"][0]["report"]["threads"], meta["threads"], "{r}");
+    // Its format says it records them; a count that is not positive is refused.
+    assert_eq!(m["format"], "mystique-package/2", "{m}");
+    let mut bad = m.clone();
+    bad["threads"] = 0.into();
+    std::fs::write(pkg.join("manifest.json"), bad.to_string()).unwrap();
+    let o = bin().arg("run").arg(&pkg).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("threads (0) must be positive"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(!m["gaps"].is_null(), "{m}");
 
     // With a reference (as `replay --reference-out` writes it): anchored on it.

@@ -399,19 +399,22 @@ fn a_compiled_region_is_named_with_what_the_replay_leaves_out() {
     assert!(!String::from_utf8_lossy(&plain.stderr).contains("torch.compile"));
 }
 
-/// A replay runs as many intra-op threads as the capture's meta file records, unless
-/// `--threads` or `OMP_NUM_THREADS` says otherwise.
+/// A replay runs as many intra-op threads as the capture's meta file records, at most this
+/// machine's cores, unless `--threads` or `OMP_NUM_THREADS` says otherwise.
 #[test]
 fn a_replay_runs_the_captures_thread_count_unless_told() {
     let dir = std::env::temp_dir().join(format!("mystique-threads-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let et = dir.join("mlp.et.json");
     std::fs::copy(shared("cpu/mlp.et.json"), &et).unwrap();
-    std::fs::write(
-        dir.join("mlp.meta.json"),
-        r#"{"iter_ms_median": 1.0, "threads": 3}"#,
-    )
-    .unwrap();
+    let meta = |n: i64| {
+        std::fs::write(
+            dir.join("mlp.meta.json"),
+            format!(r#"{{"iter_ms_median": 1.0, "threads": {n}}}"#),
+        )
+        .unwrap()
+    };
+    let cores = std::thread::available_parallelism().unwrap().get() as i64;
     let threads = |args: &[&str], omp: Option<&str>| {
         let mut c = bin();
         c.arg("replay")
@@ -424,9 +427,14 @@ fn a_replay_runs_the_captures_thread_count_unless_told() {
         }
         json(&mut c)["threads"].as_i64().unwrap()
     };
-    assert_eq!(threads(&[], None), 3);
-    assert_eq!(threads(&["--threads", "1"], None), 1);
-    assert_eq!(threads(&[], Some("1")), 1);
+    // A capture on a bigger host: this one's cores.
+    meta(1000);
+    assert_eq!(threads(&[], None), cores);
+    // One thread, where libtorch would take every core.
+    meta(1);
+    assert_eq!(threads(&[], None), 1);
+    assert_eq!(threads(&["--threads", "2"], None), 2);
+    assert_eq!(threads(&[], Some("2")), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -1085,7 +1093,8 @@ fn compare_leaves_out_what_only_left_out_and_takes_the_captures_threads() {
             .arg(shared("cpu/dist_mlp_w2.rank0.kineto.json.gz"))
             .args([
                 "--json", "--iters", "2", "--warmup", "1", "--only", "compute",
-            ]),
+            ])
+            .env_remove("OMP_NUM_THREADS"),
     );
     let ops: Vec<&str> = j["top_differences"]
         .as_array()

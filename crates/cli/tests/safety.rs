@@ -145,6 +145,8 @@ fn edits_that_match_nothing_are_refused() {
     let mlp = shared("cpu/mlp.et.json");
     let m = mlp.to_str().unwrap();
     let out = tmp("edit.et.json");
+    // A file of an earlier run of the same process id would read as written here.
+    let _ = std::fs::remove_file(&out);
     let o = out.to_str().unwrap();
     for (args, why) in [
         (
@@ -183,6 +185,27 @@ fn edits_that_match_nothing_are_refused() {
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     assert!(out.exists());
+    std::fs::remove_file(&out).unwrap();
+    // Edits that would change nothing whatever the trace holds are refused as such.
+    for (args, why) in [
+        (
+            vec![
+                "compose", "scale", m, "--dim", "64", "--factor", "1", "-o", o,
+            ],
+            "--factor 1 changes nothing",
+        ),
+        (
+            vec![
+                "compose", "dtype", m, "--from", "float32", "--to", "float32", "-o", o,
+            ],
+            "both float32",
+        ),
+    ] {
+        let r = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
 }
 
 /// Errors name what is wrong with what was given: an iteration with nothing in it, a Kineto

@@ -7,6 +7,7 @@ use mystique_cli::anonymize::Anonymized;
 use mystique_cli::args::GenerateArgs;
 use mystique_cli::package::{
     self, Manifest, Original, RankEntry, SelectionRecord, MANIFEST, PACKAGE_FORMAT,
+    PACKAGE_FORMAT_THREADS,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -207,7 +208,7 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         "no execution trace among the inputs"
     );
     let single = out.traces.len() == 1;
-    if kineto.is_empty() {
+    if kineto.is_empty() && a.kineto.is_empty() {
         kineto = timing;
     }
     anyhow::ensure!(
@@ -310,6 +311,7 @@ impl WhatIf {
                     .context("--scale wants DIM:FACTOR, e.g. 64:2")?;
                 let (d, f): (i64, i64) = (d.parse()?, f.parse()?);
                 anyhow::ensure!(d > 0 && f > 0, "--scale: DIM and FACTOR must be positive");
+                anyhow::ensure!(f != 1, "--scale {d}:1 changes nothing");
                 Ok((d, f))
             })
             .transpose()?;
@@ -324,7 +326,9 @@ impl WhatIf {
                     et_schema::DType::from_et_name(n)
                         .with_context(|| format!("unknown dtype {n:?}"))
                 };
-                Ok((p(x)?, p(y)?))
+                let (x, y) = (p(x)?, p(y)?);
+                anyhow::ensure!(x != y, "--dtype {x}:{y} changes nothing");
+                Ok((x, y))
             })
             .transpose()?;
         let mut described = Vec::new();
@@ -341,24 +345,23 @@ impl WhatIf {
         })
     }
 
-    /// The selected ops of `g` as a new trace, with the edits made.
-    fn apply(&self, g: &Graph, set: &et_graph::ReplaySet) -> Result<et_schema::Trace> {
+    /// The selected ops of `g` as a new trace, with the edits made, and which edits changed it
+    /// (scale, dtype): a rank an edit finds nothing in is left as it is, and only an edit that
+    /// changed no rank is refused ([`PackageBuilder::finish`]).
+    fn apply(&self, g: &Graph, set: &et_graph::ReplaySet) -> Result<(et_schema::Trace, [bool; 2])> {
         let mut new = et_graph::compose::extract(g, set);
+        let mut changed = [false; 2];
         if let Some((d, f)) = self.scale {
             let scaled = et_graph::compose::scale_dim(&new, d, f)?;
-            mystique_cli::compose_cmd::changed(&new, &scaled, || {
-                format!("--scale {d}:{f}: no tensor dimension or integer list holds {d}")
-            })?;
+            changed[0] = !mystique_cli::compose_cmd::same(&new, &scaled);
             new = scaled;
         }
         if let Some((x, y)) = self.dtype {
             let typed = et_graph::compose::change_dtype(&Graph::new(&new), x, y);
-            mystique_cli::compose_cmd::changed(&new, &typed, || {
-                format!("--dtype: no tensor or dtype argument is {x}")
-            })?;
+            changed[1] = !mystique_cli::compose_cmd::same(&new, &typed);
             new = typed;
         }
-        Ok(new)
+        Ok((new, changed))
     }
 }
 
@@ -462,6 +465,8 @@ struct PackageBuilder<'a> {
     original: Option<Original>,
     gaps: Option<package::Gaps>,
     schema: String,
+    /// Whether the scale and the dtype edit changed any rank so far.
+    edited: [bool; 2],
 }
 
 impl<'a> PackageBuilder<'a> {
@@ -485,6 +490,7 @@ impl<'a> PackageBuilder<'a> {
             original: None,
             gaps: None,
             schema: String::new(),
+            edited: [false; 2],
         }
     }
 
@@ -519,7 +525,9 @@ impl<'a> PackageBuilder<'a> {
                 self.devices.insert(d.to_string());
             }
         }
-        let mut new = self.edits.apply(&g, &set)?;
+        let (mut new, edited) = self.edits.apply(&g, &set)?;
+        self.edited[0] |= edited[0];
+        self.edited[1] |= edited[1];
         if a.anonymize {
             let an = mystique_cli::anonymize::anonymize(&mut new, &self.key);
             for (k, n) in an.replaced {
@@ -614,6 +622,12 @@ impl<'a> PackageBuilder<'a> {
     /// over the profile's), the selection, the edits and every file's hash.
     fn finish(self) -> Result<(Manifest, Anonymized)> {
         let a = self.a;
+        if let (Some((d, f)), false) = (self.edits.scale, self.edited[0]) {
+            bail!("--scale {d}:{f}: no tensor dimension or integer list of any rank holds {d}");
+        }
+        if let (Some((x, _)), false) = (self.edits.dtype, self.edited[1]) {
+            bail!("--dtype: no tensor or dtype argument of any rank is {x}");
+        }
         let mut original = self.original;
         // A multi-rank job's step ends when its slowest rank's does.
         let per_rank: Vec<&Original> = self
@@ -649,7 +663,12 @@ impl<'a> PackageBuilder<'a> {
         }
         let f = &a.filters;
         let manifest = Manifest {
-            format: PACKAGE_FORMAT.into(),
+            format: if a.original_threads.is_some() {
+                PACKAGE_FORMAT_THREADS
+            } else {
+                PACKAGE_FORMAT
+            }
+            .into(),
             created_by: format!("mystique {}", env!("CARGO_PKG_VERSION")),
             libtorch: "2.11.0".into(),
             schema: self.schema,

@@ -222,7 +222,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         std::env::var_os("OMP_NUM_THREADS"),
     ) {
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
-        let n = n.min(4 * cores);
+        let n = n.min(cores);
         tch::set_num_threads(n as i32);
         eprintln!("threads    {n}, as the original ran (the package's; --threads sets another)");
     }
@@ -232,7 +232,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         let timeout = std::time::Duration::from_secs(a.timeout);
         // On the CPU the ranks share this machine's memory: checked together, as --ranks does.
         let gate = crate::ranks::MemoryGate {
-            available: metrics::available_memory(),
+            available: crate::ranks::available_override()?.or_else(metrics::available_memory),
             only: et_graph::Kind::All,
             force: a.force,
         };

@@ -538,16 +538,18 @@ pub(crate) fn compiled_regions(g: &Graph) -> Option<String> {
 }
 
 /// Sets libtorch's intra-op threads to the capture's, where `NAME.meta.json` beside the trace
-/// records them and neither `--threads` (`given`) nor `OMP_NUM_THREADS` chose: an op's time
-/// compares like for like only at the same parallelism, and libtorch's default (one thread per
-/// core) is rarely what a capture ran with. Returns the count set.
+/// records them (at most this host's cores) and neither `--threads` (`given`) nor
+/// `OMP_NUM_THREADS` chose: an op's time compares like for like only at the same parallelism,
+/// and libtorch's default (one thread per core) is rarely what a capture ran with. Returns the
+/// count set.
 pub(crate) fn threads_of_capture(trace: &Path, given: Option<i32>) -> Option<i64> {
     if given.is_some() || std::env::var_os("OMP_NUM_THREADS").is_some() {
         return None;
     }
     let n = meta_of(trace)?.0["threads"].as_i64().filter(|&n| n > 0)?;
+    // No more than this host's cores: a default capture records its own host's count.
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
-    let n = n.min(4 * cores);
+    let n = n.min(cores);
     (i64::from(tch::get_num_threads()) != n).then(|| {
         tch::set_num_threads(n as i32);
         n
