@@ -127,7 +127,8 @@ pub fn create_exclusive_dir(dir: &Path, stem: &str) -> Result<crate::signals::Te
 }
 
 /// `make` at a fresh unguessable name in `dir`, tried again (8 times in all) where the name
-/// exists; what it made, registered as a [`crate::signals::Temp`].
+/// exists; what it made, registered as a [`crate::signals::Temp`] as it is made, so that a
+/// signal cannot come between the two ([`crate::signals::Temp::make`]).
 fn exclusive<T>(
     dir: &Path,
     stem: &str,
@@ -137,8 +138,8 @@ fn exclusive<T>(
     let mut last = None;
     for _ in 0..8 {
         let path = dir.join(crate::signals::temp_name(stem));
-        match make(&path) {
-            Ok(made) => return Ok((made, crate::signals::Temp::register(path))),
+        match crate::signals::Temp::make(path.clone(), &make) {
+            Ok(made) => return Ok(made),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
         }

@@ -38,7 +38,12 @@ pub fn install() {
             if unsafe { libc::sigwait(&s, &mut sig) } != 0 {
                 return;
             }
-            remove_all();
+            // Held until the process ends: a temporary being made ([`Temp::make`]) is made
+            // and registered before this removes it, and none is made after.
+            let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
+            for p in temps.iter() {
+                remove(p);
+            }
             // SAFETY: back to the default action, unblocked, and raised: the process ends as
             // the signal would have ended it.
             unsafe {
@@ -61,13 +66,6 @@ pub fn unblock() {
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &s, std::ptr::null_mut()) };
 }
 
-fn remove_all() {
-    let temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
-    for p in temps.iter() {
-        remove(p);
-    }
-}
-
 fn remove(p: &Path) {
     match std::fs::symlink_metadata(p) {
         Ok(m) if m.is_dir() => {
@@ -88,13 +86,16 @@ pub struct Temp {
 }
 
 impl Temp {
-    /// Registers `path` (already created by the caller).
-    pub fn register(path: PathBuf) -> Temp {
-        TEMPS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(path.clone());
-        Temp { path, kept: false }
+    /// Makes `path` with `make` and registers it, both under the lock the signal thread takes
+    /// before it removes what is registered: a signal between the two leaves nothing behind.
+    pub fn make<T>(
+        path: PathBuf,
+        make: impl FnOnce(&Path) -> std::io::Result<T>,
+    ) -> std::io::Result<(T, Temp)> {
+        let mut temps = TEMPS.lock().unwrap_or_else(|e| e.into_inner());
+        let made = make(&path)?;
+        temps.push(path.clone());
+        Ok((made, Temp { path, kept: false }))
     }
 
     pub fn path(&self) -> &Path {

@@ -169,25 +169,7 @@ fn edits_that_match_nothing_are_refused() {
             vec!["select", m, "--ids", "10..5", "-o", o],
             "the first id is after the last",
         ),
-    ] {
-        let r = bin().args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&r.stderr);
-        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(why), "{args:?}: {err}");
-        assert!(!out.exists(), "{args:?} wrote {o}");
-    }
-    // The same edits that do match still write.
-    let r = bin()
-        .args([
-            "compose", "scale", m, "--dim", "64", "--factor", "2", "-o", o,
-        ])
-        .output()
-        .unwrap();
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-    assert!(out.exists());
-    std::fs::remove_file(&out).unwrap();
-    // Edits that would change nothing whatever the trace holds are refused as such.
-    for (args, why) in [
+        // Edits that would change nothing whatever the trace holds, refused as such.
         (
             vec![
                 "compose", "scale", m, "--dim", "64", "--factor", "1", "-o", o,
@@ -205,7 +187,18 @@ fn edits_that_match_nothing_are_refused() {
         let err = String::from_utf8_lossy(&r.stderr);
         assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(why), "{args:?}: {err}");
+        assert!(!out.exists(), "{args:?} wrote {o}");
     }
+    // The same edits that do match still write.
+    let r = bin()
+        .args([
+            "compose", "scale", m, "--dim", "64", "--factor", "2", "-o", o,
+        ])
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert!(out.exists());
+    std::fs::remove_file(&out).unwrap();
 }
 
 /// Errors name what is wrong with what was given: an iteration with nothing in it, a Kineto
