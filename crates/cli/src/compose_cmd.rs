@@ -114,11 +114,7 @@ pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::check(out, &[trace])?;
     let sel = f.selection()?;
     anyhow::ensure!(
-        sel.name.is_some()
-            || sel.scope.is_some()
-            || sel.ids.is_some()
-            || sel.iterations.is_some()
-            || sel.kind != et_graph::Kind::All,
+        sel.narrows(),
         "remove needs a filter (--name, --scope, --ids, --iteration, --only): without one it \
          would remove every op"
     );

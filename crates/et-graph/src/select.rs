@@ -88,6 +88,15 @@ pub enum SelectError {
 }
 
 impl Selection {
+    /// Whether it keeps less than every op: some filter is set (`with_producers` only adds).
+    pub fn narrows(&self) -> bool {
+        self.iterations.is_some()
+            || self.name.is_some()
+            || self.scope.is_some()
+            || self.ids.is_some()
+            || self.kind != Kind::All
+    }
+
     fn describe(&self) -> String {
         let mut v = vec![];
         if let Some(i) = &self.iterations {

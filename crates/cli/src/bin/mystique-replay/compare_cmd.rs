@@ -26,7 +26,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     // The capture's meta file: the original's time, threads, CPU time and memory.
     let meta = meta_of(&a.trace);
     // The original's thread count, where its meta file recorded it and --threads says none.
-    crate::replay_cmd::threads_of_capture(&a.trace, a.run.threads);
+    crate::replay_cmd::original_threads(a.run.threads, || meta.as_ref()?.0["threads"].as_i64());
     let device = replay::Device::parse(&a.device)?;
     let trace = mystique_cli::read_trace(&a.trace)?;
     let g = Graph::new(&trace);

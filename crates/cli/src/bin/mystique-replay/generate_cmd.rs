@@ -226,12 +226,23 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     if a.reference.is_none() && out.emulate_gaps {
         out.reference = reference;
     }
-    if a.original_ms.is_none() && single && out.reference.is_none() {
-        if let [m] = metas.as_slice() {
-            let v: serde_json::Value = serde_json::from_slice(
-                &std::fs::read(m).with_context(|| format!("reading {}", m.display()))?,
-            )
-            .with_context(|| format!("{} is not JSON", m.display()))?;
+    // A single rank's meta, read once: the original's iteration where nothing else gives it
+    // (a meta that cannot be read is an error there), and the threads it ran with, `run`'s
+    // default for the package.
+    if let ([m], true) = (metas.as_slice(), single) {
+        let needed = a.original_ms.is_none() && out.reference.is_none();
+        let v = std::fs::read(m)
+            .with_context(|| format!("reading {}", m.display()))
+            .and_then(|b| {
+                serde_json::from_slice::<serde_json::Value>(&b)
+                    .with_context(|| format!("{} is not JSON", m.display()))
+            });
+        let v = match v {
+            Ok(v) => v,
+            Err(e) if needed => return Err(e),
+            Err(_) => return Ok(out),
+        };
+        if needed {
             out.original_ms = v["iter_ms_median"]
                 .as_f64()
                 .filter(|x| x.is_finite() && *x > 0.0);
@@ -240,14 +251,7 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
                     .map(|n| format!("{} (iter_ms_median)", n.to_string_lossy()))
             });
         }
-    }
-    // The threads the original ran with: `run`'s default for the package.
-    if let ([m], true) = (metas.as_slice(), single) {
-        out.original_threads = std::fs::read(m)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v["threads"].as_i64())
-            .filter(|&n| n > 0);
+        out.original_threads = v["threads"].as_i64().filter(|&n| n > 0);
     }
     Ok(out)
 }

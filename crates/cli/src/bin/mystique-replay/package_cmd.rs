@@ -214,17 +214,13 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         );
     }
     let device = replay::Device::parse(&a.device)?;
-    // The original's threads, where the package records them and nothing here chose.
-    if let (Some(n), None, 1, None) = (
-        m.threads,
-        a.threads,
-        m.ranks.len(),
-        std::env::var_os("OMP_NUM_THREADS"),
-    ) {
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
-        let n = n.min(cores);
-        tch::set_num_threads(n as i32);
-        eprintln!("threads    {n}, as the original ran (the package's; --threads sets another)");
+    // The original's threads, where a single-rank package records them and nothing here chose.
+    if m.ranks.len() == 1 {
+        if let Some(n) = crate::replay_cmd::original_threads(a.threads, || m.threads) {
+            eprintln!(
+                "threads    {n}, as the original ran (the package's; --threads sets another)"
+            );
+        }
     }
     let ranks = if m.ranks.len() == 1 {
         vec![run_rank(dir, &m, a, 0)?]

@@ -166,10 +166,16 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         replay::load_library(lib)?;
     }
     a.run.apply()?;
-    if let Some(n) = threads_of_capture(path, a.run.threads) {
+    let mut meta_file = None;
+    let recorded = || {
+        let (v, p) = meta_of(path)?;
+        meta_file = Some(p);
+        v["threads"].as_i64()
+    };
+    if let (Some(n), Some(p)) = (original_threads(a.run.threads, recorded), &meta_file) {
         eprintln!(
             "threads    {n}, as the capture's {} records (--threads sets another)",
-            meta_of(path).map_or_else(String::new, |(_, p)| p.display().to_string())
+            p.display()
         );
     }
     let device = replay_device(a, dist.as_ref())?;
@@ -537,17 +543,20 @@ pub(crate) fn compiled_regions(g: &Graph) -> Option<String> {
     })
 }
 
-/// Sets libtorch's intra-op threads to the capture's, where `NAME.meta.json` beside the trace
-/// records them (at most this host's cores) and neither `--threads` (`given`) nor
+/// Sets libtorch's intra-op threads to the original's (`recorded`: a capture's meta file, a
+/// package's manifest), at most this host's cores, where neither `--threads` (`given`) nor
 /// `OMP_NUM_THREADS` chose: an op's time compares like for like only at the same parallelism,
-/// and libtorch's default (one thread per core) is rarely what a capture ran with. Returns the
-/// count set.
-pub(crate) fn threads_of_capture(trace: &Path, given: Option<i32>) -> Option<i64> {
+/// and libtorch's default (one thread per core) is rarely what a capture ran with; a default
+/// capture records its own host's cores. Returns the count set. `recorded` is not asked for
+/// where the count is chosen otherwise.
+pub(crate) fn original_threads(
+    given: Option<i32>,
+    recorded: impl FnOnce() -> Option<i64>,
+) -> Option<i64> {
     if given.is_some() || std::env::var_os("OMP_NUM_THREADS").is_some() {
         return None;
     }
-    let n = meta_of(trace)?.0["threads"].as_i64().filter(|&n| n > 0)?;
-    // No more than this host's cores: a default capture records its own host's count.
+    let n = recorded().filter(|&n| n > 0)?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as i64;
     let n = n.min(cores);
     (i64::from(tch::get_num_threads()) != n).then(|| {
