@@ -52,8 +52,7 @@ const ALL_TO_ALL: u64 = 6;
 const BARRIER: u64 = 9;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mystique-chakra-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::scratch("chakra");
     d.join(name)
 }
 

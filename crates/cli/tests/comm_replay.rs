@@ -314,7 +314,7 @@ fn filters_keep_the_kinds_and_the_number_of_collectives_asked() {
 /// the last one arrived), up to the reading of each rank's two clocks (microseconds).
 #[test]
 fn the_ranks_collectives_share_one_timeline() {
-    let dir = std::env::temp_dir().join(format!("mystique-comm-tl-{}", std::process::id()));
+    let dir = common::scratch("comm-tl");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("job.json");

@@ -17,7 +17,7 @@ fn data(name: &str) -> PathBuf {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mystique-world-{name}-{}", std::process::id()));
+    let d = common::scratch(&format!("world-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     d
 }

@@ -89,8 +89,7 @@ fn link_reports_the_gpu_activity_of_a_gpu_trace_and_none_on_cpu() {
 
 #[test]
 fn graph_select_compose_and_export_round_trip() {
-    let dir = std::env::temp_dir().join(format!("mystique-compose-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("compose");
     let t = shared("cpu/transformer.et.json.gz");
     let g = json(&["graph".as_ref(), t.as_os_str(), "--json".as_ref()]);
     let ops = g["replay_set"]["ops"].as_u64().unwrap();

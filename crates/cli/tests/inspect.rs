@@ -121,8 +121,7 @@ fn inspect_reads_stdin_and_prints_a_table() {
 
 #[test]
 fn bad_input_exits_2_with_the_file_and_place() {
-    let dir = std::env::temp_dir().join(format!("mystique-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("bad");
     let full = std::fs::read(shared("cpu/mlp.et.json")).unwrap();
     let cut = dir.join("cut.json");
     std::fs::write(&cut, &full[..full.len() / 2]).unwrap();

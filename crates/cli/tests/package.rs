@@ -5,8 +5,7 @@ use common::{bin, json, shared};
 use std::path::{Path, PathBuf};
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mystique-package-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::scratch("package");
     let p = d.join(name);
     let _ = std::fs::remove_dir_all(&p);
     let _ = std::fs::remove_file(&p);

@@ -224,7 +224,7 @@ fn the_eight_rank_dlrm_replays_its_communication_over_gloo() {
 /// missing.
 #[test]
 fn mismatched_rank_sets_are_refused() {
-    let dir = std::env::temp_dir().join(format!("mystique-ranks-{}", std::process::id()));
+    let dir = common::scratch("ranks");
     let dlrm = shared("public/param_dlrm_8rank_1.0.1");
     let refused = |files: &[(&str, &str)], what: &str| {
         let _ = std::fs::remove_dir_all(&dir);
@@ -357,7 +357,7 @@ fn signal_rank_1_mid_replay(signal: libc::c_int) -> String {
 
 /// A scratch directory of its own for one test.
 fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("mystique-ranks-{name}-{}", std::process::id()));
+    let d = common::scratch(&format!("ranks-{name}"));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -5,8 +5,7 @@ use common::{bin, json, shared};
 
 #[test]
 fn replay_json_has_the_documented_fields_and_writes_a_perfetto_trace() {
-    let out_trace =
-        std::env::temp_dir().join(format!("mystique-replay-{}.json", std::process::id()));
+    let out_trace = common::scratch("files").join("replay.json");
     let j = json(
         bin()
             .arg("replay")
@@ -105,8 +104,7 @@ fn compare_of_a_gpu_original_on_cpu_says_the_devices_differ() {
 #[test]
 fn compare_without_the_originals_time_compares_profiled_with_profiled() {
     // A copy of the pair without its meta file.
-    let dir = std::env::temp_dir().join(format!("mq-cmp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("cmp");
     for f in ["mlp.linked.et.json", "mlp.kineto.json"] {
         std::fs::copy(shared(&format!("cpu/{f}")), dir.join(f)).unwrap();
     }
@@ -137,7 +135,7 @@ fn compare_without_the_originals_time_compares_profiled_with_profiled() {
 
 #[test]
 fn compare_reports_ratios_and_an_svg() {
-    let svg = std::env::temp_dir().join(format!("mystique-compare-{}.svg", std::process::id()));
+    let svg = common::scratch("files").join("compare.svg");
     let j = json(
         bin()
             .arg("compare")
@@ -403,8 +401,7 @@ fn a_compiled_region_is_named_with_what_the_replay_leaves_out() {
 /// machine's cores, unless `--threads` or `OMP_NUM_THREADS` says otherwise.
 #[test]
 fn a_replay_runs_the_captures_thread_count_unless_told() {
-    let dir = std::env::temp_dir().join(format!("mystique-threads-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("threads");
     let et = dir.join("mlp.et.json");
     std::fs::copy(shared("cpu/mlp.et.json"), &et).unwrap();
     let meta = |n: i64| {
@@ -663,8 +660,7 @@ fn the_time_base_is_taken_with_the_gaps_only_when_asked() {
 /// reference that is not one is refused, naming the file and the field.
 #[test]
 fn gaps_anchored_on_a_reference() {
-    let dir = std::env::temp_dir().join(format!("mystique-reference-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("reference");
     let reference = dir.join("ref.json");
     let replay = |r: &std::path::Path| {
         let mut c = steps_with_gaps();
@@ -762,8 +758,7 @@ fn gaps_anchored_on_a_reference() {
 #[test]
 fn a_reference_is_written_on_the_capture_host() {
     let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
-    let dir = std::env::temp_dir().join(format!("mystique-reference-out-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("reference-out");
     let reference = dir.join("ref.json");
     let r = json(
         bin()
@@ -887,7 +882,7 @@ fn a_reference_is_written_on_the_capture_host() {
 /// they were measured on; figures a capture did not record are null on its side, and say so.
 #[test]
 fn compare_writes_a_fidelity_card_with_each_figures_basis() {
-    let plot = std::env::temp_dir().join(format!("mystique-card-{}.png", std::process::id()));
+    let plot = common::scratch("files").join("card.png");
     let j = json(
         bin()
             .arg("compare")
@@ -1024,7 +1019,7 @@ fn a_memory_profile_places_the_frees_where_the_original_freed() {
     );
     assert_eq!(by_option["frees_followed"], followed["frees_followed"]);
     // A --memory-profile without memory events is refused by name.
-    let plain = std::env::temp_dir().join(format!("mq-nomem-{}.json", std::process::id()));
+    let plain = common::scratch("files").join("nomem.json");
     let mut profile: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
         std::fs::File::open(&k).unwrap(),
     ))

@@ -5,8 +5,7 @@ mod common;
 use common::{bin, json, shared};
 
 fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("mystique-safety-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::scratch("safety");
     d.join(name)
 }
 

@@ -44,3 +44,39 @@ pub fn libtorch_own() -> u64 {
         .as_u64()
         .unwrap()
 }
+
+/// Directories [`scratch`] made in this process, removed when it exits.
+static SCRATCH: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" {
+    fn atexit(f: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+extern "C" fn remove_scratch() {
+    if std::env::var_os("MYSTIQUE_KEEP_TEST_FILES").is_some() {
+        return;
+    }
+    let dirs = SCRATCH.lock().map(|d| d.clone()).unwrap_or_default();
+    for d in dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// This process's scratch directory `<tmp>/mystique-NAME-<pid>`, made on first use and
+/// removed when the test binary exits (the harness ends through `exit`, which runs `atexit`
+/// handlers), so test runs leave nothing behind in the temporary directory. Set
+/// `MYSTIQUE_KEEP_TEST_FILES` to keep them for a look after a failure.
+#[allow(dead_code)]
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mystique-{name}-{}", std::process::id()));
+    let mut dirs = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+    if !dirs.contains(&d) {
+        if dirs.is_empty() {
+            // SAFETY: registers a plain function with no captured state.
+            unsafe { atexit(remove_scratch) };
+        }
+        dirs.push(d.clone());
+    }
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
