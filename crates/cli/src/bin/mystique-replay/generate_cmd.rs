@@ -133,8 +133,11 @@ fn capture_name(p: &Path) -> Option<String> {
     let stem = name.strip_suffix(".json")?;
     let (model, _kind) = stem.rsplit_once('.')?;
     let model = model.strip_suffix(".linked").unwrap_or(model);
+    let rank = |r: &str| !r.is_empty() && r.chars().all(|c| c.is_ascii_digit());
+    // `NAME.rankR.*`, or a job's ranks named `rankR.*` alone (PARAM's and HTA's sets).
     let base = match model.rsplit_once(".rank") {
-        Some((b, r)) if !r.is_empty() && r.chars().all(|c| c.is_ascii_digit()) => b,
+        Some((b, r)) if rank(r) => b,
+        _ if model.strip_prefix("rank").is_some_and(rank) => "",
         _ => model,
     };
     Some(base.to_string())
