@@ -256,7 +256,95 @@ fn mismatched_rank_sets_are_refused() {
         ],
         "unexpected rank 3",
     );
+    // Ranks 0-2 of the 8: the set orders, but its all-to-alls split over 8 ranks (the traces
+    // record no process group to tell the world size by).
+    refused(
+        &[
+            ("rank0.et.json.gz", "rank0.et.json.gz"),
+            ("rank1.et.json.gz", "rank1.et.json.gz"),
+            ("rank2.et.json.gz", "rank2.et.json.gz"),
+        ],
+        "splits an all-to-all over 8 ranks, but 3 rank traces were given",
+    );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Usage errors of `--ranks` are refused by the launcher, once, before any rank starts: a
+/// pattern that takes in a profile, an option that needs `--only comm`.
+#[test]
+fn ranks_usage_errors_are_refused_before_any_rank_starts() {
+    let dir = common::scratch("ranks-usage");
+    let dlrm = shared("public/param_dlrm_8rank_1.0.1");
+    for (from, to) in [
+        ("rank0.et.json.gz", "rank0.et.json.gz"),
+        ("rank1.et.json.gz", "rank1.et.json.gz"),
+        ("rank1.kineto.json.gz", "rank2.json.gz"),
+    ] {
+        std::fs::copy(dlrm.join(from), dir.join(to)).unwrap();
+    }
+    let glob = dir.join("*");
+    let dlrm_dir = dlrm.to_str().unwrap();
+    for (args, what) in [
+        (
+            vec!["--ranks", glob.to_str().unwrap(), "--only", "comm"],
+            "rank2.json.gz, a Kineto (profiler) trace",
+        ),
+        (
+            vec!["--ranks", dlrm_dir, "--world", "4"],
+            "--world reshapes the job's communication: it needs --only comm",
+        ),
+    ] {
+        let out = bin().arg("replay").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(what), "{args:?}: {err}");
+        assert!(!err.contains("[ranks] rank"), "nothing started: {err}");
+        assert_eq!(err.matches("error:").count(), 1, "said once: {err}");
+    }
+    // One file given twice is not two ranks.
+    let rank0 = dlrm.join("rank0.et.json.gz");
+    let out = bin()
+        .arg("generate")
+        .args([&rank0, &rank0])
+        .arg("-o")
+        .arg(dir.join("twice.pkg"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is given twice"), "{err}");
+}
+
+/// A rank that fails before it starts (its trace cut short) is named as the one that failed;
+/// its peer, waiting for the launcher's go, says it stopped because of it, not for memory.
+#[test]
+fn a_rank_that_fails_to_load_is_named_and_its_peers_say_why_they_stopped() {
+    let dir = common::scratch("ranks-cut");
+    std::fs::copy(
+        shared("cpu/dist_mlp_w2.rank0.et.json"),
+        dir.join("dist_mlp_w2.rank0.et.json"),
+    )
+    .unwrap();
+    let full = std::fs::read(shared("cpu/dist_mlp_w2.rank1.et.json")).unwrap();
+    std::fs::write(
+        dir.join("dist_mlp_w2.rank1.et.json"),
+        &full[..full.len() / 2],
+    )
+    .unwrap();
+    let out = bin()
+        .args(["replay", "--ranks", dir.to_str().unwrap()])
+        .args(["--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("rank 1 failed first"), "{err}");
+    assert!(err.contains("truncated"), "{err}");
+    assert!(!err.contains("memory together"), "{err}");
+    assert!(
+        err.contains("[rank 0] error: stopped before starting: another rank ended first"),
+        "{err}"
+    );
 }
 
 /// A rank killed mid-replay makes the run fail within the timeout, naming the rank, and leaves

@@ -10,15 +10,9 @@ use std::path::{Path, PathBuf};
 /// collective at that ET node id wrong, so that the check must name it (tests use it).
 pub const CORRUPT_ENV: &str = "MYSTIQUE_CORRUPT_COLLECTIVE";
 
-/// The collective options of a one-rank replay of `set` (`path`: its trace; `in_dir`: the
-/// number of rank traces where it was taken from a directory).
-pub fn options(
-    a: &ReplayArgs,
-    g: &Graph,
-    set: &ReplaySet,
-    dist: Option<&replay::DistOptions>,
-    in_dir: Option<usize>,
-) -> Result<replay::CommOptions> {
+/// The options that reshape the job's communication need `--only comm`: checked by each rank
+/// and, before any rank starts, by `--ranks`' launcher.
+pub fn check_reshaping(a: &ReplayArgs) -> Result<()> {
     let c = &a.comm;
     let comm_only = a.run.only == et_graph::Kind::Comm;
     for (flag, given) in [
@@ -33,6 +27,20 @@ pub fn options(
              the collectives' tensors at their captured sizes)"
         );
     }
+    Ok(())
+}
+
+/// The collective options of a one-rank replay of `set` (`path`: its trace; `in_dir`: the
+/// number of rank traces where it was taken from a directory).
+pub fn options(
+    a: &ReplayArgs,
+    g: &Graph,
+    set: &ReplaySet,
+    dist: Option<&replay::DistOptions>,
+    in_dir: Option<usize>,
+) -> Result<replay::CommOptions> {
+    let c = &a.comm;
+    check_reshaping(a)?;
     let world = match c.world {
         None => None,
         Some(n) => {

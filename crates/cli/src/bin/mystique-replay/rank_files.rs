@@ -21,6 +21,10 @@ pub struct RankTrace {
     pub recorded: Option<u64>,
     /// The world size its process groups record.
     pub world: Option<i64>,
+    /// The most ranks one of its collectives splits its data over (an all-to-all's split
+    /// sizes, one per rank of its group): the job had at least this many ranks, where its
+    /// process groups are not recorded.
+    pub largest_group: Option<usize>,
 }
 
 /// A rank's estimated peak memory (bytes): of the replay asked for, and of a comm-only one.
@@ -183,6 +187,18 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
         })
         .collect();
     files.sort_by_key(|f| natural_key(f));
+    // A pattern names its files: one that takes in a profile is refused rather than thinned
+    // (each rank's process would fail on it, and its peers with it).
+    if pattern.is_some() {
+        if let Some(k) = files.iter().find(|f| matches!(probe(f), Kind::Kineto)) {
+            bail!(
+                "--ranks {spec:?} matches {}, a Kineto (profiler) trace: give a pattern that \
+                 matches the execution traces only (for example DIR/*.et.json.gz), or the \
+                 directory, whose profiles are left out",
+                k.display()
+            );
+        }
+    }
     anyhow::ensure!(
         files.len() >= 2,
         "--ranks {spec:?} matches {} trace(s); it takes two ranks or more",
@@ -219,6 +235,7 @@ impl RankTrace {
                 .first()
                 .map(|g| g.size)
                 .filter(|&s| s > 0),
+            largest_group: largest_split(t),
             path,
         }
     }
@@ -232,6 +249,30 @@ impl RankTrace {
         let t = records_of(&bytes, &path)?;
         Ok(RankTrace::of(path, &t))
     }
+}
+
+/// The longest split-size list among `t`'s all-to-all records (`record_param_comms`, in its
+/// inputs as schema 1.0.x wrote them or its attributes as later ones do): one size per rank of
+/// the collective's group.
+fn largest_split(t: &et_schema::Trace) -> Option<usize> {
+    t.nodes
+        .iter()
+        .filter(|n| t.name(n) == "record_param_comms")
+        .filter(|n| {
+            et_graph::summary::collective_name(t, n)
+                .is_some_and(|c| c.contains("all_to_all") || c.contains("alltoall"))
+        })
+        .flat_map(|n| {
+            t.inputs(n)
+                .iter()
+                .map(|a| a.value)
+                .chain(t.extras(n).iter().map(|e| e.value))
+                .filter_map(|v| t.int_list(v))
+                .map(|l| l.len())
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .filter(|&l| l > 1)
 }
 
 /// Nodes of these names are all a rank's identity needs; at most this many of each are parsed.
@@ -392,7 +433,7 @@ pub fn check_memory(
     };
     bail!(
         "the {} ranks need about {} of memory together ({per_rank}) and {} is available: \
-         {options}fewer iterations (--iteration) need less; --force runs them anyway",
+         {options}--force runs them anyway",
         peaks.len(),
         human(total),
         human(available)
@@ -404,6 +445,38 @@ pub fn check_memory(
 /// one run.
 pub fn order(traces: Vec<RankTrace>, listed: bool) -> Result<(Vec<RankTrace>, RankSource)> {
     let n = traces.len();
+    let ordered = order_by_rank(traces, listed)?;
+    // Without process-group records, an all-to-all says how many ranks its group had; a group
+    // larger than the set given can never run (Gloo would refuse its splits at the first call).
+    if let Some((t, l)) = ordered
+        .0
+        .iter()
+        .filter(|t| t.world.is_none())
+        .find_map(|t| t.largest_group.filter(|&l| l > n).map(|l| (t, l)))
+    {
+        bail!(
+            "{} splits an all-to-all over {l} ranks, but {n} rank traces were given: give every \
+             rank of the job",
+            t.path.display()
+        );
+    }
+    Ok(ordered)
+}
+
+/// [`order`]'s ordering and its checks of world sizes and ranks.
+fn order_by_rank(traces: Vec<RankTrace>, listed: bool) -> Result<(Vec<RankTrace>, RankSource)> {
+    let n = traces.len();
+    // One file given twice is one rank, whatever order could be put on the list.
+    let mut seen = std::collections::HashSet::new();
+    for t in &traces {
+        let key = std::fs::canonicalize(&t.path).unwrap_or_else(|_| t.path.clone());
+        if !seen.insert(key) {
+            bail!(
+                "{} is given twice: give each rank's trace once",
+                t.path.display()
+            );
+        }
+    }
     for t in &traces {
         if let Some(w) = t.world {
             if w as usize != n {
@@ -601,6 +674,7 @@ mod tests {
             path: PathBuf::from(path),
             recorded,
             world: None,
+            largest_group: None,
         }
     }
 

@@ -23,6 +23,7 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         a.kineto.is_none(),
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
+    crate::comm_cmd::check_reshaping(a)?;
     let (traces, from) = rank_files::discover(spec, a.rank_order)?;
     let captured = traces.len();
     // With --world N, ranks 0..N-1 replay their own traces.
@@ -195,14 +196,16 @@ pub fn gate_from_env() -> Option<replay::MemoryGate> {
             eprintln!("{GATE_LINE}{asked} {comm_only}");
             let mut line = String::new();
             let _ = std::io::stdin().read_line(&mut line);
-            if line.trim() == "go" {
-                Ok(())
-            } else {
-                Err(
+            match line.trim() {
+                "go" => Ok(()),
+                "stop peer" => Err("stopped before starting: another rank ended first (the \
+                                    launcher names it)"
+                    .into()),
+                _ => Err(
                     "stopped before starting: the ranks do not fit this machine's memory together \
                  (the launcher says why)"
                         .into(),
-                )
+                ),
             }
         },
     )))
@@ -236,11 +239,15 @@ fn open_gate(
         // A rank ended first: supervise names it; the others must not wait for a go.
         None => Ok(()),
     };
+    // What each waiting rank is told: go, or why it stops (it says so in its own error).
+    let word: &[u8] = match (&all, &verdict) {
+        (Some(_), Ok(())) => b"go\n",
+        (None, _) => b"stop peer\n",
+        (Some(_), Err(_)) => b"stop memory\n",
+    };
     for r in ranks.iter_mut() {
         if let Some(mut stdin) = r.child.stdin.take() {
-            if all.is_some() && verdict.is_ok() {
-                let _ = stdin.write_all(b"go\n");
-            }
+            let _ = stdin.write_all(word);
         }
     }
     if verdict.is_err() {
@@ -535,7 +542,11 @@ fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
             if others.is_empty() {
                 String::new()
             } else {
-                format!("; ranks {} failed after it", others.join(", "))
+                format!(
+                    "; {} {} failed after it",
+                    if others.len() == 1 { "rank" } else { "ranks" },
+                    others.join(", ")
+                )
             },
             if killed.is_empty() {
                 String::new()
