@@ -1105,3 +1105,41 @@ fn compare_leaves_out_what_only_left_out_and_takes_the_captures_threads() {
     assert_eq!(j["threads"], meta["threads"]);
     assert_eq!(j["ops_failed"], 0, "{}", j["failures"]);
 }
+
+/// `compare`'s per-op table does not show an op whose calls all failed as taking no time:
+/// on the DLRM's rank 7 (its collectives cannot run alone), the row says `failed`, with no
+/// ratio, in the text and in `--json`.
+#[test]
+fn compare_shows_failed_ops_as_failed_not_as_zero_time() {
+    let d = shared("public/param_dlrm_8rank_1.0.1");
+    let args = |json: bool| {
+        let mut c = bin();
+        c.arg("compare")
+            .arg(d.join("rank7.et.json.gz"))
+            .arg(d.join("rank7.kineto.json.gz"))
+            .args(["--iters", "1", "--warmup", "0"]);
+        if json {
+            c.arg("--json");
+        }
+        c
+    };
+    // Failed ops make the command exit 3, after its report.
+    let out = args(false).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.trim_end().ends_with("c10d::alltoall_base_"))
+        .unwrap_or_else(|| panic!("no alltoall row: {text}"));
+    assert!(row.contains("failed"), "{row}");
+    assert!(!row.contains(" 0.0 "), "{row}");
+    let out = args(true).output().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let d = j["top_differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["op"] == "c10d::alltoall_base_")
+        .unwrap();
+    assert_eq!(d["failed_calls"], d["calls"], "{d}");
+    assert!(d["ratio"].is_null(), "{d}");
+}

@@ -361,9 +361,10 @@ impl<'a> Compared<'a> {
             "top_differences": self.cmp.ops.iter().take(15).map(|r| serde_json::json!({
                 "op": r.op,
                 "calls": r.calls,
+                "failed_calls": self.failed_calls(&r.op),
                 "original_us": r.original_us,
                 "replay_us": r.replay_us,
-                "ratio": r.replay_us / r.original_us.max(1e-9),
+                "ratio": (self.failed_calls(&r.op) < r.calls).then(|| r.replay_us / r.original_us.max(1e-9)),
                 "replay_instrumented_us": r.profiled_us,
                 "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
             })).collect::<Vec<_>>(),
@@ -381,7 +382,9 @@ impl<'a> Compared<'a> {
             .iter()
             .take(20)
             .map(|r| {
-                let replay = if profiled {
+                let replay = if self.failed_calls(&r.op) >= r.calls {
+                    f64::NAN
+                } else if profiled {
                     r.profiled_us.unwrap_or(f64::NAN)
                 } else {
                     r.replay_us
@@ -687,6 +690,17 @@ impl<'a> Compared<'a> {
         card
     }
 
+    /// How many of an op's calls failed in an iteration (the report counts a failure once,
+    /// in the first iteration).
+    fn failed_calls(&self, op: &str) -> usize {
+        self.r
+            .failures
+            .iter()
+            .filter(|f| f.op == op)
+            .map(|f| f.count)
+            .sum()
+    }
+
     /// The 15 largest differences per op.
     pub(crate) fn print_differences(&self, out: &mut impl Write) -> Result<()> {
         writeln!(
@@ -709,14 +723,24 @@ impl<'a> Compared<'a> {
                 Some(p) => (format!("{p:.1}"), format!("{:.2}", p / o)),
                 None => ("-".into(), "-".into()),
             };
+            // An op whose calls failed has no time of its own to set against the original's.
+            let failed = self.failed_calls(&r.op);
+            let (ru, rr) = if failed >= r.calls {
+                ("failed".to_string(), "-".to_string())
+            } else {
+                (
+                    format!("{:.1}", r.replay_us),
+                    format!("{:.2}", r.replay_us / o),
+                )
+            };
+            let note = match failed {
+                n if n > 0 && n < r.calls => format!(" ({n} calls failed)"),
+                _ => String::new(),
+            };
             writeln!(
                 out,
-                "  {:>10.1} {:>10.1} {:>7.2} {pu:>10} {pr:>7} {:>6}  {}",
-                r.original_us,
-                r.replay_us,
-                r.replay_us / o,
-                r.calls,
-                r.op
+                "  {:>10.1} {ru:>10} {rr:>7} {pu:>10} {pr:>7} {:>6}  {}{note}",
+                r.original_us, r.calls, r.op
             )?;
         }
         Ok(())
