@@ -81,13 +81,20 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
     );
     if let Some(s) = svg {
         // The ops that changed most, either way, on the text's basis (time per iteration).
+        let multi_rank = ra.ranks.len() > 1;
         let mut changed: Vec<&Row> = rows.iter().filter(|r| delta(r).is_finite()).collect();
         changed.sort_by(|x, y| delta(y).abs().total_cmp(&delta(x).abs()));
         changed.truncate(20);
         let mut pairs: Vec<metrics::plot::Pair> = changed
             .iter()
             .map(|r| metrics::plot::Pair {
-                label: format!("{} x{}", r.signature, r.count),
+                // Several ranks run the same ops: the rank tells their rows apart, as the
+                // text's rank column does.
+                label: if multi_rank {
+                    format!("rank {}: {} x{}", r.rank, r.signature, r.count)
+                } else {
+                    format!("{} x{}", r.signature, r.count)
+                },
                 a: r.a_ms,
                 b: r.b_ms,
             })

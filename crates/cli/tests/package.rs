@@ -326,6 +326,42 @@ fn a_two_rank_package_runs_its_ranks_together() {
         }
         assert_eq!(r["machine"]["threads"], want, "{extra:?}");
     }
+    // The diff's plot of a multi-rank job says which rank each row is, as its text does.
+    let svg = tmp("dist-diff.svg");
+    let d = bin()
+        .arg("diff")
+        .arg(common::scratch("package").join("dist-threads1.result.json"))
+        .arg(common::scratch("package").join("dist-threads2.result.json"))
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    for rank in ["rank 0: ", "rank 1: "] {
+        assert!(plot.contains(rank), "no {rank:?} label in {plot}");
+    }
+}
+
+/// A job's directory whose ranks are named `rankR.*` alone (PARAM's and HTA's public sets)
+/// is packaged as its ranks, Kineto traces beside them, as `replay --ranks DIR` takes it.
+#[test]
+fn a_job_directory_of_rank_files_is_packaged_as_its_ranks() {
+    let pkg = tmp("dlrm-dir.pkg");
+    generate(
+        &[shared("public/param_dlrm_8rank_1.0.1")],
+        &pkg,
+        &["--only", "comm"],
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    let ranks: Vec<u64> = m["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ranks, (0..8).collect::<Vec<u64>>());
 }
 
 /// A multi-rank package keeps each rank's original timing from its own Kineto trace, matched
