@@ -343,6 +343,24 @@ fn the_ranks_collectives_share_one_timeline() {
     let last_in = barriers.iter().map(|b| b.0).fold(f64::MIN, f64::max);
     let first_out = barriers.iter().map(|b| b.1).fold(f64::MAX, f64::min);
     assert!(last_in <= first_out + 100.0, "{barriers:?}");
+    // Each collective slice names its group: the recorded one, or the world's where the
+    // trace records none (the DLRM's).
+    let groups = |t: &Value| -> Vec<Value> {
+        t["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["cat"] == "collective")
+            .map(|e| e["args"]["group"].clone())
+            .collect()
+    };
+    let g = groups(&t);
+    assert!(!g.is_empty() && g.iter().all(Value::is_string), "{g:?}");
+    let out = dir.join("dlrm.json");
+    json(comm(&dlrm(), &["--trace-out"]).arg(&out));
+    let t: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let g = groups(&t);
+    assert!(!g.is_empty() && g.iter().all(|g| g == "0"), "{g:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
