@@ -199,6 +199,38 @@ fn render(format: Format, fig: &impl Figure) -> Result<Vec<u8>, PlotError> {
     }
 }
 
+/// A row axis of `n` segments: plotters counts a discrete range's values both ends included,
+/// so `0..n` would leave an empty row on top (one row stays as `0..1`, whose top segment is
+/// left blank).
+fn rows_axis(
+    n: usize,
+) -> plotters::coord::ranged1d::SegmentedCoord<plotters::coord::types::RangedCoordusize> {
+    (0..n.saturating_sub(1).max(1)).into_segmented()
+}
+
+/// A ratio as text: three decimals down to 0.01, then two significant digits (3.1e-5x, not
+/// 0.000x).
+fn ratio_text(r: f64) -> String {
+    if r >= 100.0 {
+        format!("{r:.0}x")
+    } else if r >= 0.01 {
+        format!("{r:.3}x")
+    } else {
+        format!("{r:.1e}x")
+    }
+}
+
+/// A ratio axis's tick: as short as it reads (0.5x, 1x, 1.25x, 1e-4x).
+fn tick_text(r: f64) -> String {
+    if r >= 0.001 {
+        let s = format!("{r:.3}");
+        let s = s.trim_end_matches('0').trim_end_matches('.');
+        format!("{s}x")
+    } else {
+        format!("{r:.0e}x")
+    }
+}
+
 /// Ticks of a ratio axis from `lo` to `hi`: 1, the ±10% and ±25% bands on a narrow axis, and
 /// 1-2-5 steps.
 fn ratio_ticks(lo: f64, hi: f64) -> Vec<f64> {
@@ -208,10 +240,19 @@ fn ratio_ticks(lo: f64, hi: f64) -> Vec<f64> {
     } else {
         vec![1.0]
     };
-    let mut p = 1e-3;
-    while p < 1e4 {
-        v.extend([p, 2.0 * p, 5.0 * p]);
-        p *= 10.0;
+    // 1-2-5 steps over a decade or so; wider, powers of ten, every other or third one over
+    // many decades, so that about six labels share the axis without running into each other.
+    let decades = (hi / lo).log10();
+    let (steps, every): (&[f64], i32) = if decades <= 1.5 {
+        (&[1.0, 2.0, 5.0], 1)
+    } else {
+        (&[1.0], (decades / 6.0).ceil().max(1.0) as i32)
+    };
+    for e in -12..=12 {
+        if e % every == 0 {
+            let p = 10f64.powi(e);
+            v.extend(steps.iter().map(|s| s * p));
+        }
     }
     v.retain(|&t| t >= lo && t <= hi);
     v.sort_by(f64::total_cmp);
@@ -224,7 +265,10 @@ fn ratio_range(ratios: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = ratios
         .filter(|r| r.is_finite() && *r > 0.0)
         .fold((1.0f64, 1.0f64), |(lo, hi), r| (lo.min(r), hi.max(r)));
-    (lo / 1.25, hi * 1.35)
+    // Room for the values written right of the bars: a share of the axis, which is log-scaled
+    // (a fixed factor is no room at all where the ratios span decades).
+    let span = (hi / lo).max(1.5);
+    (lo / span.powf(0.04), hi * span.powf(0.3).max(1.4))
 }
 
 /// Two runs side by side, one row per label: on the left each run's value (`unit`, a linear
@@ -294,7 +338,7 @@ impl Figure for Pairs<'_> {
             .margin(8)
             .x_label_area_size(40)
             .y_label_area_size(self.label_px)
-            .build_cartesian_2d(0.0..self.max * 1.08, (0..n).into_segmented())
+            .build_cartesian_2d(0.0..self.max * 1.08, rows_axis(n))
             .map_err(|e| e.to_string())?;
         c.configure_mesh()
             .disable_y_mesh()
@@ -376,7 +420,7 @@ fn ratio_panel<DB: DrawingBackend>(
     let mut c = b
         .build_cartesian_2d(
             (lo..hi).log_scale().with_key_points(ratio_ticks(lo, hi)),
-            (0..n).into_segmented(),
+            rows_axis(n),
         )
         .map_err(|e| e.to_string())?;
     let names: Vec<String> = labels.map(|(l, _)| l.to_vec()).unwrap_or_default();
@@ -391,7 +435,7 @@ fn ratio_panel<DB: DrawingBackend>(
             _ => String::new(),
         })
         .x_desc(format!("{desc} (log scale)"))
-        .x_label_formatter(&|v| format!("{}x", human(*v, "")))
+        .x_label_formatter(&|v| tick_text(*v))
         .label_style((FAMILY, 13))
         .axis_desc_style((FAMILY, 14))
         .draw()
@@ -418,7 +462,7 @@ fn ratio_panel<DB: DrawingBackend>(
         let i = at(i);
         let known = r.is_finite() && *r > 0.0;
         let text = match (known, note.is_empty()) {
-            (true, _) => format!("{r:.3}x"),
+            (true, _) => ratio_text(*r),
             (false, true) => "no ratio".to_string(),
             (false, false) => format!("no ratio: {note}"),
         };
@@ -525,6 +569,31 @@ mod tests {
             "{s}"
         );
         assert_eq!(shorten("aten::mm", 40), "aten::mm");
+    }
+
+    /// A ratio axis over many decades keeps to a few ticks (their labels ran into each other
+    /// at 1-2-5 steps), and a narrow one keeps the ±10% and ±25% bands.
+    #[test]
+    fn ratio_axes_have_few_enough_ticks_to_read() {
+        for (lo, hi) in [(2e-5, 20.0), (1e-9, 1e3), (0.3, 1.6), (0.8, 1.3)] {
+            let (lo, hi) = ratio_range([lo, hi].into_iter());
+            let t = ratio_ticks(lo, hi);
+            assert!((2..=8).contains(&t.len()), "{lo}..{hi}: {t:?}");
+            assert!(t.contains(&1.0), "{t:?}");
+        }
+        assert!(ratio_ticks(0.7, 1.4).contains(&1.1));
+    }
+
+    /// Tiny ratios keep two digits instead of reading 0.000x; ticks are short.
+    #[test]
+    fn ratios_read_at_every_size() {
+        assert_eq!(ratio_text(3.1e-5), "3.1e-5x");
+        assert_eq!(ratio_text(0.538), "0.538x");
+        assert_eq!(ratio_text(1234.0), "1234x");
+        assert_eq!(tick_text(1.0), "1x");
+        assert_eq!(tick_text(1.25), "1.25x");
+        assert_eq!(tick_text(0.001), "0.001x");
+        assert_eq!(tick_text(1e-4), "1e-4x");
     }
 
     #[test]
