@@ -704,7 +704,9 @@ fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> 
         crate::print::print_collectives(out, &kinds, Some(&waits))?;
         writeln!(
             out,
-            "  (time: mean over ranks; wait: each rank's time beyond the fastest rank's, summed)"
+            "  (calls of a size: per iteration and rank, averaged over the ranks, whose sizes may \
+             differ; time: mean over ranks; wait: each rank's time beyond the fastest rank's, \
+             summed)"
         )?;
     }
     for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {
