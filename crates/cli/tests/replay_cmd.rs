@@ -1143,3 +1143,16 @@ fn compare_shows_failed_ops_as_failed_not_as_zero_time() {
     assert_eq!(d["failed_calls"], d["calls"], "{d}");
     assert!(d["ratio"].is_null(), "{d}");
 }
+
+/// `--blocking` on a trace replayed alone says that it has no rank to wait for.
+#[test]
+fn blocking_alone_says_it_has_no_rank_to_wait_for() {
+    let out = bin()
+        .arg("replay")
+        .arg(shared("public/chakra_allgather_1.0.2.et.json"))
+        .args(["--blocking", "--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no other rank to wait for"), "{err}");
+}

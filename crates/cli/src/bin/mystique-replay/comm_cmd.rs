@@ -91,6 +91,13 @@ pub fn options(
         }
         _ => None,
     };
+    if c.blocking && dist.is_none() {
+        eprintln!(
+            "note: --blocking puts barriers around each collective among the job's ranks; a \
+             trace replayed alone has no other rank to wait for (use --ranks DIR, or run the \
+             ranks under a launcher)"
+        );
+    }
     Ok(replay::CommOptions {
         blocking: c.blocking,
         paced_us,
