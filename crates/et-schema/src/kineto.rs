@@ -211,6 +211,8 @@ struct RawFile<'a> {
     #[serde(rename = "baseTimeNanoseconds")]
     base_time_ns: Option<u64>,
     record_shapes: Option<serde_json::Value>,
+    /// An execution trace's node array: present, the input is an ET given as the profile.
+    nodes: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -422,6 +424,12 @@ pub fn read_kineto_with(path: &Path, ropts: &crate::ReadOptions) -> Result<Kinet
 /// device events should not refuse a whole trace, and none of them may reach the gap and ratio
 /// arithmetic downstream. A missing `ts` or `dur` is 0.
 pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::NotKineto {
+            path: source.into(),
+            msg: "the input is empty".into(),
+        });
+    }
     let raw: RawFile = serde_json::from_slice(bytes).map_err(|e| {
         if e.is_eof() {
             Error::KinetoTruncated {
@@ -449,7 +457,13 @@ pub fn parse_kineto(bytes: &[u8], source: &str) -> Result<KinetoTrace> {
     })?;
     let events = raw.trace_events.ok_or_else(|| Error::NotKineto {
         path: source.into(),
-        msg: "no \"traceEvents\" array".into(),
+        msg: if raw.nodes.is_some() {
+            "it is an execution trace (a \"nodes\" array, no \"traceEvents\"): give the \
+             profiler's trace here, the execution trace where the command takes it"
+                .into()
+        } else {
+            "no \"traceEvents\" array".into()
+        },
     })?;
     let mut k = KinetoTrace {
         source: source.to_string(),
@@ -620,10 +634,18 @@ mod tests {
 
     #[test]
     fn rejects_non_kineto() {
-        assert!(matches!(
-            parse_kineto(br#"{"nodes": []}"#, "t"),
-            Err(Error::NotKineto { .. })
-        ));
+        // An execution trace given as the profile says so; an empty input is empty, not cut.
+        let e = parse_kineto(br#"{"nodes": [], "schema": "1.1.1"}"#, "t").unwrap_err();
+        assert!(
+            matches!(&e, Error::NotKineto { msg, .. } if msg.contains("an execution trace")),
+            "{e}"
+        );
+        let e = parse_kineto(b"{}", "t").unwrap_err();
+        assert!(e.to_string().contains("no \"traceEvents\""), "{e}");
+        for empty in [&b""[..], b"\n  "] {
+            let e = parse_kineto(empty, "t").unwrap_err();
+            assert!(e.to_string().contains("the input is empty"), "{e}");
+        }
         assert!(matches!(
             parse_kineto(br#"{"traceEvents": [{"ph": "X""#, "t"),
             Err(Error::KinetoTruncated { .. })
