@@ -180,7 +180,11 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
                 names.len() <= 1,
                 "{} holds captures of several models ({}): give one's files (DIR/NAME.*)",
                 p.display(),
-                names.into_iter().collect::<Vec<_>>().join(", ")
+                names
+                    .into_iter()
+                    .map(|n| if n.is_empty() { "rankR.*".into() } else { n })
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             files.extend(kept);
         } else {

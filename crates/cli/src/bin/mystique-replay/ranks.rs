@@ -143,10 +143,11 @@ pub fn launch(
         ranks.push(Running::new(rank, child, tx.clone()));
     }
     drop(tx);
-    if let Some(gate) = gate {
-        open_gate(&mut ranks, &rx, gate)?;
-    }
-    supervise(&mut ranks, timeout)
+    let ended_first = match gate {
+        Some(gate) => open_gate(&mut ranks, &rx, gate)?,
+        None => None,
+    };
+    supervise(&mut ranks, timeout, ended_first)
 }
 
 /// The ranks' estimated peaks checked together against `available` bytes (none known: no
@@ -218,18 +219,21 @@ fn open_gate(
     ranks: &mut [Running],
     rx: &std::sync::mpsc::Receiver<(usize, rank_files::Peak)>,
     gate: &MemoryGate,
-) -> Result<()> {
+) -> Result<Option<usize>> {
     let mut peaks: Vec<Option<rank_files::Peak>> = vec![None; ranks.len()];
+    // The rank that ended before it said what it needs: the cause of the others' stopping.
+    let mut ended = None;
     while peaks.iter().any(Option::is_none) {
         match rx.recv_timeout(Duration::from_millis(50)) {
             Ok((rank, p)) => peaks[rank] = Some(p),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
         }
-        let ended = ranks
+        ended = ranks
             .iter_mut()
-            .any(|r| peaks[r.rank].is_none() && !matches!(r.child.try_wait(), Ok(None)));
-        if ended {
+            .filter(|r| peaks[r.rank].is_none())
+            .find_map(|r| (!matches!(r.child.try_wait(), Ok(None))).then_some(r.rank));
+        if ended.is_some() {
             break;
         }
     }
@@ -255,7 +259,7 @@ fn open_gate(
             let _ = r.child.wait();
         }
     }
-    verdict
+    verdict.map(|()| ended)
 }
 
 /// The replay arguments each rank gets (its own trace, `--json` and the rendezvous aside).
@@ -443,9 +447,24 @@ impl Running {
 
 /// Waits for every rank; returns their reports, or the first failure once every rank has
 /// stopped (those still running `timeout` after it are killed).
-fn supervise(ranks: &mut [Running], timeout: Duration) -> Result<Vec<Vec<u8>>> {
+fn supervise(
+    ranks: &mut [Running],
+    timeout: Duration,
+    ended_first: Option<usize>,
+) -> Result<Vec<Vec<u8>>> {
     let mut status: Vec<Option<std::process::ExitStatus>> = vec![None; ranks.len()];
     let mut first_failure: Option<(usize, Instant)> = None;
+    // A rank known to have ended first (before the memory gate) is the first failure, whichever
+    // of the others is seen to end first below.
+    if let Some(k) = ended_first {
+        if let Some(r) = ranks.get_mut(k) {
+            let s = r.child.wait()?;
+            status[k] = Some(s);
+            if !ran(s) {
+                first_failure = Some((k, Instant::now()));
+            }
+        }
+    }
     let mut killed = Vec::new();
     // Since when each rank has been stopped (SIGSTOP, a debugger): it answers no collective,
     // and the ranks waiting for it would time out and be blamed in its place.
