@@ -211,7 +211,9 @@ fn rows_axis(
 /// A ratio as text: three decimals down to 0.01, then two significant digits (3.1e-5x, not
 /// 0.000x).
 fn ratio_text(r: f64) -> String {
-    if r >= 100.0 {
+    if r >= 1e4 {
+        format!("{r:.1e}x")
+    } else if r >= 100.0 {
         format!("{r:.0}x")
     } else if r >= 0.01 {
         format!("{r:.3}x")
@@ -222,7 +224,9 @@ fn ratio_text(r: f64) -> String {
 
 /// A ratio axis's tick: as short as it reads (0.5x, 1x, 1.25x, 1e-4x).
 fn tick_text(r: f64) -> String {
-    if r >= 0.001 {
+    if r >= 1e4 {
+        format!("{r:.0e}x")
+    } else if r >= 0.001 {
         let s = format!("{r:.3}");
         let s = s.trim_end_matches('0').trim_end_matches('.');
         format!("{s}x")
@@ -235,7 +239,7 @@ fn tick_text(r: f64) -> String {
 /// 1-2-5 steps.
 fn ratio_ticks(lo: f64, hi: f64) -> Vec<f64> {
     // The bands where they have room: on a narrow axis.
-    let mut v = if hi / lo < 3.0 {
+    let mut v = if hi / lo < 5.0 {
         vec![0.8, 0.9, 1.0, 1.1, 1.25]
     } else {
         vec![1.0]
@@ -575,10 +579,17 @@ mod tests {
     /// at 1-2-5 steps), and a narrow one keeps the ±10% and ±25% bands.
     #[test]
     fn ratio_axes_have_few_enough_ticks_to_read() {
-        for (lo, hi) in [(2e-5, 20.0), (1e-9, 1e3), (0.3, 1.6), (0.8, 1.3)] {
+        for (lo, hi) in [
+            (2e-5, 20.0),
+            (1e-9, 1e3),
+            (0.3, 1.6),
+            (0.8, 1.3),
+            (0.62, 1.3),
+            (1.0, 1e12),
+        ] {
             let (lo, hi) = ratio_range([lo, hi].into_iter());
             let t = ratio_ticks(lo, hi);
-            assert!((2..=8).contains(&t.len()), "{lo}..{hi}: {t:?}");
+            assert!((3..=8).contains(&t.len()), "{lo}..{hi}: {t:?}");
             assert!(t.contains(&1.0), "{t:?}");
         }
         assert!(ratio_ticks(0.7, 1.4).contains(&1.1));
@@ -590,6 +601,8 @@ mod tests {
         assert_eq!(ratio_text(3.1e-5), "3.1e-5x");
         assert_eq!(ratio_text(0.538), "0.538x");
         assert_eq!(ratio_text(1234.0), "1234x");
+        assert_eq!(ratio_text(2.5e8), "2.5e8x");
+        assert_eq!(tick_text(1e8), "1e8x");
         assert_eq!(tick_text(1.0), "1x");
         assert_eq!(tick_text(1.25), "1.25x");
         assert_eq!(tick_text(0.001), "0.001x");
