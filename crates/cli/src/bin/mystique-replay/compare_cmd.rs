@@ -364,7 +364,8 @@ impl<'a> Compared<'a> {
                 "failed_calls": self.failed_calls(&r.op),
                 "original_us": r.original_us,
                 "replay_us": r.replay_us,
-                "ratio": (self.failed_calls(&r.op) < r.calls).then(|| r.replay_us / r.original_us.max(1e-9)),
+                // None where calls failed: the time is of the rest alone.
+                "ratio": (self.failed_calls(&r.op) == 0).then(|| r.replay_us / r.original_us.max(1e-9)),
                 "replay_instrumented_us": r.profiled_us,
                 "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
             })).collect::<Vec<_>>(),
@@ -382,7 +383,7 @@ impl<'a> Compared<'a> {
             .iter()
             .take(20)
             .map(|r| {
-                let replay = if self.failed_calls(&r.op) >= r.calls {
+                let replay = if self.failed_calls(&r.op) > 0 {
                     f64::NAN
                 } else if profiled {
                     r.profiled_us.unwrap_or(f64::NAN)
@@ -725,13 +726,14 @@ impl<'a> Compared<'a> {
             };
             // An op whose calls failed has no time of its own to set against the original's.
             let failed = self.failed_calls(&r.op);
-            let (ru, rr) = if failed >= r.calls {
-                ("failed".to_string(), "-".to_string())
-            } else {
-                (
+            // Where calls failed, the time is the rest's alone: no ratio to the original's.
+            let (ru, rr) = match failed {
+                0 => (
                     format!("{:.1}", r.replay_us),
                     format!("{:.2}", r.replay_us / o),
-                )
+                ),
+                n if n >= r.calls => ("failed".to_string(), "-".to_string()),
+                _ => (format!("{:.1}", r.replay_us), "-".to_string()),
             };
             let note = match failed {
                 n if n > 0 && n < r.calls => format!(" ({n} calls failed)"),
