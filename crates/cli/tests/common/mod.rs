@@ -56,7 +56,7 @@ extern "C" fn remove_scratch() {
     if std::env::var_os("MYSTIQUE_KEEP_TEST_FILES").is_some() {
         return;
     }
-    let dirs = SCRATCH.lock().map(|d| d.clone()).unwrap_or_default();
+    let dirs = SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -69,13 +69,15 @@ extern "C" fn remove_scratch() {
 #[allow(dead_code)]
 pub fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mystique-{name}-{}", std::process::id()));
-    let mut dirs = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
-    if !dirs.contains(&d) {
-        if dirs.is_empty() {
-            // SAFETY: registers a plain function with no captured state.
-            unsafe { atexit(remove_scratch) };
+    {
+        let mut dirs = SCRATCH.lock().unwrap_or_else(|e| e.into_inner());
+        if !dirs.contains(&d) {
+            if dirs.is_empty() {
+                // SAFETY: registers a plain function with no captured state.
+                unsafe { atexit(remove_scratch) };
+            }
+            dirs.push(d.clone());
         }
-        dirs.push(d.clone());
     }
     std::fs::create_dir_all(&d).unwrap();
     d

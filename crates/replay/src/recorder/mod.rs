@@ -449,7 +449,7 @@ impl<'a> Recorder<'a> {
                         serde_json::json!({"id": step.id, "kind": c.kind(),
                         "size_bytes": c.message_bytes(),
                         // The group it ran in: its recorded name, else the plan's group
-                        // (the world's, `default_pg`, where the trace records none).
+                        // (the world's, "0", where the trace records none).
                         "group": c.pg_name.clone().or_else(|| {
                             self.plan.groups.get(c.group as usize).map(|g| g.name.clone())
                         })}),
