@@ -721,11 +721,16 @@ fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> 
         .collect();
     if !kinds.is_empty() {
         crate::print::print_collectives(out, &kinds, Some(&waits))?;
+        let buckets = kinds.values().any(|k| k.sizes.len() > 1);
         writeln!(
             out,
-            "  (calls of a size: per iteration and rank, averaged over the ranks, whose sizes may \
-             differ; time: mean over ranks; wait: each rank's time beyond the fastest rank's, \
-             summed)"
+            "  ({}time: mean over ranks; wait: each rank's time beyond the fastest rank's, summed)",
+            if buckets {
+                "calls of a size: per iteration and rank, averaged over the ranks, whose sizes \
+                 may differ; "
+            } else {
+                ""
+            }
         )?;
     }
     for (k, r) in s["ranks"].as_array().into_iter().flatten().enumerate() {
