@@ -227,11 +227,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     } else {
         let timeout = std::time::Duration::from_secs(a.timeout);
         // On the CPU the ranks share this machine's memory: checked together, as --ranks does.
-        let gate = crate::ranks::MemoryGate {
-            available: crate::ranks::available_override()?.or_else(metrics::available_memory),
-            only: et_graph::Kind::All,
-            force: a.force,
-        };
+        let gate = crate::ranks::MemoryGate::here(et_graph::Kind::All, a.force)?;
         let gate = (a.device == "cpu").then_some(&gate);
         let outs = crate::ranks::launch(m.ranks.len(), timeout, gate, |_| {
             let mut cmd = std::process::Command::new(std::env::current_exe()?);
@@ -239,11 +235,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                 .arg(dir)
                 .args(["--device", &a.device, "--timeout", &a.timeout.to_string()])
                 .env("MYSTIQUE_PACKAGE_RANK", "1");
-            // One intra-op thread per rank unless told otherwise, as `replay --ranks` runs
-            // them (and torchrun): the ranks share this machine's cores.
-            if a.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() {
-                cmd.env("OMP_NUM_THREADS", "1");
-            }
+            crate::ranks::one_thread_unless_told(&mut cmd, a.threads);
             for (flag, v) in [("--warmup", a.warmup), ("--iters", a.iters)] {
                 if let Some(v) = v {
                     cmd.args([flag, &v.to_string()]);

@@ -61,23 +61,15 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     let timeout = Duration::from_secs(a.timeout);
     // On the CPU the ranks share this machine's memory (on CUDA each checks its own GPU):
     // each rank says what its plan needs, and none starts until they fit together.
-    let available = available_override()?.or_else(metrics::available_memory);
-    let gate = MemoryGate {
-        available,
-        only: a.run.only,
-        force: a.run.force,
-    };
+    let gate = MemoryGate::here(a.run.only, a.run.force)?;
     let results = launch(n, timeout, (a.device == "cpu").then_some(&gate), |rank| {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("replay")
             .arg(&traces[rank].path)
             .arg("--json")
             .args(child_args(a, rank, captured));
-        // As torchrun does for several processes on one machine: one intra-op thread per
-        // rank unless told otherwise (OMP_NUM_THREADS, --threads), so that the ranks do not
-        // oversubscribe the cores they share.
-        if a.run.threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() && n > 1 {
-            cmd.env("OMP_NUM_THREADS", "1");
+        if n > 1 {
+            one_thread_unless_told(&mut cmd, a.run.threads);
         }
         if let (true, Some(k)) = (a.comm.paced_by_trace, &kineto[rank]) {
             cmd.arg("--kineto").arg(k);
@@ -150,6 +142,15 @@ pub fn launch(
     supervise(&mut ranks, timeout, ended_first)
 }
 
+/// As torchrun does for several processes on one machine: one intra-op thread for a rank's
+/// process unless told otherwise (`--threads`, given as `threads`, or `OMP_NUM_THREADS`), so
+/// that the ranks do not oversubscribe the cores they share.
+pub fn one_thread_unless_told(cmd: &mut Command, threads: Option<i32>) {
+    if threads.is_none() && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        cmd.env("OMP_NUM_THREADS", "1");
+    }
+}
+
 /// The ranks' estimated peaks checked together against `available` bytes (none known: no
 /// check), for the replay `only` asks for, unless `force`.
 pub struct MemoryGate {
@@ -159,6 +160,15 @@ pub struct MemoryGate {
 }
 
 impl MemoryGate {
+    /// The gate for this machine: what it has available (or `MYSTIQUE_AVAILABLE_MEMORY`).
+    pub fn here(only: et_graph::Kind, force: bool) -> Result<MemoryGate> {
+        Ok(MemoryGate {
+            available: available_override()?.or_else(metrics::available_memory),
+            only,
+            force,
+        })
+    }
+
     fn check(&self, peaks: &[rank_files::Peak]) -> Result<()> {
         match self.available {
             Some(available) => rank_files::check_memory(peaks, available, self.only, self.force),
