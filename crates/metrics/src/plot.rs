@@ -208,31 +208,25 @@ fn rows_axis(
     (0..n.saturating_sub(1).max(1)).into_segmented()
 }
 
-/// A ratio as text: three decimals down to 0.01, then two significant digits (3.1e-5x, not
-/// 0.000x).
+/// A ratio as text: three decimals from 0.01 up, no decimals from 100, and two significant
+/// digits outside 0.01..10^4 (3.1e-5x, not 0.000x).
 fn ratio_text(r: f64) -> String {
-    if r >= 1e4 {
+    if !(0.01..1e4).contains(&r) {
         format!("{r:.1e}x")
     } else if r >= 100.0 {
         format!("{r:.0}x")
-    } else if r >= 0.01 {
-        format!("{r:.3}x")
     } else {
-        format!("{r:.1e}x")
+        format!("{r:.3}x")
     }
 }
 
 /// A ratio axis's tick: as short as it reads (0.5x, 1x, 1.25x, 1e-4x).
 fn tick_text(r: f64) -> String {
-    if r >= 1e4 {
-        format!("{r:.0e}x")
-    } else if r >= 0.001 {
-        let s = format!("{r:.3}");
-        let s = s.trim_end_matches('0').trim_end_matches('.');
-        format!("{s}x")
-    } else {
-        format!("{r:.0e}x")
+    if !(0.001..1e4).contains(&r) {
+        return format!("{r:.0e}x");
     }
+    let s = format!("{r:.3}");
+    format!("{}x", s.trim_end_matches('0').trim_end_matches('.'))
 }
 
 /// Ticks of a ratio axis from `lo` to `hi`: 1, the ±10% and ±25% bands on a narrow axis, and

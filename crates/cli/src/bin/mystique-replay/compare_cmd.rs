@@ -358,17 +358,20 @@ impl<'a> Compared<'a> {
             "ops_failed": r.ops_failed,
             "failures": r.failures,
             "threads": r.threads,
-            "top_differences": self.cmp.ops.iter().take(15).map(|r| serde_json::json!({
-                "op": r.op,
-                "calls": r.calls,
-                "failed_calls": self.failed_calls(&r.op),
-                "original_us": r.original_us,
-                "replay_us": r.replay_us,
-                // None where calls failed: the time is of the rest alone.
-                "ratio": (self.failed_calls(&r.op) == 0).then(|| r.replay_us / r.original_us.max(1e-9)),
-                "replay_instrumented_us": r.profiled_us,
-                "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
-            })).collect::<Vec<_>>(),
+            "top_differences": self.cmp.ops.iter().take(15).map(|r| {
+                let failed = self.failed_calls(&r.op);
+                serde_json::json!({
+                    "op": r.op,
+                    "calls": r.calls,
+                    "failed_calls": failed,
+                    "original_us": r.original_us,
+                    "replay_us": r.replay_us,
+                    // None where calls failed: the time is of the rest alone.
+                    "ratio": (failed == 0).then(|| r.replay_us / r.original_us.max(1e-9)),
+                    "replay_instrumented_us": r.profiled_us,
+                    "ratio_instrumented": r.profiled_us.map(|p| p / r.original_us.max(1e-9)),
+                })
+            }).collect::<Vec<_>>(),
         })
     }
 
@@ -724,9 +727,8 @@ impl<'a> Compared<'a> {
                 Some(p) => (format!("{p:.1}"), format!("{:.2}", p / o)),
                 None => ("-".into(), "-".into()),
             };
-            // An op whose calls failed has no time of its own to set against the original's.
-            let failed = self.failed_calls(&r.op);
             // Where calls failed, the time is the rest's alone: no ratio to the original's.
+            let failed = self.failed_calls(&r.op);
             let (ru, rr) = match failed {
                 0 => (
                     format!("{:.1}", r.replay_us),
