@@ -263,14 +263,11 @@ fn largest_split(t: &et_schema::Trace) -> Option<usize> {
                 .is_some_and(|c| c.contains("all_to_all") || c.contains("alltoall"))
         })
         .flat_map(|n| {
-            t.inputs(n)
-                .iter()
-                .map(|a| a.value)
-                .chain(t.extras(n).iter().map(|e| e.value))
-                .filter_map(|v| t.int_list(v))
-                .map(|l| l.len())
-                .collect::<Vec<_>>()
+            let inputs = t.inputs(n).iter().map(|a| a.value);
+            inputs.chain(t.extras(n).iter().map(|e| e.value))
         })
+        .filter_map(|v| t.int_list(v))
+        .map(|l| l.len())
         .max()
         .filter(|&l| l > 1)
 }
