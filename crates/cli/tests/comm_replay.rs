@@ -315,8 +315,6 @@ fn filters_keep_the_kinds_and_the_number_of_collectives_asked() {
 #[test]
 fn the_ranks_collectives_share_one_timeline() {
     let dir = common::scratch("comm-tl");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("job.json");
     let j = json(comm(&every_w4(), &["--trace-out"]).arg(&out));
     let t: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
