@@ -925,6 +925,17 @@ fn compare_writes_a_fidelity_card_with_each_figures_basis() {
         .as_str()
         .unwrap()
         .starts_with("profiled"));
+    // On the profiled basis the replay's time between ops is its instrumented iteration less
+    // its time in the same ops, so the two add up to that iteration.
+    let instrumented = j["replay"]["instrumented_iter_ms"].as_f64().unwrap();
+    let (op, gap) = (
+        card["op_ms"]["replay"].as_f64().unwrap(),
+        card["gap_ms"]["replay"].as_f64().unwrap(),
+    );
+    assert!(
+        (op + gap - instrumented).abs() < 1e-6,
+        "{op} + {gap} vs {instrumented}"
+    );
     // Its profile recorded no memory and its meta no peak: the original's side is null.
     let mem = &card["peak_memory_bytes"];
     assert!(mem["original"].is_null() && mem["ratio"].is_null(), "{mem}");
@@ -941,6 +952,47 @@ fn compare_writes_a_fidelity_card_with_each_figures_basis() {
     assert!(
         cpu <= (threads + 1.0) * wall,
         "{cpu} ms of CPU in {wall} ms"
+    );
+}
+
+/// An op of the replay set that the original's profile does not show (here cnn's first
+/// `aten::batch_norm`, its event dropped) is unlinked: the original's time in it lies between
+/// its linked ops, so the card counts the replay's window of it between ops too, and the
+/// replay's `op_ms` and `gap_ms` still add up to its instrumented iteration.
+#[test]
+fn compare_card_counts_an_unlinked_op_as_time_between_ops() {
+    let k = common::scratch("files").join("cnn.unlinked.kineto.json");
+    let mut profile: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
+        std::fs::File::open(shared("cpu/cnn.kineto.json.gz")).unwrap(),
+    ))
+    .unwrap();
+    let events = profile["traceEvents"].as_array_mut().unwrap();
+    let first = events
+        .iter()
+        .position(|e| e["name"] == "aten::batch_norm")
+        .unwrap();
+    events.remove(first);
+    std::fs::write(&k, profile.to_string()).unwrap();
+    let j = json(
+        bin()
+            .arg("compare")
+            .arg(shared("cpu/cnn.linked.et.json.gz"))
+            .arg(&k)
+            .args(["--json", "--threads", "1", "--iters", "2", "--warmup", "1"]),
+    );
+    let _ = std::fs::remove_file(&k);
+    let linked = j["linked"].as_u64().unwrap();
+    let ops = j["ops"].as_u64().unwrap();
+    assert_eq!(linked + 1, ops, "{} of {}", j["linked"], j["ops"]);
+    let card = &j["card"];
+    let instrumented = j["replay"]["instrumented_iter_ms"].as_f64().unwrap();
+    let (op, gap) = (
+        card["op_ms"]["replay"].as_f64().unwrap(),
+        card["gap_ms"]["replay"].as_f64().unwrap(),
+    );
+    assert!(
+        (op + gap - instrumented).abs() < 1e-6,
+        "{op} + {gap} vs {instrumented}: {card}"
     );
 }
 

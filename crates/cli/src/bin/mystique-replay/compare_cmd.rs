@@ -523,21 +523,17 @@ impl<'a> Compared<'a> {
         };
         card.push("op_ms", Unit::Ms, ops);
         // Between ops, like for like: both profiled where the replay's instrumented iteration
-        // ran (its iteration less its profiled op windows), else the plain replay's.
-        let windows: f64 = r
-            .profiled
-            .iter()
-            .flatten()
-            .map(|p| p.end_us - p.start_us)
-            .sum::<f64>()
-            / 1000.0;
+        // ran (its iteration less the windows of the ops linked to the original, so that a
+        // replay-set op the original's profile did not show counts between ops on both sides,
+        // and the replay's iteration less its `op_ms` is its `gap_ms`), else the plain replay's.
         let gap = match r.instrumented_iter_ms {
-            Some(p) if windows > 0.0 && !o.by_gpu => Figure::new(
+            Some(p) if c.profiled_ops > 0 && !o.by_gpu => Figure::new(
                 Some(self.gaps_ms),
-                Some((p - windows).max(0.0)),
+                Some((p - c.profiled_ms).max(0.0)),
                 format!(
                     "profiled: the original's time between its linked ops (Kineto) vs the replay's \
-                     iteration under the capture's instrumentation less its op windows{}",
+                     iteration under the capture's instrumentation less the windows of the same \
+                     ops{}",
                     if self.a.emulate_gaps {
                         ""
                     } else {
