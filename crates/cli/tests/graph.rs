@@ -142,3 +142,33 @@ fn graph_select_compose_and_export_round_trip() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("matches no op"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `graph`'s external inputs are what a replay must supply: a saved output or a weight's
+/// alias read under a new tensor id over bytes already produced or read is the same data, so
+/// `graph` and `replay` agree on the inputs' bytes (within the few a replay derives, such as a
+/// log-softmax's saved output, rather than supplies).
+#[test]
+fn graph_counts_the_external_bytes_a_replay_supplies() {
+    for t in [
+        "cpu/mlp.et.json",
+        "cpu/transformer.et.json.gz",
+        "cpu/dlrm.et.json",
+    ] {
+        let g = json(&["graph".as_ref(), shared(t).as_os_str(), "--json".as_ref()]);
+        let r = common::json(bin().arg("replay").arg(shared(t)).args([
+            "--json",
+            "--threads",
+            "1",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ]));
+        let graph = g["tensors"]["external_bytes"].as_f64().unwrap();
+        let replay = r["external_bytes"].as_f64().unwrap();
+        assert!(
+            (graph / replay - 1.0).abs() < 0.02,
+            "{t}: graph {graph} bytes, replay {replay}"
+        );
+    }
+}

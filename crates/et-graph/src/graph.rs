@@ -540,7 +540,8 @@ pub struct TensorTable {
 pub struct TensorInfo {
     /// The tensor.
     pub key: TensorKey,
-    /// Read before any op of the set produced it: an input the replay must supply.
+    /// Read before any op of the set produced it, and not over bytes of a storage already
+    /// produced or read under another id: an input the replay must supply.
     pub external: bool,
     /// First replay-set position that uses it (read or write).
     pub first_use: u32,
@@ -593,6 +594,10 @@ impl Graph<'_> {
         let mut current: HashMap<TensorKey, Option<u32>> = HashMap::new();
         // Last in-place writer of each storage, so views of one storage order after writes.
         let mut storage_writer: HashMap<u64, u32> = HashMap::new();
+        // Per storage, the last op of the set that output into it (None: read as an input), the
+        // bytes that op's outputs (or the inputs read) reach there, and their element size (a
+        // storage id met again with another dtype is a new allocation at a reused address).
+        let mut known: HashMap<u64, (Option<u32>, u64, u64)> = HashMap::new();
         let (mut ins, mut outs) = (Vec::new(), Vec::new());
         for (pos, &i) in set.ops.iter().enumerate() {
             let pos = pos as u32;
@@ -634,10 +639,37 @@ impl Graph<'_> {
                         touch(x, &mut table, false);
                     }
                     Some(None) => touch(x, &mut table, true),
-                    None => {
-                        current.insert(key, None);
-                        touch(x, &mut table, true);
-                    }
+                    None => match known.get(&x.storage) {
+                        // A tensor under a new id over bytes an earlier op of the set wrote, or
+                        // an input already read: the same data (autograd's saved outputs are
+                        // new tensors, and so is a weight's alias taken outside the set), not
+                        // another input to supply.
+                        Some(&(w, bytes, size))
+                            if size == x.itemsize && (x.offset + x.numel) * x.itemsize <= bytes =>
+                        {
+                            current.insert(key, w);
+                            if let Some(w) = w.filter(|&w| w != pos) {
+                                table.edges.push(DataEdge {
+                                    from: w,
+                                    to: pos,
+                                    tensor: key,
+                                    via_storage: true,
+                                });
+                            }
+                            touch(x, &mut table, false);
+                        }
+                        _ => {
+                            current.insert(key, None);
+                            let bytes = (x.offset + x.numel) * x.itemsize;
+                            let e = known.entry(x.storage).or_insert((None, 0, x.itemsize));
+                            if e.0.is_none() && e.2 == x.itemsize {
+                                e.1 = e.1.max(bytes);
+                            } else {
+                                *e = (None, bytes, x.itemsize);
+                            }
+                            touch(x, &mut table, true);
+                        }
+                    },
                 }
                 if let Some(&w) = storage_writer.get(&x.storage) {
                     if w != pos
@@ -670,6 +702,17 @@ impl Graph<'_> {
                     info.versions += 1;
                 }
                 current.insert(key, Some(pos));
+                let bytes = (x.offset + x.numel) * x.itemsize;
+                let e = known.entry(x.storage).or_insert((Some(pos), 0, x.itemsize));
+                *e = (
+                    Some(pos),
+                    if e.0 == Some(pos) {
+                        e.1.max(bytes)
+                    } else {
+                        bytes
+                    },
+                    x.itemsize,
+                );
                 if inplace || was_input {
                     storage_writer.insert(x.storage, pos);
                 }
