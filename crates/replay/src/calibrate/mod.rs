@@ -98,12 +98,12 @@ fn calibration_options(
     autograd: bool,
     costs: BoundaryCosts,
 ) -> ReplayOptions {
-    let instrument_iters = iterations_within(0.5, kineto.original.span_us / 1e6, (3, 15));
+    let (iters, instrument_iters) = calibration_iterations(kineto.original.span_us / 1e6, 0.0);
     ReplayOptions {
         device,
         autograd,
         warmup: 1,
-        iters: instrument_iters.max(5),
+        iters,
         per_step: true,
         instrument: true,
         instrument_iters,
@@ -155,12 +155,37 @@ fn median_calibration(
         CALIBRATION_BUDGET.as_secs()
     );
     let mut models = Vec::with_capacity(CALIBRATIONS.1);
+    // One plain iteration first (its first, so cold: long where anything is) sizes the
+    // calibrations to this host where its iterations are longer than the capture's.
+    let span_s = kineto.original.span_us / 1e6;
+    let mut calib = calib.clone();
+    let probe = ReplayOptions {
+        warmup: 0,
+        iters: 1,
+        per_step: false,
+        instrument: false,
+        probe_mechanisms: false,
+        probe_op: false,
+        probe_calls: false,
+        ..calib.clone()
+    };
+    let (r, _) = crate::replay(g, set, &probe)?;
+    let plain_s = r.iter_ms.median / 1e3;
+    (calib.iters, calib.instrument_iters) = calibration_iterations(span_s.max(plain_s), plain_s);
     while models.len() < CALIBRATIONS.0
         || (models.len() < CALIBRATIONS.1
             && (started.elapsed() < CALIBRATION_BUDGET || models.len() % 2 == 0))
     {
         let first = models.is_empty();
-        models.push(calibrate_once(g, set, kineto, calib, first)?);
+        let (model, host) = calibrate_once(g, set, kineto, &calib, first)?;
+        models.push(model);
+        if first {
+            // The first calibration timed this host's iterations, instrumented ones too: the
+            // others fit their counts to them.
+            let instrumented_s = host.instrumented_s.unwrap_or(plain_s).max(span_s);
+            (calib.iters, calib.instrument_iters) =
+                calibration_iterations(instrumented_s, host.plain_s);
+        }
     }
     eprintln!(
         "[replay] calibrated {} times in {:.1} s",
@@ -276,6 +301,22 @@ fn report_anchor(model: &et_graph::GapModel, reference: &et_graph::Reference) {
     }
 }
 
+/// A calibration's plain and instrumented iterations: about half a second of instrumented ones
+/// (3 to 15), each taken as long as the capture's instrumented iteration (`instrumented_s`) or
+/// this host's where that is longer, and as many plain ones (at least 5, or 3 where 3 plain
+/// iterations of `plain_s` take a second: a GPU capture replayed on a CPU runs each many
+/// times slower than its capture, and at 15 + 5 of them param_linear's calibrations took 12 s
+/// each).
+fn calibration_iterations(instrumented_s: f64, plain_s: f64) -> (usize, usize) {
+    let instrumented = iterations_within(0.5, instrumented_s, (3, 15));
+    let plain = if plain_s > 0.0 {
+        iterations_within(1.0, plain_s, (3, 5))
+    } else {
+        5
+    };
+    (plain.max(instrumented), instrumented)
+}
+
 /// How many iterations of `each_s` seconds fit in `budget_s`, within `bounds`; the least
 /// where an iteration's time is not known (not positive).
 fn iterations_within(budget_s: f64, each_s: f64, bounds: (usize, usize)) -> usize {
@@ -374,14 +415,25 @@ const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(2
 
 /// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
 /// all calibrations).
+/// One calibration's iterations on this host (s): the plain ones' median, and the
+/// instrumented one's where it ran.
+struct HostIterations {
+    plain_s: f64,
+    instrumented_s: Option<f64>,
+}
+
 fn calibrate_once(
     g: &et_graph::Graph,
     set: &et_graph::ReplaySet,
     kineto: &Linked,
     calib: &ReplayOptions,
     warn: bool,
-) -> Result<et_graph::GapModel, ReplayError> {
+) -> Result<(et_graph::GapModel, HostIterations), ReplayError> {
     let (r, _) = crate::replay(g, set, calib)?;
+    let ran = HostIterations {
+        plain_s: r.iter_ms.median / 1e3,
+        instrumented_s: r.instrumented_iter_ms.map(|ms| ms / 1e3),
+    };
     if let (Some(e), true) = (&r.instrument_error, warn) {
         eprintln!(
             "warning: the calibration replay could not run under the capture's instrumentation \
@@ -442,7 +494,7 @@ fn calibrate_once(
         model.per_boundary_us,
         r.cpu.as_ref().and_then(|c| c.waited_for_cpu_ms).unwrap_or(0.0)
     );
-    Ok(model)
+    Ok((model, ran))
 }
 
 /// A Kineto trace linked to a replay set, with the original run's timing.
@@ -513,5 +565,17 @@ mod tests {
         assert_eq!(iterations_within(1.0, 0.1, (3, 15)), 10);
         assert_eq!(iterations_within(1.0, 0.0, (3, 15)), 3);
         assert_eq!(iterations_within(1.0, 1e-6, (3, 15)), 15);
+    }
+
+    #[test]
+    fn calibrations_of_long_iterations_run_fewer_of_them() {
+        // A small model: as many plain iterations as instrumented ones, at least 5.
+        assert_eq!(calibration_iterations(0.002, 0.001), (15, 15));
+        assert_eq!(calibration_iterations(0.1, 0.02), (5, 5));
+        // Before this host's iterations are known: the capture's decides.
+        assert_eq!(calibration_iterations(0.03, 0.0), (15, 15));
+        // Half a second an iteration here: 3 instrumented and 3 plain.
+        assert_eq!(calibration_iterations(0.6, 0.5), (3, 3));
+        assert_eq!(calibration_iterations(0.6, 0.25), (4, 3));
     }
 }
