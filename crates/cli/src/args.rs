@@ -125,7 +125,8 @@ pub enum ComposeOp {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Concatenate traces (ids of later ones shifted).
+    /// Concatenate traces: ids of later ones shifted, their threads continuing the first's,
+    /// their `ProfilerStep#N` numbered on where the numbers would repeat.
     Concat {
         /// Two or more ET files, in the order their ops run in the new trace.
         #[arg(required = true, num_args = 2..)]

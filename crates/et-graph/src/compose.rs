@@ -5,7 +5,7 @@
 use crate::class::{is_root_name, OpClass};
 use crate::graph::{Graph, ReplaySet, TensorTable};
 use et_schema::{DType, Trace, Value, ValueType};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 /// A composition whose result would not be a valid trace.
@@ -182,7 +182,9 @@ fn renumber_iterations(out: &mut Trace, original: usize, per_copy: usize) {
 
 /// Appends trace `b` after trace `a`: `b`'s node ids follow `a`'s, its tensor and storage ids
 /// are shifted past `a`'s (they are different tensors), its thread roots hang under `a`'s
-/// process root. The result has `a`'s schema and layout.
+/// process root, or are `a`'s where `a` has a thread of the same id; its `ProfilerStep#N`
+/// iterations are numbered on from `a`'s where their numbers would repeat them. The result has
+/// `a`'s schema and layout.
 pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
     // The model's arenas are indexed by u32: the joined arenas must stay within it (checked
     // before the copies below, which such traces could not afford).
@@ -208,6 +210,33 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
     let rf_off = next(a.nodes.iter().filter_map(|n| n.rf_id).max(), "rf_id")?;
     let a_process = a.nodes.iter().find(|n| t_is_process(a, n)).map(|n| n.id);
     let b_process: Option<u64> = b.nodes.iter().find(|n| t_is_process(&b, n)).map(|n| n.id);
+    // b's thread roots that a has too (by thread id) become a's: b's ops on a thread then
+    // follow a's on it, so that an iteration of a closes where b's start rather than seeming
+    // open to the end of the trace (and taking b's backward thread's ops in).
+    let a_threads: HashMap<u64, u64> = a
+        .nodes
+        .iter()
+        .filter(|n| t_is_thread(a, n))
+        .filter_map(|n| Some((n.tid?, n.id)))
+        .collect();
+    let merged: HashMap<u64, u64> = b
+        .nodes
+        .iter()
+        .filter(|n| t_is_thread(&b, n))
+        .filter_map(|n| Some((n.id, *a_threads.get(&n.tid?)?)))
+        .collect();
+    let steps = |t: &Trace| -> Vec<u64> {
+        t.nodes
+            .iter()
+            .filter_map(|n| t.name(n).strip_prefix("ProfilerStep#")?.parse().ok())
+            .collect()
+    };
+    // b's iterations numbered on from a's where their numbers would repeat a's (a trace
+    // concatenated with itself), as `repeat` numbers its copies: `--iteration N` picks one.
+    let renumber = match (steps(a).iter().max(), steps(&b).iter().min()) {
+        (Some(&a_hi), Some(&b_lo)) if b_lo <= a_hi => a_hi.checked_add(1).map(|n| n - b_lo),
+        _ => None,
+    };
     for x in &mut b.tensors {
         x.id = add(x.id, t_off, 0, "tensor id")?;
         if x.storage != 0 {
@@ -216,7 +245,7 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
     }
     let mut nodes = Vec::with_capacity(b.nodes.len());
     for n in std::mem::take(&mut b.nodes) {
-        if Some(n.id) == b_process && a_process.is_some() {
+        if (Some(n.id) == b_process && a_process.is_some()) || merged.contains_key(&n.id) {
             continue;
         }
         let mut n = n;
@@ -226,6 +255,7 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
                 Some(ap) => Some(ap),
                 None => Some(add(p, id_off, id, "parent")?),
             },
+            Some(p) if merged.contains_key(&p) => Some(merged[&p]),
             Some(0) => Some(0),
             Some(p) => Some(add(p, id_off, id, "parent")?),
             None => None,
@@ -235,6 +265,15 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
             Some(r) => Some(add(r, rf_off, id, "rf_id")?),
             None => None,
         };
+        if let Some(shift) = renumber {
+            let step = b
+                .name(&n)
+                .strip_prefix("ProfilerStep#")
+                .and_then(|k| k.parse::<u64>().ok());
+            if let Some(new) = step.and_then(|k| k.checked_add(shift)) {
+                n.name = b.strings.intern(&format!("ProfilerStep#{new}"));
+            }
+        }
         nodes.push(n);
     }
     b.nodes = nodes;
@@ -249,6 +288,11 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
 fn t_is_process(t: &Trace, n: &et_schema::Node) -> bool {
     let name = t.name(n);
     is_root_name(name) && name.ends_with("process]")
+}
+
+fn t_is_thread(t: &Trace, n: &et_schema::Node) -> bool {
+    let name = t.name(n);
+    is_root_name(name) && name.ends_with("thread]")
 }
 
 /// Rewrites the types of one element type to another (e.g. float -> bfloat16): tensor type

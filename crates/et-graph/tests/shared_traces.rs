@@ -265,6 +265,40 @@ fn iterations_and_scopes_hold_what_other_threads_ran_while_they_were_open() {
     assert_eq!(ids(&g, &scope(&g, "## optimizer ##")), vec![o3]);
 }
 
+/// Two iterations selected apart and concatenated are each the iteration they were: the
+/// second trace's threads continue the first's, so the first's iteration closes where the
+/// second's begins (its backward thread's ops are not taken into the first), and a trace
+/// concatenated with itself numbers the second copy's iterations on from the first's.
+#[test]
+fn concatenated_iterations_keep_their_own_ops() {
+    let t = et_schema::read_trace(&shared().join("public/param_resnet_1.1.0.et.json.gz")).unwrap();
+    let g = Graph::new(&t);
+    let one = |n: u64| {
+        let sel = Selection {
+            iterations: Some(vec![n]),
+            ..Default::default()
+        };
+        compose::extract(&g, &g.select(&sel).unwrap())
+    };
+    let reparse = |t: &et_schema::Trace| {
+        let b = et_schema::write_trace_to_vec(t);
+        et_schema::parse_trace(&b, "concat", &Default::default()).unwrap()
+    };
+    let c = reparse(&compose::concat(&one(6), &one(7)).unwrap());
+    let gc = Graph::new(&c);
+    assert_eq!(gc.replay_set(None).ops.len(), 2 * 1237);
+    for n in [6, 7] {
+        assert_eq!(gc.replay_set(Some(&[n])).ops.len(), 1237, "#{n}");
+    }
+    let twice = reparse(&compose::concat(&t, &t).unwrap());
+    let g2 = Graph::new(&twice);
+    let steps: Vec<u64> = g2.iterations().iter().map(|s| s.1).collect();
+    assert_eq!(steps, vec![6, 7, 8, 9, 10, 11]);
+    for n in steps {
+        assert_eq!(g2.replay_set(Some(&[n])).ops.len(), 1237, "#{n}");
+    }
+}
+
 #[test]
 fn an_iteration_of_a_public_gpu_training_trace_includes_its_backward_pass() {
     for (file, steps) in [
