@@ -28,6 +28,17 @@ pub enum ComposeError {
         /// The limit.
         limit: u64,
     },
+    /// The result's nodes could not be allocated.
+    #[error(
+        "the result's {nodes} nodes need about {mib} MiB of memory, which could not be \
+         allocated: make fewer copies"
+    )]
+    OutOfMemory {
+        /// Nodes the result would have.
+        nodes: u128,
+        /// The memory they need (MiB), nodes alone.
+        mib: u64,
+    },
 }
 
 /// The most nodes a composition may produce (about 100 GB of trace).
@@ -123,7 +134,15 @@ pub fn repeat(t: &Trace, n: usize) -> Result<Trace, ComposeError> {
             node: 0,
             field: "rf_id",
         })?;
-    out.nodes.reserve(body.len() * (n - 1));
+    // Fallibly: a count that fits the limit may still need more memory than there is, and an
+    // infallible reserve aborts the process.
+    let more = body.len() * (n - 1);
+    out.nodes
+        .try_reserve_exact(more)
+        .map_err(|_| ComposeError::OutOfMemory {
+            nodes: total,
+            mib: ((total * std::mem::size_of::<et_schema::Node>() as u128) >> 20) as u64,
+        })?;
     for k in 1..n as u64 {
         for &i in &body {
             let mut node = t.nodes[i].clone();
