@@ -158,11 +158,32 @@ pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
     let t = crate::read_trace(trace)?;
     let new = et_graph::compose::scale_dim(&t, dim, factor)?;
     changed(&t, &new, || {
-        format!("no tensor dimension or integer list holds {dim}: nothing to scale")
+        format!("no tensor dimension or shape argument holds {dim}: nothing to scale")
     })?;
+    warn_mismatched_reshapes(&t, &new, dim);
     write_out(&new, out)?;
     report(&new, out, &format!("scaled dimension {dim} x{factor}"));
     Ok(())
+}
+
+/// Warns where scaling `dim` left view-like ops of `new` whose output no longer holds their
+/// input's elements (`old` had fewer such): a dimension of that size was flattened into
+/// another, which scaling does not follow, and a replay fails those ops.
+pub fn warn_mismatched_reshapes(old: &et_schema::Trace, new: &et_schema::Trace, dim: i64) {
+    let before = et_graph::compose::reshapes_that_mismatch(old).len();
+    let after = et_graph::compose::reshapes_that_mismatch(new);
+    if after.len() > before {
+        let ids: Vec<String> = after.iter().take(5).map(|i| i.to_string()).collect();
+        eprintln!(
+            "warning: {} view/reshape ops no longer hold their input's elements (nodes {}{}): a \
+             dimension of {dim} was flattened into another there, which scaling does not follow, \
+             and a replay fails them; scale a size that is not flattened, or select the ops \
+             before the flattening",
+            after.len() - before,
+            ids.join(", "),
+            if after.len() > 5 { ", ..." } else { "" }
+        );
+    }
 }
 
 pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {

@@ -390,23 +390,124 @@ fn swap_dtype(ty: &ValueType, from: DType, to: DType) -> Option<ValueType> {
     }
 }
 
+/// The names of the int-list arguments that give a shape (`view(Tensor self, SymInt[] size)`,
+/// `reshape(.., SymInt[] shape)`, `unflatten(.., SymInt[] sizes)`): what [`scale_dim`] scales
+/// besides tensor shapes. Kernel sizes, strides, paddings and the like are not shapes.
+const SHAPE_ARGS: [&str; 3] = ["size", "sizes", "shape"];
+
+/// Ops whose first int-list argument is a shape, for traces that record no op schema.
+const SHAPE_FIRST_OPS: [&str; 22] = [
+    "aten::view",
+    "aten::reshape",
+    "aten::_unsafe_view",
+    "aten::_reshape_alias",
+    "aten::expand",
+    "aten::broadcast_to",
+    "aten::unflatten",
+    "aten::as_strided",
+    "aten::as_strided_",
+    "aten::empty",
+    "aten::empty_strided",
+    "aten::zeros",
+    "aten::ones",
+    "aten::full",
+    "aten::rand",
+    "aten::randn",
+    "aten::new_empty",
+    "aten::new_empty_strided",
+    "aten::new_zeros",
+    "aten::new_ones",
+    "aten::new_full",
+    "aten::resize_",
+];
+
+/// Which of `n`'s inputs are shape arguments ([`SHAPE_ARGS`]) by its op schema, else the first
+/// int list of a [`SHAPE_FIRST_OPS`] op.
+fn shape_inputs(t: &Trace, n: &et_schema::Node, schema: Option<&et_schema::OpSchema>) -> Vec<bool> {
+    let inputs = t.inputs(n);
+    if let Some(schema) = schema {
+        return (0..inputs.len())
+            .map(|k| {
+                schema.args.get(k).is_some_and(|a| {
+                    a.name
+                        .as_deref()
+                        .is_some_and(|name| SHAPE_ARGS.contains(&name))
+                })
+            })
+            .collect();
+    }
+    let mut first = SHAPE_FIRST_OPS.contains(&t.name(n));
+    inputs
+        .iter()
+        .map(|a| {
+            let list = matches!(a.value, Value::List { .. }) && t.int_list(a.value).is_some();
+            let shape = first && list;
+            first &= !list;
+            shape
+        })
+        .collect()
+}
+
+/// The view-like ops (`view`, `reshape`, `flatten`, ...) whose output holds another number of
+/// elements than their input: after [`scale_dim`], where the scaled size was flattened into
+/// another dimension (a batch of 4 sequences of 32 viewed as 128 rows), which no longer
+/// matches and which a replay fails. Their node ids.
+pub fn reshapes_that_mismatch(t: &Trace) -> Vec<u64> {
+    const VIEWS: [&str; 6] = [
+        "aten::view",
+        "aten::reshape",
+        "aten::_unsafe_view",
+        "aten::_reshape_alias",
+        "aten::flatten",
+        "aten::unflatten",
+    ];
+    let numel = |a: &et_schema::Arg| -> Option<i64> {
+        matches!(a.value, Value::Tensor(_))
+            .then(|| t.int_list(a.shape))
+            .flatten()
+            .map(|s| s.iter().product())
+    };
+    t.nodes
+        .iter()
+        .filter(|n| VIEWS.contains(&t.name(n)))
+        .filter(|n| {
+            let (i, o) = (t.inputs(n).first(), t.outputs(n).first());
+            matches!((i.and_then(numel), o.and_then(numel)), (Some(a), Some(b)) if a != b)
+        })
+        .map(|n| n.id)
+        .collect()
+}
+
 /// Scales every tensor dimension of size `size` by `factor` (say batch 64 -> 128), with the
-/// int-list arguments that carry it (`view`/`reshape`/`expand` sizes) so that ops whose schemas
-/// tie shapes together stay consistent; element counts and contiguous strides follow.
+/// shape arguments that carry it ([`SHAPE_ARGS`]: `view`/`reshape`/`expand` sizes) so that ops
+/// whose schemas tie shapes together stay consistent; element counts and contiguous strides
+/// follow. A size flattened into another dimension is not followed:
+/// [`reshapes_that_mismatch`] finds the ops that then no longer match.
 pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Result<Trace, ComposeError> {
     let mut out = t.clone();
     let scaled = size.checked_mul(factor).ok_or(ComposeError::Overflow {
         node: 0,
         field: "scaled dimension",
     })?;
-    // The node of each argument, for errors.
+    // The node of each argument, for errors, and whether it is a shape argument.
     let mut node_of = vec![0u64; out.args.len()];
+    let mut is_shape = vec![false; out.args.len()];
+    let mut schemas: HashMap<et_schema::Sym, Option<et_schema::OpSchema>> = HashMap::new();
     for n in &out.nodes {
         for k in n.inputs.start..n.inputs.end {
             node_of[k as usize] = n.id;
         }
         for k in n.outputs.start..n.outputs.end {
             node_of[k as usize] = n.id;
+        }
+        let schema = n.op_schema.and_then(|sym| {
+            schemas
+                .entry(sym)
+                .or_insert_with(|| et_schema::OpSchema::parse(out.str(sym)).ok())
+                .as_ref()
+        });
+        for (k, shape) in shape_inputs(&out, n, schema).into_iter().enumerate() {
+            is_shape[n.inputs.start as usize + k] = shape;
         }
     }
     let int_list = |out: &Trace, v: Value| -> Option<Vec<i64>> { out.int_list(v) };
@@ -461,7 +562,7 @@ pub fn scale_dim(t: &Trace, size: i64, factor: i64) -> Result<Trace, ComposeErro
                 }
             }
             (Value::List { start, len }, ValueType::List(elems))
-                if elems.iter().all(|e| *e == ValueType::Int) && len > 0 =>
+                if is_shape[ai] && elems.iter().all(|e| *e == ValueType::Int) && len > 0 =>
             {
                 for k in 0..len {
                     if out.items[(start + k) as usize] == Value::Int(size) {

@@ -566,6 +566,42 @@ fn selection_by_scope_kind_and_producers() {
     );
 }
 
+/// Scaling rewrites tensor dimensions and shape arguments only: cnn's pooling kernels and
+/// strides of 2 are not shapes, so scaling 2 finds nothing; a transformer's batch of 4, viewed
+/// as batch x sequence rows, leaves views that no longer fit, and they are found.
+#[test]
+fn scale_rewrites_shapes_only_and_finds_the_views_it_breaks() {
+    let cnn = et_schema::read_trace(&shared().join("cpu/cnn.et.json.gz")).unwrap();
+    let same = |a: &et_schema::Trace, b: &et_schema::Trace| {
+        et_schema::write_trace_to_vec(a) == et_schema::write_trace_to_vec(b)
+    };
+    assert!(same(&cnn, &compose::scale_dim(&cnn, 2, 2).unwrap()));
+    let mlp = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();
+    // mlp's batch of 64: every view follows it.
+    let batch = compose::scale_dim(&mlp, 64, 2).unwrap();
+    assert!(!same(&mlp, &batch));
+    assert!(compose::reshapes_that_mismatch(&batch).is_empty());
+    let t = et_schema::read_trace(&shared().join("cpu/transformer.et.json.gz")).unwrap();
+    assert!(compose::reshapes_that_mismatch(&t).is_empty());
+    let scaled = compose::scale_dim(&t, 4, 2).unwrap();
+    let broken = compose::reshapes_that_mismatch(&scaled);
+    assert!(!broken.is_empty());
+    for id in broken {
+        let n = scaled.nodes.iter().find(|n| n.id == id).unwrap();
+        assert!(
+            [
+                "aten::view",
+                "aten::reshape",
+                "aten::_unsafe_view",
+                "aten::_reshape_alias"
+            ]
+            .contains(&scaled.name(n)),
+            "{}",
+            scaled.name(n)
+        );
+    }
+}
+
 #[test]
 fn dtype_and_scale_rewrite_consistently() {
     let t = et_schema::read_trace(&shared().join("cpu/mlp.et.json")).unwrap();

@@ -365,6 +365,7 @@ impl WhatIf {
         if let Some((d, f)) = self.scale {
             let scaled = et_graph::compose::scale_dim(&new, d, f)?;
             changed[0] = !mystique_cli::compose_cmd::same(&new, &scaled);
+            mystique_cli::compose_cmd::warn_mismatched_reshapes(&new, &scaled, d);
             new = scaled;
         }
         if let Some((x, y)) = self.dtype {
