@@ -613,7 +613,7 @@ pub fn export(
         if out.as_os_str() == "-" {
             eprintln!("{j}");
         } else {
-            println!("{j}");
+            writeln!(std::io::stdout(), "{j}")?;
         }
     } else if out.as_os_str() != "-" {
         let types: Vec<String> = x

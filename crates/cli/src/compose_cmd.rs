@@ -85,18 +85,19 @@ pub fn set_json(on: bool) {
     JSON.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
-fn report(t: &et_schema::Trace, out: &Path, what: &str) {
+fn report(t: &et_schema::Trace, out: &Path, what: &str) -> Result<()> {
     if JSON.load(std::sync::atomic::Ordering::Relaxed) {
         let g = Graph::new(t);
         let j = serde_json::json!({"output": out.display().to_string(), "what": what, "nodes": t.nodes.len(), "ops": g.replay_set(None).ops.len(), "schema": t.meta.schema});
         if out.as_os_str() == "-" {
             eprintln!("{j}");
         } else {
-            println!("{j}");
+            writeln!(std::io::stdout(), "{j}")?;
         }
     } else if out.as_os_str() != "-" {
         eprintln!("{what}: wrote {} nodes to {}", t.nodes.len(), out.display());
     }
+    Ok(())
 }
 
 pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
@@ -106,7 +107,7 @@ pub fn select(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     let set = g.select(&f.selection()?)?;
     let new = et_graph::compose::extract(&g, &set);
     write_out(&new, out)?;
-    report(&new, out, &format!("selected {} ops", set.ops.len()));
+    report(&new, out, &format!("selected {} ops", set.ops.len()))?;
     Ok(())
 }
 
@@ -123,7 +124,7 @@ pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     let set = g.select(&sel)?;
     let new = et_graph::compose::remove(&g, &set);
     write_out(&new, out)?;
-    report(&new, out, &format!("removed {} ops", set.ops.len()));
+    report(&new, out, &format!("removed {} ops", set.ops.len()))?;
     Ok(())
 }
 
@@ -133,7 +134,7 @@ pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
     let t = crate::read_trace(trace)?;
     let new = et_graph::compose::repeat(&t, n)?;
     write_out(&new, out)?;
-    report(&new, out, &format!("repeated x{n}"));
+    report(&new, out, &format!("repeated x{n}"))?;
     Ok(())
 }
 
@@ -147,7 +148,7 @@ pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
         acc = et_graph::compose::concat(&acc, &b)?;
     }
     write_out(&acc, out)?;
-    report(&acc, out, &format!("concatenated {} traces", traces.len()));
+    report(&acc, out, &format!("concatenated {} traces", traces.len()))?;
     Ok(())
 }
 
@@ -162,7 +163,7 @@ pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
     })?;
     warn_mismatched_reshapes(&t, &new, dim);
     write_out(&new, out)?;
-    report(&new, out, &format!("scaled dimension {dim} x{factor}"));
+    report(&new, out, &format!("scaled dimension {dim} x{factor}"))?;
     Ok(())
 }
 
@@ -204,7 +205,7 @@ pub fn dtype(trace: &Path, from: &str, to: &str, out: &Path) -> Result<()> {
         format!("no tensor or dtype argument is {from}: nothing to change")
     })?;
     write_out(&new, out)?;
-    report(&new, out, &format!("{from} -> {to}"));
+    report(&new, out, &format!("{from} -> {to}"))?;
     Ok(())
 }
 
@@ -240,7 +241,7 @@ pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
         if out.as_os_str() == "-" {
             eprintln!("{summary}");
         } else {
-            println!("{summary}");
+            writeln!(std::io::stdout(), "{summary}")?;
         }
     } else if out.as_os_str() != "-" {
         eprintln!(

@@ -227,30 +227,44 @@ pub fn exit_2_on_bus_error() {
     }
 }
 
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// A command's result once it printed its report (`printed`): a closed stdout (`| head`) cuts
+/// the report short but does not hide the command's own `outcome` (failed ops still exit 3).
+pub fn printed_then(printed: Result<()>, outcome: Result<()>) -> Result<()> {
+    match printed {
+        Err(e) if is_broken_pipe(&e) => outcome.and(Err(e)),
+        printed => printed.and(outcome),
+    }
+}
+
 /// The process's exit for a command's result: errors print their chain and exit with 2.
+/// Written so that a closed stderr (`2>&1 | head`) cannot turn it into a panic.
 pub fn exit(result: Result<()>) -> ExitCode {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.downcast_ref::<OpsFailed>().is_some() => {
-            eprintln!("warning: {e}");
+            let _ = writeln!(err, "warning: {e}");
             ExitCode::from(EXIT_OPS_FAILED)
         }
+        // A closed stdout (e.g. `| head`) is not an error worth a message.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            // A closed stdout (e.g. `| head`) is not an error worth a message.
-            if e.chain().any(|c| {
-                c.downcast_ref::<std::io::Error>()
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            }) {
-                return ExitCode::SUCCESS;
-            }
-            eprintln!("error: {e}");
+            let _ = writeln!(err, "error: {e}");
             // A cause that the line above already quotes (an I/O error put in its context's
             // message) is not printed again.
             let mut said = e.to_string();
             for cause in e.chain().skip(1) {
                 let text = cause.to_string();
                 if !said.contains(&text) {
-                    eprintln!("  caused by: {text}");
+                    let _ = writeln!(err, "  caused by: {text}");
                 }
                 said = text;
             }

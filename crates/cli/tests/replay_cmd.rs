@@ -1208,3 +1208,44 @@ fn blocking_alone_says_it_has_no_rank_to_wait_for() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no other rank to wait for"), "{err}");
 }
+
+/// A replay whose stdout is closed before its report (`| head`) still exits 3 where ops failed,
+/// and a command whose stderr is closed still exits with its own status rather than a panic's.
+#[test]
+fn a_closed_output_does_not_hide_failed_ops() {
+    // The transformer's batch of 4 scaled: its flattened views no longer fit, and fail.
+    let scaled = common::scratch("files").join("transformer.batch8.json");
+    let out = bin()
+        .args(["compose", "scale"])
+        .arg(shared("cpu/transformer.et.json.gz"))
+        .args(["--dim", "4", "--factor", "2", "-o"])
+        .arg(&scaled)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("view/reshape ops no longer hold"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut child = bin()
+        .arg("replay")
+        .arg(&scaled)
+        .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let status = child.wait().unwrap();
+    let _ = std::fs::remove_file(&scaled);
+    assert_eq!(status.code(), Some(3), "{status:?}");
+    let mut child = bin()
+        .args(["inspect", "/nonexistent/trace.json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    assert_eq!(child.wait().unwrap().code(), Some(2));
+}

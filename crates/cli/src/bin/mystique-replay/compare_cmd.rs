@@ -133,23 +133,26 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     if let Some(p) = &a.card_plot {
         card.plot(p, &name)?;
     }
-    let mut out = std::io::stdout().lock();
-    if json {
-        let mut j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
-        j["card"] = card.json();
-        serde_json::to_writer(&mut out, &j)?;
-        writeln!(out)?;
-    } else {
-        c.print(&mut out, &linked, set.ops.len())?;
-        card.print(&mut out)?;
-        c.print_differences(&mut out)?;
-        crate::print::print_failures(
-            &mut out,
-            "failures (their time is in none of the replay's figures)",
-            &r,
-        )?;
-    }
-    completed(&r)
+    let printed = (|| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if json {
+            let mut j = c.json(&trace.source, &linked, set.ops.len(), gap_model.as_ref());
+            j["card"] = card.json();
+            serde_json::to_writer(&mut out, &j)?;
+            writeln!(out)?;
+        } else {
+            c.print(&mut out, &linked, set.ops.len())?;
+            card.print(&mut out)?;
+            c.print_differences(&mut out)?;
+            crate::print::print_failures(
+                &mut out,
+                "failures (their time is in none of the replay's figures)",
+                &r,
+            )?;
+        }
+        Ok(())
+    })();
+    mystique_cli::printed_then(printed, completed(&r))
 }
 
 /// The original's side of a comparison.

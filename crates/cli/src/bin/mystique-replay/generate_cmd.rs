@@ -89,7 +89,7 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
         let text = serde_json::to_vec_pretty(&anon.map)?;
         mystique_cli::output::write_atomic(m, |w| Ok(w.write_all(&text)?))?;
     }
-    print_summary(out, &manifest, json);
+    print_summary(out, &manifest, json)?;
     Ok(())
 }
 
@@ -714,7 +714,7 @@ impl<'a> PackageBuilder<'a> {
 
 /// What was generated: a JSON line on stdout with `--json`, else a line on stderr (and the
 /// libraries its ops need).
-fn print_summary(out: &Path, manifest: &Manifest, json: bool) {
+fn print_summary(out: &Path, manifest: &Manifest, json: bool) -> Result<()> {
     let summary = serde_json::json!({
         "package": out.display().to_string(),
         "ranks": manifest.ranks.len(),
@@ -724,8 +724,8 @@ fn print_summary(out: &Path, manifest: &Manifest, json: bool) {
         "original": manifest.original,
     });
     if json {
-        println!("{summary}");
-        return;
+        writeln!(std::io::stdout(), "{summary}")?;
+        return Ok(());
     }
     eprintln!(
         "generated {} ({} rank(s), {} ops){}",
@@ -743,4 +743,5 @@ fn print_summary(out: &Path, manifest: &Manifest, json: bool) {
             manifest.ops_from
         );
     }
+    Ok(())
 }

@@ -5,6 +5,7 @@
 
 use clap::Parser;
 use mystique_cli::args::{Cli, Cmd};
+use std::io::Write as _;
 use std::process::ExitCode;
 
 mod card;
@@ -62,12 +63,12 @@ fn main() -> ExitCode {
             json,
         ),
         Cmd::Env => {
-            if json {
-                println!("{}", replay::env_json());
+            let text = if json {
+                replay::env_json().to_string()
             } else {
-                println!("{}", replay::env_report());
-            }
-            Ok(())
+                replay::env_report()
+            };
+            writeln!(std::io::stdout(), "{text}").map_err(Into::into)
         }
         // The libtorch-free commands run in `mystique` itself.
         _ => match mystique_cli::run(cli) {

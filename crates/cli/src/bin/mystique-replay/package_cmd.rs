@@ -186,7 +186,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     if std::env::var("MYSTIQUE_PACKAGE_RANK").is_ok() {
         let rank: usize = std::env::var("RANK")?.parse()?;
         let r = run_rank(dir, &m, a, rank)?;
-        println!("{}", serde_json::to_string(&r)?);
+        writeln!(std::io::stdout(), "{}", serde_json::to_string(&r)?)?;
         return Ok(());
     }
     let out = a.output.clone().unwrap_or_else(|| {
@@ -277,74 +277,80 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
     };
     let text = serde_json::to_vec_pretty(&result)?;
     mystique_cli::output::write_atomic(&out, |w| Ok(w.write_all(&text)?))?;
-    if json {
-        println!("{}", serde_json::to_string(&result)?);
-    } else {
-        let mut o = std::io::stdout().lock();
-        writeln!(
-            o,
-            "package    {} ({})",
-            dir.display(),
-            &result.package[..12]
-        )?;
-        writeln!(o, "result     {}", out.display())?;
-        // The original's time is its whole iteration's: a package of a part of it (its
-        // communication, some ops) is not compared with it.
-        let sel = &m.selection;
-        let part = (sel.only != "all")
-            .then(|| format!("--only {}", sel.only))
-            .or_else(|| {
-                [
-                    ("--name", &sel.name),
-                    ("--scope", &sel.scope),
-                    ("--ids", &sel.ids),
-                ]
-                .into_iter()
-                .find_map(|(flag, v)| v.as_ref().map(|v| format!("{flag} {v}")))
-            });
-        for r in &result.ranks {
-            let original = m
-                .ranks
-                .get(r.rank)
-                .and_then(|e| e.original.as_ref())
-                .filter(|_| part.is_none())
-                .map_or(String::new(), |o| {
-                    let ms = r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
-                    format!("; original {:.3} ms ({:.2}x)", o.iter_ms, ms / o.iter_ms)
+    let printed = (|| -> Result<()> {
+        if json {
+            writeln!(std::io::stdout(), "{}", serde_json::to_string(&result)?)?;
+        } else {
+            let mut o = std::io::stdout().lock();
+            writeln!(
+                o,
+                "package    {} ({})",
+                dir.display(),
+                &result.package[..12]
+            )?;
+            writeln!(o, "result     {}", out.display())?;
+            // The original's time is its whole iteration's: a package of a part of it (its
+            // communication, some ops) is not compared with it.
+            let sel = &m.selection;
+            let part = (sel.only != "all")
+                .then(|| format!("--only {}", sel.only))
+                .or_else(|| {
+                    [
+                        ("--name", &sel.name),
+                        ("--scope", &sel.scope),
+                        ("--ids", &sel.ids),
+                    ]
+                    .into_iter()
+                    .find_map(|(flag, v)| v.as_ref().map(|v| format!("{flag} {v}")))
                 });
-            writeln!(
-                o,
-                "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms{}{original}",
-                r.rank,
-                r.report["ops_replayed"],
-                r.report["ops_selected"],
-                r.report["ops_failed"],
-                r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN),
-                match r.report["gap_model"]["emulated_ms"].as_f64() {
-                    Some(ms) => format!(
-                        " ({ms:.3} ms of it the original's time between ops, emulated{})",
-                        if r.report["gap_model"]["anchored"].is_object() {
-                            ", anchored on the capture's reference"
-                        } else {
-                            ""
-                        }
-                    ),
-                    None => String::new(),
-                }
-            )?;
+            for r in &result.ranks {
+                let original = m
+                    .ranks
+                    .get(r.rank)
+                    .and_then(|e| e.original.as_ref())
+                    .filter(|_| part.is_none())
+                    .map_or(String::new(), |o| {
+                        let ms = r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
+                        format!("; original {:.3} ms ({:.2}x)", o.iter_ms, ms / o.iter_ms)
+                    });
+                writeln!(
+                    o,
+                    "rank {:<4}  {} of {} ops, {} failed; iteration median {:.3} ms{}{original}",
+                    r.rank,
+                    r.report["ops_replayed"],
+                    r.report["ops_selected"],
+                    r.report["ops_failed"],
+                    r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN),
+                    match r.report["gap_model"]["emulated_ms"].as_f64() {
+                        Some(ms) => format!(
+                            " ({ms:.3} ms of it the original's time between ops, emulated{})",
+                            if r.report["gap_model"]["anchored"].is_object() {
+                                ", anchored on the capture's reference"
+                            } else {
+                                ""
+                            }
+                        ),
+                        None => String::new(),
+                    }
+                )?;
+            }
+            if let Some(o2) = &m.original {
+                writeln!(
+                    o,
+                    "original   {:.3} ms per iteration (from {}){}",
+                    o2.iter_ms,
+                    o2.from,
+                    part.as_ref().map_or(String::new(), |p| format!(
+                        ": its whole iteration, of which the package replays a part ({p}), so no \
+                         ratio"
+                    ))
+                )?;
+            }
         }
-        if let Some(o2) = &m.original {
-            writeln!(
-                o,
-                "original   {:.3} ms per iteration (from {}){}",
-                o2.iter_ms,
-                o2.from,
-                part.as_ref().map_or(String::new(), |p| format!(
-                    ": its whole iteration, of which the package replays a part ({p}), so no \
-                     ratio"
-                ))
-            )?;
-        }
-    }
-    mystique_cli::OpsFailed::check_reports(result.ranks.iter().map(|r| &r.report))
+        Ok(())
+    })();
+    mystique_cli::printed_then(
+        printed,
+        mystique_cli::OpsFailed::check_reports(result.ranks.iter().map(|r| &r.report)),
+    )
 }

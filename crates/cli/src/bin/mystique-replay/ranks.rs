@@ -84,14 +84,20 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     if let Some(p) = &a.trace_out {
         merge_timelines(p, &reports)?;
     }
-    let mut out = std::io::stdout().lock();
-    if json_out {
-        serde_json::to_writer(&mut out, &summary)?;
-        writeln!(out)?;
-    } else {
-        print_table(&mut out, &summary, from)?;
-    }
-    mystique_cli::OpsFailed::check_reports(reports.iter())
+    let printed = (|| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if json_out {
+            serde_json::to_writer(&mut out, &summary)?;
+            writeln!(out)?;
+        } else {
+            print_table(&mut out, &summary, from)?;
+        }
+        Ok(())
+    })();
+    mystique_cli::printed_then(
+        printed,
+        mystique_cli::OpsFailed::check_reports(reports.iter()),
+    )
 }
 
 /// Starts `n` ranks (`make(rank)` gives each its command and a label), as torchrun would

@@ -255,8 +255,10 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
     if let (Some(p), Some(original)) = (&a.reference_out, reference_original) {
         write_reference(p, &report, original, &trace.source)?;
     }
-    print_report(&report, gap_model.as_ref(), &trace.source, json)?;
-    completed(&report)
+    mystique_cli::printed_then(
+        print_report(&report, gap_model.as_ref(), &trace.source, json),
+        completed(&report),
+    )
 }
 
 /// Under a launcher, the trace in `dir` that is this rank's (ranked as `--ranks` ranks them),

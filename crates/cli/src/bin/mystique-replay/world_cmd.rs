@@ -133,48 +133,66 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
             "bytes_written": bytes,
             "seconds": secs,
         });
-        println!("{j}");
+        writeln!(std::io::stdout(), "{j}")?;
     } else {
-        println!(
+        writeln!(
+            std::io::stdout(),
             "world      {n} ranks from {} captured, {n} files in {} ({:.1} MB, {secs:.2} s)",
             traces.len(),
             a.output.display(),
             bytes as f64 / 1e6
-        );
-        println!("process groups");
-        println!("  {:<24} {:>14} {:>14}", "description", "before", "after");
+        )?;
+        writeln!(std::io::stdout(), "process groups")?;
+        writeln!(
+            std::io::stdout(),
+            "  {:<24} {:>14} {:>14}",
+            "description",
+            "before",
+            "after"
+        )?;
         for g in &groups {
             let dp = if g.data_parallel {
                 "  (data parallel)"
             } else {
                 ""
             };
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "  {:<24} {:>14} {:>14}{dp}",
                 g.desc,
                 format!("{} x {}", g.groups_before, g.size_before),
                 format!("{} x {}", g.groups_after, g.size_after)
-            );
+            )?;
         }
-        println!(
+        writeln!(
+            std::io::stdout(),
             "collectives per rank (rank 0, made from captured rank {})",
             scaled.from
-        );
-        println!(
+        )?;
+        writeln!(
+            std::io::stdout(),
             "  {:>5} {:>12} {:>12}  {:<16} how",
-            "calls", "bytes before", "bytes after", "kind"
-        );
+            "calls",
+            "bytes before",
+            "bytes after",
+            "kind"
+        )?;
         for (kind, k) in &scaled.by_kind {
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "  {:>5} {:>12} {:>12}  {kind:<16} {}",
-                k.calls, k.bytes_before, k.bytes_after, k.how
-            );
+                k.calls,
+                k.bytes_before,
+                k.bytes_after,
+                k.how
+            )?;
         }
         if scaled.ops_added > 0 {
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "ops added  {} per rank: the per-rank output buffers an op made for an all-gather",
                 scaled.ops_added
-            );
+            )?;
         }
     }
     Ok(())
