@@ -140,6 +140,7 @@ pub fn repeat(trace: &Path, n: usize, out: &Path) -> Result<()> {
 
 pub fn concat(traces: &[PathBuf], out: &Path) -> Result<()> {
     anyhow::ensure!(traces.len() >= 2, "concat needs at least two traces");
+    crate::stdin_once(traces)?;
     let inputs: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();
     crate::output::check(out, &inputs)?;
     let mut acc = crate::read_trace(&traces[0])?;

@@ -86,6 +86,15 @@ pub fn read_trace(path: &std::path::Path) -> Result<et_schema::Trace> {
     Ok(t)
 }
 
+/// Refuses `-` (stdin) given more than once among `paths`: the first reading takes it all.
+pub fn stdin_once(paths: &[std::path::PathBuf]) -> Result<()> {
+    anyhow::ensure!(
+        paths.iter().filter(|p| p.as_os_str() == "-").count() <= 1,
+        "- (stdin) is given twice: it holds one trace; give the others as files"
+    );
+    Ok(())
+}
+
 /// Reads a Kineto trace, warning on stderr about the events it dropped (negative or absurd
 /// times).
 pub fn read_kineto(path: &std::path::Path) -> Result<et_schema::kineto::KinetoTrace> {

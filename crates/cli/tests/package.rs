@@ -586,6 +586,27 @@ fn packages_with_gaps_emulate_them_where_they_run() {
         .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--anonymize"));
+    // A capture's profile given among the inputs (which stands for --emulate-gaps) is left out
+    // of an anonymised package, and a note says so.
+    let anon = tmp("capture.anon.pkg");
+    let o = bin()
+        .arg("generate")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .arg(shared("cpu/mlp.kineto.json"))
+        .arg("--anonymize")
+        .arg("-o")
+        .arg(&anon)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("left out of the package's gaps"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(anon.join("manifest.json")).unwrap()).unwrap();
+    assert!(manifest["gaps"].is_null(), "{manifest}");
 
     // A profile changed after packaging is refused.
     std::fs::write(pkg.join(name), b"{}").unwrap();
@@ -726,4 +747,60 @@ fn a_capture_directory_packages_with_everything_it_holds() {
         !o.status.success() && err.contains("several models (mlp, other)"),
         "{err}"
     );
+}
+
+/// `generate -` packages the trace on stdin (gzipped or not), as every command takes `-`; stdin
+/// given twice is refused, as by `compose concat`.
+#[test]
+fn generate_reads_a_trace_from_stdin_once() {
+    let pkg = tmp("stdin.pkg");
+    let gz = {
+        use std::io::Write as _;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(&std::fs::read(shared("cpu/mlp.et.json")).unwrap())
+            .unwrap();
+        e.finish().unwrap()
+    };
+    let mut child = bin()
+        .args(["--json", "generate", "-", "-o"])
+        .arg(&pkg)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        child.stdin.take().unwrap().write_all(&gz).unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["ops"], 45, "{summary}");
+    let r = json(
+        bin()
+            .arg("run")
+            .arg(&pkg)
+            .arg("-o")
+            .arg(tmp("stdin.result.json"))
+            .args(["--json", "--iters", "1", "--warmup", "0"]),
+    );
+    assert_eq!(r["ranks"][0]["report"]["ops_failed"], 0, "{r}");
+    for cmd in [
+        &["generate", "-", "-", "-o"][..],
+        &["compose", "concat", "-", "-", "-o"],
+    ] {
+        let o = bin()
+            .args(cmd)
+            .arg(tmp("stdin.twice"))
+            .stdin(std::fs::File::open(shared("cpu/mlp.et.json")).unwrap())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("given twice"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
 }

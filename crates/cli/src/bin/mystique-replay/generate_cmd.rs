@@ -149,6 +149,7 @@ fn capture_name(p: &Path) -> Option<String> {
 /// iteration `--original-ms` (one rank), the traces the rest. Options given on the command
 /// line win. Plain traces pass as they are.
 fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
+    mystique_cli::stdin_once(&a.traces)?;
     let mut files = Vec::new();
     for p in &a.traces {
         if p.is_dir() {
@@ -227,8 +228,20 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         "a reference among the inputs and --reference: give it once"
     );
     if a.kineto.is_empty() && !kineto.is_empty() {
-        out.kineto = kineto;
         out.emulate_gaps = a.emulate_gaps || (single && !a.anonymize);
+        if single && a.anonymize && !a.emulate_gaps {
+            eprintln!(
+                "note: {} is left out of the package's gaps: an anonymised package carries no \
+                 profile (its event names are the model's own), so `run` replays the ops back \
+                 to back; the profile still gives the original's time",
+                kineto
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        out.kineto = kineto;
     }
     if a.reference.is_none() && out.emulate_gaps {
         out.reference = reference;
@@ -435,8 +448,21 @@ fn profiles_by_rank(
 fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_schema::Trace)>> {
     let mut loaded = Vec::new();
     for p in traces {
-        let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-        let t = mystique_cli::read_trace(p)?;
+        let (raw, t) = if p.as_os_str() == "-" {
+            // Read once: the bytes hashed are the bytes parsed.
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw)
+                .context("reading the trace from stdin")?;
+            let bytes = et_schema::decompress(raw.clone(), "-")?;
+            let t = et_schema::parse_trace(&bytes, "-", &Default::default())?;
+            for w in &t.warnings {
+                eprintln!("warning: -: {w}");
+            }
+            (raw, t)
+        } else {
+            let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+            (raw, mystique_cli::read_trace(p)?)
+        };
         loaded.push((p.clone(), package::sha256_hex(&raw), t));
     }
     if loaded.len() <= 1 {
