@@ -122,6 +122,12 @@ pub fn remove(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     let t = crate::read_trace(trace)?;
     let g = Graph::new(&t);
     let set = g.select(&sel)?;
+    let all = g.replay_set(None).ops.len();
+    anyhow::ensure!(
+        set.ops.len() < all,
+        "the filters select all {all} ops of the replay set: removing them would leave a trace \
+         with no op to replay"
+    );
     let new = et_graph::compose::remove(&g, &set);
     write_out(&new, out)?;
     report(&new, out, &format!("removed {} ops", set.ops.len()))?;

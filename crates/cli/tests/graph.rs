@@ -172,3 +172,24 @@ fn graph_counts_the_external_bytes_a_replay_supplies() {
         );
     }
 }
+
+/// `compose remove` whose filters select every op (a CPU trace has no collective, so `--only
+/// compute` is all of it) is refused, as a remove without filters is, and writes nothing.
+#[test]
+fn compose_remove_refuses_to_remove_every_op() {
+    let out = common::scratch("files").join("none-left.json");
+    let o = bin()
+        .args(["compose", "remove"])
+        .arg(shared("cpu/mlp.et.json"))
+        .args(["--only", "compute", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no op to replay"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!out.exists());
+}
