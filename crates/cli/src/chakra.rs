@@ -595,7 +595,7 @@ pub fn export(
     let g = Graph::new(&t);
     let set = g.select(&f.selection()?)?;
     let x = convert(&g, &set, order_in_data);
-    crate::output::write_atomic(out, |w| x.write(w))?;
+    crate::output::write_atomic_gz(out, |w| x.write(w))?;
     let data: usize = x.nodes.iter().map(|n| n.data_deps.len()).sum();
     let ctrl: usize = x.nodes.iter().map(|n| n.ctrl_deps.len()).sum();
     if json {

@@ -65,17 +65,7 @@ impl Filters {
 /// Writes a trace to a file (`.gz` compresses; atomically) or stdout (`-`).
 pub fn write_out(t: &et_schema::Trace, out: &Path) -> Result<()> {
     let text = et_schema::write_trace_to_vec(t);
-    let gz = out.as_os_str() != "-" && out.extension().is_some_and(|e| e == "gz");
-    crate::output::write_atomic(out, |w| {
-        if gz {
-            let mut e = flate2::write::GzEncoder::new(w, flate2::Compression::default());
-            e.write_all(&text)?;
-            e.finish()?;
-        } else {
-            w.write_all(&text)?;
-        }
-        Ok(())
-    })
+    crate::output::write_atomic_gz(out, |w| Ok(w.write_all(&text)?))
 }
 
 /// Whether commands print a JSON summary instead of a message (`--json`).
@@ -241,7 +231,7 @@ pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     let set = g.select(&f.selection()?)?;
     let tensors = g.tensors(&set);
     let dot = et_graph::compose::to_dot(&g, &set, &tensors);
-    crate::output::write_atomic(out, |w| Ok(w.write_all(dot.as_bytes())?))?;
+    crate::output::write_atomic_gz(out, |w| Ok(w.write_all(dot.as_bytes())?))?;
     let summary = serde_json::json!({"output": out.display().to_string(), "what": "dot", "ops": set.ops.len(), "edges": tensors.edges.len()});
     if JSON.load(std::sync::atomic::Ordering::Relaxed) {
         // With the DOT on stdout, the summary goes to stderr.

@@ -148,8 +148,6 @@ fn exclusive<T>(
         .with_context(|| format!("creating a temporary {what} in {}", dir.display()))
 }
 
-/// Writes `out` atomically (`-`: stdout): `write` fills a temporary file beside it, which then
-/// replaces it; on any error the temporary file goes and `out` is untouched.
 /// A plot drawn by `draw` in the format `out`'s extension names (.svg or .png), written to
 /// `out` as [`write_atomic`] writes.
 pub fn write_plot(
@@ -162,6 +160,29 @@ pub fn write_plot(
     write_atomic(out, |w| Ok(w.write_all(&bytes)?))
 }
 
+/// Whether `out` names a gzipped file (`.gz`, in any case): outputs so named are compressed.
+pub fn is_gz(out: &Path) -> bool {
+    !is_stdout(out)
+        && out
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+}
+
+/// [`write_atomic`], gzipped where `out` [`is_gz`].
+pub fn write_atomic_gz(out: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
+    if !is_gz(out) {
+        return write_atomic(out, write);
+    }
+    write_atomic(out, |w| {
+        let mut e = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+        write(&mut e)?;
+        e.finish()?;
+        Ok(())
+    })
+}
+
+/// Writes `out` atomically (`-`: stdout): `write` fills a temporary file beside it, which then
+/// replaces it; on any error the temporary file goes and `out` is untouched.
 pub fn write_atomic(out: &Path, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
     if is_stdout(out) {
         let mut o = std::io::stdout().lock();

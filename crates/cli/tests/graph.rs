@@ -193,3 +193,34 @@ fn compose_remove_refuses_to_remove_every_op() {
     );
     assert!(!out.exists());
 }
+
+/// Outputs named `.gz`, in any case, are gzipped: traces, DOT and Chakra files alike.
+#[test]
+fn outputs_named_gz_are_compressed() {
+    let dir = common::scratch("files");
+    let cases: [(&str, &[&str]); 3] = [
+        ("sel.JSON.GZ", &["select"]),
+        ("g.dot.gz", &["export", "--dot"]),
+        ("c.et.Gz", &["export", "--chakra"]),
+    ];
+    for (name, cmd) in cases {
+        let out = dir.join(name);
+        let o = bin()
+            .args(cmd)
+            .arg(shared("cpu/mlp.et.json"))
+            .arg("-o")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {o:?}");
+        let b = std::fs::read(&out).unwrap();
+        assert_eq!(&b[..2], b"\x1f\x8b", "{name} is not gzipped");
+    }
+    // The gzipped trace reads back as the selection.
+    let g = json(&[
+        "graph".as_ref(),
+        dir.join("sel.JSON.GZ").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(g["replay_set"]["ops"], 45);
+}
