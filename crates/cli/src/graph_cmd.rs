@@ -1,5 +1,5 @@
 use crate::inspect::human_bytes;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use et_graph::{Graph, OpClass};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -8,17 +8,14 @@ use std::path::Path;
 pub fn graph(path: &Path, json: bool, iterations: Option<Vec<u64>>) -> Result<()> {
     let trace = crate::read_trace(path)?;
     let g = Graph::new(&trace);
-    if let Some(its) = &iterations {
-        let have: Vec<u64> = g.iterations().iter().map(|x| x.1).collect();
-        if let Some(missing) = its.iter().find(|i| !have.contains(i)) {
-            bail!(
-                "{}: no ProfilerStep#{missing} in the trace (iterations present: {:?})",
-                path.display(),
-                have
-            );
-        }
-    }
-    let set = g.replay_set(iterations.as_deref());
+    // The iterations checked as every command that selects checks them.
+    let set = match iterations {
+        Some(its) => g.select(&et_graph::Selection {
+            iterations: Some(its),
+            ..Default::default()
+        })?,
+        None => g.replay_set(None),
+    };
     let tensors = g.tensors(&set);
     let mut classes: BTreeMap<&str, usize> = BTreeMap::new();
     let names = [

@@ -224,3 +224,35 @@ fn outputs_named_gz_are_compressed() {
     ]);
     assert_eq!(g["replay_set"]["ops"], 45);
 }
+
+/// `graph --iteration` checks the iterations as `select` and `export` do: one the trace does
+/// not hold, or one with no op to replay, is refused by every command alike.
+#[test]
+fn graph_refuses_iterations_as_select_does() {
+    let cases = [
+        (
+            "public/param_resnet_1.1.0.et.json.gz",
+            "1",
+            "iterations present: [6, 7, 8]",
+        ),
+        ("cpu/mlp.et.json", "1", "has no ProfilerStep#N iteration"),
+        (
+            "public/param_hf_gpt2_1.1.0.et.json.gz",
+            "1",
+            "holds no op to replay",
+        ),
+    ];
+    for (trace, n, says) in cases {
+        for cmd in [&["graph"][..], &["select", "-o", "-"], &["export", "--dot"]] {
+            let o = bin()
+                .args(cmd)
+                .arg(shared(trace))
+                .args(["--iteration", n])
+                .output()
+                .unwrap();
+            assert_eq!(o.status.code(), Some(2), "{cmd:?} {trace}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(says), "{cmd:?} {trace}: {err}");
+        }
+    }
+}

@@ -76,7 +76,14 @@ pub enum SelectError {
         total: usize,
     },
     /// An iteration asked for is not in the trace.
-    #[error("{source_name}: no ProfilerStep#{missing} in the trace (present: {present:?})")]
+    #[error(
+        "{source_name}: no ProfilerStep#{missing} in the trace ({})",
+        if present.is_empty() {
+            "it has no ProfilerStep#N iteration: leave out --iteration".to_string()
+        } else {
+            format!("iterations present: {present:?}")
+        }
+    )]
     NoIteration {
         /// The trace.
         source_name: String,
