@@ -804,3 +804,21 @@ fn generate_reads_a_trace_from_stdin_once() {
         );
     }
 }
+
+/// A package in a directory that does not exist is refused by that directory's name, as the
+/// other commands' outputs are, before anything is read.
+#[test]
+fn generate_into_a_missing_directory_says_which() {
+    let missing = tmp("no-such-dir").join("pkg");
+    let o = bin()
+        .arg("generate")
+        .arg(shared("cpu/mlp.et.json"))
+        .arg("-o")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no-such-dir does not exist"), "{err}");
+    assert!(!err.contains(".tmp-"), "{err}");
+}

@@ -286,6 +286,24 @@ fn check_output(a: &GenerateArgs) -> Result<()> {
         if !empty {
             bail!("{} exists and is not an empty directory", out.display());
         }
+    } else {
+        // The package is made beside it, then renamed: its parent must be there.
+        let parent = match out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if !parent.is_dir() {
+            bail!(
+                "cannot write {}: {} {}",
+                out.display(),
+                parent.display(),
+                if parent.exists() {
+                    "is not a directory"
+                } else {
+                    "does not exist"
+                }
+            );
+        }
     }
     if let Some(m) = &a.map {
         // The map undoes the anonymisation: it must never travel with the package.
