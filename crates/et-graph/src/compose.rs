@@ -584,6 +584,22 @@ fn contiguous(shape: &[i64]) -> Vec<i64> {
     s
 }
 
+/// `name` inside a DOT double-quoted label: quotes and backslashes escaped (a backslash
+/// starts Graphviz's `\l`, `\n`, `\N` escapes), line breaks as `\n`.
+fn dot_escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Graphviz DOT of a replay set: one box per op, data edges labelled with the tensor id.
 pub fn to_dot(g: &Graph, set: &ReplaySet, tensors: &TensorTable) -> String {
     let mut s = String::from("digraph trace {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
@@ -599,7 +615,7 @@ pub fn to_dot(g: &Graph, set: &ReplaySet, tensors: &TensorTable) -> String {
         let _ = writeln!(
             s,
             "  n{pos} [label=\"{} #{}\", style=filled, fillcolor={color}];",
-            g.name(i).replace('"', "\\\""),
+            dot_escape(g.name(i)),
             g.id(i)
         );
     }
@@ -613,4 +629,15 @@ pub fn to_dot(g: &Graph, set: &ReplaySet, tensors: &TensorTable) -> String {
     }
     s.push_str("}\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn labels_escape_quotes_backslashes_and_line_breaks() {
+        assert_eq!(
+            super::dot_escape("re\\lu \"x\"\nnext\r"),
+            "re\\\\lu \\\"x\\\"\\nnext"
+        );
+    }
 }
