@@ -9,6 +9,23 @@ use std::path::Path;
 
 fn read(p: &Path) -> Result<RunResult> {
     let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    // What the file is, where it is not a result: said before any field is missed.
+    let format = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("format")?.as_str().map(str::to_string));
+    match format.as_deref() {
+        Some(f) if f.starts_with("mystique-result/") => {}
+        Some(f) if f.starts_with("mystique-package/") => bail!(
+            "{} is a package's manifest: diff compares two results of `mystique run PACKAGE -o \
+             RESULT`",
+            p.display()
+        ),
+        _ => bail!(
+            "{} is not a result of `mystique run` (no \"format\": \"{RESULT_FORMAT}\"): diff \
+             compares two results of `mystique run PACKAGE -o RESULT`",
+            p.display()
+        ),
+    }
     let r: RunResult = serde_json::from_slice(&bytes)
         .with_context(|| format!("{} is not a result", p.display()))?;
     if r.format != RESULT_FORMAT {

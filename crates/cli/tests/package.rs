@@ -83,6 +83,22 @@ fn packages_of_every_shared_cpu_trace_run_and_diff() {
         assert!(d["iteration"]["ratio"].as_f64().unwrap() > 0.0);
         if m == "mlp.et.json" {
             diff_text_and_plots(&ra, &rb, &d);
+            // A manifest or another JSON file in place of a result is named for what it is.
+            for (other, says) in [
+                (pkg.join("manifest.json"), "is a package's manifest"),
+                (
+                    shared("cpu/mlp.meta.json"),
+                    "is not a result of `mystique run`",
+                ),
+            ] {
+                let o = bin().arg("diff").arg(&ra).arg(&other).output().unwrap();
+                assert_eq!(o.status.code(), Some(2));
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(
+                    err.contains(says) && !err.contains("missing field"),
+                    "{err}"
+                );
+            }
         }
     }
 }
