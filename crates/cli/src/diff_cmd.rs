@@ -148,8 +148,12 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
     }
     let m = |r: &RunResult| {
         format!(
-            "{} ({} threads, {}), libtorch {}",
-            r.machine.device, r.machine.threads, r.machine.cpu, r.machine.libtorch
+            "{} ({} thread{}, {}), libtorch {}",
+            r.machine.device,
+            r.machine.threads,
+            if r.machine.threads == 1 { "" } else { "s" },
+            r.machine.cpu,
+            r.machine.libtorch
         )
     };
     writeln!(out, "A          {}: {}; {sa}", a.display(), m(&ra))?;
