@@ -17,7 +17,13 @@ pub(crate) fn print_table(out: &mut impl Write, r: &replay::Report, source: &str
 
 /// Device, rank, coverage, iteration time, timing source, bookkeeping and gaps.
 fn print_summary(out: &mut impl Write, r: &replay::Report) -> Result<()> {
-    writeln!(out, "device     {} ({} threads)", r.device, r.threads)?;
+    writeln!(
+        out,
+        "device     {} ({} thread{})",
+        r.device,
+        r.threads,
+        if r.threads == 1 { "" } else { "s" }
+    )?;
     if let (Some(rank), Some(world)) = (r.rank, r.world_size) {
         writeln!(
             out,
