@@ -838,3 +838,53 @@ fn generate_into_a_missing_directory_says_which() {
     assert!(err.contains("no-such-dir does not exist"), "{err}");
     assert!(!err.contains(".tmp-"), "{err}");
 }
+
+/// A capture's directory with both its clean and its linked trace (as `gen_traces.py` writes
+/// one) packages the one its profile pairs with, the linked trace beside the linked profile,
+/// and says which it left out; without a profile, the clean one.
+#[test]
+fn generate_takes_the_trace_a_captures_profile_pairs_with() {
+    let cap = tmp("mlp-capture");
+    std::fs::create_dir_all(&cap).unwrap();
+    for f in [
+        "mlp.et.json",
+        "mlp.linked.et.json",
+        "mlp.kineto.json",
+        "mlp.meta.json",
+    ] {
+        std::fs::copy(shared(&format!("cpu/{f}")), cap.join(f)).unwrap();
+    }
+    let pkg = tmp("mlp-capture.pkg");
+    let o = bin()
+        .arg("generate")
+        .arg(&cap)
+        .arg("-o")
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("mlp.et.json left out"), "{err}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    assert!(!manifest["gaps"].is_null(), "{manifest}");
+    let linked = std::fs::read(cap.join("mlp.linked.et.json")).unwrap();
+    assert_eq!(
+        manifest["ranks"][0]["source_sha256"],
+        mystique_cli::package::sha256_hex(&linked).as_str(),
+        "{manifest}"
+    );
+    // The two traces alone: the clean one.
+    let pkg = tmp("mlp-clean.pkg");
+    let o = bin()
+        .arg("generate")
+        .arg(cap.join("mlp.et.json"))
+        .arg(cap.join("mlp.linked.et.json"))
+        .arg("-o")
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("mlp.linked.et.json left out"), "{err}");
+}

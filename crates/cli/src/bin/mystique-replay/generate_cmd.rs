@@ -215,6 +215,45 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         !out.traces.is_empty(),
         "no execution trace among the inputs"
     );
+    // A capture's clean ET and its linked one (`NAME.et.json`, `NAME.linked.et.json`) are one
+    // run's: the package takes the one its profile pairs with, the linked ET with the linked
+    // profile (`NAME.kineto.json`), else the clean one.
+    let linked_profile = !kineto.is_empty()
+        || a.kineto
+            .iter()
+            .any(|k| !matches!(CaptureFile::of(k), Some(CaptureFile::Timing)));
+    let stem_of = |p: &Path| -> Option<(String, bool)> {
+        let name = p.file_name()?.to_str()?;
+        let name = name.strip_suffix(".gz").unwrap_or(name);
+        let stem = name.strip_suffix(".et.json")?;
+        Some(match stem.strip_suffix(".linked") {
+            Some(s) => (s.to_string(), true),
+            None => (stem.to_string(), false),
+        })
+    };
+    let stems: Vec<Option<(String, bool)>> = out.traces.iter().map(|p| stem_of(p)).collect();
+    let mut keep = vec![true; out.traces.len()];
+    for (i, s) in stems.iter().enumerate() {
+        let Some((stem, linked)) = s else { continue };
+        let twin = stems
+            .iter()
+            .position(|t| t.as_ref().is_some_and(|(t, l)| t == stem && l != linked));
+        if let (Some(j), true) = (twin, *linked != linked_profile) {
+            keep[i] = false;
+            eprintln!(
+                "note: {} left out: the package takes {}, the same capture's {}",
+                out.traces[i].display(),
+                out.traces[j].display(),
+                if linked_profile {
+                    "linked trace, which its linked profile pairs with"
+                } else {
+                    "clean trace (no linked profile is given)"
+                }
+            );
+        }
+    }
+    let mut k = keep.iter();
+    out.traces.retain(|_| *k.next().unwrap_or(&true));
     let single = out.traces.len() == 1;
     if kineto.is_empty() && a.kineto.is_empty() {
         kineto = timing;
