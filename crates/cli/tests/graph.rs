@@ -167,7 +167,7 @@ fn graph_counts_the_external_bytes_a_replay_supplies() {
         let graph = g["tensors"]["external_bytes"].as_f64().unwrap();
         let replay = r["external_bytes"].as_f64().unwrap();
         assert!(
-            (graph / replay - 1.0).abs() < 0.02,
+            (graph / replay - 1.0).abs() < 0.005,
             "{t}: graph {graph} bytes, replay {replay}"
         );
     }

@@ -517,8 +517,9 @@ pub struct DataEdge {
     pub to: u32,
     /// The tensor.
     pub tensor: TensorKey,
-    /// The edge orders a read after an in-place write to another view of the same storage,
-    /// rather than after the producer of this tensor version.
+    /// The edge follows the storage rather than this tensor version's producer: a read after
+    /// an in-place write to another view of the same storage, or a read of the bytes an op
+    /// wrote under another tensor id (autograd's saved outputs are new tensors).
     pub via_storage: bool,
 }
 
@@ -586,6 +587,32 @@ fn tensors_of(t: &Trace, args: &[et_schema::Arg], out: &mut Vec<u32>) {
 }
 
 impl Graph<'_> {
+    /// The tensors output by ops outside `set` and outside every op of it: ops a selection left
+    /// out (none where the set is the whole replay set).
+    fn outputs_outside(&self, set: &ReplaySet) -> std::collections::HashSet<TensorKey> {
+        let t = self.trace;
+        let mut covered = vec![false; self.len()];
+        let mut stack: Vec<u32> = set.ops.clone();
+        while let Some(i) = stack.pop() {
+            if !std::mem::replace(&mut covered[i as usize], true) {
+                stack.extend_from_slice(self.children(i));
+            }
+        }
+        let mut out = std::collections::HashSet::new();
+        let mut tensors = Vec::new();
+        for &i in &self.order {
+            if covered[i as usize] || !self.class[i as usize].contains(OpClass::OP) {
+                continue;
+            }
+            tensors_of(t, t.outputs(&t.nodes[i as usize]), &mut tensors);
+            out.extend(tensors.iter().map(|&ti| {
+                let x = t.tensor(ti);
+                (x.id, x.storage)
+            }));
+        }
+        out
+    }
+
     /// Tensor versions, data edges, external inputs, lifetimes and live bytes over a replay set.
     pub fn tensors(&self, set: &ReplaySet) -> TensorTable {
         let t = self.trace;
@@ -594,10 +621,13 @@ impl Graph<'_> {
         let mut current: HashMap<TensorKey, Option<u32>> = HashMap::new();
         // Last in-place writer of each storage, so views of one storage order after writes.
         let mut storage_writer: HashMap<u64, u32> = HashMap::new();
-        // Per storage, the last op of the set that output into it (None: read as an input), the
-        // bytes that op's outputs (or the inputs read) reach there, and their element size (a
-        // storage id met again with another dtype is a new allocation at a reused address).
+        // Per storage, the last op of the set that allocated or wrote it (None: read as an
+        // input), the bytes known there, and their element size (a storage id met again with
+        // another dtype is a new allocation at a reused address).
         let mut known: HashMap<u64, (Option<u32>, u64, u64)> = HashMap::new();
+        // Tensors an op outside the set made (an op the selection left out, not one nested in
+        // the set's): read by the set, they are inputs, whatever storage id they reuse.
+        let outside = self.outputs_outside(set);
         let (mut ins, mut outs) = (Vec::new(), Vec::new());
         for (pos, &i) in set.ops.iter().enumerate() {
             let pos = pos as u32;
@@ -639,7 +669,7 @@ impl Graph<'_> {
                         touch(x, &mut table, false);
                     }
                     Some(None) => touch(x, &mut table, true),
-                    None => match known.get(&x.storage) {
+                    None => match known.get(&x.storage).filter(|_| !outside.contains(&key)) {
                         // A tensor under a new id over bytes an earlier op of the set wrote, or
                         // an input already read: the same data (autograd's saved outputs are
                         // new tensors, and so is a weight's alias taken outside the set), not
@@ -702,17 +732,18 @@ impl Graph<'_> {
                     info.versions += 1;
                 }
                 current.insert(key, Some(pos));
+                // An output over a storage the op also read (in place, or a view of an input)
+                // writes into what was there: the bytes known stay. Otherwise the op allocated
+                // it anew, and only its outputs are known there.
                 let bytes = (x.offset + x.numel) * x.itemsize;
+                let into_input = ins.iter().any(|&j| t.tensor(j).storage == x.storage);
                 let e = known.entry(x.storage).or_insert((Some(pos), 0, x.itemsize));
-                *e = (
-                    Some(pos),
-                    if e.0 == Some(pos) {
-                        e.1.max(bytes)
-                    } else {
-                        bytes
-                    },
-                    x.itemsize,
-                );
+                let kept = if e.0 == Some(pos) || into_input {
+                    e.1
+                } else {
+                    0
+                };
+                *e = (Some(pos), kept.max(bytes), x.itemsize);
                 if inplace || was_input {
                     storage_writer.insert(x.storage, pos);
                 }

@@ -299,6 +299,64 @@ fn concatenated_iterations_keep_their_own_ops() {
     }
 }
 
+/// A tensor read under a new id over bytes an op of the set wrote is that op's data (a saved
+/// output): no input to supply. Over a storage id an op the selection left out reused (an
+/// allocation at a freed address), it is an input; and an op that writes part of a storage it
+/// read (in place) keeps the bytes known there.
+#[test]
+fn new_ids_over_known_bytes_are_inputs_only_where_an_unselected_op_made_them() {
+    const RELU: &str = "aten::relu(Tensor self) -> Tensor";
+    const FILL: &str = "aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)";
+    let t = |id, storage, offset, numel| tensor(id, storage, offset, numel, 4, "cpu");
+    let mut b = TraceBuilder::new();
+    // relu writes storage 10 (8 floats) as tensor 2.
+    b.op("aten::relu", RELU)
+        .input(t(1, 1, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(2, 10, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    // fill_ writes the first half of it in place, through a view (tensor 3).
+    b.op("aten::fill_", FILL)
+        .input(t(3, 10, 0, 4), json!([4]), "Tensor(float)")
+        .input(json!(0), json!([]), "Int")
+        .output(t(3, 10, 0, 4), json!([4]), "Tensor(float)")
+        .done();
+    // A saved output: all of storage 10 under a new id.
+    b.op("aten::relu", RELU)
+        .input(t(4, 10, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(5, 11, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    // An op left out by the selection makes tensor 6 at storage 11's freed address.
+    b.op("aten::sigmoid", "aten::sigmoid(Tensor self) -> Tensor")
+        .input(t(1, 1, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(6, 11, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::relu", RELU)
+        .input(t(6, 11, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(7, 12, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    let tr = b.build();
+    let g = Graph::new(&tr);
+    let set = g
+        .select(&Selection {
+            name: Some(regex::Regex::new("relu|fill").unwrap()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(set.ops.len(), 4);
+    let tt = g.tensors(&set);
+    let mut externals: Vec<u64> = tt.externals().map(|x| x.key.0).collect();
+    externals.sort();
+    assert_eq!(externals, vec![1, 6]);
+    // The saved output depends on the last write of its bytes (fill_'s), through the storage.
+    assert!(
+        tt.edges
+            .iter()
+            .any(|e| e.from == 1 && e.to == 2 && e.tensor == (4, 10) && e.via_storage),
+        "{:?}",
+        tt.edges
+    );
+}
+
 #[test]
 fn an_iteration_of_a_public_gpu_training_trace_includes_its_backward_pass() {
     for (file, steps) in [
