@@ -137,8 +137,8 @@ pub enum ComposeOp {
     },
     /// Scale every dimension of size DIM by FACTOR (e.g. batch 64 -> 128), with the shape
     /// arguments that hold it (view, reshape, expand sizes). A width of the same size scales too,
-    /// and a size flattened into another dimension (batch x sequence as rows) does not: the ops
-    /// that then no longer fit are named in a warning.
+    /// and a size flattened into another dimension (batch x sequence as rows) does not: the
+    /// views that then no longer fit are named in a warning.
     Scale {
         /// ET file (.json or .json.gz), or - for stdin.
         trace: PathBuf,

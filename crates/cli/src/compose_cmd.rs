@@ -168,16 +168,21 @@ pub fn scale(trace: &Path, dim: i64, factor: i64, out: &Path) -> Result<()> {
 /// input's elements (`old` had fewer such): a dimension of that size was flattened into
 /// another, which scaling does not follow, and a replay fails those ops.
 pub fn warn_mismatched_reshapes(old: &et_schema::Trace, new: &et_schema::Trace, dim: i64) {
-    let before = et_graph::compose::reshapes_that_mismatch(old).len();
-    let after = et_graph::compose::reshapes_that_mismatch(new);
-    if after.len() > before {
+    let before: std::collections::HashSet<u64> = et_graph::compose::reshapes_that_mismatch(old)
+        .into_iter()
+        .collect();
+    let after: Vec<u64> = et_graph::compose::reshapes_that_mismatch(new)
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    if !after.is_empty() {
         let ids: Vec<String> = after.iter().take(5).map(|i| i.to_string()).collect();
         eprintln!(
             "warning: {} view/reshape ops no longer hold their input's elements (nodes {}{}): a \
              dimension of {dim} was flattened into another there, which scaling does not follow, \
              and a replay fails them; scale a size that is not flattened, or select the ops \
              before the flattening",
-            after.len() - before,
+            after.len(),
             ids.join(", "),
             if after.len() > 5 { ", ..." } else { "" }
         );

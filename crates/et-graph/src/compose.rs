@@ -391,9 +391,20 @@ fn swap_dtype(ty: &ValueType, from: DType, to: DType) -> Option<ValueType> {
 }
 
 /// The names of the int-list arguments that give a shape (`view(Tensor self, SymInt[] size)`,
-/// `reshape(.., SymInt[] shape)`, `unflatten(.., SymInt[] sizes)`): what [`scale_dim`] scales
-/// besides tensor shapes. Kernel sizes, strides, paddings and the like are not shapes.
-const SHAPE_ARGS: [&str; 3] = ["size", "sizes", "shape"];
+/// `reshape(.., SymInt[] shape)`, `unflatten(.., SymInt[] sizes)`, a backward's
+/// `input_sizes`, layer norm's `normalized_shape`): what [`scale_dim`] scales besides tensor
+/// shapes. Kernel sizes, strides, paddings and output sizes of pooling are not shapes of a
+/// tensor the trace holds.
+const SHAPE_ARGS: [&str; 8] = [
+    "size",
+    "sizes",
+    "shape",
+    "input_sizes",
+    "self_sizes",
+    "input_size",
+    "normalized_shape",
+    "bias_sizes",
+];
 
 /// Ops whose first int-list argument is a shape, for traces that record no op schema.
 const SHAPE_FIRST_OPS: [&str; 22] = [
@@ -449,9 +460,10 @@ fn shape_inputs(t: &Trace, n: &et_schema::Node, schema: Option<&et_schema::OpSch
 }
 
 /// The view-like ops (`view`, `reshape`, `flatten`, ...) whose output holds another number of
-/// elements than their input: after [`scale_dim`], where the scaled size was flattened into
+/// bytes than their input: after [`scale_dim`], where the scaled size was flattened into
 /// another dimension (a batch of 4 sequences of 32 viewed as 128 rows), which no longer
-/// matches and which a replay fails. Their node ids.
+/// matches and which a replay fails. Their node ids. (Bytes, not elements: a view as another
+/// dtype changes the count of elements.)
 pub fn reshapes_that_mismatch(t: &Trace) -> Vec<u64> {
     const VIEWS: [&str; 6] = [
         "aten::view",
@@ -461,18 +473,19 @@ pub fn reshapes_that_mismatch(t: &Trace) -> Vec<u64> {
         "aten::flatten",
         "aten::unflatten",
     ];
-    let numel = |a: &et_schema::Arg| -> Option<i64> {
-        matches!(a.value, Value::Tensor(_))
-            .then(|| t.int_list(a.shape))
-            .flatten()
-            .map(|s| s.iter().product())
+    let bytes = |a: &et_schema::Arg| -> Option<i64> {
+        let Value::Tensor(ti) = a.value else {
+            return None;
+        };
+        let numel: i64 = t.int_list(a.shape)?.iter().product();
+        Some(numel.saturating_mul(t.tensors[ti as usize].itemsize as i64))
     };
     t.nodes
         .iter()
         .filter(|n| VIEWS.contains(&t.name(n)))
         .filter(|n| {
             let (i, o) = (t.inputs(n).first(), t.outputs(n).first());
-            matches!((i.and_then(numel), o.and_then(numel)), (Some(a), Some(b)) if a != b)
+            matches!((i.and_then(bytes), o.and_then(bytes)), (Some(a), Some(b)) if a != b)
         })
         .map(|n| n.id)
         .collect()
