@@ -64,8 +64,8 @@ impl Filters {
 
 /// Writes a trace to a file (`.gz` compresses; atomically) or stdout (`-`).
 pub fn write_out(t: &et_schema::Trace, out: &Path) -> Result<()> {
-    let text = et_schema::write_trace_to_vec(t);
-    crate::output::write_atomic_gz(out, |w| Ok(w.write_all(&text)?))
+    // Streamed: a composed trace's text can be many times the memory its model takes.
+    crate::output::write_atomic_gz(out, |w| Ok(et_schema::write_trace(t, w)?))
 }
 
 /// Whether commands print a JSON summary instead of a message (`--json`).
