@@ -182,7 +182,7 @@ fn median_calibration(
         if first {
             // The first calibration timed this host's iterations, instrumented ones too: the
             // others fit their counts to them.
-            let instrumented_s = host.instrumented_s.unwrap_or(plain_s).max(span_s);
+            let instrumented_s = host.instrumented_s.unwrap_or(host.plain_s).max(span_s);
             (calib.iters, calib.instrument_iters) =
                 calibration_iterations(instrumented_s, host.plain_s);
         }
@@ -303,10 +303,10 @@ fn report_anchor(model: &et_graph::GapModel, reference: &et_graph::Reference) {
 
 /// A calibration's plain and instrumented iterations: about half a second of instrumented ones
 /// (3 to 15), each taken as long as the capture's instrumented iteration (`instrumented_s`) or
-/// this host's where that is longer, and as many plain ones (at least 5, or 3 where 3 plain
-/// iterations of `plain_s` take a second: a GPU capture replayed on a CPU runs each many
-/// times slower than its capture, and at 15 + 5 of them param_linear's calibrations took 12 s
-/// each).
+/// this host's where that is longer, and as many plain ones: 5 at least, where 5 plain
+/// iterations of `plain_s` take under a second, else as many as take a second, 3 at least (a
+/// GPU capture replayed on a CPU runs each many times slower than its capture, and at 15 + 5
+/// of them param_linear's calibrations took 12 s each).
 fn calibration_iterations(instrumented_s: f64, plain_s: f64) -> (usize, usize) {
     let instrumented = iterations_within(0.5, instrumented_s, (3, 15));
     let plain = if plain_s > 0.0 {
@@ -413,8 +413,6 @@ const CALIBRATIONS: (usize, usize) = (5, 25);
 /// this in all (counted from the first), then stops at the next odd count.
 const CALIBRATION_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// One calibration replay and the gap model it gives; `warn`: say what went wrong (once for
-/// all calibrations).
 /// One calibration's iterations on this host (s): the plain ones' median, and the
 /// instrumented one's where it ran.
 struct HostIterations {
@@ -422,6 +420,8 @@ struct HostIterations {
     instrumented_s: Option<f64>,
 }
 
+/// One calibration replay and the gap model it gives, with its iterations' times; `warn`: say
+/// what went wrong (once for all calibrations).
 fn calibrate_once(
     g: &et_graph::Graph,
     set: &et_graph::ReplaySet,
