@@ -79,6 +79,12 @@ pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
     if out.is_dir() {
         bail!("{} is a directory, not an output file", out.display());
     }
+    check_parent(out)
+}
+
+/// Refuses `out` whose directory is missing or not writable, naming it: an output, or a
+/// package directory, is made beside where it goes and renamed into place.
+pub fn check_parent(out: &Path) -> Result<()> {
     let dir = dir_of(out);
     if !dir.is_dir() {
         bail!(

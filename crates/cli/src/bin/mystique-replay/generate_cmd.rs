@@ -149,7 +149,14 @@ fn capture_name(p: &Path) -> Option<String> {
 /// iteration `--original-ms` (one rank), the traces the rest. Options given on the command
 /// line win. Plain traces pass as they are.
 fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
-    mystique_cli::stdin_once(&a.traces)?;
+    let inputs: Vec<PathBuf> = a
+        .traces
+        .iter()
+        .chain(&a.kineto)
+        .chain(&a.reference)
+        .cloned()
+        .collect();
+    mystique_cli::stdin_once(&inputs)?;
     let mut files = Vec::new();
     for p in &a.traces {
         if p.is_dir() {
@@ -222,16 +229,17 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         || a.kineto
             .iter()
             .any(|k| !matches!(CaptureFile::of(k), Some(CaptureFile::Timing)));
-    let stem_of = |p: &Path| -> Option<(String, bool)> {
+    // A twin is in the same directory, under the same name.
+    let stem_of = |p: &Path| -> Option<(PathBuf, bool)> {
         let name = p.file_name()?.to_str()?;
         let name = name.strip_suffix(".gz").unwrap_or(name);
         let stem = name.strip_suffix(".et.json")?;
         Some(match stem.strip_suffix(".linked") {
-            Some(s) => (s.to_string(), true),
-            None => (stem.to_string(), false),
+            Some(s) => (p.with_file_name(s), true),
+            None => (p.with_file_name(stem), false),
         })
     };
-    let stems: Vec<Option<(String, bool)>> = out.traces.iter().map(|p| stem_of(p)).collect();
+    let stems: Vec<Option<(PathBuf, bool)>> = out.traces.iter().map(|p| stem_of(p)).collect();
     let mut keep = vec![true; out.traces.len()];
     for (i, s) in stems.iter().enumerate() {
         let Some((stem, linked)) = s else { continue };
@@ -326,23 +334,7 @@ fn check_output(a: &GenerateArgs) -> Result<()> {
             bail!("{} exists and is not an empty directory", out.display());
         }
     } else {
-        // The package is made beside it, then renamed: its parent must be there.
-        let parent = match out.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        if !parent.is_dir() {
-            bail!(
-                "cannot write {}: {} {}",
-                out.display(),
-                parent.display(),
-                if parent.exists() {
-                    "is not a directory"
-                } else {
-                    "does not exist"
-                }
-            );
-        }
+        mystique_cli::output::check_parent(out)?;
     }
     if let Some(m) = &a.map {
         // The map undoes the anonymisation: it must never travel with the package.
@@ -505,22 +497,23 @@ fn profiles_by_rank(
 fn load_in_rank_order(traces: &[PathBuf]) -> Result<Vec<(PathBuf, String, et_schema::Trace)>> {
     let mut loaded = Vec::new();
     for p in traces {
-        let (raw, t) = if p.as_os_str() == "-" {
+        let (sha, t) = if p.as_os_str() == "-" {
             // Read once: the bytes hashed are the bytes parsed.
             let mut raw = Vec::new();
             std::io::Read::read_to_end(&mut std::io::stdin(), &mut raw)
                 .context("reading the trace from stdin")?;
-            let bytes = et_schema::decompress(raw.clone(), "-")?;
+            let sha = package::sha256_hex(&raw);
+            let bytes = et_schema::decompress(raw, "-")?;
             let t = et_schema::parse_trace(&bytes, "-", &Default::default())?;
             for w in &t.warnings {
                 eprintln!("warning: -: {w}");
             }
-            (raw, t)
+            (sha, t)
         } else {
             let raw = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-            (raw, mystique_cli::read_trace(p)?)
+            (package::sha256_hex(&raw), mystique_cli::read_trace(p)?)
         };
-        loaded.push((p.clone(), package::sha256_hex(&raw), t));
+        loaded.push((p.clone(), sha, t));
     }
     if loaded.len() <= 1 {
         return Ok(loaded);
