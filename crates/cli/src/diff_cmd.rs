@@ -9,12 +9,16 @@ use std::path::Path;
 
 fn read(p: &Path) -> Result<RunResult> {
     let bytes = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
-    // What the file is, where it is not a result: said before any field is missed.
-    let format = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("format")?.as_str().map(str::to_string));
-    match format.as_deref() {
-        Some(f) if f.starts_with("mystique-result/") => {}
+    // What the file is, where it is not a result of this format: said before any field is
+    // missed.
+    let v: serde_json::Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a result: not JSON", p.display()))?;
+    match v.get("format").and_then(|f| f.as_str()) {
+        Some(RESULT_FORMAT) => {}
+        Some(f) if f.starts_with("mystique-result/") => bail!(
+            "{} is a result of format {f:?}; this build reads {RESULT_FORMAT:?}",
+            p.display()
+        ),
         Some(f) if f.starts_with("mystique-package/") => bail!(
             "{} is a package's manifest: diff compares two results of `mystique run PACKAGE -o \
              RESULT`",
@@ -26,16 +30,7 @@ fn read(p: &Path) -> Result<RunResult> {
             p.display()
         ),
     }
-    let r: RunResult = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is not a result", p.display()))?;
-    if r.format != RESULT_FORMAT {
-        bail!(
-            "{} is a result of format {:?}; this build reads {RESULT_FORMAT:?}",
-            p.display(),
-            r.format
-        );
-    }
-    Ok(r)
+    serde_json::from_value(v).with_context(|| format!("{} is not a result", p.display()))
 }
 
 /// One op signature of one rank in both results.
