@@ -1228,24 +1228,27 @@ fn a_closed_output_does_not_hide_failed_ops() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut child = bin()
+    // A pipe whose reading end is closed before the command starts: every write to it fails.
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    let status = bin()
         .arg("replay")
         .arg(&scaled)
         .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
-        .stdout(std::process::Stdio::piped())
+        .stdout(closed())
         .stderr(std::process::Stdio::null())
-        .spawn()
+        .status()
         .unwrap();
-    drop(child.stdout.take());
-    let status = child.wait().unwrap();
     let _ = std::fs::remove_file(&scaled);
     assert_eq!(status.code(), Some(3), "{status:?}");
-    let mut child = bin()
+    let status = bin()
         .args(["inspect", "/nonexistent/trace.json"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .stderr(closed())
+        .status()
         .unwrap();
-    drop(child.stderr.take());
-    assert_eq!(child.wait().unwrap().code(), Some(2));
+    assert_eq!(status.code(), Some(2), "{status:?}");
 }

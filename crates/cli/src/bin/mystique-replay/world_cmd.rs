@@ -120,6 +120,7 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
     tmp_dir.keep();
     let scaled = first.unwrap_or_default();
     let secs = t0.elapsed().as_secs_f64();
+    let mut out = std::io::stdout().lock();
     if json {
         let j = serde_json::json!({
             "output": a.output.display().to_string(),
@@ -133,22 +134,20 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
             "bytes_written": bytes,
             "seconds": secs,
         });
-        writeln!(std::io::stdout(), "{j}")?;
+        writeln!(out, "{j}")?;
     } else {
         writeln!(
-            std::io::stdout(),
+            out,
             "world      {n} ranks from {} captured, {n} files in {} ({:.1} MB, {secs:.2} s)",
             traces.len(),
             a.output.display(),
             bytes as f64 / 1e6
         )?;
-        writeln!(std::io::stdout(), "process groups")?;
+        writeln!(out, "process groups")?;
         writeln!(
-            std::io::stdout(),
+            out,
             "  {:<24} {:>14} {:>14}",
-            "description",
-            "before",
-            "after"
+            "description", "before", "after"
         )?;
         for g in &groups {
             let dp = if g.data_parallel {
@@ -157,7 +156,7 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
                 ""
             };
             writeln!(
-                std::io::stdout(),
+                out,
                 "  {:<24} {:>14} {:>14}{dp}",
                 g.desc,
                 format!("{} x {}", g.groups_before, g.size_before),
@@ -165,31 +164,25 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
             )?;
         }
         writeln!(
-            std::io::stdout(),
+            out,
             "collectives per rank (rank 0, made from captured rank {})",
             scaled.from
         )?;
         writeln!(
-            std::io::stdout(),
+            out,
             "  {:>5} {:>12} {:>12}  {:<16} how",
-            "calls",
-            "bytes before",
-            "bytes after",
-            "kind"
+            "calls", "bytes before", "bytes after", "kind"
         )?;
         for (kind, k) in &scaled.by_kind {
             writeln!(
-                std::io::stdout(),
+                out,
                 "  {:>5} {:>12} {:>12}  {kind:<16} {}",
-                k.calls,
-                k.bytes_before,
-                k.bytes_after,
-                k.how
+                k.calls, k.bytes_before, k.bytes_after, k.how
             )?;
         }
         if scaled.ops_added > 0 {
             writeln!(
-                std::io::stdout(),
+                out,
                 "ops added  {} per rank: the per-rank output buffers an op made for an all-gather",
                 scaled.ops_added
             )?;
