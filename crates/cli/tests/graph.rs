@@ -194,7 +194,8 @@ fn compose_remove_refuses_to_remove_every_op() {
     assert!(!out.exists());
 }
 
-/// Outputs named `.gz`, in any case, are gzipped: traces, DOT and Chakra files alike.
+/// Outputs named `.gz`, in any case, are gzipped: traces, DOT and Chakra files and replay
+/// timelines alike.
 #[test]
 fn outputs_named_gz_are_compressed() {
     let dir = common::scratch("files");
@@ -216,6 +217,25 @@ fn outputs_named_gz_are_compressed() {
         let b = std::fs::read(&out).unwrap();
         assert_eq!(&b[..2], b"\x1f\x8b", "{name} is not gzipped");
     }
+    // A replay's timeline too.
+    let timeline = dir.join("timeline.json.gz");
+    let o = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .args([
+            "--threads",
+            "1",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--trace-out",
+        ])
+        .arg(&timeline)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(&std::fs::read(&timeline).unwrap()[..2], b"\x1f\x8b");
     // The gzipped trace reads back as the selection.
     let g = json(&[
         "graph".as_ref(),

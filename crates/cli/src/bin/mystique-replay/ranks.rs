@@ -378,7 +378,7 @@ fn merge_timelines(p: &std::path::Path, reports: &[Value]) -> Result<()> {
             events.push(e);
         }
     }
-    mystique_cli::output::write_atomic(p, |w| {
+    mystique_cli::output::write_atomic_gz(p, |w| {
         serde_json::to_writer(
             &mut *w,
             &json!({"traceEvents": events, "displayTimeUnit": "ms"}),

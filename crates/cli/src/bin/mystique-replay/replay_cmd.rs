@@ -386,7 +386,7 @@ fn write_timelines(
     source: &str,
 ) -> Result<()> {
     if let Some(p) = &a.trace_out {
-        mystique_cli::output::write_atomic(p, |w| {
+        mystique_cli::output::write_atomic_gz(p, |w| {
             Ok(timeline.write_chrome(w, &format!("mystique replay of {}", source))?)
         })?;
     }
