@@ -14,6 +14,7 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
     mystique_cli::signals::install();
+    mystique_cli::signals::end_on_closed_output();
     let cli = Cli::parse();
     match mystique_cli::run(cli) {
         Some(result) => mystique_cli::exit(result),

@@ -58,6 +58,40 @@ pub fn install() {
     }
 }
 
+/// Exit status of a command cut short by a closed stdout or stderr: 128 + SIGPIPE, what a shell
+/// reports for a process a closed pipe killed (`yes | head`).
+pub const EXIT_CLOSED_OUTPUT: i32 = 128 + libc::SIGPIPE;
+
+/// Call in `main`: a print to a closed stdout or stderr (`2>&1 | head`), which panics in
+/// `println!` and `eprintln!`, ends the process as a closed pipe would end a C program: its
+/// temporaries removed, exit status [`EXIT_CLOSED_OUTPUT`], no message (there is nowhere to
+/// write one). Any other panic goes on to the hook that was there.
+pub fn end_on_closed_output() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        // std's words for it: "failed printing to stderr: Broken pipe (os error 32)".
+        let epipe = format!("(os error {})", libc::EPIPE);
+        if msg.starts_with("failed printing to std") && msg.contains(&epipe) {
+            // Not waited for: the thread holding the lock may be the one that panicked.
+            if let Ok(temps) = TEMPS.try_lock() {
+                for p in temps.iter() {
+                    remove(p);
+                }
+            }
+            // SAFETY: ends the process at once, without running other threads' destructors
+            // or atexit handlers against state they may be in the middle of changing.
+            unsafe { libc::_exit(EXIT_CLOSED_OUTPUT) };
+        }
+        previous(info)
+    }));
+}
+
 /// Unblocks the signals [`install`] blocked: for a child process between fork and exec (it
 /// inherits the mask), so that it can be interrupted. Async-signal-safe.
 pub fn unblock() {

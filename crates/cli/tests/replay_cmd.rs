@@ -1210,7 +1210,8 @@ fn blocking_alone_says_it_has_no_rank_to_wait_for() {
 }
 
 /// A replay whose stdout is closed before its report (`| head`) still exits 3 where ops failed,
-/// and a command whose stderr is closed still exits with its own status rather than a panic's.
+/// and a command whose stderr is closed exits with its own status, or the closed pipe's,
+/// rather than a panic's.
 #[test]
 fn a_closed_output_does_not_hide_failed_ops() {
     // The transformer's batch of 4 scaled: its flattened views no longer fit, and fail.
@@ -1251,4 +1252,15 @@ fn a_closed_output_does_not_hide_failed_ops() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(2), "{status:?}");
+    // A replay whose stderr closes while it reports progress is cut short as a closed pipe
+    // cuts a program short (128 + SIGPIPE), not by a panic's 101.
+    let status = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(closed())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(141), "{status:?}");
 }

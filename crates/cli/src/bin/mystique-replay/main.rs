@@ -22,6 +22,7 @@ mod world_cmd;
 fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
     mystique_cli::signals::install();
+    mystique_cli::signals::end_on_closed_output();
     if let Ok(id) = std::env::var(mystique_cli::BUILD_ENV) {
         if id != mystique_cli::BUILD_ID {
             eprintln!(
