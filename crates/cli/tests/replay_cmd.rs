@@ -1156,7 +1156,8 @@ fn compare_leaves_out_what_only_left_out_and_takes_the_captures_threads() {
 
 /// `compare`'s per-op table does not show an op whose calls all failed as taking no time:
 /// on the DLRM's rank 7 (its collectives cannot run alone), the row says `failed`, with no
-/// ratio, in the text and in `--json`.
+/// ratio, in the text and in `--json`; the failed ops' rows come first, whatever the other
+/// ops' differences on a busy host.
 #[test]
 fn compare_shows_failed_ops_as_failed_not_as_zero_time() {
     let d = shared("public/param_dlrm_8rank_1.0.1");
@@ -1190,6 +1191,13 @@ fn compare_shows_failed_ops_as_failed_not_as_zero_time() {
         .unwrap();
     assert_eq!(d["failed_calls"], d["calls"], "{d}");
     assert!(d["ratio"].is_null(), "{d}");
+    let failed: Vec<bool> = j["top_differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["failed_calls"].as_u64().unwrap() > 0)
+        .collect();
+    assert!(failed.windows(2).all(|w| w[0] >= w[1]), "{failed:?}");
 }
 
 /// `--blocking` on a trace replayed alone says that it has no rank to wait for.

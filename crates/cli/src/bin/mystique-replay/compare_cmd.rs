@@ -254,7 +254,11 @@ impl<'a> Compared<'a> {
                     .map(|p| p.end_us - p.start_us)
             })
             .collect();
-        let cmp = et_graph::compare_ops(orig, &names, &plain, &profiled);
+        let mut cmp = et_graph::compare_ops(orig, &names, &plain, &profiled);
+        // Ops whose calls failed first (the replay lacks their time, whatever the others'
+        // differences), then the largest differences: the table's 15 rows always show them.
+        cmp.ops
+            .sort_by_key(|row| !r.failures.iter().any(|f| f.op == row.op));
         let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
         let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
         let orig_iter_ms = orig.span_us / 1000.0;
@@ -704,7 +708,7 @@ impl<'a> Compared<'a> {
             .sum()
     }
 
-    /// The 15 largest differences per op.
+    /// The ops that failed, then the largest differences per op: 15 rows.
     pub(crate) fn print_differences(&self, out: &mut impl Write) -> Result<()> {
         writeln!(
             out,
