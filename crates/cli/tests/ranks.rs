@@ -914,3 +914,48 @@ fn ranks_run_one_thread_each_unless_told_otherwise() {
         assert_eq!(r["threads"], 2, "{}", r["threads"]);
     }
 }
+
+/// The text report of a multi-rank replay says, rank by rank, why ops failed and which ran
+/// otherwise than recorded, as a single replay's does: both ranks' integer inputs made 32-bit
+/// fail the loss (it wants 64-bit labels); a world of one runs the collectives as the
+/// identity.
+#[test]
+fn a_multi_rank_report_lists_each_ranks_failures_and_fallbacks() {
+    let dir = common::scratch("i32");
+    for r in 0..2 {
+        let out = bin()
+            .args(["compose", "dtype"])
+            .arg(shared(&format!("cpu/dist_mlp_w2.rank{r}.et.json")))
+            .args(["--from", "int64", "--to", "int32", "-o"])
+            .arg(dir.join(format!("dist_mlp_w2.rank{r}.et.json")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let run = |extra: &[&str]| {
+        bin()
+            .arg("replay")
+            .arg("--ranks")
+            .arg(&dir)
+            .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for r in 0..2 {
+        assert!(
+            text.contains(&format!("failed     rank {r}: 1x aten::cross_entropy_loss")),
+            "{text}"
+        );
+    }
+    let out = run(&["--only", "comm", "--world", "1"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("fallback   rank 0: 3x c10d::allreduce_: ran as the identity"),
+        "{text}"
+    );
+}

@@ -760,6 +760,25 @@ fn print_table(out: &mut impl Write, s: &Value, from: RankSource) -> Result<()> 
                 p["collectives"]
             )?;
         }
+        for f in r["failures"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "failed     rank {k}: {}x {}: [{}] {}",
+                f["count"],
+                f["op"].as_str().unwrap_or("?"),
+                f["kind"].as_str().unwrap_or("?"),
+                f["reason"].as_str().unwrap_or("")
+            )?;
+        }
+        for f in r["fallbacks"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "fallback   rank {k}: {}x {}: {}",
+                f["count"],
+                f["op"].as_str().unwrap_or("?"),
+                f["ran_as"].as_str().unwrap_or("")
+            )?;
+        }
         if let Some(c) = r.get("check").filter(|c| !c.is_null()) {
             writeln!(
                 out,
