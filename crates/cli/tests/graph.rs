@@ -276,3 +276,24 @@ fn graph_refuses_iterations_as_select_does() {
         }
     }
 }
+
+/// Another rank's profile links one for one (every rank runs the same code), so an ET that
+/// records no rank is held to the one its file name gives: rank 0's ET with rank 1's profile
+/// is refused by `link` and `compare` alike.
+#[test]
+fn another_ranks_profile_is_refused_by_the_ets_file_name() {
+    for cmd in ["link", "compare"] {
+        let o = bin()
+            .arg(cmd)
+            .arg(shared("cpu/dist_mlp_w2.rank0.linked.et.json.gz"))
+            .arg(shared("cpu/dist_mlp_w2.rank1.kineto.json.gz"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {o:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("is rank 1's") && err.contains("rank 0's (by its file name)"),
+            "{cmd}: {err}"
+        );
+    }
+}

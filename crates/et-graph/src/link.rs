@@ -27,7 +27,7 @@ pub enum LinkError {
         total: usize,
     },
     /// The two traces record different ranks.
-    #[error("the Kineto trace {kineto} is rank {kineto_rank}'s, the ET {et} rank {et_rank}'s: not the same process")]
+    #[error("the Kineto trace {kineto} is rank {kineto_rank}'s, the ET {et} rank {et_rank}'s{}: not the same process", if *by_name { " (by its file name)" } else { "" })]
     OtherRank {
         /// The ET.
         et: String,
@@ -37,6 +37,9 @@ pub enum LinkError {
         et_rank: u64,
         /// The Kineto trace's rank.
         kineto_rank: i64,
+        /// The ET's rank is the one its file name gives (`NAME.rankR.et.json`), as it records
+        /// none.
+        by_name: bool,
     },
     /// The two traces record different process ids.
     #[error("the Kineto trace {kineto} was recorded by process {kineto_pid}, the ET {et} by process {et_pid}: not the same run (without record function ids, as in a profile taken without the execution trace observer, only op order and names link them, which holds within one process: capture the ET and the profile in the same process)")]
@@ -154,13 +157,20 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
     let mut warnings = Vec::new();
     // Every rank runs the same code: another rank's Kineto trace matches record function ids
     // and names one for one, so the recorded ranks must agree.
-    if let (Some(et_rank), Some(kineto_rank)) = (crate::summary::recorded_rank(t), k.rank) {
+    // An ET that records no rank has it in its file name where it is one of a job's
+    // (`NAME.rankR.et.json`, `rankR.et.json`).
+    let recorded = crate::summary::recorded_rank(t);
+    let et_rank = recorded
+        .map(|r| (r, false))
+        .or_else(|| rank_in_name(&t.source).map(|r| (r, true)));
+    if let (Some((et_rank, by_name)), Some(kineto_rank)) = (et_rank, k.rank) {
         if et_rank as i64 != kineto_rank {
             return Err(LinkError::OtherRank {
                 et: t.source.clone(),
                 kineto: k.source.clone(),
                 et_rank,
                 kineto_rank,
+                by_name,
             });
         }
     }
@@ -753,4 +763,12 @@ fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)
         }
     }
     out
+}
+
+/// The rank a job's trace file is named with: a `rankR` part of its file name between dots
+/// (`dist.rank1.et.json`, `rank1.et.json.gz`).
+fn rank_in_name(source: &str) -> Option<u64> {
+    let name = std::path::Path::new(source).file_name()?.to_str()?;
+    name.split('.')
+        .find_map(|part| part.strip_prefix("rank").and_then(|r| r.parse().ok()))
 }
