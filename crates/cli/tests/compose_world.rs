@@ -403,6 +403,17 @@ fn a_job_that_cannot_be_scaled_is_refused_by_name() {
         !o.status.success() && err.contains("larger worlds"),
         "{err}"
     );
+    // Two single-process traces are no job: nothing records how it scales.
+    let single = scratch("single");
+    std::fs::create_dir_all(&single).unwrap();
+    std::fs::copy(shared("cpu/mlp.et.json"), single.join("a.rank0.et.json")).unwrap();
+    std::fs::copy(shared("cpu/dlrm.et.json"), single.join("a.rank1.et.json")).unwrap();
+    let err = refusal(&single, 4, &[]);
+    assert!(
+        err.contains("record no collective and no process group"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&single);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

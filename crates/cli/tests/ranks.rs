@@ -266,6 +266,23 @@ fn mismatched_rank_sets_are_refused() {
         ],
         "splits an all-to-all over 8 ranks, but 3 rank traces were given",
     );
+    // Another program's trace (no collective, no process group) beside a rank of a job would
+    // end without joining it, and rank 0 would wait for it until the timeout.
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(dlrm.join("rank0.et.json.gz"), dir.join("rank0.et.json.gz")).unwrap();
+    std::fs::copy(shared("cpu/mlp.et.json"), dir.join("rank1.et.json")).unwrap();
+    let out = bin()
+        .args(["replay", "--ranks", dir.to_str().unwrap(), "--timeout", "5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("records no collective and no process group"),
+        "{err}"
+    );
+    assert!(!err.contains("[ranks] rank"), "nothing started: {err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

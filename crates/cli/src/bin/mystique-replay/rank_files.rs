@@ -25,6 +25,8 @@ pub struct RankTrace {
     /// sizes, one per rank of its group): the job had at least this many ranks, where its
     /// process groups are not recorded.
     pub largest_group: Option<usize>,
+    /// It records a collective or a process group: it is a rank of a distributed job.
+    pub distributed: bool,
 }
 
 /// A rank's estimated peak memory (bytes): of the replay asked for, and of a comm-only one.
@@ -171,11 +173,11 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
         let name = p
             .file_name()
             .and_then(|f| f.to_str())
-            .with_context(|| format!("--ranks {spec:?}: not a directory or a glob"))?;
+            .with_context(|| format!("{spec:?}: not a directory or a glob"))?;
         (dir.to_path_buf(), Some(name.to_string()))
     };
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("--ranks: reading {}", dir.display()))?
+        .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|f| f.is_file())
         .filter(|f| {
@@ -192,17 +194,25 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
     if pattern.is_some() {
         if let Some(k) = files.iter().find(|f| matches!(probe(f), Kind::Kineto)) {
             bail!(
-                "--ranks {spec:?} matches {}, a Kineto (profiler) trace: give a pattern that \
+                "{spec:?} matches {}, a Kineto (profiler) trace: give a pattern that \
                  matches the execution traces only (for example DIR/*.et.json.gz), or the \
                  directory, whose profiles are left out",
                 k.display()
             );
         }
     }
+    let glob = pattern
+        .as_deref()
+        .is_some_and(|q| q.contains(['*', '?', '[']));
+    anyhow::ensure!(
+        !files.is_empty() || glob || p.exists(),
+        "{spec:?}: no such file or directory"
+    );
     anyhow::ensure!(
         files.len() >= 2,
-        "--ranks {spec:?} matches {} trace(s); it takes two ranks or more",
-        files.len()
+        "{spec:?} matches {} trace{}; a job's ranks are two traces or more",
+        files.len(),
+        if files.len() == 1 { "" } else { "s" }
     );
     Ok(files)
 }
@@ -236,6 +246,10 @@ impl RankTrace {
                 .map(|g| g.size)
                 .filter(|&s| s > 0),
             largest_group: largest_split(t),
+            distributed: t.nodes.iter().any(|n| {
+                let name = t.name(n);
+                name == "record_param_comms" || name == "## process_group:init ##"
+            }),
             path,
         }
     }
@@ -442,6 +456,19 @@ pub fn check_memory(
 /// one run.
 pub fn order(traces: Vec<RankTrace>, listed: bool) -> Result<(Vec<RankTrace>, RankSource)> {
     let n = traces.len();
+    // A trace with no collective and no process group beside ranks that have them is no rank
+    // of their job: it would end without joining, and its peers wait for it to time out.
+    if let (Some(alone), Some(rank)) = (
+        traces.iter().find(|t| !t.distributed),
+        traces.iter().find(|t| t.distributed),
+    ) {
+        bail!(
+            "{} records no collective and no process group, where {} does: it is not a rank of \
+             the same job",
+            alone.path.display(),
+            rank.path.display()
+        );
+    }
     let ordered = order_by_rank(traces, listed)?;
     // Without process-group records, an all-to-all says how many ranks its group had; a group
     // larger than the set given can never run (Gloo would refuse its splits at the first call).
@@ -672,6 +699,7 @@ mod tests {
             recorded,
             world: None,
             largest_group: None,
+            distributed: true,
         }
     }
 

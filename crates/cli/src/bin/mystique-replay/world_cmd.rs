@@ -26,21 +26,18 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
         a.chakra || !a.astra_sim,
         "--astra-sim orders the Chakra traces' nodes: it goes with --chakra"
     );
-    let files: Vec<PathBuf> = match a.traces.as_slice() {
-        [one] => rank_files::discover(&one.display().to_string(), a.rank_order)?
-            .0
-            .into_iter()
-            .map(|t| t.path)
-            .collect(),
-        many => {
-            let probed = rank_files::read(many.to_vec())?;
-            rank_files::order(probed, a.rank_order)?
-                .0
-                .into_iter()
-                .map(|t| t.path)
-                .collect()
-        }
+    let ranks = match a.traces.as_slice() {
+        [one] => rank_files::discover(&one.display().to_string(), a.rank_order)?.0,
+        many => rank_files::order(rank_files::read(many.to_vec())?, a.rank_order)?.0,
     };
+    // A job is scaled by its process groups and collectives: traces that record neither are
+    // separate programs, not ranks of one.
+    anyhow::ensure!(
+        ranks.iter().any(|t| t.distributed),
+        "the traces record no collective and no process group: compose world scales a \
+         distributed job's ranks"
+    );
+    let files: Vec<PathBuf> = ranks.into_iter().map(|t| t.path).collect();
     let inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     if a.output.exists() {
         let empty = a.output.is_dir() && a.output.read_dir()?.next().is_none();
