@@ -122,6 +122,29 @@ fn a_synthesised_job_replays_on_every_rank() {
         assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
         assert_eq!(r["ops_replayed"], r["ops_selected"], "rank {k}");
     }
+    // Replayed on 2 of its 4 ranks, its collectives' sizes are the 2-rank capture's (an
+    // all-gather's message is its whole output list, which shrinks with the world).
+    let comm = |ranks: &str, extra: &[&str]| {
+        json(
+            bin()
+                .args(["replay", "--ranks", ranks, "--json", "--only", "comm"])
+                .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+                .args(extra),
+        )["collectives"]
+            .clone()
+    };
+    let (shrunk, captured) = (
+        comm(out.to_str().unwrap(), &["--world", "2"]),
+        comm(&two_ranks(), &[]),
+    );
+    for kind in ["all_gather", "all_reduce", "broadcast"] {
+        for field in ["bytes", "size_bytes"] {
+            assert_eq!(
+                shrunk[kind][field], captured[kind][field],
+                "{kind} {field}: {shrunk} vs {captured}"
+            );
+        }
+    }
     let every = scratch("every8");
     let s = world(&data("every_w4").display().to_string(), 8, &every, &[]);
     for kind in [

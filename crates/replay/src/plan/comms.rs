@@ -381,13 +381,11 @@ fn shrink(plan: &mut Plan, world: usize, captured: usize) -> Result<(), CommSele
                 .or_else(|| specs.get(s as usize).and_then(Option::as_ref))
                 .map_or(0, TensorSpec::bytes)
         };
-        c.size_bytes = st
-            .args
-            .iter()
-            .flat_map(Arg::slots)
-            .map(bytes_of)
-            .max()
-            .unwrap_or(0);
+        // Per argument, as compiling counts them: a tensor list is one argument, its
+        // tensors' bytes summed (an all-gather's output list is its message).
+        let arg_bytes = |a: &Arg| -> u64 { a.slots().into_iter().map(bytes_of).sum() };
+        c.size_bytes = st.args.iter().map(arg_bytes).max().unwrap_or(0);
+        c.bytes = st.args.iter().map(arg_bytes).sum();
     }
     plan.externals.extend(new_externals);
     plan.n_slots = next_slot as usize;
