@@ -482,3 +482,78 @@ fn a_thousand_rank_chakra_job_from_two_captured_ranks_decodes() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The `record_param_comms` records of schemas that keep them in their inputs (1.0.x: tensors,
+/// sequence, group, rank, name, in and out splits, and from 1.0.2 the group's size) follow the
+/// new world as the attributes of later schemas do: the DLRM's all-to-all records at 16 ranks
+/// split over 16, its element types and shapes listed 16 times; a 1.0.2 all-gather record at 4
+/// ranks records a group of 4.
+#[test]
+fn records_in_old_schemas_follow_the_new_world() {
+    let out = scratch("dlrm16");
+    world(
+        &shared("public/param_dlrm_8rank_1.0.1")
+            .display()
+            .to_string(),
+        16,
+        &out,
+        &[],
+    );
+    let rank0: serde_json::Value = serde_json::from_reader(flate2::read::GzDecoder::new(
+        std::fs::File::open(out.join("world16.rank0.et.json.gz")).unwrap(),
+    ))
+    .unwrap();
+    let mut splits = 0;
+    for n in rank0["nodes"].as_array().unwrap() {
+        let v = &n["inputs"];
+        if n["name"] != "record_param_comms" || v[4] != "all_to_allv" {
+            continue;
+        }
+        for k in [5, 6] {
+            assert_eq!(v[k].as_array().unwrap().len(), 16, "{v}");
+            assert_eq!(n["input_shapes"][k].as_array().unwrap().len(), 16, "{n}");
+            assert_eq!(
+                n["input_types"][k].as_str().unwrap().matches("Int").count(),
+                16
+            );
+        }
+        splits += 1;
+    }
+    assert!(splits > 0);
+    let _ = std::fs::remove_dir_all(&out);
+    let ag = scratch("ag");
+    std::fs::create_dir_all(&ag).unwrap();
+    for r in 0..2 {
+        std::fs::copy(
+            shared("public/chakra_allgather_1.0.2.et.json"),
+            ag.join(format!("ag.rank{r}.et.json")),
+        )
+        .unwrap();
+    }
+    let out = scratch("ag4");
+    world(ag.to_str().unwrap(), 4, &out, &[]);
+    let name = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("rank0"))
+        .unwrap();
+    let bytes = std::fs::read(&name).unwrap();
+    let text = if bytes.starts_with(b"\x1f\x8b") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut s)
+            .unwrap();
+        s
+    } else {
+        String::from_utf8(bytes).unwrap()
+    };
+    let t: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rec = t["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "record_param_comms" && n["inputs"]["values"][4] == "all_gather")
+        .unwrap();
+    assert_eq!(rec["inputs"]["values"][7], 4, "{rec}");
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&ag);
+}

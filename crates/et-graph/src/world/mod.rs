@@ -949,14 +949,57 @@ impl Synth<'_> {
                 self.t.extra_attrs[k as usize].value = v;
             }
         }
-        // Older schemas: the rank is the integer input just before the collective's name.
+        // Older schemas record it in the inputs: `[tensors, seq, group, rank, name, in_splits,
+        // out_splits, (1.0.2 on) group size]`. The rank is the integer input just before the
+        // collective's name; the splits and the size follow it.
         let inputs = n.inputs.clone();
         for k in inputs.start..inputs.end {
             let a = self.t.args[k as usize];
             let next = self.t.args.get(k as usize + 1).map(|b| b.value);
-            if let (Value::Int(_), Some(Value::Str(s))) = (a.value, next) {
-                if self.t.str(s) == kind {
-                    self.t.args[k as usize].value = Value::Int(g.now.me as i64);
+            let (Value::Int(_), Some(Value::Str(s))) = (a.value, next) else {
+                continue;
+            };
+            if self.t.str(s) != kind {
+                continue;
+            }
+            self.t.args[k as usize].value = Value::Int(g.now.me as i64);
+            let at =
+                |off: usize| (k as usize + off < inputs.end as usize).then_some(k as usize + off);
+            if flat.contains("alltoall") {
+                for j in [at(2), at(3)].into_iter().flatten() {
+                    let v = self.t.int_list(self.t.args[j].value).unwrap_or_default();
+                    if v.len() as i64 != n1 || v.is_empty() {
+                        continue;
+                    }
+                    let part = self
+                        .last_part
+                        .unwrap_or(v.iter().sum::<i64>() / v.len() as i64);
+                    let start = self.t.items.len() as u32;
+                    self.t.items.extend((0..n2).map(|_| Value::Int(part)));
+                    self.t.args[j].value = Value::List {
+                        start,
+                        len: n2 as u32,
+                    };
+                    // Its type names each element: as many as the list now holds.
+                    let ty = format!("GenericList[{}]", vec!["Int"; n2 as usize].join(","));
+                    self.t.args[j].ty = self.t.strings.intern(&ty);
+                    // Its shape, one (empty) entry per element, follows.
+                    if let Value::List { start: s0, len } = self.t.args[j].shape {
+                        if len as i64 == n1 && len > 0 {
+                            let each = self.t.items[s0 as usize];
+                            let s1 = self.t.items.len() as u32;
+                            self.t.items.extend((0..n2).map(|_| each));
+                            self.t.args[j].shape = Value::List {
+                                start: s1,
+                                len: n2 as u32,
+                            };
+                        }
+                    }
+                }
+            }
+            if let Some(j) = at(4) {
+                if matches!(self.t.args[j].value, Value::Int(v) if v == n1) {
+                    self.t.args[j].value = Value::Int(n2);
                 }
             }
         }
