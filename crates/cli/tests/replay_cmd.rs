@@ -1268,3 +1268,29 @@ fn a_closed_output_does_not_hide_failed_ops() {
         .unwrap();
     assert_eq!(status.code(), Some(141), "{status:?}");
 }
+
+/// `compare`'s line for the original accounts for its iteration: ops and gaps add up to it,
+/// else the line says what the difference is (more in this iteration than typical, or ops of
+/// other threads overlapping, as on the two-rank job's rank 0).
+#[test]
+fn compares_original_line_accounts_for_its_iteration() {
+    let out = bin()
+        .arg("compare")
+        .arg(shared("cpu/dist_mlp_w2.rank0.linked.et.json.gz"))
+        .arg(shared("cpu/dist_mlp_w2.rank0.kineto.json.gz"))
+        .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("original")).unwrap();
+    let ms: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.trim_start_matches('(').parse().ok())
+        .collect();
+    let (iter, ops, gaps) = (ms[0], ms[1], ms[2]);
+    let adds_up = (iter - ops - gaps).abs() <= 0.001 * iter + 0.0015;
+    assert!(
+        adds_up || line.contains("more in this one") || line.contains("overlaps"),
+        "{line}"
+    );
+}

@@ -439,6 +439,13 @@ impl<'a> Compared<'a> {
         let rest = orig_iter_ms - orig_ops_ms - gaps_ms;
         let typical = if rest > 0.01 * orig_iter_ms {
             format!(" as typical of its iterations; {rest:.3} ms more in this one")
+        } else if rest < -0.001 * orig_iter_ms {
+            // Ops of other threads (autograd's, a collective's) run beside the main thread's:
+            // their windows overlap, and their sum outruns the span.
+            format!(
+                "; {:.3} ms of the ops' time overlaps, on other threads",
+                -rest
+            )
         } else {
             String::new()
         };
