@@ -82,6 +82,27 @@ pub fn check(out: &Path, inputs: &[&Path]) -> Result<()> {
     check_parent(out)
 }
 
+/// Refuses `out` as a directory to write (a package, a job's ranks) unless it is new, with its
+/// parent there, or empty; `-` is no directory.
+pub fn check_new_dir(out: &Path) -> Result<()> {
+    if is_stdout(out) {
+        bail!("-o -: this command writes a directory of files, not one stream: name the directory");
+    }
+    if out.is_dir() {
+        if out.read_dir()?.next().is_some() {
+            bail!("{} exists and is not an empty directory", out.display());
+        }
+        return Ok(());
+    }
+    if out.exists() {
+        bail!(
+            "{} is a file: this command writes a new (or empty) directory there",
+            out.display()
+        );
+    }
+    check_parent(out)
+}
+
 /// Refuses `out` whose directory is missing or not writable, naming it: an output, or a
 /// package directory, is made beside where it goes and renamed into place.
 pub fn check_parent(out: &Path) -> Result<()> {

@@ -557,3 +557,44 @@ fn records_in_old_schemas_follow_the_new_world() {
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&ag);
 }
+
+/// `compose world` and `generate` write a directory: `-o -`, an existing file and a directory
+/// with files in it are refused, each by what it is, and nothing is written.
+#[test]
+fn directory_outputs_refuse_stdout_and_files() {
+    let dir = scratch("dir-outputs");
+    std::fs::create_dir_all(dir.join("full")).unwrap();
+    std::fs::write(dir.join("full/x"), b"x").unwrap();
+    std::fs::write(dir.join("file"), b"x").unwrap();
+    for (out, says) in [
+        ("-", "writes a directory of files"),
+        ("file", "is a file"),
+        ("full", "exists and is not an empty directory"),
+    ] {
+        let target = if out == "-" {
+            PathBuf::from("-")
+        } else {
+            dir.join(out)
+        };
+        for cmd in [
+            vec![
+                "compose".to_string(),
+                "world".into(),
+                two_ranks(),
+                "--world".into(),
+                "4".into(),
+            ],
+            vec![
+                "generate".to_string(),
+                shared("cpu/mlp.et.json").display().to_string(),
+            ],
+        ] {
+            let o = bin().args(&cmd).arg("-o").arg(&target).output().unwrap();
+            assert_eq!(o.status.code(), Some(2), "{cmd:?} -o {out}");
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(err.contains(says), "{cmd:?} -o {out}: {err}");
+        }
+    }
+    assert!(!PathBuf::from("-").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

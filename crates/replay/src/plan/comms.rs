@@ -97,7 +97,7 @@ pub enum CommSelectError {
          waits for ever)"
     )]
     OneSided,
-    #[error("--world {world}: the capture has {captured} ranks; --world replays on fewer")]
+    #[error("--world {world}: the capture has {captured} ranks; --world replays on 1 to {captured} of them (compose world makes a larger job)")]
     World { world: usize, captured: usize },
     #[error(
         "--max-collectives: node {id} receives from any source (c10d::recv_any_source_), and \

@@ -328,14 +328,7 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
 fn check_output(a: &GenerateArgs) -> Result<()> {
     let out = &a.output;
     let inputs: Vec<&Path> = a.traces.iter().map(PathBuf::as_path).collect();
-    if out.exists() {
-        let empty = out.is_dir() && out.read_dir()?.next().is_none();
-        if !empty {
-            bail!("{} exists and is not an empty directory", out.display());
-        }
-    } else {
-        mystique_cli::output::check_parent(out)?;
-    }
+    mystique_cli::output::check_new_dir(out)?;
     if let Some(m) = &a.map {
         // The map undoes the anonymisation: it must never travel with the package.
         if mystique_cli::output::inside(m, out) {

@@ -31,7 +31,8 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         Some(n) => {
             anyhow::ensure!(
                 (1..=captured).contains(&n),
-                "--world {n}: the capture has {captured} ranks; --world replays on fewer"
+                "--world {n}: the capture has {captured} ranks; --world replays on 1 to {captured} of \
+                 them (compose world makes a larger job)"
             );
             n
         }
@@ -54,7 +55,8 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         .collect::<Result<_>>()?;
     if !json_out {
         eprintln!(
-            "replaying {n} ranks together over Gloo on loopback (ranks: {}) ...",
+            "replaying {n} rank{} together over Gloo on loopback (ranks: {}) ...",
+            if n == 1 { "" } else { "s" },
             from.phrase()
         );
     }

@@ -39,14 +39,7 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
     );
     let files: Vec<PathBuf> = ranks.into_iter().map(|t| t.path).collect();
     let inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
-    if a.output.exists() {
-        let empty = a.output.is_dir() && a.output.read_dir()?.next().is_none();
-        anyhow::ensure!(
-            empty,
-            "{} exists and is not an empty directory",
-            a.output.display()
-        );
-    }
+    mystique_cli::output::check_new_dir(&a.output)?;
     for p in &inputs {
         anyhow::ensure!(
             !mystique_cli::output::inside(p, &a.output),
