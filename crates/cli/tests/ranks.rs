@@ -287,7 +287,8 @@ fn mismatched_rank_sets_are_refused() {
 }
 
 /// Usage errors of `--ranks` are refused by the launcher, once, before any rank starts: a
-/// pattern that takes in a profile, an option that needs `--only comm`.
+/// pattern that takes in a profile, an option that needs `--only comm`, an unknown collective
+/// kind, a cap of no collective, a timeline with nowhere to go.
 #[test]
 fn ranks_usage_errors_are_refused_before_any_rank_starts() {
     let dir = common::scratch("ranks-usage");
@@ -309,6 +310,37 @@ fn ranks_usage_errors_are_refused_before_any_rank_starts() {
         (
             vec!["--ranks", dlrm_dir, "--world", "4"],
             "--world reshapes the job's communication: it needs --only comm",
+        ),
+        (
+            vec![
+                "--ranks",
+                dlrm_dir,
+                "--only",
+                "comm",
+                "--allow-collectives",
+                "all_reduce,foo",
+            ],
+            "--allow-collectives foo: not a collective kind",
+        ),
+        (
+            vec![
+                "--ranks",
+                dlrm_dir,
+                "--only",
+                "comm",
+                "--max-collectives",
+                "0",
+            ],
+            "--max-collectives 0 keeps no collective",
+        ),
+        (
+            vec![
+                "--ranks",
+                dlrm_dir,
+                "--trace-out",
+                "/nonexistent-dir/t.json",
+            ],
+            "/nonexistent-dir does not exist",
         ),
     ] {
         let out = bin().arg("replay").args(&args).output().unwrap();

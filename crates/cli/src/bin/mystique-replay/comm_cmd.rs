@@ -27,6 +27,21 @@ pub fn check_reshaping(a: &ReplayArgs) -> Result<()> {
              the collectives' tensors at their captured sizes)"
         );
     }
+    // Checked here, where the launcher checks the options once before any rank starts, as
+    // the plan would check them in every rank.
+    if let Some(kinds) = &c.allow_collectives {
+        for k in kinds {
+            ensure!(
+                replay::plan::KINDS.contains(&k.as_str()),
+                "--allow-collectives {k}: not a collective kind (kinds: {})",
+                replay::plan::KINDS.join(", ")
+            );
+        }
+    }
+    ensure!(
+        c.max_collectives != Some(0),
+        "--max-collectives 0 keeps no collective: --only comm would replay nothing"
+    );
     Ok(())
 }
 

@@ -24,6 +24,10 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
         "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
     );
     crate::comm_cmd::check_reshaping(a)?;
+    // Written after every rank ran: its place is checked before any starts.
+    if let Some(p) = &a.trace_out {
+        mystique_cli::output::check(p, &[])?;
+    }
     let (traces, from) = rank_files::discover(spec, a.rank_order)?;
     let captured = traces.len();
     // With --world N, ranks 0..N-1 replay their own traces.
