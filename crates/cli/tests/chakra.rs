@@ -675,3 +675,24 @@ fn astra_sim_order_goes_into_data_deps() {
         "order was not already implied by the tensor edges"
     );
 }
+
+/// A Chakra trace given where an execution trace is wanted is named for what it is, not
+/// reported as JSON that fails at byte 0.
+#[test]
+fn a_chakra_trace_given_as_an_et_is_named() {
+    let out = common::scratch("files").join("mlp.chakra.et");
+    let o = bin()
+        .args(["export", "--chakra"])
+        .arg(shared("cpu/mlp.et.json"))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    for cmd in ["inspect", "graph"] {
+        let o = bin().arg(cmd).arg(&out).output().unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("a Chakra protobuf trace"), "{cmd}: {err}");
+    }
+}

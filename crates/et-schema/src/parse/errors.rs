@@ -9,6 +9,12 @@ use crate::scan::{self, ScanError};
 /// The scan's error as the crate's [`Error`], naming `source`.
 pub(super) fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
     match e {
+        ScanError::Syntax { offset: 0, .. } if looks_like_chakra(bytes) => Error::NotATrace {
+            path: source.to_string(),
+            msg: "it is a Chakra protobuf trace (binary, as `export --chakra` writes for \
+                  simulators): give the JSON execution trace it was made from"
+                .into(),
+        },
         ScanError::Syntax { offset, msg } => Error::Syntax {
             path: source.to_string(),
             offset: offset as u64,
@@ -44,6 +50,16 @@ pub(super) fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
             }
         }
     }
+}
+
+/// A Chakra execution trace's start: a length-delimited protobuf message (a varint length,
+/// then field 1 as bytes) whose first field is Chakra's metadata version (`0.0.4`).
+fn looks_like_chakra(bytes: &[u8]) -> bool {
+    let head = &bytes[..bytes.len().min(16)];
+    head.len() > 4
+        && head[0] < 0x80
+        && head[1] == 0x0a
+        && memchr::memmem::find(head, b"0.0.").is_some()
 }
 
 /// For a truncated file: counts the complete node records before the cut and finds the last id.
