@@ -426,6 +426,18 @@ fn a_job_that_cannot_be_scaled_is_refused_by_name() {
         !o.status.success() && err.contains("larger worlds"),
         "{err}"
     );
+    // A job without subgroups has no family for --data-parallel to name.
+    let o = bin()
+        .args(["compose", "world", &two_ranks(), "--world", "4"])
+        .args(["--data-parallel", "nope", "-o"])
+        .arg(dir.join("dp"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("has no subgroups"),
+        "{err}"
+    );
     // Two single-process traces are no job: nothing records how it scales.
     let single = scratch("single");
     std::fs::create_dir_all(&single).unwrap();

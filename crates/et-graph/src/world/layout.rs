@@ -277,6 +277,10 @@ impl Layout {
             [f] => *f,
             [] => {
                 return Err(WorldError::Layout(match dp {
+                    Some(d) if all.is_empty() => format!(
+                        "--data-parallel {d}: the job has no subgroups, so its world is the \
+                         data-parallel group: leave out --data-parallel"
+                    ),
                     Some(d) => format!(
                         "--data-parallel {d}: no process group family is {d:?}; the job's are {}",
                         describe(&all, &self.families)
