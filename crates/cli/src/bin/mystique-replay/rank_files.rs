@@ -248,7 +248,9 @@ impl RankTrace {
             largest_group: largest_split(t),
             distributed: t.nodes.iter().any(|n| {
                 let name = t.name(n);
-                name == "record_param_comms" || name == "## process_group:init ##"
+                name == "record_param_comms"
+                    || name == "## process_group:init ##"
+                    || name.starts_with("c10d::")
             }),
             path,
         }
@@ -261,7 +263,11 @@ impl RankTrace {
         let bytes =
             et_schema::read_input(&path).with_context(|| format!("reading {}", path.display()))?;
         let t = records_of(&bytes, &path)?;
-        Ok(RankTrace::of(path, &t))
+        let mut r = RankTrace::of(path, &t);
+        // A collective op without a record (schemas before records were written) still makes
+        // the trace a rank of a job.
+        r.distributed |= memchr::memmem::find(&bytes, b"\"c10d::").is_some();
+        Ok(r)
     }
 }
 
