@@ -498,8 +498,8 @@ fn a_thousand_rank_chakra_job_from_two_captured_ranks_decodes() {
 /// The `record_param_comms` records of schemas that keep them in their inputs (1.0.x: tensors,
 /// sequence, group, rank, name, in and out splits, and from 1.0.2 the group's size) follow the
 /// new world as the attributes of later schemas do: the DLRM's all-to-all records at 16 ranks
-/// split over 16, its element types and shapes listed 16 times; a 1.0.2 all-gather record at 4
-/// ranks records a group of 4.
+/// split over 16, its element types and shapes listed 16 times, its tensor its all-to-all's
+/// as resized; a 1.0.2 all-gather record at 4 ranks records a group of 4.
 #[test]
 fn records_in_old_schemas_follow_the_new_world() {
     let out = scratch("dlrm16");
@@ -515,12 +515,27 @@ fn records_in_old_schemas_follow_the_new_world() {
         std::fs::File::open(out.join("world16.rank0.et.json.gz")).unwrap(),
     ))
     .unwrap();
+    let nodes = rank0["nodes"].as_array().unwrap();
+    let by_id: BTreeMap<u64, &serde_json::Value> = nodes
+        .iter()
+        .map(|n| (n["id"].as_u64().unwrap(), n))
+        .collect();
     let mut splits = 0;
-    for n in rank0["nodes"].as_array().unwrap() {
+    for n in nodes {
         let v = &n["inputs"];
         if n["name"] != "record_param_comms" || v[4] != "all_to_allv" {
             continue;
         }
+        // Its tensor is its all-to-all's, resized with it.
+        let parent = by_id[&n["parent"].as_u64().unwrap()];
+        assert!(
+            parent["inputs"].as_array().unwrap().contains(&v[0])
+                && parent["input_shapes"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&n["input_shapes"][0]),
+            "{n} in {parent}"
+        );
         for k in [5, 6] {
             assert_eq!(v[k].as_array().unwrap().len(), 16, "{v}");
             assert_eq!(n["input_shapes"][k].as_array().unwrap().len(), 16, "{n}");

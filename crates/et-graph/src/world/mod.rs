@@ -421,13 +421,18 @@ impl Synth<'_> {
         drop(g);
         // Per-rank buffers made for new list entries are inserted after the run; collected here.
         let mut inserts: Vec<(u64, usize, Vec<Fresh>)> = Vec::new();
+        // Per collective (by node id): its tensor arguments resized, by the tensor id each had
+        // in the capture. Its `record_param_comms` record, nested in it, holds the same tensors.
+        let mut resized_args: HashMap<u64, HashMap<u64, et_schema::Arg>> = HashMap::new();
         for i in order {
             let n = self.t.nodes[i as usize].clone();
             let name = self.t.name(&n).to_string();
             let group = pg[i as usize].as_deref();
             if name == "record_param_comms" {
                 let shape = self.group(&n, group)?;
-                self.record(&n, &shape)?;
+                // Its parent collective ran before it in this order: already resized.
+                let resized = n.parent.and_then(|p| resized_args.get(&p));
+                self.record(&n, &shape, resized)?;
                 continue;
             }
             let Some(op) = name.strip_prefix("c10d::") else {
@@ -450,7 +455,21 @@ impl Synth<'_> {
             };
             let shape = self.group(&n, group)?;
             self.rename_group(&n, &shape);
+            let captured: Vec<et_schema::Arg> = self.t.inputs(&n).to_vec();
             let added = self.c10d(&n, op, &shape)?;
+            let now = self.t.inputs(&n);
+            let by_id: HashMap<u64, et_schema::Arg> = captured
+                .iter()
+                .zip(now)
+                .filter(|(a, b)| a != b)
+                .filter_map(|(a, b)| match a.value {
+                    Value::Tensor(k) => Some((self.t.tensors[k as usize].id, *b)),
+                    _ => None,
+                })
+                .collect();
+            if !by_id.is_empty() {
+                resized_args.insert(n.id, by_id);
+            }
             if !added.is_empty() {
                 inserts.push((n.id, shape.n, added));
             }
@@ -896,8 +915,15 @@ impl Synth<'_> {
         }
     }
 
-    /// A `record_param_comms` record: its rank, group, message sizes and splits.
-    fn record(&mut self, n: &Node, g: &GroupShape) -> Result<(), WorldError> {
+    /// A `record_param_comms` record: its rank, group, message sizes and splits; in schemas
+    /// that keep them in its inputs, its tensors too, as its collective now has them
+    /// (`resized`: by the tensor id each had in the capture).
+    fn record(
+        &mut self,
+        n: &Node,
+        g: &GroupShape,
+        resized: Option<&HashMap<u64, et_schema::Arg>>,
+    ) -> Result<(), WorldError> {
         let kind = crate::summary::collective_name(&self.t, n).unwrap_or_default();
         let flat: String = kind.chars().filter(|c| *c != '_').collect();
         self.rename_group(n, g);
@@ -947,6 +973,20 @@ impl Synth<'_> {
             };
             if let Some(v) = new {
                 self.t.extra_attrs[k as usize].value = v;
+            }
+        }
+        // Its tensors (older schemas record them among its inputs) as its collective's, which
+        // holds the same tensors, resized.
+        if let Some(resized) = resized {
+            for k in n.inputs.start..n.inputs.end {
+                let a = self.t.args[k as usize];
+                if let Value::Tensor(ti) = a.value {
+                    if let Some(b) = resized.get(&self.t.tensors[ti as usize].id) {
+                        self.t.args[k as usize].value = b.value;
+                        self.t.args[k as usize].shape = b.shape;
+                        self.t.args[k as usize].strides = b.strides;
+                    }
+                }
             }
         }
         // Older schemas record it in the inputs: `[tensors, seq, group, rank, name, in_splits,
