@@ -33,8 +33,13 @@ pub fn check_reshaping(a: &ReplayArgs) -> Result<()> {
         for k in kinds {
             ensure!(
                 replay::plan::KINDS.contains(&k.as_str()),
-                "--allow-collectives {k}: not a collective kind (kinds: {})",
-                replay::plan::KINDS.join(", ")
+                "--allow-collectives {k}: not a collective kind (kinds: {}; waits always run)",
+                replay::plan::KINDS
+                    .iter()
+                    .filter(|&&x| x != "wait")
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
