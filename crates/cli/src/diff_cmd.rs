@@ -45,7 +45,7 @@ struct Row {
 
 pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
     if let Some(s) = svg {
-        crate::output::check(s, &[a, b])?;
+        crate::output::check_plot(s, &[a, b])?;
     }
     let (ra, rb) = (read(a)?, read(b)?);
     if ra.package != rb.package {

@@ -175,6 +175,14 @@ fn exclusive<T>(
         .with_context(|| format!("creating a temporary {what} in {}", dir.display()))
 }
 
+/// [`check`] for a plot: its extension must name a format plots are written in (.svg, .png),
+/// checked before the work whose results it draws.
+pub fn check_plot(out: &Path, inputs: &[&Path]) -> Result<()> {
+    check(out, inputs)?;
+    metrics::plot::Format::of(out)?;
+    Ok(())
+}
+
 /// A plot drawn by `draw` in the format `out`'s extension names (.svg or .png), written to
 /// `out` as [`write_atomic`] writes.
 pub fn write_plot(

@@ -1294,3 +1294,25 @@ fn compares_original_line_accounts_for_its_iteration() {
         "{line}"
     );
 }
+
+/// A plot named with an extension plots are not written in is refused before the replay
+/// whose results it would draw, and says which extensions are.
+#[test]
+fn a_plots_format_is_checked_before_the_replay() {
+    for flag in ["--card-plot", "--svg"] {
+        let out = bin()
+            .arg("compare")
+            .arg(shared("cpu/mlp.linked.et.json"))
+            .arg(shared("cpu/mlp.kineto.json"))
+            .args([flag, "/tmp/mystique-plot-format-check.pdf"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(".svg or .png"), "{flag}: {err}");
+        assert!(
+            !err.contains("[replay]"),
+            "{flag}: refused before the replay: {err}"
+        );
+    }
+}

@@ -13,7 +13,7 @@ use std::path::Path;
 /// Replays a linked ET and compares it op by op with its Kineto trace.
 pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     for p in [&a.svg, &a.card_plot].into_iter().flatten() {
-        mystique_cli::output::check(p, &[a.trace.as_path(), a.kineto.as_path()])?;
+        mystique_cli::output::check_plot(p, &[a.trace.as_path(), a.kineto.as_path()])?;
     }
     if let (Some(x), Some(y)) = (&a.svg, &a.card_plot) {
         anyhow::ensure!(
