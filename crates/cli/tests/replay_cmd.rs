@@ -448,7 +448,8 @@ fn paced_blocks_need_an_iteration() {
 }
 
 /// One of a trace's four profiled iterations replays with gaps typical of all four (the report
-/// says how many), or of its own with --gaps-of-one-iteration.
+/// says how many), or of its own with --gaps-of-one-iteration; options that would do nothing
+/// are refused.
 #[test]
 fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     let data = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../et-graph/tests/data");
@@ -484,6 +485,32 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     let own = run(&["--gaps-of-one-iteration"]);
     assert_eq!(own["gap_model"]["capture_iterations"], 1);
     assert_eq!(typical["ops_selected"], own["ops_selected"]);
+    // Options that would do nothing are refused before the replay: the gaps of one iteration
+    // without one picked; gaps with --only comm (spun before the ops it leaves out); --only
+    // comm of a trace with no collective.
+    for (extra, says) in [
+        (
+            &["--emulate-gaps", "--gaps-of-one-iteration"][..],
+            "the one iteration --iteration N picks",
+        ),
+        (
+            &["--emulate-gaps", "--only", "comm"],
+            "--emulate-gaps with --only comm",
+        ),
+        (&["--only", "comm"], "holds no collective"),
+    ] {
+        let out = bin()
+            .arg("replay")
+            .arg(data.join("steps.linked.et.json.gz"))
+            .arg("--kineto")
+            .arg(data.join("steps.kineto.json.gz"))
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
 }
 
 /// `replay` of the bundled four-step trace with gaps from its profile (taken without the

@@ -62,6 +62,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
         iterations,
         ..Default::default()
     })?;
+    crate::replay_cmd::only_keeps_some(&g, &set, a.run.only, &a.trace)?;
     let linked = linked(&g, &set, &a.kineto, true)?;
     let original = Original::of(&linked, device);
     if let (Some(m), false) = (original.mismatch, json) {

@@ -143,6 +143,19 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
             anyhow::bail!("{} is given for two outputs", p.display());
         }
     }
+    anyhow::ensure!(
+        !a.gaps_of_one_iteration || a.iteration.as_ref().is_some_and(|i| i.len() == 1),
+        "--gaps-of-one-iteration takes the gaps of the one iteration --iteration N picks: give \
+         one"
+    );
+    // The gaps are the original's time between its compute ops: a replay of its collectives
+    // alone spins none of them (--paced-by-trace paces collectives by the capture instead).
+    anyhow::ensure!(
+        !(a.emulate_gaps && a.run.only == et_graph::Kind::Comm),
+        "--emulate-gaps with --only comm: the gaps are spun before the ops --only comm leaves \
+         out, so none would be; --paced-by-trace paces the collectives as the capture issued \
+         them"
+    );
     let reference_original = reference_original(a, path)?;
     let timeout = std::time::Duration::from_secs(a.timeout);
     let dist = replay::DistOptions::from_env(timeout).map_err(anyhow::Error::msg)?;
@@ -192,6 +205,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         iterations: a.iteration.clone(),
         ..Default::default()
     })?;
+    only_keeps_some(&g, &set, a.run.only, path)?;
     let comm = crate::comm_cmd::options(a, &g, &set, dist.as_ref(), in_dir)?;
     let profile = a
         .kineto
@@ -565,6 +579,38 @@ pub(crate) fn original_threads(
         tch::set_num_threads(n as i32);
         n
     })
+}
+
+/// Refuses a selection that `--only` empties (a trace with no collective replayed `--only
+/// comm`): nothing would be replayed, and a report of nothing reads as a result.
+pub(crate) fn only_keeps_some(
+    g: &Graph,
+    set: &et_graph::ReplaySet,
+    only: et_graph::Kind,
+    path: &Path,
+) -> Result<()> {
+    if only == et_graph::Kind::All {
+        return Ok(());
+    }
+    let comm = only == et_graph::Kind::Comm;
+    let kept = set
+        .ops
+        .iter()
+        .filter(|&&i| g.class[i as usize].contains(et_graph::OpClass::COLLECTIVE) == comm)
+        .count();
+    anyhow::ensure!(
+        kept > 0,
+        "--only {}: none of the {} ops selected is one ({} holds {})",
+        if comm { "comm" } else { "compute" },
+        set.ops.len(),
+        path.display(),
+        if comm {
+            "no collective"
+        } else {
+            "collectives only"
+        }
+    );
+    Ok(())
 }
 
 /// The capture's `STEM.meta.json` beside the trace, read, and its path.
