@@ -1343,3 +1343,38 @@ fn a_plots_format_is_checked_before_the_replay() {
         );
     }
 }
+
+/// A reference written for one capture and given with another's is named in a warning; the
+/// same capture's linked ET takes its clean ET's reference without one.
+#[test]
+fn another_captures_reference_is_warned_of() {
+    let reference = common::scratch("files").join("mlp.reference.json");
+    let out = bin()
+        .arg("replay")
+        .arg(shared("cpu/mlp.et.json"))
+        .arg("--reference-out")
+        .arg(&reference)
+        .args(["--threads", "1", "--iters", "2", "--warmup", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let anchored = |et: &str, kineto: &str| {
+        let out = bin()
+            .arg("replay")
+            .arg(shared(et))
+            .arg("--kineto")
+            .arg(shared(kineto))
+            .arg("--emulate-gaps")
+            .arg("--reference")
+            .arg(&reference)
+            .args(["--threads", "1", "--iters", "1", "--warmup", "0"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let other = anchored("cpu/cnn.linked.et.json.gz", "cpu/cnn.kineto.json.gz");
+    assert!(other.contains("is the reference of"), "{other}");
+    let same = anchored("cpu/mlp.linked.et.json", "cpu/mlp.kineto.json");
+    assert!(!same.contains("is the reference of"), "{same}");
+}

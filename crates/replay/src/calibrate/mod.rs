@@ -279,6 +279,19 @@ fn rebased_with_gaps(
 
 /// Logs how the model was anchored on `reference`, or warns that it could not be.
 fn report_anchor(model: &et_graph::GapModel, reference: &et_graph::Reference) {
+    // Hosts differ by a few times at most: an op time tens of times the reference's own is
+    // another trace's reference (its model or its iterations), not this one's.
+    if let Some(a) = model
+        .anchored
+        .as_ref()
+        .filter(|a| !(0.2..=5.0).contains(&a.host_ratio))
+    {
+        eprintln!(
+            "warning: this host's plain op time ({:.3} ms) is x{:.3} the reference's ({:.3} ms): \
+             is the reference this trace's, over the same ops? The anchored gaps follow it",
+            a.replay_op_ms, a.host_ratio, reference.replay_op_ms
+        );
+    }
     match &model.anchored {
         Some(a) => log::info!(
             "gap model anchored: {:.3} ms original over {:.3} ms of plain replay ops at the \

@@ -369,6 +369,9 @@ fn gap_model(
         .map(calibrate::read_reference)
         .transpose()?
         .map(et_graph::Reference::from);
+    if let (Some(r), Some(t)) = (&a.reference, &a.trace) {
+        warn_other_traces_reference(r, t);
+    }
     Ok(match (linked, a.emulate_gaps) {
         (Some(linked), true) => Some(calibrate::calibrated_gaps(
             g,
@@ -579,6 +582,38 @@ pub(crate) fn original_threads(
         tch::set_num_threads(n as i32);
         n
     })
+}
+
+/// Warns where a reference written by `--reference-out` names another capture than `trace`
+/// (its file name, the clean and the linked ET of one capture alike).
+fn warn_other_traces_reference(reference: &Path, trace: &Path) {
+    let stem = |name: &str| -> String {
+        let name = Path::new(name)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(name)
+            .to_string();
+        let mut s = name.as_str();
+        for suffix in [".gz", ".json", ".et", ".linked"] {
+            s = s.strip_suffix(suffix).unwrap_or(s);
+        }
+        s.to_string()
+    };
+    let recorded = std::fs::read(reference)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["trace"].as_str().map(str::to_string));
+    if let Some(r) = recorded {
+        let here = stem(&trace.display().to_string());
+        if stem(&r) != here {
+            eprintln!(
+                "warning: {} is the reference of {r}, not of {}: its original and replay times \
+                 are another capture's",
+                reference.display(),
+                trace.display()
+            );
+        }
+    }
 }
 
 /// Refuses a selection that `--only` empties (a trace with no collective replayed `--only
