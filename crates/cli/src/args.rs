@@ -244,7 +244,7 @@ pub struct ReplayArgs {
     /// Only these ProfilerStep#N iterations (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub iteration: Option<Vec<u64>>,
-    /// Stop at the first failing op.
+    /// Stop at the first failing op (exit 2: the run did not complete).
     #[arg(long)]
     pub strict: bool,
     /// Write a Chrome/Perfetto trace of the last measured iteration (one slice per op; on CUDA

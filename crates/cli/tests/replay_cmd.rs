@@ -889,6 +889,11 @@ fn a_reference_is_written_on_the_capture_host() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--original-wait-ms"), "{err}");
     assert!(!waited.exists());
+    // A part of the iteration is no reference for the whole: refused before the replay.
+    let out = base().args(["--only", "compute"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not with --only"), "{err}");
     // No original time: refused up front, nothing written.
     let missing = dir.join("none.json");
     let out = bin()

@@ -63,7 +63,7 @@ pub fn calibrated_gaps(
             "note: the gaps come from a profile taken under the execution trace observer, whose \
              cost is most of each gap there: from that profile alone the replay's iteration can \
              be off the original's by tens of percent. A reference timed on the capture host \
-             (--reference), or a profile taken without the observer, pins it \
+             (`replay --reference`), or a profile taken without the observer, pins it \
              (docs/gap-model.md, \"Which to use\")"
         );
     }

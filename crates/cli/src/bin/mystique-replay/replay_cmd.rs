@@ -309,6 +309,11 @@ fn own_rank_trace(
 /// The original's side of `--reference-out`, checked before the replay (without it the
 /// replay is not worth running): `--original-ms`, or the capture's `NAME.meta.json`.
 fn reference_original(a: &ReplayArgs, path: &Path) -> Result<Option<calibrate::ReferenceOriginal>> {
+    // A reference sets the original's whole iteration beside the replay's: both whole.
+    anyhow::ensure!(
+        a.reference_out.is_none() || a.run.only == et_graph::Kind::All,
+        "--reference-out times the whole iteration beside the original's: not with --only"
+    );
     match (&a.reference_out, a.original_ms) {
         (None, _) => None,
         (Some(_), Some(ms)) => {
