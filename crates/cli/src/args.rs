@@ -275,8 +275,9 @@ pub struct ReplayArgs {
     /// it.
     #[arg(long, conflicts_with = "memory_profile")]
     pub frees_at_last_use: bool,
-    /// Reproduce the original run's time outside operators (Python, autograd) between ops.
-    /// With one of a trace's several ProfilerStep#N iterations chosen (--iteration N), the
+    /// Reproduce the original run's time outside operators (Python, autograd) between ops,
+    /// from the --kineto profile. With one of a trace's several ProfilerStep#N iterations
+    /// chosen (--iteration N), the
     /// gaps and op times are typical of all its iterations that ran the same ops (each the
     /// least over them), so one iteration's cold start or stalls do not count.
     #[arg(long, requires = "kineto")]
