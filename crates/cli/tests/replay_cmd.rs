@@ -486,8 +486,8 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
     assert_eq!(own["gap_model"]["capture_iterations"], 1);
     assert_eq!(typical["ops_selected"], own["ops_selected"]);
     // Options that would do nothing are refused before the replay: the gaps of one iteration
-    // without one picked; gaps with --only comm (spun before the ops it leaves out); --only
-    // comm of a trace with no collective.
+    // without one picked; gaps with --only comm (spun before the ops it leaves out). --only
+    // comm of a trace with no collective replays nothing, and says so.
     for (extra, says) in [
         (
             &["--emulate-gaps", "--gaps-of-one-iteration"][..],
@@ -497,7 +497,6 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
             &["--emulate-gaps", "--only", "comm"],
             "--emulate-gaps with --only comm",
         ),
-        (&["--only", "comm"], "holds no collective"),
     ] {
         let out = bin()
             .arg("replay")
@@ -511,6 +510,18 @@ fn gaps_of_one_of_several_iterations_are_typical_of_them_all() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{extra:?}: {err}");
     }
+    let out = bin()
+        .arg("replay")
+        .arg(data.join("steps.linked.et.json.gz"))
+        .args(["--only", "comm", "--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("holds no collective): nothing is replayed"),
+        "{err}"
+    );
 }
 
 /// `replay` of the bundled four-step trace with gaps from its profile (taken without the
@@ -1382,4 +1393,20 @@ fn another_captures_reference_is_warned_of() {
     assert!(other.contains("is the reference of"), "{other}");
     let same = anchored("cpu/mlp.linked.et.json", "cpu/mlp.kineto.json");
     assert!(!same.contains("is the reference of"), "{same}");
+}
+
+/// `compare --only comm` of a trace with no collective has nothing to set beside the
+/// original, and is refused before the replay rather than printing a card of nothing.
+#[test]
+fn compare_refuses_an_only_that_leaves_nothing() {
+    let out = bin()
+        .arg("compare")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .arg(shared("cpu/mlp.kineto.json"))
+        .args(["--only", "comm"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds no collective"), "{err}");
 }
