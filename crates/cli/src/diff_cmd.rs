@@ -120,7 +120,15 @@ pub fn run(a: &Path, b: &Path, svg: Option<&Path>, json: bool) -> Result<()> {
             pairs.len()
         );
         crate::output::write_plot(s, |f| {
-            metrics::plot::pairs(f, &title, unit, ("A", "B"), "B / A", &pairs)
+            metrics::plot::pairs(
+                f,
+                &title,
+                unit,
+                ("A", "B"),
+                "B / A",
+                metrics::plot::Shading::Direction,
+                &pairs,
+            )
         })?;
     }
     let (sa, sb) = (settings(&ra), settings(&rb));

@@ -227,7 +227,7 @@ fn compare_reports_ratios_and_an_svg() {
         !s.contains(&*shared("cpu").to_string_lossy()),
         "an absolute path in the plot"
     );
-    assert!(s.contains("replay / original (log scale)"));
+    assert!(s.contains("replay / original (log scale; green within 10% of 1)"));
     std::fs::remove_file(&svg).unwrap();
 }
 

@@ -269,6 +269,38 @@ fn ratio_range(ratios: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo / span.powf(0.04), hi * span.powf(0.3).max(1.4))
 }
 
+/// How a ratio's bar is coloured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shading {
+    /// By direction: right of 1 (the second run larger: slower, for times) red, left green. For
+    /// two runs of one benchmark (`diff`).
+    Direction,
+    /// By closeness to 1: within ±10% green, beyond it red, whichever side. For a replay set
+    /// beside its original, where neither side of 1 is better.
+    Closeness,
+}
+
+impl Shading {
+    fn color(self, r: f64) -> RGBColor {
+        let good = match self {
+            Shading::Direction => r <= 1.0,
+            Shading::Closeness => (0.9..=1.1).contains(&r),
+        };
+        if good {
+            FASTER
+        } else {
+            SLOWER
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Shading::Direction => "log scale",
+            Shading::Closeness => "log scale; green within 10% of 1",
+        }
+    }
+}
+
 /// Two runs side by side, one row per label: on the left each run's value (`unit`, a linear
 /// axis from 0), on the right the second's ratio to the first (log axis, `ratio_desc` its
 /// title; right of 1 the second is larger: slower, for times). `names`: the two runs, in the
@@ -279,6 +311,7 @@ pub fn pairs(
     unit: &str,
     names: (&str, &str),
     ratio_desc: &str,
+    shading: Shading,
     rows: &[Pair],
 ) -> Result<Vec<u8>, PlotError> {
     let max = rows
@@ -299,6 +332,7 @@ pub fn pairs(
         unit,
         names,
         ratio_desc,
+        shading,
         rows,
         labels,
         label_px,
@@ -313,6 +347,7 @@ struct Pairs<'a> {
     unit: &'a str,
     names: (&'a str, &'a str),
     ratio_desc: &'a str,
+    shading: Shading,
     rows: &'a [Pair],
     labels: Vec<String>,
     label_px: u32,
@@ -387,6 +422,7 @@ impl Figure for Pairs<'_> {
         ratio_panel(
             &right,
             self.ratio_desc,
+            self.shading,
             self.range,
             &rows
                 .iter()
@@ -397,12 +433,13 @@ impl Figure for Pairs<'_> {
     }
 }
 
-/// The ratio of each row on a log axis from 1: right of it (larger) in red, left in green,
-/// the ratio written at the bar's end with its note. With `labels`, the rows are labelled
+/// The ratio of each row on a log axis from 1, coloured by `shading`, the ratio written at the
+/// bar's end with its note. With `labels`, the rows are labelled
 /// there; without, they line up with a panel beside it.
 fn ratio_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     desc: &str,
+    shading: Shading,
     (lo, hi): (f64, f64),
     rows: &[(f64, String)],
     labels: Option<(&[String], u32)>,
@@ -432,7 +469,7 @@ fn ratio_panel<DB: DrawingBackend>(
             }
             _ => String::new(),
         })
-        .x_desc(format!("{desc} (log scale)"))
+        .x_desc(format!("{desc} ({})", shading.says()))
         .x_label_formatter(&|v| tick_text(*v))
         .label_style((FAMILY, 13))
         .axis_desc_style((FAMILY, 14))
@@ -443,7 +480,7 @@ fn ratio_panel<DB: DrawingBackend>(
     c.draw_series(rows.iter().enumerate().filter_map(|(i, (r, _))| {
         let i = at(i);
         (r.is_finite() && *r > 0.0).then(|| {
-            let color = if *r > 1.0 { SLOWER } else { FASTER };
+            let color = shading.color(*r);
             let mut rect = Rectangle::new(
                 [
                     (1.0, SegmentValue::Exact(i)),
@@ -546,6 +583,7 @@ impl Figure for Ratios<'_> {
         ratio_panel(
             &root,
             self.desc,
+            Shading::Closeness,
             self.range,
             &self.data,
             Some((&self.labels, self.label_px)),
@@ -631,6 +669,7 @@ mod tests {
             "ms per iteration",
             ("A", "B"),
             "B / A",
+            Shading::Direction,
             &rows,
         )
         .unwrap();
@@ -647,8 +686,29 @@ mod tests {
         }
         let e = Format::of(Path::new("x.pdf")).unwrap_err();
         assert!(matches!(e, PlotError::Format { .. }), "{e}");
-        let e = pairs(Format::Svg, "t", "ms", ("A", "B"), "B / A", &[]).unwrap_err();
+        let e = pairs(
+            Format::Svg,
+            "t",
+            "ms",
+            ("A", "B"),
+            "B / A",
+            Shading::Direction,
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, PlotError::Empty), "{e}");
+    }
+
+    /// Two runs of one benchmark are coloured by which is faster; a replay beside its original
+    /// by how close it is, whichever side of 1.
+    #[test]
+    fn bars_are_coloured_by_direction_or_by_closeness() {
+        assert_eq!(Shading::Direction.color(0.5), FASTER);
+        assert_eq!(Shading::Direction.color(1.2), SLOWER);
+        assert_eq!(Shading::Closeness.color(0.95), FASTER);
+        assert_eq!(Shading::Closeness.color(1.08), FASTER);
+        assert_eq!(Shading::Closeness.color(0.5), SLOWER);
+        assert_eq!(Shading::Closeness.color(1.2), SLOWER);
     }
 
     #[test]
@@ -714,6 +774,7 @@ mod png_tests {
             "ms per iteration",
             ("A", "B"),
             "B / A",
+            Shading::Direction,
             &rows,
         )
         .unwrap();

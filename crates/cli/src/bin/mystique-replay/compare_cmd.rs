@@ -425,7 +425,15 @@ impl<'a> Compared<'a> {
             },
         );
         mystique_cli::output::write_plot(out, |f| {
-            metrics::plot::pairs(f, &title, unit, names, "replay / original", &pairs)
+            metrics::plot::pairs(
+                f,
+                &title,
+                unit,
+                names,
+                "replay / original",
+                metrics::plot::Shading::Closeness,
+                &pairs,
+            )
         })
     }
 
