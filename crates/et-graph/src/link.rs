@@ -158,11 +158,14 @@ pub fn link(g: &Graph, set: &ReplaySet, k: &KinetoTrace) -> Result<Link, LinkErr
     // Every rank runs the same code: another rank's Kineto trace matches record function ids
     // and names one for one, so the recorded ranks must agree.
     // An ET that records no rank has it in its file name where it is one of a job's
-    // (`NAME.rankR.et.json`, `rankR.et.json`).
+    // (`NAME.rankR.et.json`, `rankR.et.json`): only a number the name calls a rank, not one
+    // that may be a version.
     let recorded = crate::summary::recorded_rank(t);
-    let et_rank = recorded
-        .map(|r| (r, false))
-        .or_else(|| rank_in_name(&t.source).map(|r| (r, true)));
+    let et_rank = recorded.map(|r| (r, false)).or_else(|| {
+        crate::summary::rank_in_name(std::path::Path::new(&t.source))
+            .filter(|&(_, said)| said)
+            .map(|(r, _)| (r, true))
+    });
     if let (Some((et_rank, by_name)), Some(kineto_rank)) = (et_rank, k.rank) {
         if et_rank as i64 != kineto_rank {
             return Err(LinkError::OtherRank {
@@ -763,12 +766,4 @@ fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)
         }
     }
     out
-}
-
-/// The rank a job's trace file is named with: a `rankR` part of its file name between dots
-/// (`dist.rank1.et.json`, `rank1.et.json.gz`).
-fn rank_in_name(source: &str) -> Option<u64> {
-    let name = std::path::Path::new(source).file_name()?.to_str()?;
-    name.split('.')
-        .find_map(|part| part.strip_prefix("rank").and_then(|r| r.parse().ok()))
 }

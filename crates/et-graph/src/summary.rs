@@ -96,6 +96,51 @@ pub fn is_point_to_point(t: &Trace, n: &et_schema::Node) -> bool {
     )
 }
 
+/// The rank a file name gives: a number after `rank` (`rank3`, `rank_7`, `-rank-2`), else the
+/// last number standing alone between separators (`job_et_0.json`, `trace.7.json`). With it,
+/// whether the name says `rank` before it (a name such as `model_1.0.2.json` gives a number by
+/// the second reading that is no rank for certain).
+pub fn rank_in_name(path: &std::path::Path) -> Option<(u64, bool)> {
+    let name = path.file_name()?.to_str()?.to_ascii_lowercase();
+    let stem = name
+        .trim_end_matches(".gz")
+        .trim_end_matches(".json")
+        .trim_end_matches(".et");
+    // Digit runs with what stands before and after them.
+    let bytes = stem.as_bytes();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            runs.push((start, i));
+        } else {
+            i += 1;
+        }
+    }
+    let number = |(s, e): (usize, usize)| stem[s..e].parse::<u64>().ok();
+    let after_rank = runs.iter().rev().find(|&&(s, _)| {
+        let before = stem[..s].trim_end_matches(['_', '-', '.']);
+        before.ends_with("rank")
+    });
+    if let Some(&run) = after_rank {
+        return number(run).map(|r| (r, true));
+    }
+    let alone = |&&(s, e): &&(usize, usize)| {
+        let sep = |c: Option<u8>| c.is_none_or(|c| matches!(c, b'_' | b'-' | b'.'));
+        sep(s.checked_sub(1).map(|k| bytes[k])) && sep(bytes.get(e).copied())
+    };
+    runs.iter()
+        .rev()
+        .find(alone)
+        .copied()
+        .and_then(number)
+        .map(|r| (r, false))
+}
+
 /// The rank a trace was captured on, where it recorded one: a `record_param_comms` record's
 /// `rank` attribute, or (older schemas) the integer input just before its collective's name.
 pub fn recorded_rank(t: &Trace) -> Option<u64> {

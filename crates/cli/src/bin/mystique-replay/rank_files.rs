@@ -121,42 +121,9 @@ fn classify(head: &str) -> Kind {
     }
 }
 
-/// The rank a file name gives: a number after `rank` (`rank3`, `rank_7`, `-rank-2`), else the
-/// last number standing alone between separators (`job_et_0.json`, `trace.7.json`).
+/// The rank a file name gives ([`et_graph::summary::rank_in_name`]).
 pub fn rank_in_name(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?.to_ascii_lowercase();
-    let stem = name
-        .trim_end_matches(".gz")
-        .trim_end_matches(".json")
-        .trim_end_matches(".et");
-    // Digit runs with what stands before and after them.
-    let bytes = stem.as_bytes();
-    let mut runs = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i].is_ascii_digit() {
-            let start = i;
-            while i < bytes.len() && bytes[i].is_ascii_digit() {
-                i += 1;
-            }
-            runs.push((start, i));
-        } else {
-            i += 1;
-        }
-    }
-    let number = |(s, e): (usize, usize)| stem[s..e].parse::<u64>().ok();
-    let after_rank = runs.iter().rev().find(|&&(s, _)| {
-        let before = stem[..s].trim_end_matches(['_', '-', '.']);
-        before.ends_with("rank")
-    });
-    if let Some(&run) = after_rank {
-        return number(run);
-    }
-    let alone = |&&(s, e): &&(usize, usize)| {
-        let sep = |c: Option<u8>| c.is_none_or(|c| matches!(c, b'_' | b'-' | b'.'));
-        sep(s.checked_sub(1).map(|k| bytes[k])) && sep(bytes.get(e).copied())
-    };
-    runs.iter().rev().find(alone).copied().and_then(number)
+    et_graph::summary::rank_in_name(path).map(|(rank, _)| rank)
 }
 
 /// Rank trace files of `spec`: every execution trace of a directory (linked twins left out:
