@@ -178,11 +178,7 @@ pub fn repeat(t: &Trace, n: usize) -> Result<Trace, ComposeError> {
 /// in the original, copy `k`'s are `lo + k*(hi-lo+1) ..`. The copies are the nodes after the
 /// first `original` of `out`, `per_copy` nodes each. A label whose number would overflow stays.
 fn renumber_iterations(out: &mut Trace, original: usize, per_copy: usize) {
-    let step = |t: &Trace, i: usize| {
-        t.name(&t.nodes[i])
-            .strip_prefix("ProfilerStep#")
-            .and_then(|s| s.parse::<u64>().ok())
-    };
+    let step = |t: &Trace, i: usize| step_number(t, &t.nodes[i]);
     let nums: Vec<u64> = (0..original).filter_map(|i| step(out, i)).collect();
     let (Some(&lo), Some(&hi)) = (nums.iter().min(), nums.iter().max()) else {
         return;
@@ -244,12 +240,8 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
         .filter(|n| t_is_thread(&b, n))
         .filter_map(|n| Some((n.id, *a_threads.get(&n.tid?)?)))
         .collect();
-    let steps = |t: &Trace| -> Vec<u64> {
-        t.nodes
-            .iter()
-            .filter_map(|n| t.name(n).strip_prefix("ProfilerStep#")?.parse().ok())
-            .collect()
-    };
+    let steps =
+        |t: &Trace| -> Vec<u64> { t.nodes.iter().filter_map(|n| step_number(t, n)).collect() };
     // b's iterations numbered on from a's where their numbers would repeat a's (a trace
     // concatenated with itself), as `repeat` numbers its copies: `--iteration N` picks one.
     let renumber = match (steps(a).iter().max(), steps(&b).iter().min()) {
@@ -285,11 +277,7 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
             None => None,
         };
         if let Some(shift) = renumber {
-            let step = b
-                .name(&n)
-                .strip_prefix("ProfilerStep#")
-                .and_then(|k| k.parse::<u64>().ok());
-            if let Some(new) = step.and_then(|k| k.checked_add(shift)) {
+            if let Some(new) = step_number(&b, &n).and_then(|k| k.checked_add(shift)) {
                 n.name = b.strings.intern(&format!("ProfilerStep#{new}"));
             }
         }
@@ -307,6 +295,11 @@ pub fn concat(a: &Trace, b: &Trace) -> Result<Trace, ComposeError> {
 fn t_is_process(t: &Trace, n: &et_schema::Node) -> bool {
     let name = t.name(n);
     is_root_name(name) && name.ends_with("process]")
+}
+
+/// N of a `ProfilerStep#N` node.
+fn step_number(t: &Trace, n: &et_schema::Node) -> Option<u64> {
+    t.name(n).strip_prefix("ProfilerStep#")?.parse().ok()
 }
 
 fn t_is_thread(t: &Trace, n: &et_schema::Node) -> bool {
