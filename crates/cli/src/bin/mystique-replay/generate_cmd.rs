@@ -231,13 +231,8 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
             .any(|k| !matches!(CaptureFile::of(k), Some(CaptureFile::Timing)));
     // A twin is in the same directory, under the same name.
     let stem_of = |p: &Path| -> Option<(PathBuf, bool)> {
-        let name = p.file_name()?.to_str()?;
-        let name = name.strip_suffix(".gz").unwrap_or(name);
-        let stem = name.strip_suffix(".et.json")?;
-        Some(match stem.strip_suffix(".linked") {
-            Some(s) => (p.with_file_name(s), true),
-            None => (p.with_file_name(stem), false),
-        })
+        let (stem, linked) = crate::replay_cmd::capture_stem(p)?;
+        Some((p.with_file_name(stem), linked))
     };
     let stems: Vec<Option<(PathBuf, bool)>> = out.traces.iter().map(|p| stem_of(p)).collect();
     let mut keep = vec![true; out.traces.len()];

@@ -595,25 +595,18 @@ pub(crate) fn original_threads(
 /// Warns where a reference written by `--reference-out` names another capture than `trace`
 /// (its file name, the clean and the linked ET of one capture alike).
 fn warn_other_traces_reference(reference: &Path, trace: &Path) {
-    let stem = |name: &str| -> String {
-        let name = Path::new(name)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or(name)
-            .to_string();
-        let mut s = name.as_str();
-        for suffix in [".gz", ".json", ".et", ".linked"] {
-            s = s.strip_suffix(suffix).unwrap_or(s);
-        }
-        s.to_string()
+    // The capture's name, else (a trace not named as captures are) the file's.
+    let name = |p: &Path| -> Option<String> {
+        capture_stem(p)
+            .map(|(stem, _)| stem.to_string())
+            .or_else(|| Some(p.file_name()?.to_str()?.to_string()))
     };
     let recorded = std::fs::read(reference)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["trace"].as_str().map(str::to_string));
     if let Some(r) = recorded {
-        let here = stem(&trace.display().to_string());
-        if stem(&r) != here {
+        if name(Path::new(&r)) != name(trace) {
             eprintln!(
                 "warning: {} is the reference of {r}, not of {}: its original and replay times \
                  are another capture's",
@@ -656,17 +649,23 @@ pub(crate) fn only_keeps_some(
     Ok(())
 }
 
+/// The capture an execution trace's file name is of, `NAME` of `NAME.et.json[.gz]` and of
+/// `NAME.linked.et.json[.gz]` alike, and whether it is the linked one.
+pub(crate) fn capture_stem(trace: &Path) -> Option<(&str, bool)> {
+    let file = trace.file_name()?.to_str()?;
+    let et = file
+        .strip_suffix(".gz")
+        .unwrap_or(file)
+        .strip_suffix(".et.json")?;
+    Some(match et.strip_suffix(".linked") {
+        Some(stem) => (stem, true),
+        None => (et, false),
+    })
+}
+
 /// The capture's `STEM.meta.json` beside the trace, read, and its path.
 pub(crate) fn meta_of(trace: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
-    let file = trace.file_name()?.to_str()?;
-    let stem = [
-        ".linked.et.json.gz",
-        ".linked.et.json",
-        ".et.json.gz",
-        ".et.json",
-    ]
-    .iter()
-    .find_map(|s| file.strip_suffix(s))?;
+    let (stem, _) = capture_stem(trace)?;
     let meta = trace.with_file_name(format!("{stem}.meta.json"));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).ok()?).ok()?;
     Some((v, meta))
