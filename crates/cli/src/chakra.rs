@@ -609,12 +609,7 @@ pub fn export(
             "ctrl_deps": ctrl,
             "tensor_edges": x.tensor_edges,
         });
-        // With the trace on stdout, the summary goes to stderr.
-        if out.as_os_str() == "-" {
-            eprintln!("{j}");
-        } else {
-            writeln!(std::io::stdout(), "{j}")?;
-        }
+        crate::compose_cmd::json_summary(out, &j)?;
     } else if out.as_os_str() != "-" {
         let types: Vec<String> = x
             .by_type()

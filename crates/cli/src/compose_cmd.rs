@@ -75,15 +75,22 @@ pub fn set_json(on: bool) {
     JSON.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// `--json`'s summary of what was written to `out`: on stdout, or on stderr where the output
+/// itself goes to stdout (`-o -`).
+pub(crate) fn json_summary(out: &Path, j: &serde_json::Value) -> Result<()> {
+    if out.as_os_str() == "-" {
+        eprintln!("{j}");
+    } else {
+        writeln!(std::io::stdout(), "{j}")?;
+    }
+    Ok(())
+}
+
 fn report(t: &et_schema::Trace, out: &Path, what: &str) -> Result<()> {
     if JSON.load(std::sync::atomic::Ordering::Relaxed) {
         let g = Graph::new(t);
         let j = serde_json::json!({"output": out.display().to_string(), "what": what, "nodes": t.nodes.len(), "ops": g.replay_set(None).ops.len(), "schema": t.meta.schema});
-        if out.as_os_str() == "-" {
-            eprintln!("{j}");
-        } else {
-            writeln!(std::io::stdout(), "{j}")?;
-        }
+        json_summary(out, &j)?;
     } else if out.as_os_str() != "-" {
         eprintln!("{what}: wrote {} nodes to {}", t.nodes.len(), out.display());
     }
@@ -239,12 +246,7 @@ pub fn export_dot(trace: &Path, f: &Filters, out: &Path) -> Result<()> {
     crate::output::write_atomic_gz(out, |w| Ok(w.write_all(dot.as_bytes())?))?;
     let summary = serde_json::json!({"output": out.display().to_string(), "what": "dot", "ops": set.ops.len(), "edges": tensors.edges.len()});
     if JSON.load(std::sync::atomic::Ordering::Relaxed) {
-        // With the DOT on stdout, the summary goes to stderr.
-        if out.as_os_str() == "-" {
-            eprintln!("{summary}");
-        } else {
-            writeln!(std::io::stdout(), "{summary}")?;
-        }
+        json_summary(out, &summary)?;
     } else if out.as_os_str() != "-" {
         eprintln!(
             "exported {} ops, {} edges to {}",
