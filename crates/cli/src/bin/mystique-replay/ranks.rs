@@ -33,11 +33,9 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     // With --world N, ranks 0..N-1 replay their own traces.
     let n = match a.comm.world {
         Some(n) => {
-            anyhow::ensure!(
-                (1..=captured).contains(&n),
-                "--world {n}: the capture has {captured} ranks; --world replays on 1 to {captured} of \
-                 them (compose world makes a larger job)"
-            );
+            if !(1..=captured).contains(&n) {
+                return Err(replay::plan::CommSelectError::World { world: n, captured }.into());
+            }
             n
         }
         None => captured,
