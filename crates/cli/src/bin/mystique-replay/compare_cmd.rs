@@ -258,8 +258,7 @@ impl<'a> Compared<'a> {
         let mut cmp = et_graph::compare_ops(orig, &names, &plain, &profiled);
         // Ops whose calls failed first (the replay lacks their time, whatever the others'
         // differences), then the largest differences: the table's 15 rows always show them.
-        cmp.ops
-            .sort_by_key(|row| !r.failures.iter().any(|f| f.op == row.op));
+        cmp.ops.sort_by_key(|row| failed_calls(r, &row.op) == 0);
         let orig_ops_ms: f64 = orig.op_us.iter().flatten().sum::<f64>() / 1000.0;
         let gaps_ms: f64 = orig.gap_us.iter().sum::<f64>() / 1000.0;
         let orig_iter_ms = orig.span_us / 1000.0;
@@ -713,15 +712,8 @@ impl<'a> Compared<'a> {
         card
     }
 
-    /// How many of an op's calls failed in an iteration (the report counts a failure once,
-    /// in the first iteration).
     fn failed_calls(&self, op: &str) -> usize {
-        self.r
-            .failures
-            .iter()
-            .filter(|f| f.op == op)
-            .map(|f| f.count)
-            .sum()
+        failed_calls(self.r, op)
     }
 
     /// The ops that failed, then the largest differences per op: 15 rows.
@@ -768,4 +760,14 @@ impl<'a> Compared<'a> {
         }
         Ok(())
     }
+}
+
+/// How many of an op's calls failed in an iteration (the report counts a failure once, in the
+/// first iteration).
+fn failed_calls(r: &replay::Report, op: &str) -> usize {
+    r.failures
+        .iter()
+        .filter(|f| f.op == op)
+        .map(|f| f.count)
+        .sum()
 }
