@@ -151,8 +151,8 @@ pub fn human(v: f64, unit: &str) -> String {
 
 const A_COLOR: RGBColor = RGBColor(76, 114, 176);
 const B_COLOR: RGBColor = RGBColor(221, 132, 82);
-const SLOWER: RGBColor = RGBColor(196, 78, 82);
-const FASTER: RGBColor = RGBColor(85, 168, 104);
+const BAR_RED: RGBColor = RGBColor(196, 78, 82);
+const BAR_GREEN: RGBColor = RGBColor(85, 168, 104);
 const LABEL_CHARS: usize = 64;
 const ROW_PX: u32 = 34;
 
@@ -287,9 +287,9 @@ impl Shading {
             Shading::Closeness => (0.9..=1.1).contains(&r),
         };
         if good {
-            FASTER
+            BAR_GREEN
         } else {
-            SLOWER
+            BAR_RED
         }
     }
 
@@ -703,12 +703,12 @@ mod tests {
     /// by how close it is, whichever side of 1.
     #[test]
     fn bars_are_coloured_by_direction_or_by_closeness() {
-        assert_eq!(Shading::Direction.color(0.5), FASTER);
-        assert_eq!(Shading::Direction.color(1.2), SLOWER);
-        assert_eq!(Shading::Closeness.color(0.95), FASTER);
-        assert_eq!(Shading::Closeness.color(1.08), FASTER);
-        assert_eq!(Shading::Closeness.color(0.5), SLOWER);
-        assert_eq!(Shading::Closeness.color(1.2), SLOWER);
+        assert_eq!(Shading::Direction.color(0.5), BAR_GREEN);
+        assert_eq!(Shading::Direction.color(1.2), BAR_RED);
+        assert_eq!(Shading::Closeness.color(0.95), BAR_GREEN);
+        assert_eq!(Shading::Closeness.color(1.08), BAR_GREEN);
+        assert_eq!(Shading::Closeness.color(0.5), BAR_RED);
+        assert_eq!(Shading::Closeness.color(1.2), BAR_RED);
     }
 
     #[test]
