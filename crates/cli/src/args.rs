@@ -251,10 +251,11 @@ pub struct ReplayArgs {
     /// launches and device times on two tracks, and NVML counter tracks).
     #[arg(long)]
     pub trace_out: Option<PathBuf>,
-    /// CUDA: sample the GPU through NVML every MS milliseconds (0: off).
-    #[arg(long, value_name = "MS", default_value_t = 20)]
-    pub nvml_period: u64,
+    /// CUDA: sample the GPU through NVML every MS milliseconds (0: off; default 20).
+    #[arg(long, value_name = "MS")]
+    pub nvml_period: Option<u64>,
     /// CUDA: write an SVG of the NVML timelines (SM and memory utilisation, power, clocks, ...).
+    /// With --ranks, one per rank: out.svg -> out.rank3.svg.
     #[arg(long, value_name = "PATH")]
     pub gpu_svg: Option<PathBuf>,
     /// Load a library of custom operators first (repeatable), like torch.ops.load_library.
@@ -271,9 +272,9 @@ pub struct ReplayArgs {
     /// events serve where it has them.
     #[arg(long, value_name = "FILE")]
     pub memory_profile: Option<PathBuf>,
-    /// Free each tensor at its last use even where a profile recorded where the original freed
-    /// it.
-    #[arg(long, conflicts_with = "memory_profile")]
+    /// Free each tensor at its last use even where --kineto's profile recorded where the
+    /// original freed it (without a profile the replay frees there anyway).
+    #[arg(long, conflicts_with = "memory_profile", requires = "kineto")]
     pub frees_at_last_use: bool,
     /// Reproduce the original run's time outside operators (Python, autograd) between ops,
     /// from the --kineto profile. With one of a trace's several ProfilerStep#N iterations

@@ -1410,3 +1410,44 @@ fn compare_refuses_an_only_that_leaves_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("holds no collective"), "{err}");
 }
+
+/// Options that would do nothing where they are given are refused before the replay, rather
+/// than accepted without a word: NVML's sampling and plot on the CPU, a rank order for one
+/// trace, frees at last use with no profile that places them, and with --ranks the one-rank
+/// memory profile. The NVML options with --ranks are checked by the launcher too.
+#[test]
+fn options_that_would_do_nothing_here_are_refused() {
+    let svg = common::scratch("do-nothing").join("nvml.svg");
+    let mlp = shared("cpu/mlp.et.json");
+    let glob = shared("cpu").join("dist_mlp_w2.rank*.et.json");
+    let glob = glob.to_str().unwrap();
+    let svg_arg = svg.to_str().unwrap();
+    let mlp_arg = mlp.to_str().unwrap();
+    for (args, says) in [
+        (
+            vec![mlp_arg, "--nvml-period", "5"],
+            "--nvml-period samples a CUDA device",
+        ),
+        (
+            vec![mlp_arg, "--gpu-svg", svg_arg],
+            "--gpu-svg samples a CUDA device",
+        ),
+        (vec![mlp_arg, "--rank-order"], "is one trace"),
+        (vec![mlp_arg, "--frees-at-last-use"], "--kineto"),
+        (
+            vec!["--ranks", glob, "--memory-profile", mlp_arg],
+            "--memory-profile take one rank's profile",
+        ),
+        (
+            vec!["--ranks", glob, "--gpu-svg", svg_arg],
+            "--gpu-svg samples a CUDA device",
+        ),
+    ] {
+        let out = bin().arg("replay").args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("replaying"), "{args:?} started: {err}");
+        assert!(!svg.exists(), "{args:?} drew {}", svg.display());
+    }
+}

@@ -20,12 +20,15 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     let spec = a.ranks.as_deref().unwrap_or_default();
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
     anyhow::ensure!(
-        a.kineto.is_none(),
-        "--kineto/--emulate-gaps take one rank's Kineto trace: replay that rank alone"
+        a.kineto.is_none() && a.memory_profile.is_none(),
+        "--kineto/--emulate-gaps/--memory-profile take one rank's profile: replay that rank \
+         alone"
     );
     crate::comm_cmd::check_reshaping(a)?;
-    // Written after every rank ran: its place is checked before any starts.
-    if let Some(p) = &a.trace_out {
+    crate::replay_cmd::gpu_options_need_cuda(a, replay::Device::parse(&a.device)?)?;
+    // Written after every rank ran (or by each rank): their places are checked before any
+    // starts.
+    for p in [&a.trace_out, &a.gpu_svg].into_iter().flatten() {
         mystique_cli::output::check(p, &[])?;
     }
     let (traces, from) = rank_files::discover(spec, a.rank_order)?;
@@ -342,6 +345,16 @@ fn child_args(a: &ReplayArgs, rank: usize, captured: usize) -> Vec<String> {
         // One Chrome trace per rank (out.json -> out.rank3.json), merged into out.json.
         v.extend([
             "--trace-out".into(),
+            rank_timeline(p, rank).display().to_string(),
+        ]);
+    }
+    if let Some(ms) = a.nvml_period {
+        v.extend(["--nvml-period".into(), ms.to_string()]);
+    }
+    if let Some(p) = &a.gpu_svg {
+        // Each rank's GPU on its own: out.svg -> out.rank3.svg.
+        v.extend([
+            "--gpu-svg".into(),
             rank_timeline(p, rank).display().to_string(),
         ]);
     }

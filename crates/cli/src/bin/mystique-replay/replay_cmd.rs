@@ -175,6 +175,12 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         ),
         (_, false) => path,
     };
+    anyhow::ensure!(
+        !a.rank_order || in_dir.is_some(),
+        "--rank-order ranks the trace files of --ranks, or of a directory under a launcher: \
+         {} is one trace",
+        path.display()
+    );
     for lib in &a.load_library {
         replay::load_library(lib)?;
     }
@@ -192,6 +198,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         );
     }
     let device = replay_device(a, dist.as_ref())?;
+    gpu_options_need_cuda(a, device)?;
     let trace = mystique_cli::read_trace(path)?;
     let t0 = std::time::Instant::now();
     let g = Graph::new(&trace);
@@ -242,7 +249,7 @@ pub fn run(a: &ReplayArgs, json: bool) -> Result<()> {
         // On stderr, so with --json too.
         progress: true,
         dist,
-        nvml_period_ms: a.nvml_period,
+        nvml_period_ms: a.nvml_period.unwrap_or(NVML_PERIOD_MS),
         pace: match a.paced {
             Some(0) => anyhow::bail!("--paced needs at least 1 iteration per block"),
             Some(every) => Some(replay::Pace {
@@ -361,6 +368,28 @@ fn replay_device(a: &ReplayArgs, dist: Option<&replay::DistOptions>) -> Result<r
         device = replay::Device::parse(&format!("cuda:{}", lr % n))?;
     }
     Ok(device)
+}
+
+/// NVML's sampling period where `--nvml-period` does not set one.
+const NVML_PERIOD_MS: u64 = 20;
+
+/// `--nvml-period` and `--gpu-svg` sample and draw a CUDA device through NVML: on the CPU
+/// they would do nothing (or draw an empty timeline), so they are refused before the replay.
+pub fn gpu_options_need_cuda(a: &ReplayArgs, device: replay::Device) -> Result<()> {
+    if device != replay::Device::Cpu {
+        return Ok(());
+    }
+    for (flag, given) in [
+        ("--nvml-period", a.nvml_period.is_some()),
+        ("--gpu-svg", a.gpu_svg.is_some()),
+    ] {
+        anyhow::ensure!(
+            !given,
+            "{flag} samples a CUDA device through NVML, and this replay runs on the CPU \
+             (--device cuda; --trace-out writes the CPU replay's timeline)"
+        );
+    }
+    Ok(())
 }
 
 /// `--emulate-gaps` with `--kineto`: the calibrated gap model (anchored on `--reference`).
