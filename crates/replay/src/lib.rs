@@ -29,6 +29,7 @@ pub mod dist;
 pub mod error;
 pub mod executor;
 pub(crate) mod ffi;
+pub mod guard;
 pub mod options;
 pub mod plan;
 mod recorder;

@@ -191,3 +191,58 @@ fn a_step_short_of_an_argument_fails_with_its_arity() {
         f.reason
     );
 }
+
+/// A batch norm's backward handed a per-channel tensor of fewer values than the input has
+/// channels, or a gradient of another shape (what a damaged plan can say), fails with the
+/// reason: its CPU kernel indexes them by the input's channels unchecked, and read past the
+/// end of the tensor (a crash where the read crossed into an unmapped page).
+#[test]
+fn a_batch_norm_backward_with_disagreeing_inputs_fails_with_the_reason() {
+    tch::set_num_threads(1);
+    let t = et_schema::read_trace(&shared("cpu/cnn.et.json.gz")).unwrap();
+    let g = et_graph::Graph::new(&t);
+    let base = replay::plan::compile(&g, &g.replay_set(None));
+    let pos = base
+        .steps
+        .iter()
+        .position(|s| s.name == "aten::native_batch_norm_backward")
+        .expect("cnn trains a batch norm");
+    let specs = base.slot_specs();
+    let replay::plan::Arg::Tensor(input) = base.steps[pos].args[1] else {
+        panic!("the input is not a tensor: {:?}", base.steps[pos].args[1]);
+    };
+    let input = specs[input as usize].expect("the input's spec");
+    let channels = input.shape[1];
+    // A tensor of the input's dtype with fewer values than channels, and one of another shape
+    // than the input.
+    let slot_where = |f: &dyn Fn(&[i64]) -> bool| {
+        specs
+            .iter()
+            .position(|s| s.is_some_and(|s| f(&s.shape) && s.dtype == input.dtype))
+            .unwrap() as replay::plan::Slot
+    };
+    let fewer = slot_where(&|s| s.len() == 1 && s[0] < channels);
+    let other = slot_where(&|s| s.len() == input.shape.len() && s != input.shape.as_slice());
+    for (arg, slot, says) in [(5, fewer, "save_mean holds"), (0, other, "grad_out is")] {
+        let mut plan = base.clone();
+        plan.steps[pos].args[arg] = replay::plan::Arg::Tensor(slot);
+        plan.validate().unwrap();
+        let bound = replay::bind(&plan, &replay::Device::Cpu);
+        let opts = replay::ReplayOptions {
+            iters: 1,
+            warmup: 0,
+            ..Default::default()
+        };
+        let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+        let f = report
+            .failures
+            .iter()
+            .find(|f| f.op == "aten::native_batch_norm_backward")
+            .unwrap_or_else(|| panic!("ran with {says}: {:?}", report.failures));
+        assert!(
+            f.reason.contains(says) && f.reason.contains("would read out of bounds"),
+            "{}",
+            f.reason
+        );
+    }
+}

@@ -206,6 +206,8 @@ pub struct Executor<'a> {
     /// In a probe iteration: each called op's record-function scope probed before its call
     /// (its step, the probe), as [`ffi::Stack::probe_call`] probes it.
     probed_calls: Option<Vec<(usize, f64)>>,
+    /// Per step, the checks of a kernel that trusts its caller ([`crate::guard`]).
+    guards: Vec<Option<crate::guard::Guard>>,
 }
 
 /// The bytes of the distinct storages the slots hold, kept up to date slot by slot: the first

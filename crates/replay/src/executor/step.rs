@@ -84,6 +84,7 @@ impl<'a> Executor<'a> {
             barrier_op: None,
             rebalanced: HashMap::new(),
             probed_calls: None,
+            guards: crate::guard::of_steps(plan, bound),
         };
         ex.prepare_left_out(only);
         Ok(ex)
@@ -308,6 +309,12 @@ impl<'a> Executor<'a> {
             }
             Exec::Fail(e) => return Outcome::Failed(e.clone()),
         };
+        if let Some(Err(e)) = self.guards[pos]
+            .as_ref()
+            .map(|g| g.check(bound.args(self.plan, pos), slots))
+        {
+            return Outcome::Failed(e);
+        }
         let grad = autograd && self.plan.steps[pos].autograd && !self.no_grad[pos];
         match self.call(pos, op, slots, grad) {
             // Autograd refuses some calls the original made without it (an in-place op on an
