@@ -83,12 +83,17 @@ impl GapPace {
 /// long; the original's Python, descheduled, would still have had its work to do after. So a
 /// busy host slows the emulated gaps as it slows the ops, and the gaps are given in running
 /// time (the gap model measures the host's speed without the time it waited for a CPU).
-pub(super) fn spin_running(timer: &Timer, mut until: f64) -> Spin {
-    let began = timer.host_us();
+pub(super) fn spin_running(timer: &Timer, until: f64) -> Spin {
+    spin_on(|| timer.host_us(), until)
+}
+
+/// [`spin_running`] on `clock` (µs), which the tests script.
+fn spin_on(mut clock: impl FnMut() -> f64, mut until: f64) -> Spin {
+    let began = clock();
     let (mut prev, mut moved) = (began, 0.0);
     while prev < until {
         std::hint::spin_loop();
-        let now = timer.host_us();
+        let now = clock();
         if now - prev >= et_graph::SLICE_MIN_US {
             until += now - prev;
             moved += now - prev;
