@@ -12,8 +12,8 @@ use crate::{Device, ReplayError, ReplayOptions};
 pub mod reference;
 
 pub use reference::{
-    read_reference, reference_of_report, to_json, warn_shared_host, Reference, ReferenceError,
-    ReferenceOriginal,
+    read_reference, read_reference_and_trace, reference_of_report, to_json, warn_shared_host,
+    Reference, ReferenceError, ReferenceOriginal,
 };
 
 /// What each boundary between two ops is charged for the capture's instrumentation.
@@ -88,25 +88,21 @@ pub fn calibrated_gaps(
     Ok(model)
 }
 
-/// The calibration replay's options: a warm-up, plain iterations, then about half a second
-/// under the capture's instrumentation (the capture's span is its instrumented iteration), at
-/// least 3 iterations and at most 15: medians over more of them steady the measured speed and
-/// costs, which small models' gaps are most sensitive to.
+/// The calibration replay's options: a warm-up, plain iterations, then iterations under the
+/// capture's instrumentation. [`median_calibration`] sizes the two counts to this host
+/// ([`calibration_iterations`]).
 fn calibration_options(
     kineto: &Linked,
     device: Device,
     autograd: bool,
     costs: BoundaryCosts,
 ) -> ReplayOptions {
-    let (iters, instrument_iters) = calibration_iterations(kineto.original.span_us / 1e6, 0.0);
     ReplayOptions {
         device,
         autograd,
         warmup: 1,
-        iters,
         per_step: true,
         instrument: true,
-        instrument_iters,
         // Autograd's engine is probed always: under the profiler a backward node costs it
         // 1.4-3 µs, its two events' scopes timed alone 0.6 (recurrent models' gaps, a node or
         // two each, came out 10-20% long). The op too, unless --replay-boundary-costs (which

@@ -167,6 +167,13 @@ pub fn warn_shared_host(r: &Reference, what: &str) {
 /// positive, the replay's op time no more than its iteration. Warns where it was timed on a
 /// shared host.
 pub fn read_reference(path: &Path) -> Result<Reference, ReferenceError> {
+    read_reference_and_trace(path).map(|(r, _)| r)
+}
+
+/// [`read_reference`], with the trace the reference names (`trace`, where recorded).
+pub fn read_reference_and_trace(
+    path: &Path,
+) -> Result<(Reference, Option<String>), ReferenceError> {
     let p = || path.display().to_string();
     let mut text = String::new();
     std::fs::File::open(path)
@@ -212,7 +219,7 @@ pub fn read_reference(path: &Path) -> Result<Reference, ReferenceError> {
     r.check()
         .map_err(|source| ReferenceError::Invalid { path: p(), source })?;
     warn_shared_host(&r, &p());
-    Ok(r)
+    Ok((r, j["trace"].as_str().map(str::to_string)))
 }
 
 #[cfg(test)]

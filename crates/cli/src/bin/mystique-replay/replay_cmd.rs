@@ -400,15 +400,15 @@ fn gap_model(
     linked: Option<&calibrate::Linked>,
     device: replay::Device,
 ) -> Result<Option<et_graph::GapModel>> {
-    let reference = a
+    let read = a
         .reference
         .as_deref()
-        .map(calibrate::read_reference)
-        .transpose()?
-        .map(et_graph::Reference::from);
-    if let (Some(r), Some(t)) = (&a.reference, &a.trace) {
-        warn_other_traces_reference(r, t);
+        .map(calibrate::read_reference_and_trace)
+        .transpose()?;
+    if let (Some(r), Some((_, Some(recorded))), Some(t)) = (&a.reference, &read, &a.trace) {
+        warn_other_traces_reference(r, recorded, t);
     }
+    let reference = read.map(|(r, _)| et_graph::Reference::from(r));
     Ok(match (linked, a.emulate_gaps) {
         (Some(linked), true) => Some(calibrate::calibrated_gaps(
             g,
@@ -621,28 +621,22 @@ pub(crate) fn original_threads(
     })
 }
 
-/// Warns where a reference written by `--reference-out` names another capture than `trace`
-/// (its file name, the clean and the linked ET of one capture alike).
-fn warn_other_traces_reference(reference: &Path, trace: &Path) {
+/// Warns where the trace a reference names (`recorded`: `--reference-out` writes it) is another
+/// capture than `trace` (by file name, the clean and the linked ET of one capture alike).
+fn warn_other_traces_reference(reference: &Path, recorded: &str, trace: &Path) {
     // The capture's name, else (a trace not named as captures are) the file's.
     let name = |p: &Path| -> Option<String> {
         capture_stem(p)
             .map(|(stem, _)| stem.to_string())
             .or_else(|| Some(p.file_name()?.to_str()?.to_string()))
     };
-    let recorded = std::fs::read(reference)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["trace"].as_str().map(str::to_string));
-    if let Some(r) = recorded {
-        if name(Path::new(&r)) != name(trace) {
-            eprintln!(
-                "warning: {} is the reference of {r}, not of {}: its original and replay times \
-                 are another capture's",
-                reference.display(),
-                trace.display()
-            );
-        }
+    if name(Path::new(recorded)) != name(trace) {
+        eprintln!(
+            "warning: {} is the reference of {recorded}, not of {}: its original and replay \
+             times are another capture's",
+            reference.display(),
+            trace.display()
+        );
     }
 }
 
