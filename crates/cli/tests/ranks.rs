@@ -608,6 +608,50 @@ fn traces_that_all_record_rank_0_fall_back_to_their_file_names() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
+/// Each rank's first record is a broadcast from rank 0, as DDP's first collective is: in that
+/// record's rank slot ProcessGroupNCCL writes the root, not the rank. The records of the
+/// all-reduces after it tell the ranks apart, named against their listed order.
+#[test]
+fn a_broadcasts_root_is_not_taken_for_the_traces_rank() {
+    let d = scratch("broadcast-root");
+    for (k, name) in [(0, "b.json"), (1, "a.json")] {
+        let mut t = gloo_rank(k, None);
+        let nodes = t["nodes"].as_array_mut().unwrap();
+        let mut id = nodes
+            .iter()
+            .map(|n| n["id"].as_u64().unwrap())
+            .max()
+            .unwrap();
+        let parent = nodes
+            .iter()
+            .find(|n| n["name"] == "c10d::allreduce_")
+            .map(|n| n["id"].clone())
+            .unwrap();
+        let empty = serde_json::json!({"values": [], "shapes": [], "types": [], "strides": []});
+        for (collective, rank) in [("broadcast", 0), ("allreduce", k)] {
+            id += 1;
+            nodes.push(serde_json::json!({
+                "id": id, "name": "record_param_comms", "ctrl_deps": parent,
+                "inputs": empty, "outputs": empty,
+                "attrs": [{"name": "rank", "type": "int64", "value": rank},
+                          {"name": "collective_name", "type": "string", "value": collective}],
+            }));
+        }
+        let p = d.join(name);
+        std::fs::write(&p, t.to_string()).unwrap();
+        let read = et_schema::read_trace(&p).unwrap();
+        assert_eq!(et_graph::summary::recorded_rank(&read), Some(k as u64));
+    }
+    let out = replay_ranks(&d, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("do not tell them apart"), "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["ranks_from"], "recorded");
+    check_every_collective(&j, &["b.json", "a.json"]);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
 /// Traces whose records and names give no rank are refused before anything starts, naming the
 /// files and the way out; with `--rank-order` they run as listed.
 #[test]

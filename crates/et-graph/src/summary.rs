@@ -143,10 +143,14 @@ pub fn rank_in_name(path: &std::path::Path) -> Option<(u64, bool)> {
 
 /// The rank a trace was captured on, where it recorded one: a `record_param_comms` record's
 /// `rank` attribute, or (older schemas) the integer input just before its collective's name.
+/// Records of rooted and point-to-point collectives are passed over: in their slot
+/// ProcessGroupNCCL records the root (`opts.rootRank`) or the peer, not the rank itself, and a
+/// DDP job's every rank begins with a broadcast from rank 0.
 pub fn recorded_rank(t: &Trace) -> Option<u64> {
     t.nodes
         .iter()
         .filter(|n| t.name(n) == "record_param_comms")
+        .filter(|n| !collective_name(t, n).is_some_and(|c| names_another_rank(&c)))
         .find_map(|n| {
             let attr = t.extras(n).iter().find_map(|e| match e.value {
                 Value::Int(r) if t.str(e.name) == "rank" && r >= 0 => Some(r as u64),
@@ -163,6 +167,27 @@ pub fn recorded_rank(t: &Trace) -> Option<u64> {
                 }
             })
         })
+}
+
+/// Whether a `record_param_comms` record of collective `name` records another rank than its
+/// own in its rank slot: the root of a broadcast, reduce, gather or scatter, the peer of a send
+/// or a receive (`_broadcast_oop`, `recvAnySource` and such spellings alike).
+fn names_another_rank(name: &str) -> bool {
+    let n = name.trim_start_matches('_').to_ascii_lowercase();
+    let n = n.strip_suffix("_oop").unwrap_or(&n);
+    matches!(
+        n,
+        "broadcast"
+            | "reduce"
+            | "gather"
+            | "scatter"
+            | "send"
+            | "recv"
+            | "isend"
+            | "irecv"
+            | "recvanysource"
+            | "recv_any_source"
+    )
 }
 
 /// Whether a node is a backend annotation (`nccl:all_reduce`, `gloo:broadcast`) rather than the

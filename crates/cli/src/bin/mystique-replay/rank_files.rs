@@ -488,22 +488,23 @@ fn order_by_rank(traces: Vec<RankTrace>, listed: bool) -> Result<(Vec<RankTrace>
     if let Some(ranks) = distinct(&recorded) {
         return Ok((arrange(traces, &ranks, "records")?, RankSource::Recorded));
     }
-    if recorded.iter().any(Option::is_some) {
-        eprintln!(
-            "warning: the traces' recorded ranks ({}) do not tell them apart: {}",
-            describe(&traces, |t| t.recorded),
-            if listed {
-                "taking them from their file names, else as listed"
-            } else {
-                "taking them from their file names"
-            }
-        );
-    }
+    // Said where another source then decides; where none does, the error says why.
+    let warn = |instead: &str| {
+        if recorded.iter().any(Option::is_some) {
+            eprintln!(
+                "warning: the traces' recorded ranks ({}) do not tell them apart: taking them \
+                 {instead}",
+                describe(&traces, |t| t.recorded),
+            );
+        }
+    };
     let named: Vec<Option<u64>> = traces.iter().map(|t| rank_in_name(&t.path)).collect();
     if let Some(ranks) = distinct(&named) {
+        warn("from their file names");
         return Ok((arrange(traces, &ranks, "file name")?, RankSource::FileName));
     }
     if listed {
+        warn("as listed (--rank-order)");
         return Ok((traces, RankSource::Listed));
     }
     bail!(
