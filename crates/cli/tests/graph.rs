@@ -297,3 +297,38 @@ fn another_ranks_profile_is_refused_by_the_ets_file_name() {
         );
     }
 }
+
+/// One iteration selected from a single-GPU DDP trace keeps the trace's process groups (its
+/// `## process_group:init ##` record, outside every iteration): its all-reduces still run as
+/// the identity of a one-rank group, where without the record they need peers and fail. The
+/// compute ops that `--only comm` leaves out take no fallback in the report.
+#[test]
+fn an_iteration_selected_keeps_the_traces_process_groups() {
+    let dir = common::scratch("select-pg");
+    let sel = dir.join("it6.et.json.gz");
+    let s = bin()
+        .arg("select")
+        .arg(shared("public/param_resnet_1.1.0.et.json.gz"))
+        .args(["--iteration", "6", "-o"])
+        .arg(&sel)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let i = json(&["inspect".as_ref(), sel.as_os_str(), "--json".as_ref()]);
+    assert_eq!(i["process_groups"].as_array().map(Vec::len), Some(1), "{i}");
+    let r = common::json(
+        bin()
+            .arg("replay")
+            .arg(&sel)
+            .args(["--json", "--only", "comm", "--iters", "1", "--warmup", "0"]),
+    );
+    assert_eq!(r["ops_failed"], 0, "{}", r["failures"]);
+    assert!(r["ops_selected"].as_u64().unwrap() > 0, "{r}");
+    let fallbacks = r["fallbacks"].as_array().unwrap();
+    assert!(
+        fallbacks
+            .iter()
+            .all(|f| f["ran_as"].as_str().unwrap().contains("identity")),
+        "{fallbacks:?}"
+    );
+}

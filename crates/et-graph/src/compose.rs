@@ -53,8 +53,9 @@ fn is_root(t: &Trace, i: usize) -> bool {
     is_root_name(t.name(&t.nodes[i]))
 }
 
-/// Keeps the selected ops with their whole subtrees, the annotations enclosing them and the
-/// roots; drops everything else.
+/// Keeps the selected ops with their whole subtrees, the annotations enclosing them, the roots
+/// and the records that hold for the whole trace (its process groups, `## process_group:init
+/// ##`, which the collectives of any iteration refer to); drops everything else.
 pub fn extract(g: &Graph, set: &ReplaySet) -> Trace {
     let mut keep = vec![false; g.len()];
     let mut stack: Vec<u32> = set.ops.clone();
@@ -69,9 +70,15 @@ pub fn extract(g: &Graph, set: &ReplaySet) -> Trace {
             keep[a as usize] = true;
         }
     }
-    for (i, k) in keep.iter_mut().enumerate() {
+    for i in 0..g.len() {
         if g.class[i].contains(OpClass::ROOT) {
-            *k = true;
+            keep[i] = true;
+        }
+        if g.trace.name(&g.trace.nodes[i]) == "## process_group:init ##" {
+            keep[i] = true;
+            for a in g.ancestors(i as u32) {
+                keep[a as usize] = true;
+            }
         }
     }
     retain(g.trace, &keep)

@@ -264,11 +264,15 @@ impl Recorder<'_> {
         CollectiveTiming::by_kind(calls.iter(), iters, world)
     }
 
-    /// Ops that ran otherwise than the trace's: planned fallbacks, detours taken at run time
-    /// (float32, the CPU, a reshape) and ops run without autograd recording.
+    /// Ops that ran otherwise than the trace's: planned fallbacks of the steps `--only` kept,
+    /// detours taken at run time (float32, the CPU, a reshape) and ops run without autograd
+    /// recording.
     fn fallbacks(&mut self, bound: &Bound, device: &Device) -> Vec<Fallback> {
         let mut planned: BTreeMap<(String, String), usize> = BTreeMap::new();
         for (s, b) in self.plan.steps.iter().zip(&bound.steps) {
+            if !s.kind.included(self.opts.only) {
+                continue;
+            }
             if let Some(f) = &b.fallback {
                 *planned.entry((s.name.clone(), f.clone())).or_default() += 1;
             }

@@ -241,7 +241,7 @@ fn print_exceptions(out: &mut impl Write, r: &replay::Report) -> Result<()> {
         }
     }
     if !r.fallbacks.is_empty() {
-        writeln!(out, "device fallbacks")?;
+        writeln!(out, "fallbacks (ops run otherwise than recorded)")?;
         for f in &r.fallbacks {
             writeln!(out, "  {:>4}x {}: {}", f.count, f.op, f.ran_as)?;
         }
