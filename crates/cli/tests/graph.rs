@@ -332,3 +332,33 @@ fn an_iteration_selected_keeps_the_traces_process_groups() {
         "{fallbacks:?}"
     );
 }
+
+/// `graph --iteration N` describes the tensors of that iteration as `graph` of the iteration
+/// selected into a file of its own does: tensors the other iterations also wrote (DDP's
+/// persistent buckets) or read (the weights) are not inputs of their own there.
+#[test]
+fn an_iterations_tensors_are_those_of_the_iteration_selected() {
+    let dir = common::scratch("graph-iteration");
+    let trace = shared("public/param_resnet_1.1.0.et.json.gz");
+    for it in ["6", "7"] {
+        let sel = dir.join(format!("it{it}.et.json.gz"));
+        let s = bin()
+            .arg("select")
+            .arg(&trace)
+            .args(["--iteration", it, "-o"])
+            .arg(&sel)
+            .status()
+            .unwrap();
+        assert!(s.success());
+        let within = json(&[
+            "graph".as_ref(),
+            trace.as_os_str(),
+            "--json".as_ref(),
+            "--iteration".as_ref(),
+            it.as_ref(),
+        ]);
+        let alone = json(&["graph".as_ref(), sel.as_os_str(), "--json".as_ref()]);
+        assert_eq!(within["replay_set"]["ops"], alone["replay_set"]["ops"]);
+        assert_eq!(within["tensors"], alone["tensors"], "iteration {it}");
+    }
+}

@@ -587,9 +587,10 @@ fn tensors_of(t: &Trace, args: &[et_schema::Arg], out: &mut Vec<u32>) {
 }
 
 impl Graph<'_> {
-    /// The tensors output by ops outside `set` and outside every op of it: ops a selection left
-    /// out (none where the set is the whole replay set).
-    fn outputs_outside(&self, set: &ReplaySet) -> std::collections::HashSet<TensorKey> {
+    /// The tensors output by ops outside `set` and outside every op of it (ops a selection left
+    /// out; none where the set is the whole replay set), each with the places in execution
+    /// order (indices into `order`) where such an op output it.
+    fn outputs_outside(&self, set: &ReplaySet) -> HashMap<TensorKey, Vec<u32>> {
         let t = self.trace;
         let mut covered = vec![false; self.len()];
         let mut stack: Vec<u32> = set.ops.clone();
@@ -598,17 +599,17 @@ impl Graph<'_> {
                 stack.extend_from_slice(self.children(i));
             }
         }
-        let mut out = std::collections::HashSet::new();
+        let mut out: HashMap<TensorKey, Vec<u32>> = HashMap::new();
         let mut tensors = Vec::new();
-        for &i in &self.order {
+        for (at, &i) in self.order.iter().enumerate() {
             if covered[i as usize] || !self.class[i as usize].contains(OpClass::OP) {
                 continue;
             }
             tensors_of(t, t.outputs(&t.nodes[i as usize]), &mut tensors);
-            out.extend(tensors.iter().map(|&ti| {
+            for &ti in &tensors {
                 let x = t.tensor(ti);
-                (x.id, x.storage)
-            }));
+                out.entry((x.id, x.storage)).or_default().push(at as u32);
+            }
         }
         out
     }
@@ -626,8 +627,22 @@ impl Graph<'_> {
         // another dtype is a new allocation at a reused address).
         let mut known: HashMap<u64, (Option<u32>, u64, u64)> = HashMap::new();
         // Tensors an op outside the set made (an op the selection left out, not one nested in
-        // the set's): read by the set, they are inputs, whatever storage id they reuse.
+        // the set's): read by the set over bytes one of its ops wrote, and made outside after
+        // that write, they are inputs of their own (the storage id was reused for other data).
+        // Made before the write (a persistent buffer another iteration also wrote), they are
+        // the write's; over a storage the set only read as an input (another iteration's
+        // version of a weight), that input's storage, which the replay allocates once.
         let outside = self.outputs_outside(set);
+        let mut order_of = vec![0u32; self.len()];
+        for (at, &i) in self.order.iter().enumerate() {
+            order_of[i as usize] = at as u32;
+        }
+        let at = |pos: u32| order_of[set.ops[pos as usize] as usize];
+        let made_outside_between = |key: &TensorKey, after: u32, before: u32| {
+            outside
+                .get(key)
+                .is_some_and(|v| v.iter().any(|&o| o > at(after) && o < at(before)))
+        };
         let (mut ins, mut outs) = (Vec::new(), Vec::new());
         for (pos, &i) in set.ops.iter().enumerate() {
             let pos = pos as u32;
@@ -669,7 +684,10 @@ impl Graph<'_> {
                         touch(x, &mut table, false);
                     }
                     Some(None) => touch(x, &mut table, true),
-                    None => match known.get(&x.storage).filter(|_| !outside.contains(&key)) {
+                    None => match known
+                        .get(&x.storage)
+                        .filter(|k| k.0.is_none_or(|w| !made_outside_between(&key, w, pos)))
+                    {
                         // A tensor under a new id over bytes an earlier op of the set wrote, or
                         // an input already read: the same data (autograd's saved outputs are
                         // new tensors, and so is a weight's alias taken outside the set), not
