@@ -657,6 +657,10 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
     let mut used_k: Vec<Lane> = Vec::new();
     let mut et_list: Vec<(&u64, &Vec<u32>)> = et_threads.iter().collect();
     et_list.sort_by_key(|(tid, v)| (std::cmp::Reverse(v.len()), **tid));
+    // Where the first (largest) thread's ops were found: the other threads of one iteration
+    // ran then too (autograd's thread runs the backward between the forward and the
+    // optimizer), so of their iterations in a profile of many, the one nearest it is theirs.
+    let mut near: Option<f64> = None;
     for (_, nodes) in et_list {
         // (matched count, Kineto thread, node -> event pairs)
         type Best = (usize, Lane, Vec<(u32, u32)>);
@@ -665,7 +669,7 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
             if used_k.contains(lane) {
                 continue;
             }
-            let pairs = greedy(g, nodes, k, evs);
+            let pairs = greedy(g, nodes, k, evs, near);
             if best.as_ref().is_none_or(|b| pairs.len() > b.0) {
                 best = Some((pairs.len(), *lane, pairs));
             }
@@ -673,6 +677,12 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
         if let Some((n, lane, pairs)) = best {
             if n > 0 {
                 used_k.push(lane);
+                near = near.or_else(|| {
+                    pairs
+                        .iter()
+                        .map(|&(_, e)| k.events[e as usize].ts)
+                        .min_by(f64::total_cmp)
+                });
                 node_event.extend(pairs);
             }
         }
@@ -684,60 +694,123 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
 }
 
 /// Greedy in-order matching with a bounded look-ahead, from the best starting event: a Kineto
-/// trace may hold several iterations and the ET only one, or start mid-iteration.
-fn greedy(g: &Graph, nodes: &[u32], k: &KinetoTrace, evs: &[usize]) -> Vec<(u32, u32)> {
+/// trace may hold several iterations and the ET only one, or start mid-iteration. Of the starts
+/// that match the most, the first at or after `near` (µs) where given, else the one whose
+/// matches span the fewest events: from an iteration that lacks one of the ET's ops, the
+/// look-ahead takes it from the next iteration and carries on there, matching as many over a
+/// longer stretch. The matches are then kept to one stretch of the lane ([`one_stretch`]).
+fn greedy(
+    g: &Graph,
+    nodes: &[u32],
+    k: &KinetoTrace,
+    evs: &[usize],
+    near: Option<f64>,
+) -> Vec<(u32, u32)> {
     const WINDOW: usize = 64;
     const MAX_STARTS: usize = 4096;
     // Compare interned ids, not strings: names absent from Kineto can never match.
     let want: Vec<Option<et_schema::Sym>> =
         nodes.iter().map(|&n| k.strings.lookup(g.name(n))).collect();
     let have: Vec<et_schema::Sym> = evs.iter().map(|&e| k.events[e].name).collect();
-    let run = |start: usize, out: Option<&mut Vec<(u32, u32)>>| -> usize {
+    // Pairs of (index into `nodes`, position in `evs`); returns the count and the position
+    // after the last match.
+    let run = |start: usize, out: Option<&mut Vec<(usize, usize)>>| -> (usize, usize) {
         let mut j = start;
         let mut count = 0;
         let mut out = out;
-        for (n, w) in nodes.iter().zip(&want) {
+        for (n, w) in want.iter().enumerate() {
             if j >= have.len() {
                 break;
             }
             let Some(w) = w else { continue };
             if let Some(off) = have[j..].iter().take(WINDOW).position(|h| h == w) {
                 if let Some(o) = out.as_deref_mut() {
-                    o.push((*n, evs[j + off] as u32));
+                    o.push((n, j + off));
                 }
                 count += 1;
                 j += off + 1;
             }
         }
-        count
+        (count, j)
     };
     let first = want.iter().flatten().next();
-    let mut best = (run(0, None), 0usize);
+    let mut best = (run(0, None).0, 0usize);
     if let Some(f) = first {
-        for start in (0..have.len()).filter(|&p| have[p] == *f).take(MAX_STARTS) {
-            let c = run(start, None);
-            if c > best.0 {
-                best = (c, start);
-            }
+        // (count, span, start)
+        let starts: Vec<(usize, usize, usize)> = (0..have.len())
+            .filter(|&p| have[p] == *f)
+            .take(MAX_STARTS)
+            .map(|p| {
+                let (c, end) = run(p, None);
+                (c, end - p, p)
+            })
+            .collect();
+        let most = starts.iter().map(|s| s.0).max().unwrap_or(0);
+        let at = |p: usize| k.events[evs[p]].ts;
+        let most_of = || starts.iter().filter(|s| s.0 == most);
+        let chosen = near
+            .and_then(|t| most_of().find(|s| at(s.2) >= t))
+            .or_else(|| most_of().min_by_key(|s| s.1));
+        if let Some(&(c, _, p)) = chosen.filter(|s| s.0 >= best.0) {
+            best = (c, p);
         }
     }
     // Refine with an exact longest-common-subsequence alignment over a window of events from
-    // the best start: it recovers from runs that the greedy look-ahead cannot skip.
+    // the best start: it recovers from runs that the greedy look-ahead cannot skip. First over
+    // about one iteration's events (the thread's nodes and a margin for events the ET does not
+    // record): over a wider window, a profile of many unmarked iterations lets it take an op
+    // the iteration at the start lacks from the next one, and the next from the one after,
+    // and the ops linked then span several iterations. The wider window only where the narrow
+    // one links markedly fewer (a profile with many more events than the ET has nodes).
     let lo = best.1;
-    let hi = (lo + nodes.len() * 2 + 256).min(have.len());
-    if (hi - lo) * nodes.len() <= 64 << 20 {
-        let pairs = lcs(&want, &have[lo..hi]);
-        if pairs.len() > best.0 {
-            return pairs
-                .into_iter()
-                .map(|(a, b)| (nodes[a], evs[lo + b] as u32))
-                .collect();
+    let window = |len: usize| {
+        let hi = (lo + len).min(have.len());
+        ((hi - lo) * nodes.len() <= 64 << 20).then(|| lcs(&want, &have[lo..hi]))
+    };
+    let narrow = window(nodes.len() + nodes.len() / 4 + 64);
+    let pairs = match (narrow, window(nodes.len() * 2 + 256)) {
+        (Some(n), Some(w)) if n.len() * 20 < w.len() * 19 => Some(w),
+        (Some(n), _) => Some(n),
+        (None, w) => w,
+    };
+    let mut out = match pairs.filter(|p| p.len() > best.0) {
+        Some(p) => p.into_iter().map(|(a, b)| (a, lo + b)).collect(),
+        None => {
+            let mut out = Vec::with_capacity(best.0);
+            run(best.1, Some(&mut out));
+            out
+        }
+    };
+    one_stretch(&mut out);
+    out.into_iter()
+        .map(|(a, b)| (nodes[a], evs[b] as u32))
+        .collect()
+}
+
+/// Keeps, of in-order matches (node index, event position), the longest run whose
+/// consecutive events lie within [`STRETCH_GAP`] positions of each other. The look-ahead and
+/// the alignment may take an op that the iteration at hand lacks from the next iteration of
+/// a profile of many, and carry on there: the ops linked then span iterations, and their
+/// times and GPU work mix them. A gap of hundreds of unmatched events is such a jump, not
+/// one iteration's events the ET did not record.
+fn one_stretch(pairs: &mut Vec<(usize, usize)>) {
+    let mut best = (0, 0);
+    let mut start = 0;
+    for i in 1..=pairs.len() {
+        if i == pairs.len() || pairs[i].1 - pairs[i - 1].1 > STRETCH_GAP {
+            if i - start > best.1 - best.0 {
+                best = (start, i);
+            }
+            start = i;
         }
     }
-    let mut out = Vec::with_capacity(best.0);
-    run(best.1, Some(&mut out));
-    out
+    pairs.truncate(best.1);
+    pairs.drain(..best.0);
 }
+
+/// The most unmatched events between two consecutive matches of one stretch: four times the
+/// greedy look-ahead.
+const STRETCH_GAP: usize = 256;
 
 /// Longest common subsequence of two id sequences: matched index pairs, in order.
 fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)> {
@@ -766,4 +839,25 @@ fn lcs(a: &[Option<et_schema::Sym>], b: &[et_schema::Sym]) -> Vec<(usize, usize)
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Matches that jump hundreds of unmatched events (into the next iteration of a profile of
+    /// many) keep the longer stretch; matches close together are kept whole.
+    #[test]
+    fn matches_are_kept_to_their_longest_stretch() {
+        let mut jumped = vec![(0, 5), (1, 600), (2, 610), (3, 615)];
+        one_stretch(&mut jumped);
+        assert_eq!(jumped, [(1, 600), (2, 610), (3, 615)]);
+        let mut close = vec![(0, 5), (1, 5 + STRETCH_GAP), (2, 6 + STRETCH_GAP)];
+        let whole = close.clone();
+        one_stretch(&mut close);
+        assert_eq!(close, whole);
+        let mut none: Vec<(usize, usize)> = Vec::new();
+        one_stretch(&mut none);
+        assert!(none.is_empty());
+    }
 }
