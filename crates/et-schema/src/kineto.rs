@@ -260,33 +260,109 @@ struct RawEvent<'a> {
     args: Option<RawArgs>,
 }
 
+/// The integer arguments are read leniently ([`lenient_int`]): profilers other than CUDA's
+/// write some of them otherwise (ROCm's runtime events carry `"stream": "0x0"`), and one such
+/// field is no reason to refuse the trace.
 #[derive(Deserialize, Default)]
 struct RawArgs {
-    #[serde(rename = "External id")]
+    #[serde(rename = "External id", default, deserialize_with = "lenient_int")]
     external_id: Option<u64>,
-    #[serde(rename = "Record function id")]
+    #[serde(
+        rename = "Record function id",
+        default,
+        deserialize_with = "lenient_int"
+    )]
     record_function_id: Option<u64>,
+    #[serde(default, deserialize_with = "lenient_int")]
     correlation: Option<u64>,
-    #[serde(rename = "Ev Idx")]
+    #[serde(rename = "Ev Idx", default, deserialize_with = "lenient_int")]
     ev_idx: Option<u64>,
-    #[serde(rename = "Sequence number")]
+    #[serde(rename = "Sequence number", default, deserialize_with = "lenient_int")]
     sequence_number: Option<i64>,
-    #[serde(rename = "Fwd thread id")]
+    #[serde(rename = "Fwd thread id", default, deserialize_with = "lenient_int")]
     fwd_thread_id: Option<i64>,
+    #[serde(default, deserialize_with = "lenient_int")]
     stream: Option<i64>,
+    #[serde(default, deserialize_with = "lenient_int")]
     device: Option<i64>,
     #[serde(rename = "Input Dims")]
     input_dims: Option<TensorCount>,
-    #[serde(rename = "Total Allocated")]
+    #[serde(rename = "Total Allocated", default, deserialize_with = "lenient_int")]
     total_allocated: Option<i64>,
-    #[serde(rename = "Bytes")]
+    #[serde(rename = "Bytes", default, deserialize_with = "lenient_int")]
     bytes: Option<i64>,
-    #[serde(rename = "Device Type")]
+    #[serde(rename = "Device Type", default, deserialize_with = "lenient_int")]
     device_type: Option<i64>,
-    #[serde(rename = "Device Id")]
+    #[serde(rename = "Device Id", default, deserialize_with = "lenient_int")]
     device_id: Option<i64>,
     #[serde(rename = "Addr")]
     addr: Option<Addr>,
+}
+
+/// An integer argument: a number, or a string of one in decimal or `0x` hexadecimal; anything
+/// else (a float that is no integer, a number out of range, another type) reads as absent.
+fn lenient_int<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64> + TryFrom<u64>,
+{
+    struct V<T>(std::marker::PhantomData<T>);
+    impl<'de, T: TryFrom<i64> + TryFrom<u64>> serde::de::Visitor<'de> for V<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an integer")
+        }
+        fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+            Ok(T::try_from(v).ok())
+        }
+        fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(T::try_from(v).ok())
+        }
+        fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+            let whole = v.fract() == 0.0 && v.abs() < 9.0e15;
+            Ok(whole.then(|| T::try_from(v as i64).ok()).flatten())
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            let v = v.trim();
+            let n = match v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+                Some(hex) => u64::from_str_radix(hex, 16)
+                    .ok()
+                    .map(|n| T::try_from(n).ok()),
+                None => v.parse::<i64>().ok().map(|n| T::try_from(n).ok()),
+            };
+            Ok(n.flatten())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(None)
+        }
+    }
+    d.deserialize_any(V(std::marker::PhantomData))
 }
 
 /// `Addr` as the profiler writes it (a number); anything else reads as absent rather than
@@ -650,5 +726,27 @@ mod tests {
             parse_kineto(br#"{"traceEvents": [{"ph": "X""#, "t"),
             Err(Error::KinetoTruncated { .. })
         ));
+    }
+
+    /// Integer arguments written otherwise than as numbers (ROCm's `"stream": "0x0"`, a float,
+    /// a decimal string) are read where they hold an integer and absent where they do not:
+    /// the event and the trace stand.
+    #[test]
+    fn integer_arguments_written_as_strings_or_floats_are_read() {
+        let k = parse_kineto(
+            br#"{"traceEvents": [
+              {"ph": "X", "cat": "cuda_runtime", "name": "hipMemcpyWithStream", "ts": 1, "dur": 2,
+               "args": {"stream": "0x1f", "correlation": "12", "device": 1.0,
+                        "External id": [3], "Ev Idx": "n/a", "Sequence number": -4}}]}"#,
+            "t",
+        )
+        .unwrap();
+        let e = &k.events[0];
+        assert_eq!(e.stream, Some(31));
+        assert_eq!(e.correlation, Some(12));
+        assert_eq!(e.device, Some(1));
+        assert_eq!(e.external_id, None);
+        assert_eq!(e.ev_idx, None);
+        assert_eq!(e.sequence_number, Some(-4));
     }
 }
