@@ -1451,3 +1451,33 @@ fn options_that_would_do_nothing_here_are_refused() {
         assert!(!svg.exists(), "{args:?} drew {}", svg.display());
     }
 }
+
+/// A selection of a GPU trace whose every op launched GPU work (an optimizer step) leaves the
+/// calibration no op to time this host against the capture by: it says so, rather than
+/// emulating the capture's gaps uncorrected without a word.
+#[test]
+fn gaps_the_calibration_cannot_measure_are_warned_of() {
+    let sel = common::scratch("uncalibrated").join("opt.et.json");
+    let s = bin()
+        .arg("select")
+        .arg(shared("public/param_linear_1.0.1.et.json.gz"))
+        .args(["--scope", "Optimizer", "-o"])
+        .arg(&sel)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let out = bin()
+        .arg("replay")
+        .arg(&sel)
+        .arg("--kineto")
+        .arg(shared("public/param_linear_1.0.1.kineto.json.gz"))
+        .args(["--emulate-gaps", "--iters", "1", "--warmup", "0", "--threads", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("0 of the replayed ops were found in both") && err.contains("--reference"),
+        "{err}"
+    );
+}

@@ -37,7 +37,7 @@ pub use fidelity::{
     anchor, cap_gaps, compare_ops, gap_model, least, original_timing, typical_timing,
     weighted_median, Anchored, CaptureReference, Comparison, GapModel, Instrumentation,
     InvalidReference, OpComparison, OpsBetweenGaps, OriginalTiming, Reference, ReplayTimes,
-    TimeBase, SLICE_MIN_US,
+    TimeBase, MIN_SPEED_OPS, SLICE_MIN_US,
 };
 pub use gpu::{
     gpu_activity, off_op_summary, original_gpu, GpuActivity, GpuInterval, GpuWork, KernelTime,

@@ -1,7 +1,7 @@
 //! The gap model: the time outside operators to emulate before each op, from the capture's
 //! gaps, this host's speed and what the instrumentation costs here.
 
-use super::model::{GapModel, Instrumentation, ReplayTimes};
+use super::model::{GapModel, Instrumentation, ReplayTimes, MIN_SPEED_OPS};
 use super::timing::OriginalTiming;
 use crate::link::{is_cpu_event, Link};
 use et_schema::kineto::{Event, KinetoTrace, Lane};
@@ -285,9 +285,10 @@ impl OpPairs {
         self.pairs.len()
     }
 
-    /// Whether enough ops were found in both for the replay's profile to count (3).
+    /// Whether enough ops were found in both for the replay's profile to count
+    /// ([`MIN_SPEED_OPS`]).
     fn enough(&self) -> bool {
-        self.found() >= 3
+        self.found() >= MIN_SPEED_OPS
     }
 
     /// Finds the time slices the capture lost inside ops: what the ops' typical speed (the

@@ -17,5 +17,5 @@ pub use base::{anchor, Anchored, OpsBetweenGaps, Reference, TimeBase};
 pub use capture::{CaptureReference, InvalidReference};
 pub use compare::{compare_ops, Comparison, OpComparison};
 pub use gaps::{cap_gaps, gap_model, weighted_median, SLICE_MIN_US};
-pub use model::{GapModel, Instrumentation, ReplayTimes};
+pub use model::{GapModel, Instrumentation, ReplayTimes, MIN_SPEED_OPS};
 pub use timing::{least, original_timing, typical_timing, OriginalTiming};

@@ -241,7 +241,17 @@ pub struct GapModel {
     pub ops_between_gaps: Option<OpsBetweenGaps>,
 }
 
+/// The fewest ops found in both profiles that time this host against the capture: with fewer,
+/// the calibration measures neither the speed nor the instrumentation's costs, and the gaps are
+/// the capture's as they stand.
+pub const MIN_SPEED_OPS: usize = 3;
+
 impl GapModel {
+    /// Whether the calibration measured this host against the capture ([`MIN_SPEED_OPS`]).
+    pub fn calibrated(&self) -> bool {
+        self.speed_ops >= MIN_SPEED_OPS
+    }
+
     /// The time base's op time per iteration (µs): its steps' finite times summed (a step
     /// that failed in the calibration has none).
     pub fn base_op_us(&self) -> f64 {

@@ -485,6 +485,18 @@ fn calibrate_once(
             plain_leads_us: if host { &r.step_leads_us } else { &[] },
         },
     );
+    if !model.calibrated() && warn {
+        eprintln!(
+            "warning: {} of the replayed ops were found in both the capture's profile and the \
+             calibration's to time this host against the capture, fewer than {} (an op that \
+             launched GPU work in the original has only its launch in the capture's profile, \
+             and counts for none): the capture's gaps are emulated as they stand, its \
+             instrumentation and host not taken out. Replay more of the iteration, or anchor \
+             the gaps on a reference (--reference)",
+            model.speed_ops,
+            et_graph::MIN_SPEED_OPS
+        );
+    }
     if model.capped > 0 && warn {
         eprintln!(
             "warning: {} gaps of the Kineto trace are longer than this model's iteration can \

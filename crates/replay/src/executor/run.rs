@@ -158,7 +158,14 @@ pub fn run(
     }
     if let Some(i) = instr {
         match i.finish() {
-            Ok(profile) => rec.profiled(&profile, warm_up.as_deref(), &recorded),
+            Ok(profile) => {
+                log::debug!(
+                    "instrumented iterations profiled: {} CPU events, {} GPU events",
+                    profile.cpu.len(),
+                    profile.gpu.len()
+                );
+                rec.profiled(&profile, warm_up.as_deref(), &recorded)
+            }
             Err(e) => rec.instrument_error = Some(e.to_string()),
         }
     }
