@@ -92,6 +92,11 @@ pub enum Cmd {
     /// Replay the trace's operators for real through libtorch and report coverage and timing.
     Replay(ReplayArgs),
     /// Replay a linked ET and compare it with its Kineto trace, per op and per iteration.
+    ///
+    /// After its measured iterations (--warmup, --iters) the replay runs under the capture's
+    /// instrumentation: one iteration that warms the profiler up, unrecorded, then as many
+    /// recorded ones as --iters, at most 3, whose op windows are set against the Kineto
+    /// durations.
     Compare(CompareArgs),
     /// Print the libtorch build this binary runs on and whether CUDA is usable.
     Env,

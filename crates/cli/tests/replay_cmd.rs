@@ -1471,7 +1471,15 @@ fn gaps_the_calibration_cannot_measure_are_warned_of() {
         .arg(&sel)
         .arg("--kineto")
         .arg(shared("public/param_linear_1.0.1.kineto.json.gz"))
-        .args(["--emulate-gaps", "--iters", "1", "--warmup", "0", "--threads", "1"])
+        .args([
+            "--emulate-gaps",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

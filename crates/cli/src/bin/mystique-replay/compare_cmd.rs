@@ -84,14 +84,18 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     } else {
         None
     };
-    // One more iteration runs under the capture's instrumentation: its op windows compare
-    // with the original's Kineto durations like for like (both carry the profiler's cost).
+    // Iterations under the capture's instrumentation follow: their op windows compare with
+    // the original's Kineto durations like for like (both carry the profiler's cost). As
+    // many as --iters, at most the default's 3: a GPU trace replayed on the CPU takes seconds
+    // an iteration.
+    let defaults = replay::ReplayOptions::default();
     let opts = replay::ReplayOptions {
         device,
         gaps_us: gap_model.as_ref().map(|m| m.gaps_us.clone()),
         gaps_base_us: gap_model.as_ref().map(|m| m.base_step_us.clone()),
         per_step: true,
         instrument: true,
+        instrument_iters: a.run.iters.clamp(1, defaults.instrument_iters),
         instrumentation: et_graph::Instrumentation::of(&linked.kineto),
         // A profile taken with profile_memory says where the original freed each tensor.
         original_allocs: crate::replay_cmd::original_allocs(&linked),
