@@ -83,6 +83,15 @@ pub fn bind(plan: &Plan, device: &Device) -> Bound {
                             )),
                         }
                     }
+                    RewriteTo::MadeAsRecorded { why } => {
+                        return BoundStep {
+                            exec: Exec::PassThrough,
+                            args: None,
+                            fallback: Some(format!(
+                                "not run, its outputs made at their recorded sizes: {why}"
+                            )),
+                        }
+                    }
                     RewriteTo::Call {
                         name,
                         overload,

@@ -203,9 +203,13 @@ impl Device {
         }
     }
 
-    /// The rewrite for an op, by its node name or its schema's full name.
+    /// The rewrite for an op, by its node name or its schema's full name: this device's, else
+    /// one every device takes ([`ANY_DEVICE_REWRITES`]).
     pub fn rewrite_for(&self, names: &[&str]) -> Option<&'static Rewrite> {
-        self.rewrites().iter().find(|r| names.contains(&r.op))
+        self.rewrites()
+            .iter()
+            .chain(ANY_DEVICE_REWRITES)
+            .find(|r| names.contains(&r.op))
     }
 }
 
@@ -366,6 +370,10 @@ pub enum RewriteTo {
     /// Nothing to do on this device: outputs pass through (whatever the arguments, a Stream
     /// included).
     Elide,
+    /// The call cannot be made from what the trace holds, but its outputs can: nothing runs,
+    /// and its outputs are made at their recorded specs, as a failed op's are (`why` says
+    /// what is missing, for the report).
+    MadeAsRecorded { why: &'static str },
     /// Another operator, its arguments taken from the recorded ones or constants.
     Call {
         name: &'static str,
@@ -390,6 +398,22 @@ const CUDA_REWRITES: &[Rewrite] = &[Rewrite {
     arity: Arity::Any,
     to: RewriteTo::Elide,
 }];
+
+/// Operators no device can call as recorded.
+pub const ANY_DEVICE_REWRITES: &[Rewrite] = &[
+    // A DataLoader with workers hands each batch over in shared memory: the main process's
+    // unpickling sets an empty tensor to that storage, which the ET records as "<Storage>".
+    // The batch's size, strides and dtype are recorded: it is made at them, zero-filled, once
+    // (the workers made the original's in other processes, off the iteration's time).
+    Rewrite {
+        op: "aten::set_.source_Storage_storage_offset",
+        arity: Arity::Any,
+        to: RewriteTo::MadeAsRecorded {
+            why: "the storage it was set to (a DataLoader worker's shared memory) is not in \
+                  the trace",
+        },
+    },
+];
 
 /// CUDA-only operators on a CPU replay.
 const CPU_REWRITES: &[Rewrite] = &[

@@ -1316,3 +1316,54 @@ fn a_view_the_layout_cannot_make_runs_as_reshape() {
         values(&input.reshape([6]))
     );
 }
+
+/// A DataLoader batch unpickled from a worker's shared memory (`set_` to a `Storage` the ET
+/// records as "<Storage>"): not run, its output made at its recorded size and kept across
+/// iterations, so that the op reading the batch runs; reported as a fallback, not a failure.
+#[test]
+fn a_batch_set_to_a_workers_storage_is_made_at_its_recorded_size() {
+    const SET: &str = "aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, \
+                       SymInt storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)";
+    let tr = trace(&[
+        (
+            "aten::set_",
+            SET,
+            vec![
+                (json!([6, 7, 0, 0, 4, "cpu"]), json!([0]), "Tensor(float)"),
+                (json!("<Storage>"), json!([]), "Storage"),
+                (json!(0), json!([]), "Int"),
+                (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
+                (json!([3, 1]), json!([[], []]), "GenericList[Int,Int]"),
+            ],
+            vec![(
+                json!([6, 9, 0, 6, 4, "cpu"]),
+                json!([2, 3]),
+                "Tensor(float)",
+            )],
+        ),
+        (
+            "aten::relu",
+            "aten::relu(Tensor self) -> Tensor",
+            vec![(
+                json!([6, 9, 0, 6, 4, "cpu"]),
+                json!([2, 3]),
+                "Tensor(float)",
+            )],
+            vec![(t(10, 10, 6), json!([2, 3]), "Tensor(float)")],
+        ),
+    ]);
+    let (slots, failures, plan) = run(&tr);
+    assert!(failures.is_empty(), "{failures:?}");
+    assert!(matches!(plan.bound.steps[0].exec, Exec::PassThrough));
+    assert!(plan.bound.steps[0]
+        .fallback
+        .as_deref()
+        .unwrap()
+        .contains("DataLoader worker's shared memory"));
+    let batch = slots[arg_slot(&plan, 1, 0)]
+        .as_ref()
+        .expect("the batch was made");
+    assert_eq!(batch.size(), [2, 3]);
+    let relu = slots[out_slot(&plan, 1, 0)].as_ref().expect("relu ran");
+    assert_eq!(relu.size(), [2, 3]);
+}

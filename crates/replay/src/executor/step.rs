@@ -357,10 +357,25 @@ impl<'a> Executor<'a> {
     }
 
     /// A step that is not run: outputs that are inputs of the same tensor pass through, the
-    /// rest are synthesised from the recorded specs.
-    pub fn pass_through(&self, pos: usize, slots: &mut [Option<Tensor>]) {
+    /// rest are synthesised from the recorded specs once and kept, as the iteration's inputs
+    /// are (a DataLoader batch made at its recorded size is not made anew each iteration).
+    pub fn pass_through(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
         self.pass_inputs(pos, slots);
-        self.fill_missing_outputs(pos, slots);
+        self.stand_in_outputs(pos, slots);
+    }
+
+    /// Step `pos`'s outputs that no input filled: stand-ins made on first use and kept.
+    fn stand_in_outputs(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+        let plan = self.plan;
+        for (s, spec) in &plan.steps[pos].out_specs {
+            let s = *s as usize;
+            if slots[s].is_none() {
+                if self.stand_ins[s].is_none() {
+                    self.stand_ins[s] = self.bound.device.synthesise(spec);
+                }
+                slots[s] = self.stand_ins[s].as_ref().map(|t| t.shallow_clone());
+            }
+        }
     }
 
     /// Outputs that are new versions of an input (same tensor) take the input's tensor.
@@ -378,16 +393,7 @@ impl<'a> Executor<'a> {
             return;
         }
         self.pass_inputs(pos, slots);
-        let plan = self.plan;
-        for (s, spec) in &plan.steps[pos].out_specs {
-            let s = *s as usize;
-            if slots[s].is_none() {
-                if self.stand_ins[s].is_none() {
-                    self.stand_ins[s] = self.bound.device.synthesise(spec);
-                }
-                slots[s] = self.stand_ins[s].as_ref().map(|t| t.shallow_clone());
-            }
-        }
+        self.stand_in_outputs(pos, slots);
     }
 
     /// Drops the slots whose last use is step `pos`.
