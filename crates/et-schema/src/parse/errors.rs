@@ -53,13 +53,26 @@ pub(super) fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
 }
 
 /// A Chakra execution trace's start: a length-delimited protobuf message (a varint length,
-/// then field 1 as bytes) whose first field is Chakra's metadata version (`0.0.4`).
+/// then a length-delimited field) of global metadata: its version (`0.0.4`, as `export
+/// --chakra` writes it) or its attributes (`schema`, as Chakra's own converter writes them).
 fn looks_like_chakra(bytes: &[u8]) -> bool {
-    let head = &bytes[..bytes.len().min(16)];
-    head.len() > 4
-        && head[0] < 0x80
-        && head[1] == 0x0a
-        && memchr::memmem::find(head, b"0.0.").is_some()
+    let head = &bytes[..bytes.len().min(64)];
+    if head
+        .first()
+        .is_none_or(|&b| b == b'{' || b == b'[' || b.is_ascii_whitespace())
+    {
+        return false;
+    }
+    // The message's length: a varint of at most 4 bytes.
+    let Some(len_bytes) = head.iter().take(4).position(|&b| b < 0x80) else {
+        return false;
+    };
+    let key = head.get(len_bytes + 1).copied().unwrap_or(0);
+    let field = key >> 3;
+    key & 0x07 == 2
+        && (1..=15).contains(&field)
+        && (memchr::memmem::find(head, b"0.0.").is_some()
+            || memchr::memmem::find(head, b"schema").is_some())
 }
 
 /// For a truncated file: counts the complete node records before the cut and finds the last id.
@@ -183,5 +196,24 @@ pub(super) fn node_error(
             offset,
             msg,
         }
+    }
+}
+
+#[cfg(test)]
+mod chakra_tests {
+    use super::looks_like_chakra;
+
+    /// Chakra's own converter's output (its first bytes, from mlcommons/chakra's
+    /// tests/data/feeder_tests_trace.tar.gz): metadata attributes, no version field; and ours,
+    /// the version first. JSON, even one naming a schema, is neither.
+    #[test]
+    fn chakra_files_are_told_from_json_by_their_first_bytes() {
+        assert!(looks_like_chakra(
+            b"\x5e\x12\x10\x0a\x06schema\xea\x01\x051.0.1\x12\x09\x0a\x03pid"
+        ));
+        assert!(looks_like_chakra(b"\x07\x0a\x050.0.4"));
+        assert!(!looks_like_chakra(br#"{"schema": "1.0.1", "nodes": []}"#));
+        assert!(!looks_like_chakra(b"  \n{\"schema\": \"0.0.4\"}"));
+        assert!(!looks_like_chakra(b""));
     }
 }
