@@ -655,11 +655,17 @@ fn align(g: &Graph, set: &ReplaySet, k: &KinetoTrace, cpu: &[usize]) -> Vec<Opti
     }
     let mut node_event: HashMap<u32, u32> = HashMap::new();
     let mut used_k: Vec<Lane> = Vec::new();
+    // The thread that began the iteration first, then the others, largest first. Where the
+    // first one's ops were found anchors the others: they ran after it began (autograd's
+    // thread runs the backward between the forward and the optimizer), so of their
+    // iterations in a profile of many, the first at or after it is theirs.
+    let first_tid = g
+        .order
+        .iter()
+        .find(|&&i| !g.class[i as usize].contains(OpClass::ROOT))
+        .map(|&i| t.nodes[i as usize].tid.unwrap_or(0));
     let mut et_list: Vec<(&u64, &Vec<u32>)> = et_threads.iter().collect();
-    et_list.sort_by_key(|(tid, v)| (std::cmp::Reverse(v.len()), **tid));
-    // Where the first (largest) thread's ops were found: the other threads of one iteration
-    // ran then too (autograd's thread runs the backward between the forward and the
-    // optimizer), so of their iterations in a profile of many, the one nearest it is theirs.
+    et_list.sort_by_key(|(tid, v)| (Some(**tid) != first_tid, std::cmp::Reverse(v.len()), **tid));
     let mut near: Option<f64> = None;
     for (_, nodes) in et_list {
         // (matched count, Kineto thread, node -> event pairs)
@@ -733,11 +739,16 @@ fn greedy(
         }
         (count, j)
     };
-    let first = want.iter().flatten().next();
-    let mut best = (run(0, None).0, 0usize);
+    let at = |p: usize| k.events[evs[p]].ts;
+    // Where the runs may start: at or after `near` (the anchor thread's iteration), else
+    // anywhere.
+    let from = near.map_or(0, |t| evs.partition_point(|&e| k.events[e].ts < t));
+    let mut best = (run(from, None).0, from);
+    // The first of the thread's names this lane holds.
+    let first = want.iter().flatten().find(|w| have[from..].contains(w));
     if let Some(f) = first {
         // (count, span, start)
-        let starts: Vec<(usize, usize, usize)> = (0..have.len())
+        let starts: Vec<(usize, usize, usize)> = (from..have.len())
             .filter(|&p| have[p] == *f)
             .take(MAX_STARTS)
             .map(|p| {
@@ -746,7 +757,6 @@ fn greedy(
             })
             .collect();
         let most = starts.iter().map(|s| s.0).max().unwrap_or(0);
-        let at = |p: usize| k.events[evs[p]].ts;
         let most_of = || starts.iter().filter(|s| s.0 == most);
         let chosen = near
             .and_then(|t| most_of().find(|s| at(s.2) >= t))
@@ -761,34 +771,41 @@ fn greedy(
     // record): over a wider window, a profile of many unmarked iterations lets it take an op
     // the iteration at the start lacks from the next one, and the next from the one after,
     // and the ops linked then span several iterations. The wider window only where the narrow
-    // one links markedly fewer (a profile with many more events than the ET has nodes).
+    // one links fewer than the greedy run (a profile with many more events than the ET has
+    // nodes). Each kept to one stretch ([`one_stretch`]) before they are compared.
     let lo = best.1;
     let window = |len: usize| {
         let hi = (lo + len).min(have.len());
-        ((hi - lo) * nodes.len() <= 64 << 20).then(|| lcs(&want, &have[lo..hi]))
+        ((hi - lo) * nodes.len() <= 64 << 20).then(|| {
+            let mut p: Vec<(usize, usize)> = lcs(&want, &have[lo..hi])
+                .into_iter()
+                .map(|(a, b)| (a, lo + b))
+                .collect();
+            one_stretch(&mut p);
+            p
+        })
     };
-    let narrow = window(nodes.len() + nodes.len() / 4 + 64);
-    let pairs = match (narrow, window(nodes.len() * 2 + 256)) {
-        (Some(n), Some(w)) if n.len() * 20 < w.len() * 19 => Some(w),
-        (Some(n), _) => Some(n),
-        (None, w) => w,
-    };
-    let mut out = match pairs.filter(|p| p.len() > best.0) {
-        Some(p) => p.into_iter().map(|(a, b)| (a, lo + b)).collect(),
-        None => {
-            let mut out = Vec::with_capacity(best.0);
-            run(best.1, Some(&mut out));
-            out
+    let mut greedy_run = Vec::with_capacity(best.0);
+    run(best.1, Some(&mut greedy_run));
+    one_stretch(&mut greedy_run);
+    let mut out = greedy_run;
+    for len in [nodes.len() + nodes.len() / 4 + 64, nodes.len() * 2 + 256] {
+        if let Some(p) = window(len).filter(|p| p.len() > out.len()) {
+            out = p;
+            break;
         }
-    };
-    one_stretch(&mut out);
+    }
+    if out.is_empty() && near.is_some() {
+        // Nothing of this lane at or after the anchor: the lane's own best, wherever it is.
+        return greedy(g, nodes, k, evs, None);
+    }
     out.into_iter()
         .map(|(a, b)| (nodes[a], evs[b] as u32))
         .collect()
 }
 
-/// Keeps, of in-order matches (node index, event position), the longest run whose
-/// consecutive events lie within [`STRETCH_GAP`] positions of each other. The look-ahead and
+/// Keeps, of in-order matches (node index, event position), the longest run in which no two
+/// consecutive matches have more than [`STRETCH_GAP`] unmatched events between them. The look-ahead and
 /// the alignment may take an op that the iteration at hand lacks from the next iteration of
 /// a profile of many, and carry on there: the ops linked then span iterations, and their
 /// times and GPU work mix them. A gap of hundreds of unmatched events is such a jump, not
@@ -797,7 +814,7 @@ fn one_stretch(pairs: &mut Vec<(usize, usize)>) {
     let mut best = (0, 0);
     let mut start = 0;
     for i in 1..=pairs.len() {
-        if i == pairs.len() || pairs[i].1 - pairs[i - 1].1 > STRETCH_GAP {
+        if i == pairs.len() || pairs[i].1 - pairs[i - 1].1 > STRETCH_GAP + 1 {
             if i - start > best.1 - best.0 {
                 best = (start, i);
             }
@@ -852,10 +869,14 @@ mod tests {
         let mut jumped = vec![(0, 5), (1, 600), (2, 610), (3, 615)];
         one_stretch(&mut jumped);
         assert_eq!(jumped, [(1, 600), (2, 610), (3, 615)]);
-        let mut close = vec![(0, 5), (1, 5 + STRETCH_GAP), (2, 6 + STRETCH_GAP)];
+        // STRETCH_GAP unmatched events between two matches: one stretch; one more: two.
+        let mut close = vec![(0, 5), (1, 6 + STRETCH_GAP), (2, 7 + STRETCH_GAP)];
         let whole = close.clone();
         one_stretch(&mut close);
         assert_eq!(close, whole);
+        let mut apart = vec![(0, 5), (1, 7 + STRETCH_GAP), (2, 8 + STRETCH_GAP)];
+        one_stretch(&mut apart);
+        assert_eq!(apart, [(1, 7 + STRETCH_GAP), (2, 8 + STRETCH_GAP)]);
         let mut none: Vec<(usize, usize)> = Vec::new();
         one_stretch(&mut none);
         assert!(none.is_empty());

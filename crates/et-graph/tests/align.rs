@@ -81,3 +81,100 @@ fn every_thread_links_to_the_iteration_that_holds_all_its_ops() {
         );
     }
 }
+
+/// An ET of `ops` (name, thread) and a profile of three complete iterations of them, 1000 µs
+/// apart, each thread's events in its own lane, the second thread's 300 µs into each.
+fn pair(ops: &[(&str, u64)]) -> (et_schema::Trace, et_schema::kineto::KinetoTrace) {
+    let mut b = TraceBuilder::new();
+    for &(name, tid) in ops {
+        b.op(name, &format!("{name}{UNARY}"))
+            .attr("tid", "uint64", tid)
+            .input(tensor(1, 1, 0, 8, 4, "cpu"), json!([8]), "Tensor(float)")
+            .output(tensor(2, 2, 0, 8, 4, "cpu"), json!([8]), "Tensor(float)")
+            .done();
+    }
+    let mut evs = Vec::new();
+    for it in 0..3 {
+        for (k, &(name, tid)) in ops.iter().enumerate() {
+            let ts = 1000.0 * it as f64 + if tid == 1 { 0.0 } else { 300.0 } + k as f64;
+            evs.push(
+                json!({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid,
+                            "ts": ts, "dur": 0.5}),
+            );
+        }
+    }
+    let k = parse_kineto(
+        json!({ "traceEvents": evs }).to_string().as_bytes(),
+        "k.json",
+    )
+    .unwrap();
+    (b.build(), k)
+}
+
+/// Every op linked, all to events of one iteration.
+fn one_iteration(t: &et_schema::Trace, k: &et_schema::kineto::KinetoTrace) {
+    let g = Graph::new(t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, k).unwrap();
+    assert_eq!(l.linked(), set.ops.len());
+    let its: Vec<i64> = l
+        .event_of
+        .iter()
+        .map(|e| (k.events[e.unwrap() as usize].ts / 1000.0).floor() as i64)
+        .collect();
+    assert!(its.iter().all(|&i| i == its[0]), "iterations {its:?}");
+}
+
+/// Autograd's thread holding more nodes than the thread that began the iteration: the anchor
+/// is the thread that began it, not the largest, or the forward would be taken from the
+/// iteration after the backward's.
+#[test]
+fn the_thread_that_began_the_iteration_anchors_the_others() {
+    let (t, k) = pair(&[
+        ("aten::relu", 1),
+        ("aten::exp", 2),
+        ("aten::log", 2),
+        ("aten::sin", 2),
+        ("aten::neg", 1),
+    ]);
+    one_iteration(&t, &k);
+}
+
+/// A thread whose first op's name its lane never holds (another thread's op, the trace's
+/// first): its iteration is still the anchor's.
+#[test]
+fn a_thread_whose_first_name_its_lane_lacks_follows_the_anchor() {
+    let (t, mut k) = pair(&[
+        ("aten::relu", 1),
+        ("aten::tanh", 2),
+        ("aten::exp", 2),
+        ("aten::log", 2),
+        ("aten::neg", 1),
+    ]);
+    // The first iteration's forward is not whole: the anchor is the second.
+    let first_relu = k
+        .events
+        .iter()
+        .position(|e| k.strings.lookup("aten::relu") == Some(e.name))
+        .unwrap();
+    k.events.remove(first_relu);
+    // tanh is on the first thread's lane only.
+    let tanh = k.strings.lookup("aten::tanh").unwrap();
+    let neg = k.strings.lookup("aten::neg").unwrap();
+    let first_lane = k.events.iter().find(|e| e.name == neg).unwrap().tid;
+    for e in k.events.iter_mut().filter(|e| e.name == tanh) {
+        e.tid = first_lane;
+    }
+    let g = Graph::new(&t);
+    let set = g.replay_set(None);
+    let l = link(&g, &set, &k).unwrap();
+    let by_name = |n: &str| {
+        let pos = set.ops.iter().position(|&i| g.name(i) == n).unwrap();
+        k.events[l.event_of[pos].unwrap() as usize].ts
+    };
+    let (relu, exp) = (by_name("aten::relu"), by_name("aten::exp"));
+    assert!(
+        (1000.0..2000.0).contains(&relu) && (1000.0..2000.0).contains(&exp),
+        "relu at {relu} µs, exp at {exp} µs"
+    );
+}
