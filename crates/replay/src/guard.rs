@@ -27,7 +27,13 @@ struct Rule {
     same_shape: &'static [&'static str],
     /// Arguments that hold one value per channel where given.
     per_channel: &'static [&'static str],
+    /// Per-channel statistics saved by a training forward, and the flag that says the forward
+    /// trained: in evaluation the forward saves none (empty tensors) and the kernel reads none.
+    saved: (&'static str, &'static [&'static str]),
 }
+
+/// No saved statistics.
+const NONE_SAVED: (&str, &[&str]) = ("", &[]);
 
 /// The batch-norm family: the CPU kernels index the per-channel tensors by the input's
 /// channel and walk the gradient as the input, unchecked (`native_batch_norm_backward` read
@@ -38,54 +44,49 @@ const RULES: &[Rule] = &[
         input: "input",
         same_shape: &[],
         per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: NONE_SAVED,
     },
     Rule {
         op: "aten::_native_batch_norm_legit",
         input: "input",
         same_shape: &[],
         per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: NONE_SAVED,
     },
     Rule {
         op: "aten::_native_batch_norm_legit_no_training",
         input: "input",
         same_shape: &[],
         per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: NONE_SAVED,
     },
     Rule {
         op: "aten::_batch_norm_with_update",
         input: "input",
         same_shape: &[],
         per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: NONE_SAVED,
     },
     Rule {
         op: "aten::_batch_norm_no_update",
         input: "input",
         same_shape: &[],
         per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: NONE_SAVED,
     },
     Rule {
         op: "aten::native_batch_norm_backward",
         input: "input",
         same_shape: &["grad_out"],
-        per_channel: &[
-            "weight",
-            "running_mean",
-            "running_var",
-            "save_mean",
-            "save_invstd",
-        ],
+        per_channel: &["weight", "running_mean", "running_var"],
+        saved: ("train", &["save_mean", "save_invstd"]),
     },
     Rule {
         op: "aten::batch_norm_backward",
         input: "input",
         same_shape: &["grad_out"],
-        per_channel: &[
-            "weight",
-            "running_mean",
-            "running_var",
-            "save_mean",
-            "save_var",
-        ],
+        per_channel: &["weight", "running_mean", "running_var"],
+        saved: ("update", &["save_mean", "save_var"]),
     },
 ];
 
@@ -96,6 +97,8 @@ pub struct Guard {
     input: (usize, &'static str),
     same_shape: Vec<(usize, &'static str)>,
     per_channel: Vec<(usize, &'static str)>,
+    /// The training flag's position and the saved statistics' ([`Rule::saved`]).
+    saved: Option<(usize, Vec<(usize, &'static str)>)>,
 }
 
 /// Whether operator `name` (qualified, without overload) has a rule: cheap, for every step.
@@ -125,6 +128,8 @@ pub fn for_schema(schema: &str) -> Option<Guard> {
             .collect::<Option<_>>()?,
         // Optional per-channel arguments a version lacks are not checked.
         per_channel: rule.per_channel.iter().filter_map(|n| pos(n)).collect(),
+        saved: pos(rule.saved.0)
+            .map(|(flag, _)| (flag, rule.saved.1.iter().filter_map(|n| pos(n)).collect())),
     })
 }
 
@@ -164,7 +169,12 @@ impl Guard {
         let Some(&channels) = shape.get(1) else {
             return Ok(());
         };
-        for &(i, name) in &self.per_channel {
+        // The saved statistics where the forward trained (the flag true, or not a plain bool).
+        let saved = self.saved.iter().flat_map(|(flag, saved)| {
+            let trained = !matches!(args.get(*flag), Some(Arg::Bool(false)));
+            saved.iter().filter(move |_| trained)
+        });
+        for &(i, name) in self.per_channel.iter().chain(saved) {
             if let Some(t) = tensor(i) {
                 let n = t.numel();
                 if n as i64 != channels {

@@ -245,4 +245,25 @@ fn a_batch_norm_backward_with_disagreeing_inputs_fails_with_the_reason() {
             f.reason
         );
     }
+    // A backward through a batch norm in evaluation (frozen statistics): the forward saved no
+    // statistics, and the kernel reads the running ones; what stands for the saved ones is not
+    // checked, and the call runs.
+    let mut plan = base.clone();
+    plan.steps[pos].args[5] = replay::plan::Arg::Tensor(fewer);
+    plan.steps[pos].args[7] = replay::plan::Arg::Bool(false);
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let opts = replay::ReplayOptions {
+        iters: 1,
+        warmup: 0,
+        ..Default::default()
+    };
+    let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+    assert!(
+        report
+            .failures
+            .iter()
+            .all(|f| f.op != "aten::native_batch_norm_backward"),
+        "{:?}",
+        report.failures
+    );
 }
