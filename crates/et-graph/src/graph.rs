@@ -623,15 +623,16 @@ impl Graph<'_> {
         // Last in-place writer of each storage, so views of one storage order after writes.
         let mut storage_writer: HashMap<u64, u32> = HashMap::new();
         // Per storage, the last op of the set that allocated or wrote it (None: read as an
-        // input), the bytes known there, and their element size (a storage id met again with
-        // another dtype is a new allocation at a reused address).
-        let mut known: HashMap<u64, (Option<u32>, u64, u64)> = HashMap::new();
+        // input), the bytes known there, their element size (a storage id met again with
+        // another dtype is a new allocation at a reused address), and since when they are
+        // known (that op, or the first read of the input).
+        let mut known: HashMap<u64, (Option<u32>, u64, u64, u32)> = HashMap::new();
         // Tensors an op outside the set made (an op the selection left out, not one nested in
-        // the set's): read by the set over bytes one of its ops wrote, and made outside after
-        // that write, they are inputs of their own (the storage id was reused for other data).
-        // Made before the write (a persistent buffer another iteration also wrote), they are
-        // the write's; over a storage the set only read as an input (another iteration's
-        // version of a weight), that input's storage, which the replay allocates once.
+        // the set's): read by the set over bytes known since one of its ops wrote them or read
+        // them as an input, and made outside after that, they are inputs of their own (the
+        // storage id was reused for other data). Made before (a persistent buffer another
+        // iteration also wrote, another iteration's version of a weight), they are the data
+        // known there: the write's, or the input's storage, which the replay allocates once.
         let outside = self.outputs_outside(set);
         let mut order_of = vec![0u32; self.len()];
         for (at, &i) in self.order.iter().enumerate() {
@@ -686,13 +687,13 @@ impl Graph<'_> {
                     Some(None) => touch(x, &mut table, true),
                     None => match known
                         .get(&x.storage)
-                        .filter(|k| k.0.is_none_or(|w| !made_outside_between(&key, w, pos)))
+                        .filter(|k| !made_outside_between(&key, k.3, pos))
                     {
                         // A tensor under a new id over bytes an earlier op of the set wrote, or
                         // an input already read: the same data (autograd's saved outputs are
                         // new tensors, and so is a weight's alias taken outside the set), not
                         // another input to supply.
-                        Some(&(w, bytes, size))
+                        Some(&(w, bytes, size, _))
                             if size == x.itemsize && (x.offset + x.numel) * x.itemsize <= bytes =>
                         {
                             current.insert(key, w);
@@ -709,11 +710,11 @@ impl Graph<'_> {
                         _ => {
                             current.insert(key, None);
                             let bytes = (x.offset + x.numel) * x.itemsize;
-                            let e = known.entry(x.storage).or_insert((None, 0, x.itemsize));
+                            let e = known.entry(x.storage).or_insert((None, 0, x.itemsize, pos));
                             if e.0.is_none() && e.2 == x.itemsize {
                                 e.1 = e.1.max(bytes);
                             } else {
-                                *e = (None, bytes, x.itemsize);
+                                *e = (None, bytes, x.itemsize, pos);
                             }
                             touch(x, &mut table, true);
                         }
@@ -755,13 +756,15 @@ impl Graph<'_> {
                 // it anew, and only its outputs are known there.
                 let bytes = (x.offset + x.numel) * x.itemsize;
                 let into_input = ins.iter().any(|&j| t.tensor(j).storage == x.storage);
-                let e = known.entry(x.storage).or_insert((Some(pos), 0, x.itemsize));
+                let e = known
+                    .entry(x.storage)
+                    .or_insert((Some(pos), 0, x.itemsize, pos));
                 let kept = if e.0 == Some(pos) || into_input {
                     e.1
                 } else {
                     0
                 };
-                *e = (Some(pos), kept.max(bytes), x.itemsize);
+                *e = (Some(pos), kept.max(bytes), x.itemsize, pos);
                 if inplace || was_input {
                     storage_writer.insert(x.storage, pos);
                 }

@@ -301,8 +301,9 @@ fn concatenated_iterations_keep_their_own_ops() {
 
 /// A tensor read under a new id over bytes an op of the set wrote is that op's data (a saved
 /// output): no input to supply. Over a storage id an op the selection left out reused (an
-/// allocation at a freed address), it is an input; and an op that writes part of a storage it
-/// read (in place) keeps the bytes known there.
+/// allocation at a freed address) after the set wrote or read it, it is an input; made there
+/// before, it is the data known there. An op that writes part of a storage it read (in place)
+/// keeps the bytes known there.
 #[test]
 fn new_ids_over_known_bytes_are_inputs_only_where_an_unselected_op_made_them() {
     const RELU: &str = "aten::relu(Tensor self) -> Tensor";
@@ -334,6 +335,35 @@ fn new_ids_over_known_bytes_are_inputs_only_where_an_unselected_op_made_them() {
         .input(t(6, 11, 0, 8), json!([8]), "Tensor(float)")
         .output(t(7, 12, 0, 8), json!([8]), "Tensor(float)")
         .done();
+    // Storage 20 read as an input (tensor 8); a left-out op then makes tensor 10 at its
+    // address, which the set reads: other data, an input of its own.
+    b.op("aten::relu", RELU)
+        .input(t(8, 20, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(9, 21, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::sigmoid", "aten::sigmoid(Tensor self) -> Tensor")
+        .input(t(1, 1, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(10, 20, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::relu", RELU)
+        .input(t(10, 20, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(11, 22, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    // A left-out op made tensor 12 over storage 30 before the set first read that storage
+    // (as tensor 13): another version of the same input (a weight an earlier iteration
+    // updated), its storage's.
+    b.op("aten::sigmoid", "aten::sigmoid(Tensor self) -> Tensor")
+        .input(t(1, 1, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(12, 30, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::relu", RELU)
+        .input(t(13, 30, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(14, 31, 0, 8), json!([8]), "Tensor(float)")
+        .done();
+    b.op("aten::relu", RELU)
+        .input(t(12, 30, 0, 8), json!([8]), "Tensor(float)")
+        .output(t(15, 32, 0, 8), json!([8]), "Tensor(float)")
+        .done();
     let tr = b.build();
     let g = Graph::new(&tr);
     let set = g
@@ -342,11 +372,11 @@ fn new_ids_over_known_bytes_are_inputs_only_where_an_unselected_op_made_them() {
             ..Default::default()
         })
         .unwrap();
-    assert_eq!(set.ops.len(), 4);
+    assert_eq!(set.ops.len(), 8);
     let tt = g.tensors(&set);
     let mut externals: Vec<u64> = tt.externals().map(|x| x.key.0).collect();
     externals.sort();
-    assert_eq!(externals, vec![1, 6]);
+    assert_eq!(externals, vec![1, 6, 8, 10, 13]);
     // The saved output depends on the last write of its bytes (fill_'s), through the storage.
     assert!(
         tt.edges
