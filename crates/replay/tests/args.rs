@@ -1367,3 +1367,66 @@ fn a_batch_set_to_a_workers_storage_is_made_at_its_recorded_size() {
     let relu = slots[out_slot(&plan, 1, 0)].as_ref().expect("relu ran");
     assert_eq!(relu.size(), [2, 3]);
 }
+
+/// A made batch that a later step writes in place is made anew each iteration: kept, the
+/// writes would build up (here x = (x + 1) * 10 each iteration, past float32's range within 40
+/// iterations), where the original's batch was new each iteration.
+#[test]
+fn a_made_batch_written_in_place_does_not_build_up_over_iterations() {
+    const SET: &str = "aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, \
+                       SymInt storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)";
+    const ADD: &str =
+        "aten::add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)";
+    const MUL: &str = "aten::mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)";
+    let batch = || json!([6, 9, 0, 6, 4, "cpu"]);
+    let tr = trace(&[
+        (
+            "aten::set_",
+            SET,
+            vec![
+                (json!([6, 7, 0, 0, 4, "cpu"]), json!([0]), "Tensor(float)"),
+                (json!("<Storage>"), json!([]), "Storage"),
+                (json!(0), json!([]), "Int"),
+                (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
+                (json!([3, 1]), json!([[], []]), "GenericList[Int,Int]"),
+            ],
+            vec![(batch(), json!([2, 3]), "Tensor(float)")],
+        ),
+        (
+            "aten::add_",
+            ADD,
+            vec![
+                (batch(), json!([2, 3]), "Tensor(float)"),
+                (json!(1.0), json!([]), "Double"),
+                (json!(1), json!([]), "Int"),
+            ],
+            vec![(batch(), json!([2, 3]), "Tensor(float)")],
+        ),
+        (
+            "aten::mul_",
+            MUL,
+            vec![
+                (batch(), json!([2, 3]), "Tensor(float)"),
+                (json!(10.0), json!([]), "Double"),
+            ],
+            vec![(batch(), json!([2, 3]), "Tensor(float)")],
+        ),
+    ]);
+    let g = Graph::new(&tr);
+    let set = g.replay_set(None);
+    let plan = compile(&g, &set);
+    let bound = replay::bind(&plan, &replay::Device::Cpu);
+    let opts = replay::ReplayOptions {
+        iters: 60,
+        warmup: 0,
+        check_values: true,
+        ..Default::default()
+    };
+    let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+    assert_eq!(report.ops_failed, 0, "{:?}", report.failures);
+    assert!(
+        report.first_nonfinite.is_none(),
+        "{:?}",
+        report.first_nonfinite
+    );
+}

@@ -208,6 +208,8 @@ pub struct Executor<'a> {
     probed_calls: Option<Vec<(usize, f64)>>,
     /// Per step, the checks of a kernel that trusts its caller ([`crate::guard`]).
     guards: Vec<Option<crate::guard::Guard>>,
+    /// Per slot, whether a step writes it in place (its input passes through to its output).
+    written_in_place: Vec<bool>,
 }
 
 /// The bytes of the distinct storages the slots hold, kept up to date slot by slot: the first

@@ -85,6 +85,15 @@ impl<'a> Executor<'a> {
             rebalanced: HashMap::new(),
             probed_calls: None,
             guards: crate::guard::of_steps(plan, bound),
+            written_in_place: {
+                let mut w = vec![false; plan.n_slots];
+                for (from, _) in plan.steps.iter().flat_map(|s| &s.passthrough) {
+                    if let Some(x) = w.get_mut(*from as usize) {
+                        *x = true;
+                    }
+                }
+                w
+            },
         };
         ex.prepare_left_out(only);
         Ok(ex)
@@ -358,23 +367,31 @@ impl<'a> Executor<'a> {
 
     /// A step that is not run: outputs that are inputs of the same tensor pass through, the
     /// rest are synthesised from the recorded specs once and kept, as the iteration's inputs
-    /// are (a DataLoader batch made at its recorded size is not made anew each iteration).
+    /// are (a DataLoader batch made at its recorded size is not made anew each iteration),
+    /// except those a later step writes in place: kept, those writes would build up from one
+    /// iteration to the next (a batch normalised in place would grow without bound).
     pub fn pass_through(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
         self.pass_inputs(pos, slots);
-        self.stand_in_outputs(pos, slots);
+        self.stand_in_outputs(pos, slots, true);
     }
 
-    /// Step `pos`'s outputs that no input filled: stand-ins made on first use and kept.
-    fn stand_in_outputs(&mut self, pos: usize, slots: &mut [Option<Tensor>]) {
+    /// Step `pos`'s outputs that no input filled: stand-ins made on first use and kept (where
+    /// `unless_written`, made anew each time for a slot a step writes in place).
+    fn stand_in_outputs(&mut self, pos: usize, slots: &mut [Option<Tensor>], unless_written: bool) {
         let plan = self.plan;
         for (s, spec) in &plan.steps[pos].out_specs {
             let s = *s as usize;
-            if slots[s].is_none() {
-                if self.stand_ins[s].is_none() {
-                    self.stand_ins[s] = self.bound.device.synthesise(spec);
-                }
-                slots[s] = self.stand_ins[s].as_ref().map(|t| t.shallow_clone());
+            if slots[s].is_some() {
+                continue;
             }
+            if unless_written && self.written_in_place[s] {
+                slots[s] = self.bound.device.synthesise(spec);
+                continue;
+            }
+            if self.stand_ins[s].is_none() {
+                self.stand_ins[s] = self.bound.device.synthesise(spec);
+            }
+            slots[s] = self.stand_ins[s].as_ref().map(|t| t.shallow_clone());
         }
     }
 
@@ -393,7 +410,7 @@ impl<'a> Executor<'a> {
             return;
         }
         self.pass_inputs(pos, slots);
-        self.stand_in_outputs(pos, slots);
+        self.stand_in_outputs(pos, slots, false);
     }
 
     /// Drops the slots whose last use is step `pos`.
