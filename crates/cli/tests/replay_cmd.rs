@@ -1450,6 +1450,21 @@ fn options_that_would_do_nothing_here_are_refused() {
         assert!(!err.contains("replaying"), "{args:?} started: {err}");
         assert!(!svg.exists(), "{args:?} drew {}", svg.display());
     }
+    // Sampling turned off is what the CPU does anyway.
+    let out = bin()
+        .arg("replay")
+        .args([
+            mlp_arg,
+            "--nvml-period",
+            "0",
+            "--iters",
+            "1",
+            "--warmup",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// A selection of a GPU trace whose every op launched GPU work (an optimizer step) leaves the

@@ -328,7 +328,11 @@ where
                 Some(hex) => u64::from_str_radix(hex, 16)
                     .ok()
                     .map(|n| T::try_from(n).ok()),
-                None => v.parse::<i64>().ok().map(|n| T::try_from(n).ok()),
+                None => match v.parse::<i64>() {
+                    Ok(n) => Some(T::try_from(n).ok()),
+                    // Above i64's range, a u64 field's.
+                    Err(_) => v.parse::<u64>().ok().map(|n| T::try_from(n).ok()),
+                },
             };
             Ok(n.flatten())
         }
@@ -748,5 +752,12 @@ mod tests {
         assert_eq!(e.external_id, None);
         assert_eq!(e.ev_idx, None);
         assert_eq!(e.sequence_number, Some(-4));
+        let k = parse_kineto(
+            br#"{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1,
+               "args": {"External id": "18446744073709551615"}}]}"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(k.events[0].external_id, Some(u64::MAX));
     }
 }

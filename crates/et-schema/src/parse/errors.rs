@@ -57,9 +57,11 @@ pub(super) fn scan_error(e: ScanError, bytes: &[u8], source: &str) -> Error {
 /// --chakra` writes it) or its attributes (`schema`, as Chakra's own converter writes them).
 fn looks_like_chakra(bytes: &[u8]) -> bool {
     let head = &bytes[..bytes.len().min(64)];
-    if head
-        .first()
-        .is_none_or(|&b| b == b'{' || b == b'[' || b.is_ascii_whitespace())
+    // JSON: an object, an array, whitespace, or a UTF-8 byte order mark first.
+    if head.starts_with(b"\xef\xbb\xbf")
+        || head
+            .first()
+            .is_none_or(|&b| b == b'{' || b == b'[' || b.is_ascii_whitespace())
     {
         return false;
     }
@@ -215,5 +217,6 @@ mod chakra_tests {
         assert!(!looks_like_chakra(br#"{"schema": "1.0.1", "nodes": []}"#));
         assert!(!looks_like_chakra(b"  \n{\"schema\": \"0.0.4\"}"));
         assert!(!looks_like_chakra(b""));
+        assert!(!looks_like_chakra(b"\xef\xbb\xbf{\"schema\": \"1.0.1\"}"));
     }
 }

@@ -379,8 +379,9 @@ pub fn gpu_options_need_cuda(a: &ReplayArgs, device: replay::Device) -> Result<(
     if device != replay::Device::Cpu {
         return Ok(());
     }
+    // `--nvml-period 0` turns the sampling off: on the CPU it is off anyway.
     for (flag, given) in [
-        ("--nvml-period", a.nvml_period.is_some()),
+        ("--nvml-period", a.nvml_period.is_some_and(|ms| ms > 0)),
         ("--gpu-svg", a.gpu_svg.is_some()),
     ] {
         anyhow::ensure!(
