@@ -29,9 +29,11 @@ fn a_gap_spun_moves_its_deadline_by_the_slices_the_thread_lost() {
     assert!(spin.ended < 1000.0 + spin.moved + 2.0, "{spin:?}");
 }
 
-/// On a host with more spinning threads than cores: the spin is never shorter than the gap,
-/// and what it moved its deadline by is wall time it did not spin. (How much of the wait it
-/// sees depends on the scheduler's slices, which the scripted test above pins down.)
+/// On a host with more spinning threads than cores: the spin is never shorter than the gap;
+/// and where the kernel says the thread waited for a CPU many slices' worth, the spin saw
+/// some of it and moved its deadline (a wait is another thread's slice, 0.75 ms or more, over
+/// the spin's threshold). How much it sees depends on the scheduler's slices: the scripted
+/// test above pins down what it does with what it sees.
 #[test]
 fn an_emulated_gap_is_spun_in_running_time() {
     let Some(delay) = metrics::cpu::RunDelay::of_this_thread() else {
@@ -61,13 +63,15 @@ fn an_emulated_gap_is_spun_in_running_time() {
     }
     let (wall, waited) = (t1 - t0, w1 - w0);
     assert!(
-        moved <= wall - target_us + 1.0,
-        "moved {moved} us in {wall} us (waited {waited} us)"
-    );
-    assert!(
         wall >= target_us + moved,
-        "spun {wall} us for a {target_us} us gap, moved {moved} us"
+        "spun {wall} us for a {target_us} us gap, moved {moved} us (waited {waited} us)"
     );
+    if waited >= 20.0 * et_graph::SLICE_MIN_US {
+        assert!(
+            moved > 0.0,
+            "waited {waited} us for a CPU in {wall} us, and the spin saw none of it"
+        );
+    }
 }
 
 #[test]
