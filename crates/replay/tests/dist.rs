@@ -67,6 +67,19 @@ fn allreduce_on(b: &mut TraceBuilder, t: &serde_json::Value, n: u64, pg: &str) {
         .done();
 }
 
+/// Turns off c10d's flight recorder for this test process, before its first process group.
+/// The recorder is one per process, and its first record of a process group inserts into a
+/// map before taking its lock (`FlightRecorder::recordWithResetEnabled`, libtorch 2.11): these
+/// tests run their ranks as threads of one process, whose process groups' first collectives
+/// race there and corrupted the map (a SIGSEGV in about 1 run in 17 of this binary). A rank
+/// of a real job is a process of its own, as `replay --ranks` runs them.
+fn no_flight_recorder() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY (of the environment's use): every test of this binary that starts threads or
+    // process groups passes here first, and the Once holds the others back until it is set.
+    ONCE.call_once(|| std::env::set_var("TORCH_FR_BUFFER_SIZE", "0"));
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -82,6 +95,7 @@ fn two_ranks(
     check: fn(&replay::plan::Plan),
     out: fn(&replay::plan::Plan) -> usize,
 ) -> Vec<Vec<f64>> {
+    no_flight_recorder();
     let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
@@ -133,6 +147,7 @@ fn an_allreduce_of_known_inputs_gives_their_sum_on_every_rank() {
 /// on around it.
 #[test]
 fn a_collective_without_peers_fails_clearly() {
+    no_flight_recorder();
     let tr = rank_trace(1.0);
     let g = et_graph::Graph::new(&tr);
     let plan = compile(&g, &g.replay_set(None));
@@ -288,6 +303,7 @@ fn replay_ranks(
     traces: Vec<et_schema::Trace>,
     opts: replay::ReplayOptions,
 ) -> Vec<Result<replay::Report, String>> {
+    no_flight_recorder();
     let port = free_port();
     let world = traces.len();
     let ranks: Vec<_> = traces
