@@ -587,11 +587,26 @@ impl<'a> PackageBuilder<'a> {
         let set = g.select(sel)?;
         let mut original = None;
         if let Some((k, kt)) = &kineto {
-            let link = et_graph::link(&g, &set, kt)
-                .with_context(|| format!("linking {} to {}", k.display(), path.display()))?;
-            let o = et_graph::typical_timing(&g, &set, kt, &link);
+            let linking = |set: &et_graph::ReplaySet| {
+                let link = et_graph::link(&g, set, kt)
+                    .with_context(|| format!("linking {} to {}", k.display(), path.display()))?;
+                anyhow::Ok(et_graph::typical_timing(&g, set, kt, &link))
+            };
+            let o = linking(&set)?;
+            // The iteration is the whole of the chosen iterations, whatever else the selection
+            // leaves out: a profile linked by order bounds it by the ops linked, and the
+            // collectives alone of a job (`--only comm`) span less than its iteration.
+            let whole = g.select(&et_graph::Selection {
+                iterations: sel.iterations.clone(),
+                ..Default::default()
+            })?;
+            let iter_us = if whole.ops.len() > set.ops.len() {
+                linking(&whole)?.span_us
+            } else {
+                o.span_us
+            };
             original = Some(Original {
-                iter_ms: o.span_us / 1000.0,
+                iter_ms: iter_us / 1000.0,
                 ops_ms: Some(o.op_us.iter().flatten().sum::<f64>() / 1000.0),
                 from: "kineto".into(),
             });
