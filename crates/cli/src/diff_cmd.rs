@@ -30,7 +30,25 @@ fn read(p: &Path) -> Result<RunResult> {
             p.display()
         ),
     }
-    serde_json::from_value(v).with_context(|| format!("{} is not a result", p.display()))
+    let r: RunResult =
+        serde_json::from_value(v).with_context(|| format!("{} is not a result", p.display()))?;
+    // What a run writes: every rank with one measured iteration at least, each a time.
+    if r.ranks.is_empty() {
+        bail!("{} is not a result of a run: it holds no rank", p.display());
+    }
+    for x in &r.ranks {
+        if x.iterations_ms.is_empty() || x.iterations_ms.iter().any(|t| !t.is_finite() || *t < 0.0)
+        {
+            bail!(
+                "{} is not a result of a run: rank {}'s iterations_ms is {:?}, where a run \
+                 records each measured iteration's time (one at least)",
+                p.display(),
+                x.rank,
+                x.iterations_ms
+            );
+        }
+    }
+    Ok(r)
 }
 
 /// One op signature of one rank in both results.

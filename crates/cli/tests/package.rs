@@ -83,13 +83,20 @@ fn packages_of_every_shared_cpu_trace_run_and_diff() {
         assert!(d["iteration"]["ratio"].as_f64().unwrap() > 0.0);
         if m == "mlp.et.json" {
             diff_text_and_plots(&ra, &rb, &d);
-            // A manifest or another JSON file in place of a result is named for what it is.
+            // A manifest or another JSON file in place of a result is named for what it is; a
+            // result edited to hold no iteration is not one a run wrote.
+            let emptied = tmp("emptied.result.json");
+            let mut e: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&ra).unwrap()).unwrap();
+            e["ranks"][0]["iterations_ms"] = serde_json::json!([]);
+            std::fs::write(&emptied, e.to_string()).unwrap();
             for (other, says) in [
                 (pkg.join("manifest.json"), "is a package's manifest"),
                 (
                     shared("cpu/mlp.meta.json"),
                     "is not a result of `mystique run`",
                 ),
+                (emptied, "rank 0's iterations_ms is []"),
             ] {
                 let o = bin().arg("diff").arg(&ra).arg(&other).output().unwrap();
                 assert_eq!(o.status.code(), Some(2));

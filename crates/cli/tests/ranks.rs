@@ -254,7 +254,7 @@ fn mismatched_rank_sets_are_refused() {
             ("rank0.et.json.gz", "a.et.json.gz"),
             ("rank3.et.json.gz", "b.et.json.gz"),
         ],
-        "unexpected rank 3",
+        "rank 1 is missing",
     );
     // Ranks 0-2 of the 8: the set orders, but its all-to-alls split over 8 ranks (the traces
     // record no process group to tell the world size by).

@@ -564,10 +564,18 @@ pub fn distinct(v: &[Option<u64>]) -> Option<Vec<u64>> {
 fn arrange(traces: Vec<RankTrace>, ranks: &[u64], from: &str) -> Result<Vec<RankTrace>> {
     let n = traces.len();
     if let Some((t, r)) = traces.iter().zip(ranks).find(|(_, &r)| r as usize >= n) {
+        // A rank beyond the count: most often a rank's trace left out of the set.
+        let missing: Vec<String> = (0..n as u64)
+            .filter(|k| !ranks.contains(k))
+            .map(|k| k.to_string())
+            .collect();
         bail!(
-            "unexpected rank {r} ({}, from its {from}): the traces must be ranks 0..{} of one run",
+            "rank {} {} missing: {} traces were given, and {} is rank {r} (from its {from}); \
+             a job's traces are its ranks 0..N-1, one each",
+            missing.join(", "),
+            if missing.len() == 1 { "is" } else { "are" },
+            n,
             t.path.display(),
-            n - 1
         );
     }
     let mut slots: Vec<Option<RankTrace>> = (0..n).map(|_| None).collect();
@@ -817,7 +825,7 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(
-            e.contains("unexpected rank 2 (b.json, from its records)"),
+            e.contains("rank 1 is missing") && e.contains("b.json is rank 2 (from its records)"),
             "{e}"
         );
         // File names that skip a rank.
