@@ -917,3 +917,37 @@ fn a_partial_packages_original_is_the_whole_iteration() {
     let comm = iter_ms(&["--only", "comm"]);
     assert_eq!(comm, whole);
 }
+
+/// A package of one rank of a two-rank job warns that its collectives need the other rank
+/// (they fail at `run`); one of its compute alone, or of a job of one rank, does not.
+#[test]
+fn a_package_of_one_rank_of_a_job_warns_of_its_collectives() {
+    let generate_err = |trace: &str, extra: &[&str]| {
+        let pkg = tmp("one-rank.pkg");
+        let o = bin()
+            .arg("generate")
+            .arg(shared(trace))
+            .args(extra)
+            .arg("-o")
+            .arg(&pkg)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = generate_err("cpu/dist_mlp_w2.rank1.et.json", &[]);
+    assert!(
+        err.contains("is one rank of a job: its 6 collectives") && err.contains("--only compute"),
+        "{err}"
+    );
+    for (trace, extra) in [
+        ("cpu/dist_mlp_w2.rank1.et.json", &["--only", "compute"][..]),
+        (
+            "public/param_resnet_1.1.0.et.json.gz",
+            &["--iteration", "7"],
+        ),
+    ] {
+        let err = generate_err(trace, extra);
+        assert!(!err.contains("one rank of a job"), "{trace}: {err}");
+    }
+}

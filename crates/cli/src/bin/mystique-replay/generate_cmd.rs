@@ -93,6 +93,36 @@ pub fn generate(a: &GenerateArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Warns where a package of one trace holds collectives that need peers: `run` replays one
+/// rank, and its collectives on groups of more than one rank fail there. (A group of one rank
+/// runs as the identity; `wait` records move no data.)
+fn warn_of_peers(path: &Path, plan: &replay::plan::Plan) {
+    let mut kinds = BTreeSet::new();
+    let mut n = 0;
+    for step in &plan.steps {
+        let replay::plan::StepKind::Collective(c) = &step.kind else {
+            continue;
+        };
+        let size = plan.groups.get(c.group as usize).map(|g| g.size);
+        if c.kind() == "wait" || size == Some(1) {
+            continue;
+        }
+        n += 1;
+        kinds.insert(c.kind());
+    }
+    if n > 0 {
+        eprintln!(
+            "warning: {} is one rank of a job: its {n} collective{} ({}) need the other ranks, \
+             which a package of it alone does not hold, and fail at `run`. Package every \
+             rank's trace together (generate RANK0 RANK1 ...), or this rank's compute alone \
+             (--only compute)",
+            path.display(),
+            if n == 1 { "" } else { "s" },
+            kinds.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
 /// What a capture's files stand for, by their names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum CaptureFile {
@@ -658,6 +688,7 @@ impl<'a> PackageBuilder<'a> {
         let single = a.traces.len() == 1;
         if single {
             self.original = original.clone();
+            warn_of_peers(path, &plan);
         }
         self.ranks.push(RankEntry {
             rank,
