@@ -233,6 +233,22 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
             dir.display()
         );
     }
+    // Ranks 0..N-1, each once, in order: `run` starts one process per entry and each finds its
+    // own by number.
+    if m.ranks.is_empty() {
+        bail!("{}: the manifest lists no rank", dir.display());
+    }
+    for (k, r) in m.ranks.iter().enumerate() {
+        if r.rank as usize != k {
+            bail!(
+                "{}: the manifest's ranks are {:?}, where a package's are 0..{} in order, each \
+                 once",
+                dir.display(),
+                m.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
+                m.ranks.len() - 1
+            );
+        }
+    }
     for r in &m.ranks {
         for f in [&r.trace, &r.plan] {
             check_name(f)?;

@@ -298,6 +298,17 @@ fn plans_and_manifests_that_lie_are_refused() {
     assert!(err.contains("pass --iters N"), "{err}");
     let (code, err) = run(&pkg, &["--iters", "1", "--warmup", "0"]);
     assert_eq!(code, Some(0), "{err}");
+    // Ranks that are not 0..N-1, each once: refused by what they are, before any rank starts.
+    for (name, rank) in [("rank1", 1), ("rank7", 7)] {
+        let pkg = fresh(name);
+        forge_manifest(&pkg, &|m| m["ranks"][0]["rank"] = serde_json::json!(rank));
+        let (code, err) = run(&pkg, &[]);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            err.contains(&format!("the manifest's ranks are [{rank}]")),
+            "{err}"
+        );
+    }
     // A file named twice: the manifest's text holds the key twice, the last one a forgery.
     let pkg = fresh("twice");
     let path = pkg.join("manifest.json");
