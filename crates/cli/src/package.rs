@@ -239,7 +239,7 @@ pub fn read_manifest(dir: &Path) -> Result<(Manifest, String)> {
         bail!("{}: the manifest lists no rank", dir.display());
     }
     for (k, r) in m.ranks.iter().enumerate() {
-        if r.rank as usize != k {
+        if r.rank != k {
             bail!(
                 "{}: the manifest's ranks are {:?}, where a package's are 0..{} in order, each \
                  once",
