@@ -504,25 +504,41 @@ fn scratch(name: &str) -> std::path::PathBuf {
 /// `record_param_comms` record nested in its first allreduce, as PyTorch records it.
 fn gloo_rank(k: usize, rank: Option<i64>) -> serde_json::Value {
     let path = shared("cpu").join(format!("dist_mlp_w2.rank{k}.et.json"));
-    let mut t: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    if let Some(rank) = rank {
-        let nodes = t["nodes"].as_array_mut().unwrap();
-        let id = nodes
-            .iter()
-            .map(|n| n["id"].as_u64().unwrap())
-            .max()
-            .unwrap()
-            + 1;
-        let parent = nodes
-            .iter()
-            .find(|n| n["name"] == "c10d::allreduce_")
-            .map(|n| n["id"].clone())
-            .unwrap();
-        let empty = serde_json::json!({"values": [], "shapes": [], "types": [], "strides": []});
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    match rank {
+        Some(r) => with_rank_records(t, &[(None, r)]),
+        None => t,
+    }
+}
+
+/// `t` with `record_param_comms` records under its first all-reduce, each recording a rank
+/// (and, where given, its collective's name).
+fn with_rank_records(
+    mut t: serde_json::Value,
+    records: &[(Option<&str>, i64)],
+) -> serde_json::Value {
+    let nodes = t["nodes"].as_array_mut().unwrap();
+    let mut id = nodes
+        .iter()
+        .map(|n| n["id"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let parent = nodes
+        .iter()
+        .find(|n| n["name"] == "c10d::allreduce_")
+        .map(|n| n["id"].clone())
+        .unwrap();
+    let empty = serde_json::json!({"values": [], "shapes": [], "types": [], "strides": []});
+    for &(collective, rank) in records {
+        id += 1;
+        let mut attrs = vec![serde_json::json!({"name": "rank", "type": "int64", "value": rank})];
+        if let Some(c) = collective {
+            attrs
+                .push(serde_json::json!({"name": "collective_name", "type": "string", "value": c}));
+        }
         nodes.push(serde_json::json!({
             "id": id, "name": "record_param_comms", "ctrl_deps": parent,
-            "inputs": empty, "outputs": empty,
-            "attrs": [{"name": "rank", "type": "int64", "value": rank}],
+            "inputs": empty, "outputs": empty, "attrs": attrs,
         }));
     }
     t
@@ -615,28 +631,10 @@ fn traces_that_all_record_rank_0_fall_back_to_their_file_names() {
 fn a_broadcasts_root_is_not_taken_for_the_traces_rank() {
     let d = scratch("broadcast-root");
     for (k, name) in [(0, "b.json"), (1, "a.json")] {
-        let mut t = gloo_rank(k, None);
-        let nodes = t["nodes"].as_array_mut().unwrap();
-        let mut id = nodes
-            .iter()
-            .map(|n| n["id"].as_u64().unwrap())
-            .max()
-            .unwrap();
-        let parent = nodes
-            .iter()
-            .find(|n| n["name"] == "c10d::allreduce_")
-            .map(|n| n["id"].clone())
-            .unwrap();
-        let empty = serde_json::json!({"values": [], "shapes": [], "types": [], "strides": []});
-        for (collective, rank) in [("broadcast", 0), ("allreduce", k)] {
-            id += 1;
-            nodes.push(serde_json::json!({
-                "id": id, "name": "record_param_comms", "ctrl_deps": parent,
-                "inputs": empty, "outputs": empty,
-                "attrs": [{"name": "rank", "type": "int64", "value": rank},
-                          {"name": "collective_name", "type": "string", "value": collective}],
-            }));
-        }
+        let t = with_rank_records(
+            gloo_rank(k, None),
+            &[(Some("broadcast"), 0), (Some("allreduce"), k as i64)],
+        );
         let p = d.join(name);
         std::fs::write(&p, t.to_string()).unwrap();
         let read = et_schema::read_trace(&p).unwrap();

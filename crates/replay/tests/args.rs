@@ -1317,30 +1317,35 @@ fn a_view_the_layout_cannot_make_runs_as_reshape() {
     );
 }
 
+/// A DataLoader batch of floats, [2, 3], unpickled from a worker's shared memory: `set_` of an
+/// empty tensor to a `Storage` the ET records as "<Storage>", making tensor 6 over storage 9.
+fn batch_from_a_worker() -> OpRec<'static> {
+    (
+        "aten::set_",
+        "aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, SymInt \
+         storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)",
+        vec![
+            (json!([6, 7, 0, 0, 4, "cpu"]), json!([0]), "Tensor(float)"),
+            (json!("<Storage>"), json!([]), "Storage"),
+            (json!(0), json!([]), "Int"),
+            (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
+            (json!([3, 1]), json!([[], []]), "GenericList[Int,Int]"),
+        ],
+        vec![(
+            json!([6, 9, 0, 6, 4, "cpu"]),
+            json!([2, 3]),
+            "Tensor(float)",
+        )],
+    )
+}
+
 /// A DataLoader batch unpickled from a worker's shared memory (`set_` to a `Storage` the ET
 /// records as "<Storage>"): not run, its output made at its recorded size and kept across
 /// iterations, so that the op reading the batch runs; reported as a fallback, not a failure.
 #[test]
 fn a_batch_set_to_a_workers_storage_is_made_at_its_recorded_size() {
-    const SET: &str = "aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, \
-                       SymInt storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)";
     let tr = trace(&[
-        (
-            "aten::set_",
-            SET,
-            vec![
-                (json!([6, 7, 0, 0, 4, "cpu"]), json!([0]), "Tensor(float)"),
-                (json!("<Storage>"), json!([]), "Storage"),
-                (json!(0), json!([]), "Int"),
-                (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
-                (json!([3, 1]), json!([[], []]), "GenericList[Int,Int]"),
-            ],
-            vec![(
-                json!([6, 9, 0, 6, 4, "cpu"]),
-                json!([2, 3]),
-                "Tensor(float)",
-            )],
-        ),
+        batch_from_a_worker(),
         (
             "aten::relu",
             "aten::relu(Tensor self) -> Tensor",
@@ -1373,25 +1378,12 @@ fn a_batch_set_to_a_workers_storage_is_made_at_its_recorded_size() {
 /// iterations), where the original's batch was new each iteration.
 #[test]
 fn a_made_batch_written_in_place_does_not_build_up_over_iterations() {
-    const SET: &str = "aten::set_.source_Storage_storage_offset(Tensor(a!) self, Storage source, \
-                       SymInt storage_offset, SymInt[] size, SymInt[] stride=[]) -> Tensor(a!)";
     const ADD: &str =
         "aten::add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)";
     const MUL: &str = "aten::mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)";
     let batch = || json!([6, 9, 0, 6, 4, "cpu"]);
     let tr = trace(&[
-        (
-            "aten::set_",
-            SET,
-            vec![
-                (json!([6, 7, 0, 0, 4, "cpu"]), json!([0]), "Tensor(float)"),
-                (json!("<Storage>"), json!([]), "Storage"),
-                (json!(0), json!([]), "Int"),
-                (json!([2, 3]), json!([[], []]), "GenericList[Int,Int]"),
-                (json!([3, 1]), json!([[], []]), "GenericList[Int,Int]"),
-            ],
-            vec![(batch(), json!([2, 3]), "Tensor(float)")],
-        ),
+        batch_from_a_worker(),
         (
             "aten::add_",
             ADD,
