@@ -389,3 +389,52 @@ fn interrupted_commands_leave_no_temporary_behind() {
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
+
+/// A replay ended by SIGTERM while it calibrates under a linked pair's instrumentation (as
+/// `timeout` ends one) leaves no observer trace behind in the temporary directory.
+#[test]
+fn a_replay_ended_mid_calibration_leaves_no_observer_trace() {
+    let d = scratch("observer-trace");
+    let mut child = bin()
+        .arg("replay")
+        .arg(shared("cpu/cnn.linked.et.json.gz"))
+        .arg("--kineto")
+        .arg(shared("cpu/cnn.kineto.json.gz"))
+        .args(["--emulate-gaps", "--threads", "1"])
+        .env("TMPDIR", &d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let observer_trace = || {
+        std::fs::read_dir(&d).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("mystique-calibration-")
+        })
+    };
+    while !observer_trace() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the replay ended first"
+        );
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no observer trace appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // SAFETY: a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    let left: Vec<String> = std::fs::read_dir(&d)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "left {left:?}");
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -875,6 +875,17 @@ pub enum InstrumentError {
     Libtorch(String),
 }
 
+/// Where the execution trace observer of an instrumented replay on this thread writes (the
+/// calibration's linked instrumentation); removed when the instrumentation finishes. A
+/// program that may be killed mid-replay registers it for removal on a signal.
+pub fn observer_trace_path() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "mystique-calibration-{}-{:?}.et.json",
+        std::process::id(),
+        std::thread::current().id()
+    ))
+}
+
 impl Instrumentation {
     /// Starts the instrumentation `kind`; with `cuda`, Kineto records the GPU's activity too.
     pub fn start(
@@ -896,13 +907,7 @@ impl Instrumentation {
         cuda: bool,
         kind: et_graph::Instrumentation,
     ) -> Result<Instrumentation, InstrumentError> {
-        let et_path = kind.execution_trace.then(|| {
-            std::env::temp_dir().join(format!(
-                "mystique-calibration-{}-{:?}.et.json",
-                std::process::id(),
-                std::thread::current().id()
-            ))
-        });
+        let et_path = kind.execution_trace.then(observer_trace_path);
         let c = et_path
             .as_ref()
             .map(|p| {

@@ -39,6 +39,7 @@ pub mod single;
 pub use bind::{bind, Bound};
 pub use device::Device;
 pub use error::{CallError, ErrorKind, ReplayError};
+pub use ffi::observer_trace_path;
 pub use ffi::{flush_denormal, InstrumentError, Instrumentation, Profile, ProfiledEvent};
 pub use options::{
     CommOptions, DistOptions, MemoryGate, Pace, Pacer, ReplayOptions, Store, ALTERNATION_RUN,

@@ -23,6 +23,10 @@ fn main() -> ExitCode {
     mystique_cli::exit_2_on_bus_error();
     mystique_cli::signals::install();
     mystique_cli::signals::end_on_closed_output();
+    // The observer's trace of an instrumented replay on this (the main) thread goes with the
+    // process when a signal ends it mid-calibration (`timeout` sends SIGTERM): 8 MB a replay.
+    let _observer_trace =
+        mystique_cli::signals::Temp::make(replay::observer_trace_path(), |_| Ok(())).ok();
     if let Ok(id) = std::env::var(mystique_cli::BUILD_ENV) {
         if id != mystique_cli::BUILD_ID {
             eprintln!(
