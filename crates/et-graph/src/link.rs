@@ -739,9 +739,8 @@ fn greedy(
         }
         (count, j)
     };
-    let at = |p: usize| k.events[evs[p]].ts;
     // Where the runs may start: at or after `near` (the anchor thread's iteration), else
-    // anywhere.
+    // anywhere (the lane's events are in time order).
     let from = near.map_or(0, |t| evs.partition_point(|&e| k.events[e].ts < t));
     let mut best = (run(from, None).0, from);
     // The first of the thread's names this lane holds.
@@ -757,10 +756,13 @@ fn greedy(
             })
             .collect();
         let most = starts.iter().map(|s| s.0).max().unwrap_or(0);
-        let most_of = || starts.iter().filter(|s| s.0 == most);
-        let chosen = near
-            .and_then(|t| most_of().find(|s| at(s.2) >= t))
-            .or_else(|| most_of().min_by_key(|s| s.1));
+        let mut most_of = starts.iter().filter(|s| s.0 == most);
+        // Every start is at or after `near` already: the first of them where it is given.
+        let chosen = if near.is_some() {
+            most_of.next()
+        } else {
+            most_of.min_by_key(|s| s.1)
+        };
         if let Some(&(c, _, p)) = chosen.filter(|s| s.0 >= best.0) {
             best = (c, p);
         }
@@ -805,11 +807,11 @@ fn greedy(
 }
 
 /// Keeps, of in-order matches (node index, event position), the longest run in which no two
-/// consecutive matches have more than [`STRETCH_GAP`] unmatched events between them. The look-ahead and
-/// the alignment may take an op that the iteration at hand lacks from the next iteration of
-/// a profile of many, and carry on there: the ops linked then span iterations, and their
-/// times and GPU work mix them. A gap of hundreds of unmatched events is such a jump, not
-/// one iteration's events the ET did not record.
+/// consecutive matches have more than [`STRETCH_GAP`] unmatched events between them. The
+/// look-ahead and the alignment may take an op that the iteration at hand lacks from the next
+/// iteration of a profile of many, and carry on there: the ops linked then span iterations,
+/// and their times and GPU work mix them. A gap of hundreds of unmatched events is such a
+/// jump, not one iteration's events the ET did not record.
 fn one_stretch(pairs: &mut Vec<(usize, usize)>) {
     let mut best = (0, 0);
     let mut start = 0;
