@@ -29,65 +29,51 @@ struct Rule {
     per_channel: &'static [&'static str],
     /// Per-channel statistics saved by a training forward, and the flag that says the forward
     /// trained: in evaluation the forward saves none (empty tensors) and the kernel reads none.
-    saved: (&'static str, &'static [&'static str]),
+    saved: Option<(&'static str, &'static [&'static str])>,
 }
 
-/// No saved statistics.
-const NONE_SAVED: (&str, &[&str]) = ("", &[]);
+/// A batch norm's forward: the weight, bias and running statistics one value per channel.
+const fn forward(op: &'static str) -> Rule {
+    Rule {
+        op,
+        input: "input",
+        same_shape: &[],
+        per_channel: &["weight", "bias", "running_mean", "running_var"],
+        saved: None,
+    }
+}
+
+/// A batch norm's backward: the gradient shaped as the input, the weight and running statistics
+/// one value per channel, and where the forward trained (`flag`) the statistics it saved.
+const fn backward(op: &'static str, flag: &'static str, saved: &'static [&'static str]) -> Rule {
+    Rule {
+        op,
+        input: "input",
+        same_shape: &["grad_out"],
+        per_channel: &["weight", "running_mean", "running_var"],
+        saved: Some((flag, saved)),
+    }
+}
 
 /// The batch-norm family: the CPU kernels index the per-channel tensors by the input's
 /// channel and walk the gradient as the input, unchecked (`native_batch_norm_backward` read
 /// past a `save_mean` of fewer values than channels in a mutated plan).
 const RULES: &[Rule] = &[
-    Rule {
-        op: "aten::native_batch_norm",
-        input: "input",
-        same_shape: &[],
-        per_channel: &["weight", "bias", "running_mean", "running_var"],
-        saved: NONE_SAVED,
-    },
-    Rule {
-        op: "aten::_native_batch_norm_legit",
-        input: "input",
-        same_shape: &[],
-        per_channel: &["weight", "bias", "running_mean", "running_var"],
-        saved: NONE_SAVED,
-    },
-    Rule {
-        op: "aten::_native_batch_norm_legit_no_training",
-        input: "input",
-        same_shape: &[],
-        per_channel: &["weight", "bias", "running_mean", "running_var"],
-        saved: NONE_SAVED,
-    },
-    Rule {
-        op: "aten::_batch_norm_with_update",
-        input: "input",
-        same_shape: &[],
-        per_channel: &["weight", "bias", "running_mean", "running_var"],
-        saved: NONE_SAVED,
-    },
-    Rule {
-        op: "aten::_batch_norm_no_update",
-        input: "input",
-        same_shape: &[],
-        per_channel: &["weight", "bias", "running_mean", "running_var"],
-        saved: NONE_SAVED,
-    },
-    Rule {
-        op: "aten::native_batch_norm_backward",
-        input: "input",
-        same_shape: &["grad_out"],
-        per_channel: &["weight", "running_mean", "running_var"],
-        saved: ("train", &["save_mean", "save_invstd"]),
-    },
-    Rule {
-        op: "aten::batch_norm_backward",
-        input: "input",
-        same_shape: &["grad_out"],
-        per_channel: &["weight", "running_mean", "running_var"],
-        saved: ("update", &["save_mean", "save_var"]),
-    },
+    forward("aten::native_batch_norm"),
+    forward("aten::_native_batch_norm_legit"),
+    forward("aten::_native_batch_norm_legit_no_training"),
+    forward("aten::_batch_norm_with_update"),
+    forward("aten::_batch_norm_no_update"),
+    backward(
+        "aten::native_batch_norm_backward",
+        "train",
+        &["save_mean", "save_invstd"],
+    ),
+    backward(
+        "aten::batch_norm_backward",
+        "update",
+        &["save_mean", "save_var"],
+    ),
 ];
 
 /// One operator's rule, resolved to argument positions of its registered schema.
@@ -128,8 +114,9 @@ pub fn for_schema(schema: &str) -> Option<Guard> {
             .collect::<Option<_>>()?,
         // Optional per-channel arguments a version lacks are not checked.
         per_channel: rule.per_channel.iter().filter_map(|n| pos(n)).collect(),
-        saved: pos(rule.saved.0)
-            .map(|(flag, _)| (flag, rule.saved.1.iter().filter_map(|n| pos(n)).collect())),
+        saved: rule.saved.and_then(|(flag, saved)| {
+            pos(flag).map(|(flag, _)| (flag, saved.iter().filter_map(|n| pos(n)).collect()))
+        }),
     })
 }
 
