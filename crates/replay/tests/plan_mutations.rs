@@ -155,6 +155,17 @@ fn mutated_plans_are_refused_or_bind_without_a_panic() {
     assert!(refused > 0 && valid > 0, "{unreadable} {refused} {valid}");
 }
 
+/// One measured iteration of `plan` on the CPU, no warm-up: its report.
+fn replay_once(plan: &replay::plan::Plan) -> replay::Report {
+    let bound = replay::bind(plan, &replay::Device::Cpu);
+    let opts = replay::ReplayOptions {
+        iters: 1,
+        warmup: 0,
+        ..Default::default()
+    };
+    replay::executor::run(plan, &bound, &opts).unwrap().0
+}
+
 /// A step one argument short of its schema is refused by the call, not dispatched: libtorch's
 /// boxed dispatcher reads its arguments from the stack's top without a bound check, so it would
 /// take the memory before the stack for the missing one (a crash, or a tensor of garbage).
@@ -172,13 +183,7 @@ fn a_step_short_of_an_argument_fails_with_its_arity() {
     // Its first argument (the input) gone: the dispatcher would look for it below the stack.
     plan.steps[pos].args.remove(0);
     plan.validate().unwrap();
-    let bound = replay::bind(&plan, &replay::Device::Cpu);
-    let opts = replay::ReplayOptions {
-        iters: 1,
-        warmup: 0,
-        ..Default::default()
-    };
-    let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+    let report = replay_once(&plan);
     let f = report
         .failures
         .iter()
@@ -227,13 +232,7 @@ fn a_batch_norm_backward_with_disagreeing_inputs_fails_with_the_reason() {
         let mut plan = base.clone();
         plan.steps[pos].args[arg] = replay::plan::Arg::Tensor(slot);
         plan.validate().unwrap();
-        let bound = replay::bind(&plan, &replay::Device::Cpu);
-        let opts = replay::ReplayOptions {
-            iters: 1,
-            warmup: 0,
-            ..Default::default()
-        };
-        let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+        let report = replay_once(&plan);
         let f = report
             .failures
             .iter()
@@ -251,13 +250,7 @@ fn a_batch_norm_backward_with_disagreeing_inputs_fails_with_the_reason() {
     let mut plan = base.clone();
     plan.steps[pos].args[5] = replay::plan::Arg::Tensor(fewer);
     plan.steps[pos].args[7] = replay::plan::Arg::Bool(false);
-    let bound = replay::bind(&plan, &replay::Device::Cpu);
-    let opts = replay::ReplayOptions {
-        iters: 1,
-        warmup: 0,
-        ..Default::default()
-    };
-    let (report, _) = replay::executor::run(&plan, &bound, &opts).unwrap();
+    let report = replay_once(&plan);
     assert!(
         report
             .failures
