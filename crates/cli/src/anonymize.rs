@@ -12,7 +12,7 @@ fn kept(name: &str) -> bool {
     name.contains("::")
         || name.starts_with("[pytorch|profiler|execution_")
         || name.starts_with("ProfilerStep#")
-        || name == "## process_group:init ##"
+        || name == et_graph::summary::PROCESS_GROUP_INIT
         || name == "record_param_comms"
         || name.starts_with("nccl:")
         || name.starts_with("gloo:")

@@ -74,7 +74,7 @@ pub fn extract(g: &Graph, set: &ReplaySet) -> Trace {
         if g.class[i].contains(OpClass::ROOT) {
             keep[i] = true;
         }
-        if g.trace.name(&g.trace.nodes[i]) == "## process_group:init ##" {
+        if g.trace.name(&g.trace.nodes[i]) == crate::summary::PROCESS_GROUP_INIT {
             keep[i] = true;
             for a in g.ancestors(i as u32) {
                 keep[a as usize] = true;

@@ -47,6 +47,10 @@ pub struct Summary {
     pub warnings: Vec<String>,
 }
 
+/// The name of the record in which the observer writes the trace's process groups (as a JSON
+/// string input), once, outside every iteration.
+pub const PROCESS_GROUP_INIT: &str = "## process_group:init ##";
+
 /// The collective a node performs, if any.
 pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
     let name = t.name(n);
@@ -221,7 +225,7 @@ impl Summary {
             if name.starts_with("ProfilerStep#") {
                 iterations.push(name.to_string());
             }
-            if name == "## process_group:init ##" {
+            if name == PROCESS_GROUP_INIT {
                 for a in t.inputs(n) {
                     if let Value::Str(s) = a.value {
                         if let Ok(serde_json::Value::Array(v)) = serde_json::from_str(t.str(s)) {

@@ -265,7 +265,7 @@ fn pg_init(t: &Trace) -> Option<(usize, Vec<PgInit>)> {
     let k = t
         .nodes
         .iter()
-        .position(|n| t.name(n) == "## process_group:init ##")?;
+        .position(|n| t.name(n) == crate::summary::PROCESS_GROUP_INIT)?;
     let text = t.inputs(&t.nodes[k]).first().and_then(|a| match a.value {
         Value::Str(s) => Some(t.str(s).to_string()),
         _ => None,

@@ -14,7 +14,7 @@ pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
     let recorded = t
         .nodes
         .iter()
-        .any(|n| t.name(n) == "## process_group:init ##");
+        .any(|n| t.name(n) == et_graph::summary::PROCESS_GROUP_INIT);
     if !recorded {
         // No record of the groups (older schemas): the backend shows in its annotations.
         let backend = ["nccl", "gloo"].into_iter().find(|b| {

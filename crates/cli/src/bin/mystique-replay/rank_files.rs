@@ -216,7 +216,7 @@ impl RankTrace {
             distributed: t.nodes.iter().any(|n| {
                 let name = t.name(n);
                 name == "record_param_comms"
-                    || name == "## process_group:init ##"
+                    || name == et_graph::summary::PROCESS_GROUP_INIT
                     || name.starts_with("c10d::")
             }),
             path,
