@@ -77,6 +77,35 @@ def _dangling(path):
     return False
 
 
+def _observe(step, sync, path, ranked):
+    """One `step` under the execution trace observer, written to `path`.
+
+    A rank's observer is unregistered only once every collective its default process group
+    has issued has finished, the end of its record included. Gloo completes a collective's
+    future (what DDP waits on) before its worker thread ends the collective's record, and
+    that end runs the observer's callback. An observer unregistered in between is freed
+    under the worker, which then locks a freed mutex: the process aborts (in
+    pthread_mutex_lock, or with SIGSEGV) now and then. Gloo's barrier waits for each
+    earlier work item of the group to finish, record and all; the observer, stopped by
+    then, records neither the barrier nor anything after it."""
+    import torch.distributed as dist
+    from torch.profiler import ExecutionTraceObserver
+
+    obs = ExecutionTraceObserver().register_callback(str(path))
+    obs.start()
+    try:
+        step()
+        sync()
+    except BaseException:
+        obs.stop()
+        obs.unregister_callback()
+        raise
+    obs.stop()
+    if ranked:
+        dist.barrier()
+    obs.unregister_callback()
+
+
 def _agree_max(value):
     """The largest `value` over the ranks of the default process group."""
     import torch
@@ -93,7 +122,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
     """Captures `step` (a callable running one iteration) into `out`; returns the paths
     written, by kind (`et`, `kineto`, `meta`, and `reference` when asked for)."""
     import torch
-    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, schedule
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     if not callable(step):
         raise TypeError("mystique.capture: `step` must be a callable that runs one iteration")
@@ -153,14 +182,7 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
         # level: such an iteration is recorded again, in case the next one is whole (every rank
         # again, if any rank's was).
         for attempt in range(3):
-            obs = ExecutionTraceObserver().register_callback(str(partial["et"]))
-            obs.start()
-            try:
-                step()
-                sync()
-            finally:
-                obs.stop()
-                obs.unregister_callback()
+            _observe(step, sync, partial["et"], ranked is not None)
             broken = _dangling(partial["et"])
             if ranked is not None:
                 broken = bool(_agree_max(int(broken)))

@@ -382,7 +382,7 @@ fn distributed_check(env: &Path, work: &Path) -> Result<()> {
     let script = work.join("ddp_capture.py");
     std::fs::write(
         &script,
-        r#"import sys, torch, torch.distributed as dist, torch.multiprocessing as mp, mystique
+        r#"import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp, mystique
 def worker(rank, out, port):
     torch.set_num_threads(1); torch.manual_seed(rank)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -392,6 +392,18 @@ def worker(rank, out, port):
     def step():
         opt.zero_grad(); m(x).sum().backward(); opt.step()
     mystique.capture(step, out=out, name="ddp", iters=5, profiled=2)
+    # The observer's teardown right after collectives waited on through their futures (as
+    # DDP waits): unless it waits for Gloo's worker to end their records, 300 rounds end a
+    # process with SIGSEGV or SIGABRT in most runs.
+    from mystique.capture import _observe
+    t = torch.ones(64)
+    def futures():
+        for _ in range(4):
+            dist.all_reduce(t, async_op=True).get_future().wait()
+    churn = os.path.join(out, f"churn.rank{rank}.json")
+    for _ in range(300):
+        _observe(futures, lambda: None, churn, True)
+    os.remove(churn)
     dist.destroy_process_group()
 if __name__ == "__main__":
     mp.spawn(worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
