@@ -439,6 +439,24 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("one profile per rank"));
+    // Two profiles of one rank: refused naming both and the rank they record, where matching
+    // them by order would link rank 0's profile to rank 1's trace.
+    let o = bin()
+        .arg("generate")
+        .args([et(0), et(1)])
+        .args([
+            "--kineto",
+            k0.to_str().unwrap(),
+            "--kineto",
+            k0.to_str().unwrap(),
+            "-o",
+        ])
+        .arg(tmp("dist-one-rank-twice.pkg"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("both record rank 0"), "{err}");
     // The original's time is its whole step: the full package's ranks are set against it,
     // a package of its communication alone is not.
     let text = |pkg: &Path, result: &str| {

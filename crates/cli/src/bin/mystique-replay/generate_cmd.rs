@@ -480,10 +480,23 @@ fn profiles_by_rank(
     let distinct = |ranks: Vec<Option<u64>>| {
         crate::rank_files::distinct(&ranks).filter(|all| all.iter().all(|&r| (r as usize) < n))
     };
-    let recorded = read
+    let recorded: Vec<Option<u64>> = read
         .iter()
         .map(|(_, kt)| kt.rank.and_then(|r| u64::try_from(r).ok()))
         .collect();
+    // Two profiles that record one rank are one rank's twice: matched by name or order
+    // instead, one of them would be linked to another rank's trace and refused as "not the
+    // same process", which names neither the cause nor the fix.
+    for (k, &r) in recorded.iter().enumerate() {
+        if let Some(j) = recorded[..k].iter().position(|&o| r.is_some() && o == r) {
+            bail!(
+                "--kineto: {} and {} both record rank {}: give one profile per rank",
+                read[j].0.display(),
+                read[k].0.display(),
+                r.unwrap_or_default()
+            );
+        }
+    }
     let named = read
         .iter()
         .map(|(k, _)| crate::rank_files::rank_in_name(k))
