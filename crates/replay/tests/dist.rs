@@ -217,6 +217,107 @@ fn functional_collectives_run_with_their_named_group_and_wait() {
     }
 }
 
+/// A rank's trace, made from the value it contributes.
+type RankTrace = fn(f64) -> et_schema::Trace;
+
+/// `full([4], value)`, an asynchronous allreduce of it whose `record_param_comms` holds
+/// sequence number 7, and PARAM's `wait` record naming that number.
+fn param_wait_trace(value: f64) -> et_schema::Trace {
+    let mut b = world_of(2);
+    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    let mut full = b
+        .op("aten::full", FULL)
+        .input(json!([4]), json!([[]]), "GenericList[Int]")
+        .input(json!(value), json!([]), "Double");
+    for _ in 0..4 {
+        full = full.input(json!("<None>"), json!([]), "None");
+    }
+    full.output(t.clone(), json!([4]), "Tensor(float)").done();
+    allreduce(&mut b, &t, 4);
+    let issued = b.last_id();
+    b.node("record_param_comms")
+        .parent(issued)
+        .input(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
+        .input(7, json!([]), "Int")
+        .input("allreduce", json!([]), "String")
+        .done();
+    b.node("record_param_comms")
+        .input(7, json!([]), "Int")
+        .input(0, json!([]), "Int")
+        .input(0, json!([]), "Int")
+        .input("wait", json!([]), "String")
+        .done();
+    b.build()
+}
+
+/// A collective's failure surfaces where the trace waits for it, and the error names the
+/// collective: rank 1 never issues the allreduce rank 0 waits for (its trace is the same but
+/// for the collective and its wait), and rank 0 fails at the wait naming the allreduce's node.
+/// Both kinds of wait: an op that waits (functional collectives' `wait_tensor`), and PARAM's
+/// `wait` records, where the replay holds the collective's work until the trace waits.
+#[test]
+fn a_failed_wait_names_the_collective_it_waited_for() {
+    no_flight_recorder();
+    let cases: [(RankTrace, &str, &str); 2] = [
+        (
+            functional_trace,
+            "_c10d_functional::all_reduce",
+            "_c10d_functional::wait_tensor",
+        ),
+        (param_wait_trace, "c10d::allreduce_", "record_param_comms"),
+    ];
+    for (trace, collective, wait) in cases {
+        let port = free_port();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::thread::spawn(move || {
+                    let mut tr = trace(1.0);
+                    if rank == 1 {
+                        let keep: Vec<bool> = (tr.nodes.iter())
+                            .map(|n| {
+                                let name = tr.name(n);
+                                name != collective && name != wait
+                            })
+                            .collect();
+                        let mut keep = keep.into_iter();
+                        tr.nodes.retain(|_| keep.next().unwrap_or(true));
+                    }
+                    let g = et_graph::Graph::new(&tr);
+                    let plan = compile(&g, &g.replay_set(None));
+                    let issued = plan.steps.iter().find(|s| s.name == collective);
+                    let issued = issued.map(|s| s.id);
+                    let bound = replay::bind(&plan, &replay::Device::Cpu);
+                    let d = replay::DistOptions {
+                        rank,
+                        world_size: 2,
+                        master_addr: "127.0.0.1".into(),
+                        master_port: port,
+                        timeout: Duration::from_secs(3),
+                        local_rank: Some(rank),
+                        store: replay::Store::RankZero,
+                    };
+                    let failures = replay::executor::run_once_keep_as(&plan, &bound, Some(&d))
+                        .map(|(_, f)| f)
+                        .map_err(|e| e.to_string());
+                    (issued, failures)
+                })
+            })
+            .collect();
+        let out: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(out[1].0, None, "{collective}: rank 1 issues none");
+        assert_eq!(out[1].1.as_ref().map(Vec::len), Ok(0), "{:?}", out[1]);
+        let (issued, failures) = &out[0];
+        let id = issued.expect("rank 0 issues the collective");
+        let failures = failures.as_ref().unwrap();
+        let (at, message) = failures.first().expect("rank 0's wait fails");
+        assert_eq!(at, wait, "{failures:?}");
+        assert!(
+            message.starts_with(&format!("{collective} (node {id}): ")),
+            "{failures:?}"
+        );
+    }
+}
+
 /// PARAM-style traces record `wait` as a `record_param_comms` naming the collective's sequence
 /// number: the plan pairs them, so the work stays outstanding until the trace waits (the DLRM's
 /// all_to_allv 152 overlaps allreduce 153 and is waited for after it).

@@ -216,7 +216,12 @@ impl<'a> Executor<'a> {
         };
         let mut done = Vec::with_capacity(due.len());
         for (from, w) in due {
-            w.wait(self.timeout)?;
+            // The error surfaces where the trace waits, but it is the collective's: name the
+            // step that issued it.
+            w.wait(self.timeout).map_err(|e| {
+                let s = &self.plan.steps[from];
+                CallError::new(e.kind, format!("{} (node {}): {}", s.name, s.id, e.message))
+            })?;
             done.push(from);
         }
         Ok(done)
@@ -338,14 +343,28 @@ impl<'a> Executor<'a> {
                             grad_refused: Some(first_line(&e.message)),
                         }
                     }
-                    Err(e) => Outcome::Failed(e),
+                    Err(e) => Outcome::Failed(self.naming_waited(pos, e)),
                 }
             }
             Ok(via) => Outcome::Ran {
                 via,
                 grad_refused: None,
             },
-            Err(e) => Outcome::Failed(e),
+            Err(e) => Outcome::Failed(self.naming_waited(pos, e)),
+        }
+    }
+
+    /// `e`, step `pos`'s failure, naming the collective the step waits for where it is a wait
+    /// the plan paired with one: a collective fails where the trace waits for it (a peer gone,
+    /// or one that issued another collective), and the wait alone does not say which failed.
+    fn naming_waited(&self, pos: usize, e: CallError) -> CallError {
+        let steps = &self.plan.steps;
+        let issued = steps[..pos].iter().rev().find(
+            |s| matches!(&s.kind, crate::plan::StepKind::Collective(c) if c.waits.contains(&pos)),
+        );
+        match issued {
+            Some(s) => CallError::new(e.kind, format!("{} (node {}): {}", s.name, s.id, e.message)),
+            None => e,
         }
     }
 
