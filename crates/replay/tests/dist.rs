@@ -318,6 +318,67 @@ fn a_failed_wait_names_the_collective_it_waited_for() {
     }
 }
 
+/// `--trace-out` shows a collective the trace waits for later on a row of its own, from its
+/// call's end to the wait's completion: PARAM's allreduce held until its `wait` record, on
+/// both ranks.
+#[test]
+fn a_collective_in_flight_has_a_slice_until_its_wait() {
+    no_flight_recorder();
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::thread::Builder::new()
+                .stack_size(16 << 20)
+                .spawn(move || {
+                    let tr = param_wait_trace(rank as f64 + 1.0);
+                    let g = et_graph::Graph::new(&tr);
+                    let opts = replay::ReplayOptions {
+                        warmup: 1,
+                        iters: 2,
+                        trace_out: Some(std::env::temp_dir().join("unused-in-flight.json")),
+                        dist: Some(replay::DistOptions {
+                            rank,
+                            world_size: 2,
+                            master_addr: "127.0.0.1".into(),
+                            master_port: port,
+                            timeout: Duration::from_secs(20),
+                            local_rank: Some(rank),
+                            store: replay::Store::RankZero,
+                        }),
+                        ..Default::default()
+                    };
+                    let (_, timeline) = replay::replay(&g, &g.replay_set(None), &opts).unwrap();
+                    timeline
+                })
+                .unwrap()
+        })
+        .collect();
+    for (rank, h) in ranks.into_iter().enumerate() {
+        let timeline = h.join().unwrap();
+        let row = timeline
+            .threads
+            .iter()
+            .find(|(_, name)| name == "collectives in flight")
+            .map(|(tid, _)| *tid);
+        let row = row.unwrap_or_else(|| panic!("rank {rank}: {:?}", timeline.threads));
+        let in_flight: Vec<_> = timeline.slices.iter().filter(|s| s.tid == row).collect();
+        assert_eq!(in_flight.len(), 1, "rank {rank}: {:?}", timeline.slices);
+        let s = in_flight[0];
+        assert_eq!((s.name.as_str(), s.cat), ("c10d::allreduce_", "in flight"));
+        assert_eq!(s.args["kind"], "all_reduce", "rank {rank}");
+        // It starts where the allreduce's own slice ends.
+        let call = timeline
+            .slices
+            .iter()
+            .find(|c| c.tid != row && c.name == "c10d::allreduce_")
+            .unwrap();
+        assert!(
+            (s.ts - (call.ts + call.dur)).abs() < 1.0 && s.dur >= 0.0,
+            "rank {rank}: {s:?} after {call:?}"
+        );
+    }
+}
+
 /// PARAM-style traces record `wait` as a `record_param_comms` naming the collective's sequence
 /// number: the plan pairs them, so the work stays outstanding until the trace waits (the DLRM's
 /// all_to_allv 152 overlaps allreduce 153 and is waited for after it).

@@ -51,6 +51,9 @@ impl Recorder<'_> {
             slices: std::mem::take(&mut self.slices),
             counters: Vec::new(),
         };
+        if (timeline.slices.iter()).any(|s| s.tid == super::IN_FLIGHT_TID) {
+            (timeline.threads).push((super::IN_FLIGHT_TID, "collectives in flight".into()));
+        }
         // The memory timeline: what the counted iteration held after each step, at that step's
         // end in the iteration the slices show (the same step, the same allocations).
         for &(pos, bytes) in &self.allocated_after {

@@ -465,6 +465,21 @@ impl<'a> Recorder<'a> {
                     args,
                 });
                 self.step_end_us[pos] = Some(timer.host_at(t0) + launch);
+                // A collective left outstanding past its call: from the call's end to the
+                // wait that completed it, on a row of its own, where it overlaps what ran
+                // in between (the time a trace's wait blocked is the part past the wait's
+                // start).
+                if let (StepKind::Collective(c), Some(t2)) = (&step.kind, done) {
+                    let (from, to) = (timer.host_at(t1), timer.host_at(t2));
+                    self.slices.push(Slice {
+                        name: step.name.clone(),
+                        cat: "in flight",
+                        ts: from,
+                        dur: (to - from).max(0.0),
+                        tid: IN_FLIGHT_TID,
+                        args: serde_json::json!({"id": step.id, "kind": c.kind()}),
+                    });
+                }
                 if self.device_timing {
                     self.slices.push(Slice {
                         name: step.name.clone(),
@@ -716,6 +731,9 @@ pub(crate) struct GpuSamples {
     pub sampled: Result<(String, f64, bool, Vec<metrics::gpu::GpuSample>), Option<String>>,
     pub arena_bytes: u64,
 }
+
+/// The `--trace-out` row of collectives in flight: issued, not yet waited for.
+pub(crate) const IN_FLIGHT_TID: u64 = 3;
 
 /// One step's call in a measured iteration: its marks, and the time the thread waited for a
 /// CPU between them (with [`ReplayOptions::running_time`]; 0 otherwise).
