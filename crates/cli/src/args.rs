@@ -225,13 +225,14 @@ pub struct ReplayArgs {
     #[arg(required_unless_present = "ranks")]
     pub trace: Option<PathBuf>,
     /// Replay every rank together on this machine, one process per rank over loopback: a
-    /// directory (every execution trace in it, recognised by its content) or a glob
-    /// ('traces/rank*.et.json.gz'). Each trace's rank comes from its own records, else from a
+    /// directory (every execution trace in it, recognised by its content), a glob
+    /// ('traces/rank*.et.json.gz'), or the rank traces themselves (as an unquoted glob
+    /// expands). Each trace's rank comes from its own records, else from a
     /// number in its file name (_0, -rank3, rank_7, .7.), else from --rank-order. Each rank
     /// runs one intra-op thread unless --threads or OMP_NUM_THREADS says otherwise (as
     /// torchrun sets it for several processes on one machine).
-    #[arg(long, conflicts_with = "trace")]
-    pub ranks: Option<String>,
+    #[arg(long, conflicts_with = "trace", num_args = 1.., value_name = "RANKS")]
+    pub ranks: Option<Vec<String>>,
     /// With --ranks (or a directory under a launcher): where neither the traces' records nor
     /// their file names tell the ranks apart, take the files in listed (natural) order as ranks
     /// 0..N-1.

@@ -43,6 +43,30 @@ fn both_ranks_of_the_gloo_trace_run_every_collective() {
     assert!(j["slowest_rank"].as_u64().unwrap() < 2);
 }
 
+/// `--ranks` takes the rank traces themselves, as an unquoted glob expands to: given out of
+/// rank order, each still runs as the rank it recorded.
+#[test]
+fn ranks_takes_the_trace_files_as_the_shell_expands_a_glob() {
+    let file = |k: usize| shared("cpu").join(format!("dist_mlp_w2.rank{k}.et.json"));
+    let j = json(
+        bin()
+            .args(["replay", "--ranks"])
+            .args([file(1), file(0)])
+            .args(["--only", "comm", "--json", "--threads", "1"])
+            .args(["--iters", "1", "--warmup", "0"]),
+    );
+    assert_eq!(j["world_size"], 2, "{j}");
+    for (k, r) in j["ranks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(r["rank"], k, "{r}");
+        assert_eq!(r["ops_failed"], 0, "rank {k}: {}", r["failures"]);
+        let trace = r["trace"].as_str().unwrap_or_default();
+        assert!(
+            trace.ends_with(&format!("rank{k}.et.json")),
+            "rank {k}: {trace}"
+        );
+    }
+}
+
 /// nccl-tests' bandwidth convention in the report: 2 ranks, so an all-reduce's bus bandwidth
 /// is its algorithm bandwidth (2(n-1)/n = 1), an all-gather's half of it ((n-1)/n), whose
 /// message is its whole output (2 x 64 floats); a barrier moves no data and has none.

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
-    let spec = a.ranks.as_deref().unwrap_or_default();
+    let specs = a.ranks.as_deref().unwrap_or_default();
     anyhow::ensure!(a.timeout > 0, "--timeout must be positive");
     anyhow::ensure!(
         a.kineto.is_none() && a.memory_profile.is_none(),
@@ -31,7 +31,13 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     for p in [&a.trace_out, &a.gpu_svg].into_iter().flatten() {
         mystique_cli::output::check(p, &[])?;
     }
-    let (traces, from) = rank_files::discover(spec, a.rank_order)?;
+    let (traces, from) = match specs {
+        [one] => rank_files::discover(one, a.rank_order)?,
+        many => {
+            let files = many.iter().map(std::path::PathBuf::from).collect();
+            rank_files::order(rank_files::read(files)?, a.rank_order)?
+        }
+    };
     let captured = traces.len();
     // With --world N, ranks 0..N-1 replay their own traces.
     let n = match a.comm.world {
