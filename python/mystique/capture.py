@@ -200,8 +200,10 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             # largest warm-up any rank asks for.
             prof_warmup = _agree_max(prof_warmup)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if uses_cuda else [])
-        with profile(activities=activities, record_shapes=True,
-                     schedule=schedule(wait=0, warmup=prof_warmup, active=profiled),
+        # One cycle, its events kept as they are (acc_events: with one cycle, what the
+        # profiler records anyway; without it torch warns that cycles clear their events).
+        with profile(activities=activities, record_shapes=True, acc_events=True,
+                     schedule=schedule(wait=0, warmup=prof_warmup, active=profiled, repeat=1),
                      on_trace_ready=lambda p: p.export_chrome_trace(str(partial["kineto"]))) as prof:
             for _ in range(prof_warmup + profiled):
                 step()
@@ -264,7 +266,7 @@ def _peak_over_start(step, sync, cuda, path):
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-    with profile(activities=activities, profile_memory=True,
+    with profile(activities=activities, profile_memory=True, acc_events=True,
                  on_trace_ready=lambda p: p.export_chrome_trace(str(path))):
         step()
         sync()
