@@ -520,6 +520,10 @@ pub struct GenerateArgs {
     /// The threads a capture's meta file says the original ran with.
     #[arg(skip)]
     pub original_threads: Option<i64>,
+    /// The meta files among the inputs of a multi-rank capture: each rank's original iteration,
+    /// uninstrumented, beside its trace.
+    #[arg(skip)]
+    pub rank_metas: Vec<PathBuf>,
     /// Package the --kineto profile (taken as `replay --emulate-gaps` takes it) so that `run`
     /// reproduces the original's time between ops, calibrated on the host that runs it. Its
     /// event names are the model's own: not with --anonymize.

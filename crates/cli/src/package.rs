@@ -125,8 +125,9 @@ pub struct SelectionRecord {
 pub struct Original {
     pub iter_ms: f64,
     pub ops_ms: Option<f64>,
-    /// `kineto`, `reference`, `--original-ms`, or for a multi-rank package's whole step
-    /// `kineto (slowest of N ranks)`.
+    /// `kineto`, `reference`, `--original-ms`, a capture's `NAME.meta.json (iter_ms_median)`,
+    /// or for a multi-rank package's whole step `kineto (slowest of N ranks)` (`meta files
+    /// (slowest of N ranks)` where each rank's came from its meta file).
     pub from: String,
 }
 

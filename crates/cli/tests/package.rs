@@ -493,6 +493,46 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
     );
 }
 
+/// A multi-rank capture's directory: each rank's original is its own meta file's iteration,
+/// timed uninstrumented (as a single rank's capture is), not its instrumented profile's; the
+/// job's step is the slowest rank's.
+#[test]
+fn a_multi_rank_capture_takes_each_rank_s_original_from_its_meta() {
+    let caps = tmp("dist-caps");
+    std::fs::create_dir_all(&caps).unwrap();
+    let mut medians = Vec::new();
+    for k in 0..2 {
+        for kind in ["linked.et.json.gz", "kineto.json.gz", "meta.json"] {
+            let name = format!("dist_mlp_w2.rank{k}.{kind}");
+            std::fs::copy(shared(&format!("cpu/{name}")), caps.join(&name)).unwrap();
+        }
+        let meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(caps.join(format!("dist_mlp_w2.rank{k}.meta.json"))).unwrap(),
+        )
+        .unwrap();
+        medians.push(meta["iter_ms_median"].as_f64().unwrap());
+    }
+    let pkg = tmp("dist-caps.pkg");
+    generate(std::slice::from_ref(&caps), &pkg, &[]);
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap();
+    for (k, median) in medians.iter().enumerate() {
+        let o = &m["ranks"][k]["original"];
+        assert_eq!(o["iter_ms"].as_f64(), Some(*median), "rank {k}: {o}");
+        assert_eq!(
+            o["from"],
+            format!("dist_mlp_w2.rank{k}.meta.json (iter_ms_median)")
+        );
+        // The time in ops is still the profile's.
+        assert!(o["ops_ms"].as_f64().unwrap_or(0.0) > 0.0, "rank {k}: {o}");
+    }
+    assert_eq!(
+        m["original"]["iter_ms"].as_f64(),
+        Some(medians[0].max(medians[1]))
+    );
+    assert_eq!(m["original"]["from"], "meta files (slowest of 2 ranks)");
+}
+
 /// What-if edits go into the package (and its manifest says which); the package still runs.
 #[test]
 fn what_if_packages_record_their_edits_and_run() {

@@ -318,6 +318,9 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     if a.reference.is_none() && out.emulate_gaps {
         out.reference = reference;
     }
+    if !single {
+        out.rank_metas = metas.clone();
+    }
     // A single rank's meta, read once: the original's iteration where nothing else gives it
     // (a meta that cannot be read is an error there), and the threads it ran with, `run`'s
     // default for the package.
@@ -654,6 +657,25 @@ impl<'a> PackageBuilder<'a> {
                 from: "kineto".into(),
             });
         }
+        let single = a.traces.len() == 1;
+        // A rank of a capture: its iteration timed uninstrumented, from its meta file (the
+        // profile's is instrumented), as a single rank's capture is.
+        let meta = crate::replay_cmd::meta_of(path).filter(|(_, m)| a.rank_metas.contains(m));
+        if let (Some((v, m)), false) = (meta, single) {
+            if let Some(ms) = v["iter_ms_median"]
+                .as_f64()
+                .filter(|x| x.is_finite() && *x > 0.0)
+            {
+                original = Some(Original {
+                    iter_ms: ms,
+                    ops_ms: original.and_then(|o: Original| o.ops_ms),
+                    from: format!(
+                        "{} (iter_ms_median)",
+                        m.file_name().unwrap_or_default().to_string_lossy()
+                    ),
+                });
+            }
+        }
         for tr in &t.tensors {
             if let Some(d) = tr.device.map(|d| t.str(d)).filter(|d| !d.is_empty()) {
                 self.devices.insert(d.to_string());
@@ -698,7 +720,6 @@ impl<'a> PackageBuilder<'a> {
             plan.steps.len(),
             path.display()
         );
-        let single = a.traces.len() == 1;
         if single {
             self.original = original.clone();
             warn_of_peers(path, &plan);
@@ -771,10 +792,17 @@ impl<'a> PackageBuilder<'a> {
             .filter_map(|r| r.original.as_ref())
             .collect();
         if per_rank.len() == self.ranks.len() && per_rank.len() > 1 {
+            let metas = per_rank
+                .iter()
+                .all(|o| o.from.ends_with("(iter_ms_median)"));
             original = Some(Original {
                 iter_ms: per_rank.iter().map(|o| o.iter_ms).fold(0.0, f64::max),
                 ops_ms: None,
-                from: format!("kineto (slowest of {} ranks)", per_rank.len()),
+                from: format!(
+                    "{} (slowest of {} ranks)",
+                    if metas { "meta files" } else { "kineto" },
+                    per_rank.len()
+                ),
             });
         }
         if let Some(r) = self.reference {
