@@ -11,11 +11,11 @@
 //!   public GPU traces replayed on `cuda` (coverage of compute ops, CUDA-event times beside
 //!   launch times, NVML summary, allocator figures), and `compare --device cuda` of a trace
 //!   with its Kineto (per-op GPU event times vs the original's kernels), two ranks on cuda,
-//!   and, where a zoo was captured on the preparing machine, every zoo trace replayed on cuda
-//!   with its values checked (no failed op, no NaN/Inf), and a few models captured on that GPU
-//!   in the same run (`scripts/gpu_zoo.py`) replayed there, plain and with the profile's gaps,
-//!   each with its fidelity card (`compare`: original and replay figure by figure). `GPU_CHECK_BUDGET_S` bounds the whole
-//!   run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
+//!   a few models captured on that GPU in the same run (`scripts/gpu_zoo.py`) replayed there,
+//!   plain and with the profile's gaps, each with its fidelity card (`compare`: original and
+//!   replay figure by figure), and, where a zoo was captured on the preparing machine, every
+//!   zoo trace replayed on cuda with its values checked (no failed op, no NaN/Inf), in the
+//!   time left. `GPU_CHECK_BUDGET_S` bounds the whole run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
 //!   land there.
 //!
 //! Plain `cargo xtask gpu-check` on a GPU machine with cargo does both.
@@ -157,13 +157,13 @@ fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
         std::fs::copy(shared.join("cpu").join(f), dir.join("traces/cpu").join(f))
             .with_context(|| format!("copying {f} from {}", shared.display()))?;
     }
-    // Stage 7's capture script.
+    // Stage 6's capture script.
     std::fs::create_dir_all(dir.join("scripts"))?;
     std::fs::copy(
         root.join("xtask/scripts/gpu_zoo.py"),
         dir.join("scripts/gpu_zoo.py"),
     )?;
-    // The zoo's quiet captures (CPU traces, bf16/fp16, attention, optimizers), gzipped: stage 6
+    // The zoo's quiet captures (CPU traces, bf16/fp16, attention, optimizers), gzipped: stage 7
     // replays each on cuda with its values checked. Only where a zoo was captured here.
     match zoo_captures() {
         Some(zoo) => {
@@ -187,7 +187,7 @@ fn prepare(root: &Path, shared: &Path, dir: PathBuf) -> Result<()> {
             eprintln!("[gpu-check] {n} zoo traces from {}", zoo.display());
         }
         None => eprintln!(
-            "[gpu-check] no zoo captured here (cargo xtask fidelity captures it): stage 6 will not run"
+            "[gpu-check] no zoo captured here (cargo xtask fidelity captures it): stage 7 will not run"
         ),
     }
     let size: u64 = walk(&dir)
@@ -314,8 +314,10 @@ fn run(dir: &Path) -> Result<()> {
     check.public_traces(cuda)?;
     check.two_ranks(cuda)?;
     check.compares(cuda)?;
-    check.zoo(cuda);
+    // The fidelity cards before the zoo: the zoo's batches take whatever time is left, and
+    // are reported as not run where none is.
     check.captured_here(cuda);
+    check.zoo(cuda);
     check.finish()
 }
 
@@ -638,7 +640,7 @@ impl Check {
         Ok(())
     }
 
-    /// Stage 6: the zoo on cuda: CPU captures (bf16 and fp16 paths, fused attention, every
+    /// Stage 7: the zoo on cuda, in the time left: CPU captures (bf16 and fp16 paths, fused attention, every
     /// optimizer) replayed on the GPU with their values checked: no failed op, no NaN/Inf.
     fn zoo(&mut self, cuda: bool) {
         let mut zoo: Vec<PathBuf> = walk(&self.traces.join("zoo"));
@@ -701,7 +703,7 @@ impl Check {
         self.save();
     }
 
-    /// One zoo trace's replay on cuda (stage 6), `res` as it ran: its line, its failures, its row.
+    /// One zoo trace's replay on cuda (stage 7), `res` as it ran: its line, its failures, its row.
     fn zoo_result(
         &mut self,
         et: &Path,
@@ -771,7 +773,7 @@ impl Check {
         })
     }
 
-    /// Stage 7: captured on this GPU, replayed on it: a few models (`scripts/gpu_zoo.py`, tuned
+    /// Stage 6: captured on this GPU, replayed on it: a few models (`scripts/gpu_zoo.py`, tuned
     /// on by nothing) captured as a user captures them, their uninstrumented iteration timed in
     /// the same run, then replayed plain and `compare`d with the profile's gaps: each model's
     /// fidelity card (iteration, op and gap time, peak memory, CPU time, GPU busy time and
@@ -780,37 +782,52 @@ impl Check {
     /// script's captures on the CPU, to check the script without a GPU.)
     fn captured_here(&mut self, cuda: bool) {
         let script = self.dir.join("scripts/gpu_zoo.py");
-        if cuda && script.exists() && self.limit(240) >= Duration::from_secs(60) {
-            let cap = std::env::temp_dir().join("mq-gpu-zoo");
-            let _ = std::fs::remove_dir_all(&cap);
-            let mut c = Command::new("python3");
-            c.arg(&script).arg(&cap).env("PYTHONWARNINGS", "ignore");
-            let t = Instant::now();
-            let (code, out, err) = run_limited(&mut c, self.limit(150))
-                .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
-            let metas: Vec<serde_json::Value> = out
-                .lines()
-                .filter_map(|l| serde_json::from_str(l).ok())
-                .collect();
-            println!(
-                "== captured on this GPU ({:.0} s, exit {code:?}): {} models",
-                t.elapsed().as_secs_f64(),
-                metas.len()
+        if !(cuda && script.exists()) {
+            return;
+        }
+        if self.limit(240) < Duration::from_secs(60) {
+            self.failures
+                .push("captured on this GPU: not run, out of time".into());
+            self.save();
+            return;
+        }
+        let cap = std::env::temp_dir().join("mq-gpu-zoo");
+        let _ = std::fs::remove_dir_all(&cap);
+        let mut c = Command::new("python3");
+        c.arg(&script).arg(&cap).env("PYTHONWARNINGS", "ignore");
+        let t = Instant::now();
+        let (code, out, err) = run_limited(&mut c, self.limit(150))
+            .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
+        let metas: Vec<serde_json::Value> = out
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        println!(
+            "== captured on this GPU ({:.0} s, exit {code:?}): {} models",
+            t.elapsed().as_secs_f64(),
+            metas.len()
+        );
+        // A model that failed is named on stderr (the others are captured all the same).
+        if metas.is_empty() || code != Some(0) {
+            self.failures.push(format!(
+                "gpu_zoo.py (exit {code:?}, {} models captured): {}",
+                metas.len(),
+                tail(&err, 10)
+            ));
+        }
+        let mut rows = Vec::new();
+        for meta in &metas {
+            rows.push(self.replay_captured(&cap, meta));
+            // Saved after each model: a run cut short keeps the cards it printed.
+            self.summary.insert(
+                "captured_here".into(),
+                serde_json::Value::Array(rows.clone()),
             );
-            if metas.is_empty() {
-                self.failures
-                    .push(format!("gpu_zoo.py captured nothing: {}", tail(&err, 10)));
-            }
-            let mut rows = Vec::new();
-            for meta in &metas {
-                rows.push(self.replay_captured(&cap, meta));
-            }
-            self.summary
-                .insert("captured_here".into(), serde_json::Value::Array(rows));
+            self.save();
         }
     }
 
-    /// One model captured on this GPU (stage 7; `meta`: its capture's record, its files in
+    /// One model captured on this GPU (stage 6; `meta`: its capture's record, its files in
     /// `cap`): replayed plain, then `compare`d with the profile's gaps, whose fidelity card sets
     /// the original's figures beside the replay's. Its lines, its failures, its row.
     fn replay_captured(&mut self, cap: &Path, meta: &serde_json::Value) -> serde_json::Value {
@@ -866,7 +883,7 @@ impl Check {
         label: &str,
         args: impl FnOnce(&mut Command),
     ) -> serde_json::Value {
-        if self.limit(60) < Duration::from_secs(15) {
+        if self.limit(90) < Duration::from_secs(15) {
             self.failures
                 .push(format!("{name} {label} on cuda: not run, out of time"));
             return serde_json::Value::Null;
@@ -874,7 +891,8 @@ impl Check {
         let mut c = Command::new(&self.bin);
         args(&mut c);
         self.with_env(&mut c);
-        let (code, out, err) = run_limited(&mut c, self.limit(60))
+        // compare calibrates the gaps (several short replays) before its own iterations.
+        let (code, out, err) = run_limited(&mut c, self.limit(90))
             .unwrap_or_else(|e| (None, String::new(), format!("{e:#}")));
         let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
         if r.is_null() || r["ops_failed"] != 0 {
@@ -896,12 +914,6 @@ impl Check {
             "seconds".into(),
             serde_json::json!(self.t0.elapsed().as_secs_f64()),
         );
-        if let Some(o) = &self.out_dir {
-            std::fs::write(
-                o.join("gpu-check.json"),
-                serde_json::to_vec_pretty(&self.summary)?,
-            )?;
-        }
         let failures = &self.failures;
         println!(
             "== gpu-check: {} in {:.0} s",
@@ -914,6 +926,18 @@ impl Check {
         );
         for f in failures {
             println!("  FAILED {f}");
+        }
+        // Written after the summary is printed: a failed write loses neither.
+        if let Some(o) = &self.out_dir {
+            let written = serde_json::to_vec_pretty(&self.summary)
+                .map_err(anyhow::Error::from)
+                .and_then(|b| Ok(std::fs::write(o.join("gpu-check.json"), b)?));
+            if let Err(e) = written {
+                println!(
+                    "  could not write {}: {e:#}",
+                    o.join("gpu-check.json").display()
+                );
+            }
         }
         if failures.is_empty() {
             Ok(())
