@@ -482,6 +482,11 @@ pub struct CompareArgs {
     /// reported.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// With --emulate-gaps: the capture host's reference (`replay --reference-out`, or
+    /// `NAME.reference.json` of `mystique.capture(..., reference=True)`), which the gaps' total
+    /// is anchored on, as `replay --reference` anchors it.
+    #[arg(long, value_name = "FILE", requires = "emulate_gaps")]
+    pub reference: Option<PathBuf>,
     /// Compare this ProfilerStep#N iteration of a trace that holds several (a linked pair of
     /// several profiled steps); its gaps are still typical of all iterations like it.
     #[arg(long, value_name = "N")]

@@ -864,6 +864,32 @@ fn a_reference_is_written_on_the_capture_host() {
         table.contains("anchored   on the reference") && table.contains("original's 7.500 ms"),
         "{table}"
     );
+    // compare anchors on it too, the table and --json saying so.
+    let compare = |extra: &[&str]| {
+        let o = bin()
+            .arg("compare")
+            .arg(data.join("steps.et.json.gz"))
+            .arg(data.join("steps.timing.json.gz"))
+            .args(["--emulate-gaps", "--reference"])
+            .arg(&reference)
+            .args(["--threads", "1", "--iters", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let c: serde_json::Value = serde_json::from_str(compare(&["--json"]).trim()).unwrap();
+    assert_eq!(
+        c["gap_model"]["anchored"]["reference"]["original_ms"], 7.5,
+        "{}",
+        c["gap_model"]
+    );
+    let table = compare(&[]);
+    assert!(
+        table.contains("anchored   on the reference") && table.contains("original's 7.500 ms"),
+        "{table}"
+    );
     // On a shared capture host, the original's wait for a CPU: the anchor takes the original
     // in running time.
     let waited = dir.join("waited.json");

@@ -68,6 +68,14 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
     if let (Some(m), false) = (original.mismatch, json) {
         eprintln!("warning: {m}");
     }
+    let reference = a
+        .reference
+        .as_deref()
+        .map(calibrate::read_reference_and_trace)
+        .transpose()?;
+    if let (Some(r), Some((_, Some(recorded)))) = (&a.reference, &reference) {
+        crate::replay_cmd::warn_other_traces_reference(r, recorded, &a.trace);
+    }
     let gap_model = if a.emulate_gaps {
         Some(calibrate::calibrated_gaps(
             &g,
@@ -77,7 +85,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             !a.run.no_autograd,
             calibrate::GapChoices {
                 boundary_costs: calibrate::BoundaryCosts::Replay,
-                reference: None,
+                reference: reference.map(|(r, _)| et_graph::Reference::from(r)),
                 time_base_with_gaps: false,
             },
         )?)
@@ -147,6 +155,15 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             writeln!(out)?;
         } else {
             c.print(&mut out, &linked, set.ops.len())?;
+            if let Some(an) = gap_model.as_ref().and_then(|m| m.anchored.as_ref()) {
+                writeln!(
+                    out,
+                    "anchored   on the reference: the gaps make the iteration {:.3} ms here, the \
+                     original's {:.3} ms there x{:.3} (this host's plain op time over the \
+                     reference's)",
+                    an.target_ms, an.reference.original_ms, an.host_ratio
+                )?;
+            }
             card.print(&mut out)?;
             c.print_differences(&mut out)?;
             crate::print::print_failures(

@@ -624,7 +624,7 @@ pub(crate) fn original_threads(
 
 /// Warns where the trace a reference names (`recorded`: `--reference-out` writes it) is another
 /// capture than `trace` (by file name, the clean and the linked ET of one capture alike).
-fn warn_other_traces_reference(reference: &Path, recorded: &str, trace: &Path) {
+pub(crate) fn warn_other_traces_reference(reference: &Path, recorded: &str, trace: &Path) {
     // The capture's name, else (a trace not named as captures are) the file's.
     let name = |p: &Path| -> Option<String> {
         capture_stem(p)
