@@ -31,20 +31,23 @@ fn world_of(size: usize) -> TraceBuilder {
 fn sized_rank_trace(value: f64, n: u64, reduces: usize) -> et_schema::Trace {
     let mut b = world_of(2);
     let t = tensor(5, 5, 0, n, 4, "cpu");
-    let none = || (json!("<None>"), json!([]), "None");
-    let mut full = b
-        .op("aten::full", FULL)
-        .input(json!([n]), json!([[]]), "GenericList[Int]");
-    full = full.input(json!(value), json!([]), "Double");
-    for _ in 0..4 {
-        let (v, s, ty) = none();
-        full = full.input(v, s, ty);
-    }
-    full.output(t.clone(), json!([n]), "Tensor(float)").done();
+    full(&mut b, &t, n, value);
     for _ in 0..reduces {
         allreduce(&mut b, &t, n);
     }
     b.build()
+}
+
+/// `aten::full([n], value)` into `t` (`n` floats).
+fn full(b: &mut TraceBuilder, t: &serde_json::Value, n: u64, value: f64) {
+    let mut op = b
+        .op("aten::full", FULL)
+        .input(json!([n]), json!([[]]), "GenericList[Int]")
+        .input(json!(value), json!([]), "Double");
+    for _ in 0..4 {
+        op = op.input(json!("<None>"), json!([]), "None");
+    }
+    op.output(t.clone(), json!([n]), "Tensor(float)").done();
 }
 
 /// `c10d::allreduce_` of `t` (`n` floats), in place.
@@ -167,14 +170,7 @@ fn functional_trace(value: f64) -> et_schema::Trace {
     let mut b = TraceBuilder::new();
     let t = tensor(5, 5, 0, 4, 4, "cpu");
     let r = tensor(6, 6, 0, 4, 4, "cpu");
-    let mut full = b
-        .op("aten::full", FULL)
-        .input(json!([4]), json!([[]]), "GenericList[Int]")
-        .input(json!(value), json!([]), "Double");
-    for _ in 0..4 {
-        full = full.input(json!("<None>"), json!([]), "None");
-    }
-    full.output(t.clone(), json!([4]), "Tensor(float)").done();
+    full(&mut b, &t, 4, value);
     b.op("_c10d_functional::all_reduce", F_ALLREDUCE)
         .input(t, json!([4]), "Tensor(float)")
         .input("sum", json!([]), "String")
@@ -225,14 +221,7 @@ type RankTrace = fn(f64) -> et_schema::Trace;
 fn param_wait_trace(value: f64) -> et_schema::Trace {
     let mut b = world_of(2);
     let t = tensor(5, 5, 0, 4, 4, "cpu");
-    let mut full = b
-        .op("aten::full", FULL)
-        .input(json!([4]), json!([[]]), "GenericList[Int]")
-        .input(json!(value), json!([]), "Double");
-    for _ in 0..4 {
-        full = full.input(json!("<None>"), json!([]), "None");
-    }
-    full.output(t.clone(), json!([4]), "Tensor(float)").done();
+    full(&mut b, &t, 4, value);
     allreduce(&mut b, &t, 4);
     let issued = b.last_id();
     b.node("record_param_comms")
