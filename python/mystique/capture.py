@@ -25,6 +25,7 @@ Under torch.distributed every rank writes its own files, `NAME.rankR.*`, its ran
 world size in its meta. An error in `step` propagates unchanged; no partial file is left.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 # Warm-up iterations before the uninstrumented timing.
@@ -80,14 +82,15 @@ def _dangling(path):
 def _observe(step, sync, path, ranked):
     """One `step` under the execution trace observer, written to `path`.
 
-    A rank's observer is unregistered only once every collective its default process group
-    has issued has finished, the end of its record included. Gloo completes a collective's
-    future (what DDP waits on) before its worker thread ends the collective's record, and
-    that end runs the observer's callback. An observer unregistered in between is freed
-    under the worker, which then locks a freed mutex: the process aborts (in
+    Over Gloo, a rank's observer is unregistered only once every collective its default
+    process group has issued has finished, the end of its record included. Gloo completes a
+    collective's future (what DDP waits on) before its worker thread ends the collective's
+    record, and that end runs the observer's callback. An observer unregistered in between
+    is freed under the worker, which then locks a freed mutex: the process aborts (in
     pthread_mutex_lock, or with SIGSEGV) now and then. Gloo's barrier waits for each
     earlier work item of the group to finish, record and all; the observer, stopped by
-    then, records neither the barrier nor anything after it."""
+    then, records neither the barrier nor anything after it. Collectives of other Gloo
+    groups (a DDP of a subgroup, tensor- or data-parallel groups) are not waited for."""
     import torch.distributed as dist
     from torch.profiler import ExecutionTraceObserver
 
@@ -101,9 +104,20 @@ def _observe(step, sync, path, ranked):
         obs.unregister_callback()
         raise
     obs.stop()
-    if ranked:
+    if ranked and dist.get_backend() == "gloo":
         dist.barrier()
     obs.unregister_callback()
+
+
+@contextlib.contextmanager
+def _quiet_profiler():
+    """torch.profiler's sessions here without its warning that "Profiler clears events at the
+    end of each cycle": each session is one cycle, whose events are what it exports. (Its
+    `acc_events=True` also silences it, at the cost of turning every event into a Python
+    object as the session stops.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        yield
 
 
 def _agree_max(value):
@@ -200,11 +214,12 @@ def capture(step, out="captures/", name="model", *, warmup=WARMUP, iters=ITERS,
             # largest warm-up any rank asks for.
             prof_warmup = _agree_max(prof_warmup)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if uses_cuda else [])
-        # One cycle, its events kept as they are (acc_events: with one cycle, what the
-        # profiler records anyway; without it torch warns that cycles clear their events).
-        with profile(activities=activities, record_shapes=True, acc_events=True,
-                     schedule=schedule(wait=0, warmup=prof_warmup, active=profiled, repeat=1),
-                     on_trace_ready=lambda p: p.export_chrome_trace(str(partial["kineto"]))) as prof:
+        # One cycle (no empty one started after it), without torch's warning that cycles
+        # clear their events (_quiet_profiler).
+        with _quiet_profiler(), profile(
+                activities=activities, record_shapes=True,
+                schedule=schedule(wait=0, warmup=prof_warmup, active=profiled, repeat=1),
+                on_trace_ready=lambda p: p.export_chrome_trace(str(partial["kineto"]))) as prof:
             for _ in range(prof_warmup + profiled):
                 step()
                 sync()
@@ -266,8 +281,8 @@ def _peak_over_start(step, sync, cuda, path):
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         start = torch.cuda.memory_allocated()
-    with profile(activities=activities, profile_memory=True, acc_events=True,
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))):
+    with _quiet_profiler(), profile(activities=activities, profile_memory=True,
+                                    on_trace_ready=lambda p: p.export_chrome_trace(str(path))):
         step()
         sync()
     if cuda:
