@@ -43,15 +43,24 @@ fn both_ranks_of_the_gloo_trace_run_every_collective() {
     assert!(j["slowest_rank"].as_u64().unwrap() < 2);
 }
 
-/// `--ranks` takes the rank traces themselves, as an unquoted glob expands to: given out of
-/// rank order, each still runs as the rank it recorded.
+/// `--ranks` takes the rank traces themselves, as an unquoted glob expands to (`job.rank*`
+/// also names each rank's profile, meta file and linked trace, which are left out): given out
+/// of rank order, each still runs as the rank it recorded. A directory among several values is
+/// refused.
 #[test]
 fn ranks_takes_the_trace_files_as_the_shell_expands_a_glob() {
-    let file = |k: usize| shared("cpu").join(format!("dist_mlp_w2.rank{k}.et.json"));
+    let file = |name: &str| shared("cpu").join(format!("dist_mlp_w2.{name}"));
+    let given = [
+        "rank1.et.json",
+        "rank1.meta.json",
+        "rank1.kineto.json.gz",
+        "rank0.linked.et.json.gz",
+        "rank0.et.json",
+    ];
     let j = json(
         bin()
             .args(["replay", "--ranks"])
-            .args([file(1), file(0)])
+            .args(given.map(file))
             .args(["--only", "comm", "--json", "--threads", "1"])
             .args(["--iters", "1", "--warmup", "0"]),
     );
@@ -65,6 +74,15 @@ fn ranks_takes_the_trace_files_as_the_shell_expands_a_glob() {
             "rank {k}: {trace}"
         );
     }
+    let o = bin()
+        .args(["replay", "--ranks"])
+        .arg(shared("cpu"))
+        .arg(file("rank0.et.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("a directory or a glob goes alone"), "{err}");
 }
 
 /// nccl-tests' bandwidth convention in the report: 2 ranks, so an all-reduce's bus bandwidth

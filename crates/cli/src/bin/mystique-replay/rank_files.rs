@@ -184,6 +184,56 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Rank trace files among `given`, files named one by one (as the shell expands an unquoted
+/// glob): the execution traces by their content, a linked one left out where its clean twin
+/// is given too; in natural order. The others are left out with a note (`ddp.rank*` also
+/// names each rank's profile and meta file). A directory or a glob among them is refused: it
+/// goes alone.
+pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
+    let paths: Vec<PathBuf> = given.iter().map(PathBuf::from).collect();
+    for (spec, p) in given.iter().zip(&paths) {
+        anyhow::ensure!(
+            !p.is_dir() && !spec.contains(['*', '?', '[']),
+            "--ranks {spec:?}: a directory or a glob goes alone after --ranks; several values \
+             are the trace files themselves"
+        );
+        anyhow::ensure!(p.exists(), "{spec:?}: no such file");
+    }
+    let stem = |p: &Path| crate::replay_cmd::capture_stem(p).map(|(s, l)| (s.to_string(), l));
+    let clean: std::collections::HashSet<String> = (paths.iter())
+        .filter_map(|p| stem(p).filter(|(_, linked)| !linked).map(|(s, _)| s))
+        .collect();
+    let (mut files, mut left_out) = (Vec::new(), 0usize);
+    for p in paths {
+        let keep = match probe(&p) {
+            Kind::ExecutionTrace => {
+                !stem(&p).is_some_and(|(s, linked)| linked && clean.contains(&s))
+            }
+            Kind::Kineto | Kind::Other => false,
+        };
+        if keep {
+            files.push(p);
+        } else {
+            left_out += 1;
+        }
+    }
+    if left_out > 0 {
+        eprintln!(
+            "note: --ranks: {left_out} of the files given left out: not execution traces (profiles, \
+             meta files), or linked traces beside their clean ones"
+        );
+    }
+    files.sort_by_key(|f| natural_key(f));
+    files.dedup();
+    anyhow::ensure!(
+        files.len() >= 2,
+        "--ranks: the files given hold {} execution trace{}; a job's ranks are two traces or more",
+        files.len(),
+        if files.len() == 1 { "" } else { "s" }
+    );
+    Ok(files)
+}
+
 /// In a directory: an execution trace by its content, not a linked twin.
 fn is_rank_trace(f: &Path, name: &str) -> bool {
     match probe(f) {

@@ -33,10 +33,10 @@ pub fn run(a: &ReplayArgs, json_out: bool) -> Result<()> {
     }
     let (traces, from) = match specs {
         [one] => rank_files::discover(one, a.rank_order)?,
-        many => {
-            let files = many.iter().map(std::path::PathBuf::from).collect();
-            rank_files::order(rank_files::read(files)?, a.rank_order)?
-        }
+        many => rank_files::order(
+            rank_files::read(rank_files::list_given(many)?)?,
+            a.rank_order,
+        )?,
     };
     let captured = traces.len();
     // With --world N, ranks 0..N-1 replay their own traces.
