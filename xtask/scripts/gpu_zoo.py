@@ -133,10 +133,14 @@ def capture(out, name, iters=50):
         peak = torch.cuda.max_memory_allocated() - start
     obs = ExecutionTraceObserver().register_callback(os.path.join(out, f"{name}.et.json"))
     obs.start()
-    step()
-    sync()
-    obs.stop()
-    obs.unregister_callback()
+    try:
+        step()
+        sync()
+    finally:
+        # Unregistered whatever happens: a registered observer would swallow the next
+        # model's trace (the observer is one per process).
+        obs.stop()
+        obs.unregister_callback()
     kineto = os.path.join(out, f"{name}.kineto.json")
     obs2 = ExecutionTraceObserver().register_callback(os.path.join(out, f"{name}.linked.et.json"))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEV.startswith("cuda") else [])
@@ -165,16 +169,19 @@ def main():
         sys.exit(__doc__)
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    failed = 0
+    failed = []
     for name in sys.argv[2:] or list(MODELS):
         # One model's failure is reported and the others still run: gpu-check prints each
-        # captured model's card and names what failed from stderr.
+        # captured model's card and names what failed from stderr's last lines.
         try:
             capture(out, name)
-        except Exception:
-            failed += 1
+        except Exception as e:
+            failed.append(f"gpu_zoo.py: {name} failed: {type(e).__name__}: {e}")
             sys.stderr.write(f"gpu_zoo.py: {name} failed:\n{traceback.format_exc()}")
             sys.stderr.flush()
+    # Last, one line each: what gpu-check keeps of stderr names every model that failed.
+    for line in failed:
+        sys.stderr.write(line.splitlines()[0][:300] + "\n")
     sys.exit(1 if failed else 0)
 
 
