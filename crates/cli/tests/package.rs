@@ -531,6 +531,17 @@ fn a_multi_rank_capture_takes_each_rank_s_original_from_its_meta() {
         Some(medians[0].max(medians[1]))
     );
     assert_eq!(m["original"]["from"], "meta files (slowest of 2 ranks)");
+    // Anonymised, the originals say where they came from without the model's file names.
+    let anon = tmp("dist-caps-anon.pkg");
+    generate(std::slice::from_ref(&caps), &anon, &["--anonymize"]);
+    let text = std::fs::read_to_string(anon.join("manifest.json")).unwrap();
+    assert!(!text.contains("dist_mlp"), "{text}");
+    let m: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(m["original"]["from"], "meta files (slowest of 2 ranks)");
+    assert_eq!(
+        m["ranks"][1]["original"]["from"],
+        "the capture's meta file (iter_ms_median)"
+    );
 }
 
 /// What-if edits go into the package (and its manifest says which); the package still runs.

@@ -341,14 +341,21 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
             out.original_ms = v["iter_ms_median"]
                 .as_f64()
                 .filter(|x| x.is_finite() && *x > 0.0);
-            out.original_from = out.original_ms.and_then(|_| {
-                m.file_name()
-                    .map(|n| format!("{} (iter_ms_median)", n.to_string_lossy()))
-            });
+            out.original_from = out.original_ms.and_then(|_| meta_source(m, a.anonymize));
         }
         out.original_threads = v["threads"].as_i64().filter(|&n| n > 0);
     }
     Ok(out)
+}
+
+/// Where an original's time came from when a capture's meta file `m` gave it: the file's
+/// name, which is the model's, or under `anonymize` no name.
+fn meta_source(m: &Path, anonymize: bool) -> Option<String> {
+    if anonymize {
+        return Some("the capture's meta file (iter_ms_median)".into());
+    }
+    let name = m.file_name()?;
+    Some(format!("{} (iter_ms_median)", name.to_string_lossy()))
 }
 
 /// The output is a new or empty directory, the anonymisation map no input, and `--kineto`
@@ -487,23 +494,26 @@ fn profiles_by_rank(
         .iter()
         .map(|(_, kt)| kt.rank.and_then(|r| u64::try_from(r).ok()))
         .collect();
-    // Two profiles that record one rank are one rank's twice: matched by name or order
-    // instead, one of them would be linked to another rank's trace and refused as "not the
-    // same process", which names neither the cause nor the fix.
-    for (k, &r) in recorded.iter().enumerate() {
-        if let Some(j) = recorded[..k].iter().position(|&o| r.is_some() && o == r) {
-            bail!(
-                "--kineto: {} and {} both record rank {}: give one profile per rank",
-                read[j].0.display(),
-                read[k].0.display(),
-                r.unwrap_or_default()
-            );
-        }
-    }
-    let named = read
+    let named: Vec<Option<u64>> = read
         .iter()
         .map(|(k, _)| crate::rank_files::rank_in_name(k))
         .collect();
+    // Two profiles that record one rank, and whose names do not tell them apart either, are
+    // one rank's twice (one file given twice, most often): matched by order instead, one of
+    // them would be linked to another rank's trace and refused as "not the same process",
+    // which names neither the cause nor the fix.
+    if distinct(named.clone()).is_none() {
+        for (k, &r) in recorded.iter().enumerate() {
+            if let Some(j) = recorded[..k].iter().position(|&o| r.is_some() && o == r) {
+                bail!(
+                    "--kineto: {} and {} both record rank {}: give one profile per rank",
+                    read[j].0.display(),
+                    read[k].0.display(),
+                    r.unwrap_or_default()
+                );
+            }
+        }
+    }
     // As given: the k-th profile is the k-th trace's, wherever that trace's rank put it.
     let given = read
         .iter()
@@ -669,10 +679,7 @@ impl<'a> PackageBuilder<'a> {
                 original = Some(Original {
                     iter_ms: ms,
                     ops_ms: original.and_then(|o: Original| o.ops_ms),
-                    from: format!(
-                        "{} (iter_ms_median)",
-                        m.file_name().unwrap_or_default().to_string_lossy()
-                    ),
+                    from: meta_source(&m, a.anonymize).unwrap_or_default(),
                 });
             }
         }
