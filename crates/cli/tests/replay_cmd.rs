@@ -885,6 +885,16 @@ fn a_reference_is_written_on_the_capture_host() {
         "{}",
         c["gap_model"]
     );
+    // With no meta file beside the trace, the reference's original is the iteration's basis:
+    // uninstrumented with uninstrumented, not the profiled original.
+    let basis = c["card"]["iteration_ms"]["basis"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        basis.starts_with("uninstrumented") && basis.contains("the reference"),
+        "{basis}"
+    );
+    assert_eq!(c["card"]["iteration_ms"]["original"], 7.5, "{}", c["card"]);
     let table = compare(&[]);
     assert!(
         table.contains("anchored   on the reference") && table.contains("original's 7.500 ms"),

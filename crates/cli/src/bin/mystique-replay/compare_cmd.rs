@@ -85,7 +85,7 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             !a.run.no_autograd,
             calibrate::GapChoices {
                 boundary_costs: calibrate::BoundaryCosts::Replay,
-                reference: reference.map(|(r, _)| et_graph::Reference::from(r)),
+                reference: reference.clone().map(|(r, _)| et_graph::Reference::from(r)),
                 time_base_with_gaps: false,
             },
         )?)
@@ -134,7 +134,10 @@ pub fn compare(a: &CompareArgs, json: bool) -> Result<()> {
             }
         })
         .collect();
-    let c = Compared::of(a, &original, &r, &included, meta.as_ref())?;
+    // The reference's original is uninstrumented too: the iteration's basis where the capture
+    // has no meta file.
+    let referenced = reference.as_ref().map(|(r, _)| r.original_ms);
+    let c = Compared::of(a, &original, &r, &included, meta.as_ref(), referenced)?;
     let card = c.card(&linked);
     // Plots are titled by the trace's file name, not the path it has on this machine.
     let name = Path::new(&trace.source)
@@ -254,6 +257,7 @@ impl<'a> Compared<'a> {
         r: &'a replay::Report,
         included: &[bool],
         meta: Option<&'a (serde_json::Value, std::path::PathBuf)>,
+        referenced: Option<f64>,
     ) -> Result<Compared<'a>> {
         // Left-out steps count as unlinked: in neither side's figures.
         let mut kept = original.timing.clone();
@@ -290,7 +294,10 @@ impl<'a> Compared<'a> {
                 anyhow::bail!("--original-ms must be a positive number of milliseconds, not {ms}")
             }
             Some(ms) => Some((ms, "--original-ms".to_string())),
-            None => meta.and_then(original_ms_in),
+            None => meta.and_then(original_ms_in).or_else(|| {
+                let path = a.reference.as_deref()?.display();
+                referenced.map(|ms| (ms, format!("the reference {path}")))
+            }),
         };
         let (ratio_iter, basis_iter) = match (&uninstrumented, r.instrumented_iter_ms) {
             (Some((ms, from)), _) => (
