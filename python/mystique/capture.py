@@ -82,15 +82,14 @@ def _dangling(path):
 def _observe(step, sync, path, ranked):
     """One `step` under the execution trace observer, written to `path`.
 
-    Over Gloo, a rank's observer is unregistered only once every collective its default
-    process group has issued has finished, the end of its record included. Gloo completes a
+    On a rank, the observer is unregistered only once every collective its Gloo process
+    groups have issued has finished, the end of its record included. Gloo completes a
     collective's future (what DDP waits on) before its worker thread ends the collective's
     record, and that end runs the observer's callback. An observer unregistered in between
     is freed under the worker, which then locks a freed mutex: the process aborts (in
     pthread_mutex_lock, or with SIGSEGV) now and then. Gloo's barrier waits for each
-    earlier work item of the group to finish, record and all; the observer, stopped by
-    then, records neither the barrier nor anything after it. Collectives of other Gloo
-    groups (a DDP of a subgroup, tensor- or data-parallel groups) are not waited for."""
+    earlier work item of its group to finish, record and all: one on each Gloo group this
+    rank belongs to ([`_gloo_groups`]); the observer, stopped by then, records none of them."""
     import torch.distributed as dist
     from torch.profiler import ExecutionTraceObserver
 
@@ -104,9 +103,24 @@ def _observe(step, sync, path, ranked):
         obs.unregister_callback()
         raise
     obs.stop()
-    if ranked and dist.get_backend() == "gloo":
-        dist.barrier()
+    if ranked:
+        for group in _gloo_groups():
+            dist.barrier(group=group)
     obs.unregister_callback()
+
+
+def _gloo_groups():
+    """The Gloo process groups this rank belongs to, in the order they were made: the same
+    order on every rank (groups are made by all ranks alike), so that the barriers of ranks
+    that share several groups pair up. The default group alone where torch's registry of
+    groups is not where torch 2.11 keeps it."""
+    import torch.distributed as dist
+
+    try:
+        groups = list(dist.distributed_c10d._world.pg_map)
+    except AttributeError:
+        groups = [dist.group.WORLD]
+    return [g for g in groups if dist.get_backend(g) == "gloo"]
 
 
 @contextlib.contextmanager

@@ -393,13 +393,16 @@ def worker(rank, out, port):
         opt.zero_grad(); m(x).sum().backward(); opt.step()
     mystique.capture(step, out=out, name="ddp", iters=5, profiled=2)
     # The observer's teardown right after collectives waited on through their futures (as
-    # DDP waits): unless it waits for Gloo's worker to end their records, 300 rounds end a
-    # process with SIGSEGV or SIGABRT in most runs.
+    # DDP waits), on the default group and on a group of its own: unless it waits for each
+    # group's Gloo worker to end their records, 300 rounds end a process with SIGSEGV or
+    # SIGABRT in most runs.
     from mystique.capture import _observe
     t = torch.ones(64)
+    sub = dist.new_group([0, 1])
     def futures():
-        for _ in range(4):
-            dist.all_reduce(t, async_op=True).get_future().wait()
+        for group in (None, sub):
+            for _ in range(2):
+                dist.all_reduce(t, group=group, async_op=True).get_future().wait()
     churn = os.path.join(out, f"churn.rank{rank}.json")
     for _ in range(300):
         _observe(futures, lambda: None, churn, True)
