@@ -471,8 +471,9 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
         data[e.to as usize].push(g.id(set.ops[e.from as usize]));
     }
     let mut last_on_thread: HashMap<u32, u64> = HashMap::new();
-    // Collectives by the sequence number of their record, for the waits that follow them.
-    let mut by_seq: HashMap<i64, u64> = HashMap::new();
+    // Collectives by the sequence number of their record (and their group, which counts its
+    // own), for the waits that follow them.
+    let mut by_seq: HashMap<i64, Vec<(Option<String>, u64)>> = HashMap::new();
     let mut nodes = Vec::with_capacity(set.ops.len());
     for (pos, &i) in set.ops.iter().enumerate() {
         let n = &t.nodes[i as usize];
@@ -517,7 +518,13 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
                     tensor_bytes(t, t.inputs(n).iter().chain(t.outputs(n)).map(|a| &a.value));
                 attrs.push(attr("tensor_size", AttrValue::Uint64Val(bytes)));
                 if collective.as_deref() == Some("wait") {
-                    if let Some(&c) = comms_seq(t, n).and_then(|s| by_seq.get(&s)) {
+                    // The latest collective of the number on the wait's group, where both
+                    // record one.
+                    let pg = pg_name_of(t, n);
+                    let issued = comms_seq(t, n).and_then(|s| by_seq.get(&s));
+                    let c = (issued.into_iter().flatten().rev())
+                        .find(|(p, _)| !matches!((p, &pg), (Some(a), Some(b)) if a != b));
+                    if let Some(&(_, c)) = c {
                         if !ctrl_deps.contains(&c) {
                             ctrl_deps.push(c);
                         }
@@ -529,7 +536,8 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
                 attrs.push(attr("is_cpu_op", AttrValue::BoolVal(false)));
                 let record = comms_record(g, i).map(|r| &t.nodes[r as usize]);
                 if let Some(seq) = record.and_then(|r| comms_seq(t, r)) {
-                    by_seq.insert(seq, id);
+                    let pg = pg_name_of(t, n).or_else(|| record.and_then(|r| pg_name_of(t, r)));
+                    by_seq.entry(seq).or_default().push((pg, id));
                 }
                 if let CommKind::Collective(c) = kind {
                     attrs.push(attr("comm_type", AttrValue::Int64Val(c as i64)));

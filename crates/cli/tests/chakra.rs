@@ -648,6 +648,44 @@ fn send_and_recv_become_point_to_point_nodes() {
     check_against_graph(&p, &d);
 }
 
+/// A PARAM wait record depends on the collective of its sequence number on its own group:
+/// each group counts its collectives, so the number recurs on another group's collective,
+/// issued after the one the wait is for.
+#[test]
+fn a_wait_depends_on_its_own_groups_collective() {
+    const ALLREDUCE: &str = "c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, Tensor? sparse_indices, bool async_op=True, int timeout=-1) -> (Tensor[], __torch__.torch.classes.c10d.Work)";
+    let none = || json!({"values": [], "shapes": [], "types": []});
+    let tensors = json!({"values": [[[10, 10, 0, 4, 4, "cpu"]], "<Object>", "<Object>", "<None>", true, -1],
+                         "shapes": [[[4]], [], [], [], [], []],
+                         "types": ["GenericList[Tensor(float)]", "Object", "Object", "None", "Bool", "Int"]});
+    let record = |seq: i64| {
+        json!({"values": [[[10, 10, 0, 4, 4, "cpu"]], seq, "allreduce"], "shapes": [[[4]], [], []],
+               "types": ["GenericList[Tensor(float)]", "Int", "String"]})
+    };
+    let pg = |name: &str| json!([{"name": "pg_name", "type": "string", "value": name}]);
+    let trace = json!({
+        "schema": "1.1.1-chakra.0.0.4", "pid": 1, "time": "now", "start_ts": 1, "finish_ts": 2,
+        "nodes": [
+            rec(1, "[pytorch|profiler|execution_trace|process]", 0, "", none(), json!([])),
+            rec(2, "c10d::allreduce_", 1, ALLREDUCE, tensors.clone(), pg("0")),
+            rec(3, "record_param_comms", 2, "", record(7), pg("0")),
+            rec(4, "c10d::allreduce_", 1, ALLREDUCE, tensors, pg("1")),
+            rec(5, "record_param_comms", 4, "", record(7), pg("1")),
+            rec(6, "record_param_comms", 1, "",
+                json!({"values": [7, 0, 0, "wait"], "shapes": [[], [], [], []],
+                       "types": ["Int", "Int", "Int", "String"]}),
+                pg("0")),
+        ]
+    });
+    let p = tmp("waits-by-group.et.json");
+    std::fs::write(&p, serde_json::to_vec(&trace).unwrap()).unwrap();
+    let d = export(&p, &[], &tmp("waits-by-group.et"));
+    let wait = d.raw.last().unwrap();
+    // After group 1's allreduce on the thread, and on group 0's, which it waits for.
+    assert!(wait.ctrl.contains(&2), "{:?}", wait.ctrl);
+    assert!(wait.ctrl.contains(&4), "{:?}", wait.ctrl);
+}
+
 /// `--astra-sim` also orders each op after its thread predecessor through `data_deps`, which is
 /// all ASTRA-sim's feeder follows; without it `data_deps` are the tensor edges alone.
 #[test]

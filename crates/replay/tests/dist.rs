@@ -416,6 +416,57 @@ fn param_wait_records_are_paired_with_their_collectives_by_sequence_number() {
     );
 }
 
+/// A PARAM wait record pairs with the collective of its sequence number on its own group:
+/// groups count their collectives apart, so the number recurs on another group (here after
+/// the one waited for), whose collective the wait must not hold.
+#[test]
+fn param_waits_pair_with_their_own_groups_collective() {
+    let mut b = TraceBuilder::new();
+    b.node("## process_group:init ##")
+        .input(
+            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 2, "group_count": 2}, {"pg_name": "1", "pg_desc": "dp", "backend_config": "cpu:gloo", "ranks": [0, 1], "group_size": 2, "group_count": 2}]"#),
+            json!([]),
+            "String",
+        )
+        .done();
+    let t = tensor(5, 5, 0, 4, 4, "cpu");
+    full(&mut b, &t, 4, 1.0);
+    let mut issued = Vec::new();
+    for pg in ["0", "1"] {
+        allreduce_on(&mut b, &t, 4, pg);
+        let op = b.last_id();
+        issued.push(op);
+        b.node("record_param_comms")
+            .parent(op)
+            .attr("pg_name", "string", pg)
+            .input(json!([t]), json!([[4]]), "GenericList[Tensor(float)]")
+            .input(7, json!([]), "Int")
+            .input("allreduce", json!([]), "String")
+            .done();
+    }
+    b.node("record_param_comms")
+        .attr("pg_name", "string", "0")
+        .input(7, json!([]), "Int")
+        .input(0, json!([]), "Int")
+        .input(0, json!([]), "Int")
+        .input("wait", json!([]), "String")
+        .done();
+    let tr = b.build();
+    let g = et_graph::Graph::new(&tr);
+    let plan = compile(&g, &g.replay_set(None));
+    let waits_of = |id: u64| {
+        let s = plan.steps.iter().find(|s| s.id == id).unwrap();
+        let StepKind::Collective(c) = &s.kind else {
+            panic!("{:?}", s.kind)
+        };
+        c.waits.clone()
+    };
+    let wait = plan.steps.len() - 1;
+    assert_eq!(plan.steps[wait].name, "record_param_comms");
+    assert_eq!(waits_of(issued[0]), vec![wait], "group 0's allreduce");
+    assert!(waits_of(issued[1]).is_empty(), "group 1's allreduce");
+}
+
 const SEND: &str = "c10d::send(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int dst, int tag) -> __torch__.torch.classes.c10d.Work";
 const RECV: &str = "c10d::recv_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup process_group, int src, int tag) -> __torch__.torch.classes.c10d.Work";
 

@@ -121,17 +121,26 @@ pub(super) fn collective_of(
 pub(super) fn link_waits(steps: &mut [Step]) {
     let mut produced_by: HashMap<Slot, usize> = HashMap::new();
     let mut waits: Vec<(usize, usize)> = Vec::new();
-    // PARAM-style `record_param_comms` waits name the collective by sequence number.
-    let mut by_seq: HashMap<i64, usize> = HashMap::new();
+    // PARAM-style `record_param_comms` waits name the collective by sequence number, which
+    // each process group counts on its own: where the wait records its group, the latest
+    // collective of that number on that group (or on a group not recorded); else the latest.
+    let mut by_seq: HashMap<i64, Vec<usize>> = HashMap::new();
     for (k, s) in steps.iter().enumerate() {
         if let StepKind::Collective(c) = &s.kind {
             if let Some(seq) = c.seq {
                 if c.name == "wait" {
-                    if let Some(&from) = by_seq.get(&seq) {
+                    let same_group = |&&from: &&usize| match (&steps[from].kind, &c.pg_name) {
+                        (StepKind::Collective(f), Some(pg)) => {
+                            f.pg_name.as_ref().is_none_or(|p| p == pg)
+                        }
+                        _ => true,
+                    };
+                    let mut issued = by_seq.get(&seq).into_iter().flatten().rev();
+                    if let Some(&from) = issued.find(same_group) {
                         waits.push((from, k));
                     }
                 } else {
-                    by_seq.insert(seq, k);
+                    by_seq.entry(seq).or_default().push(k);
                 }
             }
         }
