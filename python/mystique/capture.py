@@ -113,14 +113,26 @@ def _gloo_groups():
     """The Gloo process groups this rank belongs to, in the order they were made: the same
     order on every rank (groups are made by all ranks alike), so that the barriers of ranks
     that share several groups pair up. The default group alone where torch's registry of
-    groups is not where torch 2.11 keeps it."""
+    groups is not where torch 2.11 keeps it.
+
+    A group of several backends (`init_process_group()` without one makes "cpu:gloo,cuda:nccl",
+    which torch names "undefined") runs CPU tensors' collectives on Gloo, and takes its
+    barrier there where no GPU is in use; with a GPU its barrier is NCCL's, and it is left
+    out."""
+    import torch
     import torch.distributed as dist
 
     try:
         groups = list(dist.distributed_c10d._world.pg_map)
     except AttributeError:
         groups = [dist.group.WORLD]
-    return [g for g in groups if dist.get_backend(g) == "gloo"]
+    cpu_only = not torch.cuda.is_available()
+
+    def on_gloo(g):
+        backend = str(dist.get_backend(g))
+        return backend == "gloo" or (cpu_only and ("gloo" in backend or backend == "undefined"))
+
+    return [g for g in groups if on_gloo(g)]
 
 
 @contextlib.contextmanager
