@@ -471,9 +471,8 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
         data[e.to as usize].push(g.id(set.ops[e.from as usize]));
     }
     let mut last_on_thread: HashMap<u32, u64> = HashMap::new();
-    // Collectives by the sequence number of their record (and their group, which counts its
-    // own), for the waits that follow them.
-    let mut by_seq: HashMap<i64, Vec<(Option<String>, u64)>> = HashMap::new();
+    // Collectives by the sequence number of their record, for the waits that follow them.
+    let mut by_seq = et_graph::summary::CollectivesBySeq::default();
     let mut nodes = Vec::with_capacity(set.ops.len());
     for (pos, &i) in set.ops.iter().enumerate() {
         let n = &t.nodes[i as usize];
@@ -518,13 +517,9 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
                     tensor_bytes(t, t.inputs(n).iter().chain(t.outputs(n)).map(|a| &a.value));
                 attrs.push(attr("tensor_size", AttrValue::Uint64Val(bytes)));
                 if collective.as_deref() == Some("wait") {
-                    // The latest collective of the number on the wait's group, where both
-                    // record one.
                     let pg = pg_name_of(t, n);
-                    let issued = comms_seq(t, n).and_then(|s| by_seq.get(&s));
-                    let c = (issued.into_iter().flatten().rev())
-                        .find(|(p, _)| !matches!((p, &pg), (Some(a), Some(b)) if a != b));
-                    if let Some(&(_, c)) = c {
+                    let c = comms_seq(t, n).and_then(|s| by_seq.waited(s, pg.as_deref()));
+                    if let Some(&c) = c {
                         if !ctrl_deps.contains(&c) {
                             ctrl_deps.push(c);
                         }
@@ -535,16 +530,15 @@ pub fn convert(g: &Graph, set: &ReplaySet, order_in_data: bool) -> Export {
             Some(kind) => {
                 attrs.push(attr("is_cpu_op", AttrValue::BoolVal(false)));
                 let record = comms_record(g, i).map(|r| &t.nodes[r as usize]);
+                let pg = pg_name_of(t, n).or_else(|| record.and_then(|r| pg_name_of(t, r)));
                 if let Some(seq) = record.and_then(|r| comms_seq(t, r)) {
-                    let pg = pg_name_of(t, n).or_else(|| record.and_then(|r| pg_name_of(t, r)));
-                    by_seq.entry(seq).or_default().push((pg, id));
+                    by_seq.issued(seq, pg.clone(), id);
                 }
                 if let CommKind::Collective(c) = kind {
                     attrs.push(attr("comm_type", AttrValue::Int64Val(c as i64)));
                 }
                 let bytes = i64::try_from(comm_bytes(g, i)).unwrap_or(i64::MAX);
                 attrs.push(attr("comm_size", AttrValue::Int64Val(bytes)));
-                let pg = pg_name_of(t, n).or_else(|| record.and_then(|r| pg_name_of(t, r)));
                 if let Some(pg) = pg {
                     attrs.push(attr("pg_name", AttrValue::StringVal(pg)));
                 }

@@ -51,6 +51,44 @@ pub struct Summary {
 /// string input), once, outside every iteration.
 pub const PROCESS_GROUP_INIT: &str = "## process_group:init ##";
 
+/// Collectives by the sequence number of their `record_param_comms` record, for PARAM's `wait`
+/// records, which name the collective they wait for by that number. Each process group counts
+/// its own collectives, so a number recurs across groups: a wait that records its group pairs
+/// with the latest collective of its number on that group (or on one that records none); a
+/// wait that records none, with the latest of its number.
+#[derive(Debug)]
+pub struct CollectivesBySeq<T> {
+    by_seq: HashMap<i64, Vec<(Option<String>, T)>>,
+}
+
+impl<T> Default for CollectivesBySeq<T> {
+    fn default() -> Self {
+        CollectivesBySeq {
+            by_seq: HashMap::new(),
+        }
+    }
+}
+
+impl<T> CollectivesBySeq<T> {
+    /// A collective numbered `seq`, issued on `group` where its record names one.
+    pub fn issued(&mut self, seq: i64, group: Option<String>, collective: T) {
+        self.by_seq
+            .entry(seq)
+            .or_default()
+            .push((group, collective));
+    }
+
+    /// The collective a wait for `seq` on `group` (where recorded) waits for.
+    pub fn waited(&self, seq: i64, group: Option<&str>) -> Option<&T> {
+        let issued = self.by_seq.get(&seq)?.iter().rev();
+        let mut same = issued.filter(|(g, _)| match (g.as_deref(), group) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        });
+        same.next().map(|(_, c)| c)
+    }
+}
+
 /// The collective a node performs, if any.
 pub fn collective_name(t: &Trace, n: &et_schema::Node) -> Option<String> {
     let name = t.name(n);

@@ -121,26 +121,18 @@ pub(super) fn collective_of(
 pub(super) fn link_waits(steps: &mut [Step]) {
     let mut produced_by: HashMap<Slot, usize> = HashMap::new();
     let mut waits: Vec<(usize, usize)> = Vec::new();
-    // PARAM-style `record_param_comms` waits name the collective by sequence number, which
-    // each process group counts on its own: where the wait records its group, the latest
-    // collective of that number on that group (or on a group not recorded); else the latest.
-    let mut by_seq: HashMap<i64, Vec<usize>> = HashMap::new();
+    // PARAM-style `record_param_comms` waits name the collective by sequence number, counted
+    // per process group.
+    let mut by_seq = et_graph::summary::CollectivesBySeq::default();
     for (k, s) in steps.iter().enumerate() {
         if let StepKind::Collective(c) = &s.kind {
             if let Some(seq) = c.seq {
                 if c.name == "wait" {
-                    let same_group = |&&from: &&usize| match (&steps[from].kind, &c.pg_name) {
-                        (StepKind::Collective(f), Some(pg)) => {
-                            f.pg_name.as_ref().is_none_or(|p| p == pg)
-                        }
-                        _ => true,
-                    };
-                    let mut issued = by_seq.get(&seq).into_iter().flatten().rev();
-                    if let Some(&from) = issued.find(same_group) {
+                    if let Some(&from) = by_seq.waited(seq, c.pg_name.as_deref()) {
                         waits.push((from, k));
                     }
                 } else {
-                    by_seq.entry(seq).or_default().push(k);
+                    by_seq.issued(seq, c.pg_name.clone(), k);
                 }
             }
         }
