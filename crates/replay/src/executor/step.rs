@@ -216,12 +216,8 @@ impl<'a> Executor<'a> {
         };
         let mut done = Vec::with_capacity(due.len());
         for (from, w) in due {
-            // The error surfaces where the trace waits, but it is the collective's: name the
-            // step that issued it.
-            w.wait(self.timeout).map_err(|e| {
-                let s = &self.plan.steps[from];
-                CallError::new(e.kind, format!("{} (node {}): {}", s.name, s.id, e.message))
-            })?;
+            // The error surfaces where the trace waits, but it is the collective's.
+            w.wait(self.timeout).map_err(|e| self.issued_by(from, e))?;
             done.push(from);
         }
         Ok(done)
@@ -359,13 +355,19 @@ impl<'a> Executor<'a> {
     /// or one that issued another collective), and the wait alone does not say which failed.
     fn naming_waited(&self, pos: usize, e: CallError) -> CallError {
         let steps = &self.plan.steps;
-        let issued = steps[..pos].iter().rev().find(
+        let issued = steps[..pos].iter().rposition(
             |s| matches!(&s.kind, crate::plan::StepKind::Collective(c) if c.waits.contains(&pos)),
         );
         match issued {
-            Some(s) => CallError::new(e.kind, format!("{} (node {}): {}", s.name, s.id, e.message)),
+            Some(from) => self.issued_by(from, e),
             None => e,
         }
+    }
+
+    /// `e` as the failure of the collective step `from` issued: named by its step.
+    fn issued_by(&self, from: usize, e: CallError) -> CallError {
+        let s = &self.plan.steps[from];
+        CallError::new(e.kind, format!("{} (node {}): {}", s.name, s.id, e.message))
     }
 
     /// After a step, outside its timing: releases the call's stack and synthesises a failed
