@@ -168,9 +168,7 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
             );
         }
     }
-    let glob = pattern
-        .as_deref()
-        .is_some_and(|q| q.contains(['*', '?', '[']));
+    let glob = pattern.as_deref().is_some_and(is_glob);
     anyhow::ensure!(
         !files.is_empty() || glob || p.exists(),
         "{spec:?}: no such file or directory"
@@ -193,7 +191,7 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
     let paths: Vec<PathBuf> = given.iter().map(PathBuf::from).collect();
     for (spec, p) in given.iter().zip(&paths) {
         anyhow::ensure!(
-            !p.is_dir() && !spec.contains(['*', '?', '[']),
+            !p.is_dir() && !is_glob(spec),
             "--ranks {spec:?}: a directory or a glob goes alone after --ranks; several values \
              are the trace files themselves"
         );
@@ -232,6 +230,11 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
         if files.len() == 1 { "" } else { "s" }
     );
     Ok(files)
+}
+
+/// Whether `spec` reads as a glob rather than a file name: it holds `*`, `?` or `[`.
+fn is_glob(spec: &str) -> bool {
+    spec.contains(['*', '?', '['])
 }
 
 /// In a directory: an execution trace by its content, not a linked twin.
