@@ -83,6 +83,20 @@ fn no_flight_recorder() {
     ONCE.call_once(|| std::env::set_var("TORCH_FR_BUFFER_SIZE", "0"));
 }
 
+/// Rank `rank` of `world` ranks as threads of this test: the store on rank 0 at
+/// 127.0.0.1:`port`, collectives timing out after `timeout_s` seconds.
+fn loopback(rank: usize, world: usize, port: u16, timeout_s: u64) -> replay::DistOptions {
+    replay::DistOptions {
+        rank,
+        world_size: world,
+        master_addr: "127.0.0.1".into(),
+        master_port: port,
+        timeout: Duration::from_secs(timeout_s),
+        local_rank: Some(rank),
+        store: replay::Store::RankZero,
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -108,15 +122,7 @@ fn two_ranks(
                 let plan = compile(&g, &g.replay_set(None));
                 check(&plan);
                 let bound = replay::bind(&plan, &replay::Device::Cpu);
-                let d = replay::DistOptions {
-                    rank,
-                    world_size: 2,
-                    master_addr: "127.0.0.1".into(),
-                    master_port: port,
-                    timeout: Duration::from_secs(30),
-                    local_rank: Some(rank),
-                    store: replay::Store::RankZero,
-                };
+                let d = loopback(rank, 2, port, 30);
                 let (slots, failures) =
                     replay::executor::run_once_keep_as(&plan, &bound, Some(&d)).unwrap();
                 assert!(failures.is_empty(), "rank {rank}: {failures:?}");
@@ -276,15 +282,7 @@ fn a_failed_wait_names_the_collective_it_waited_for() {
                     let issued = plan.steps.iter().find(|s| s.name == collective);
                     let issued = issued.map(|s| s.id);
                     let bound = replay::bind(&plan, &replay::Device::Cpu);
-                    let d = replay::DistOptions {
-                        rank,
-                        world_size: 2,
-                        master_addr: "127.0.0.1".into(),
-                        master_port: port,
-                        timeout: Duration::from_secs(3),
-                        local_rank: Some(rank),
-                        store: replay::Store::RankZero,
-                    };
+                    let d = loopback(rank, 2, port, 3);
                     let failures = replay::executor::run_once_keep_as(&plan, &bound, Some(&d))
                         .map(|(_, f)| f)
                         .map_err(|e| e.to_string());
@@ -325,15 +323,7 @@ fn a_collective_in_flight_has_a_slice_until_its_wait() {
                         warmup: 1,
                         iters: 2,
                         trace_out: Some(std::env::temp_dir().join("unused-in-flight.json")),
-                        dist: Some(replay::DistOptions {
-                            rank,
-                            world_size: 2,
-                            master_addr: "127.0.0.1".into(),
-                            master_port: port,
-                            timeout: Duration::from_secs(20),
-                            local_rank: Some(rank),
-                            store: replay::Store::RankZero,
-                        }),
+                        dist: Some(loopback(rank, 2, port, 20)),
                         ..Default::default()
                     };
                     let (_, timeline) = replay::replay(&g, &g.replay_set(None), &opts).unwrap();
@@ -513,15 +503,7 @@ fn replay_ranks(
         .enumerate()
         .map(|(rank, tr)| {
             let mut opts = opts.clone();
-            opts.dist = Some(replay::DistOptions {
-                rank,
-                world_size: world,
-                master_addr: "127.0.0.1".into(),
-                master_port: port,
-                timeout: Duration::from_secs(20),
-                local_rank: Some(rank),
-                store: replay::Store::RankZero,
-            });
+            opts.dist = Some(loopback(rank, world, port, 20));
             std::thread::Builder::new()
                 .stack_size(16 << 20)
                 .spawn(move || {
