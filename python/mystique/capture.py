@@ -89,24 +89,24 @@ def _observe(step, sync, path, ranked):
     is freed under the worker, which then locks a freed mutex: the process aborts (in
     pthread_mutex_lock, or with SIGSEGV) now and then. Gloo's barrier waits for each
     earlier work item of its group to finish, record and all: one on each Gloo group this
-    rank belongs to ([`_gloo_groups`]); the observer, stopped by then, records none of them."""
+    rank belongs to (_gloo_groups); the observer, stopped by then, records none of them."""
     import torch.distributed as dist
     from torch.profiler import ExecutionTraceObserver
 
     obs = ExecutionTraceObserver().register_callback(str(path))
     obs.start()
+    stepped = False
     try:
         step()
         sync()
-    except BaseException:
+        stepped = True
+    finally:
         obs.stop()
+        # Not after a failed step: the other ranks may never reach their barriers.
+        if ranked and stepped:
+            for group in _gloo_groups():
+                dist.barrier(group=group)
         obs.unregister_callback()
-        raise
-    obs.stop()
-    if ranked:
-        for group in _gloo_groups():
-            dist.barrier(group=group)
-    obs.unregister_callback()
 
 
 def _gloo_groups():
