@@ -394,19 +394,25 @@ impl Check {
     /// Writes what was found so far to `$OUT/gpu-check.json`, after every stage: a run cut short
     /// still leaves what it found.
     fn save(&self) {
-        if let Some(o) = &self.out_dir {
-            let mut s = self.summary.clone();
-            s.insert("failures".into(), serde_json::json!(self.failures));
-            s.insert("skipped".into(), serde_json::json!(self.skipped));
-            s.insert(
-                "seconds".into(),
-                serde_json::json!(self.t0.elapsed().as_secs_f64()),
-            );
-            let _ = std::fs::write(
-                o.join("gpu-check.json"),
-                serde_json::to_vec_pretty(&s).unwrap_or_default(),
-            );
-        }
+        let _ = self.write_summary();
+    }
+
+    /// `$OUT/gpu-check.json` (nothing without `$OUT`): what was found, failed and skipped so
+    /// far, and the seconds taken.
+    fn write_summary(&self) -> Result<()> {
+        let Some(o) = &self.out_dir else {
+            return Ok(());
+        };
+        let mut s = self.summary.clone();
+        s.insert("failures".into(), serde_json::json!(self.failures));
+        s.insert("skipped".into(), serde_json::json!(self.skipped));
+        s.insert(
+            "seconds".into(),
+            serde_json::json!(self.t0.elapsed().as_secs_f64()),
+        );
+        let path = o.join("gpu-check.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&s)?)
+            .with_context(|| format!("writing {}", path.display()))
     }
 
     /// Whether the runtime reported CUDA available (stage 1).
@@ -912,15 +918,7 @@ impl Check {
 
     /// The summary, written to `$OUT` and printed with every failure; an error where a check
     /// failed.
-    fn finish(mut self) -> Result<()> {
-        self.summary
-            .insert("failures".into(), serde_json::json!(self.failures));
-        self.summary
-            .insert("skipped".into(), serde_json::json!(self.skipped));
-        self.summary.insert(
-            "seconds".into(),
-            serde_json::json!(self.t0.elapsed().as_secs_f64()),
-        );
+    fn finish(self) -> Result<()> {
         let failures = &self.failures;
         println!(
             "== gpu-check: {} in {:.0} s",
@@ -938,16 +936,8 @@ impl Check {
             println!("  SKIPPED {s}");
         }
         // Written after the summary is printed: a failed write loses neither.
-        if let Some(o) = &self.out_dir {
-            let written = serde_json::to_vec_pretty(&self.summary)
-                .map_err(anyhow::Error::from)
-                .and_then(|b| Ok(std::fs::write(o.join("gpu-check.json"), b)?));
-            if let Err(e) = written {
-                println!(
-                    "  could not write {}: {e:#}",
-                    o.join("gpu-check.json").display()
-                );
-            }
+        if let Err(e) = self.write_summary() {
+            println!("  could not write the summary: {e:#}");
         }
         if failures.is_empty() {
             Ok(())
