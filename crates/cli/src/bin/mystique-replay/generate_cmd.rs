@@ -348,14 +348,17 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     Ok(out)
 }
 
+/// How an original's `from` ends where a capture's meta file gave its time.
+const FROM_META: &str = "(iter_ms_median)";
+
 /// Where an original's time came from when a capture's meta file `m` gave it: the file's
 /// name, which is the model's, or under `anonymize` no name.
 fn meta_source(m: &Path, anonymize: bool) -> Option<String> {
     if anonymize {
-        return Some("the capture's meta file (iter_ms_median)".into());
+        return Some(format!("the capture's meta file {FROM_META}"));
     }
     let name = m.file_name()?;
-    Some(format!("{} (iter_ms_median)", name.to_string_lossy()))
+    Some(format!("{} {FROM_META}", name.to_string_lossy()))
 }
 
 /// The output is a new or empty directory, the anonymisation map no input, and `--kineto`
@@ -799,9 +802,7 @@ impl<'a> PackageBuilder<'a> {
             .filter_map(|r| r.original.as_ref())
             .collect();
         if per_rank.len() == self.ranks.len() && per_rank.len() > 1 {
-            let metas = per_rank
-                .iter()
-                .all(|o| o.from.ends_with("(iter_ms_median)"));
+            let metas = per_rank.iter().all(|o| o.from.ends_with(FROM_META));
             original = Some(Original {
                 iter_ms: per_rank.iter().map(|o| o.iter_ms).fold(0.0, f64::max),
                 ops_ms: None,
