@@ -88,9 +88,9 @@ def _observe(step, sync, path, ranked):
     record, and that end runs the observer's callback. An observer unregistered in between
     is freed under the worker, which then locks a freed mutex: the process aborts (in
     pthread_mutex_lock, or with SIGSEGV) now and then. Gloo's barrier waits for each
-    earlier work item of its group to finish, record and all: one on each Gloo group this
-    rank belongs to (_gloo_groups); the observer, stopped by then, records none of them."""
-    import torch.distributed as dist
+    earlier work item of its group to finish, record and all: one on the Gloo backend of each
+    group this rank belongs to (_gloo_backends); the observer, stopped by then, records none
+    of them."""
     from torch.profiler import ExecutionTraceObserver
 
     obs = ExecutionTraceObserver().register_callback(str(path))
@@ -104,21 +104,22 @@ def _observe(step, sync, path, ranked):
         obs.stop()
         # Not after a failed step: the other ranks may never reach their barriers.
         if ranked and stepped:
-            for group in _gloo_groups():
-                dist.barrier(group=group)
+            for gloo in _gloo_backends():
+                gloo.barrier().wait()
         obs.unregister_callback()
 
 
-def _gloo_groups():
-    """The Gloo process groups this rank belongs to, in the order they were made: the same
-    order on every rank (groups are made by all ranks alike), so that the barriers of ranks
-    that share several groups pair up. The default group alone where torch's registry of
-    groups is not where torch 2.11 keeps it.
+def _gloo_backends():
+    """The Gloo backends of the process groups this rank belongs to, in the order the groups
+    were made: the same order on every rank (groups are made by all ranks alike), so that the
+    barriers of ranks that share several groups pair up. The default group's alone where
+    torch's registry of groups is not where torch 2.11 keeps it.
 
-    A group of several backends (`init_process_group()` without one makes "cpu:gloo,cuda:nccl",
-    which torch names "undefined") runs CPU tensors' collectives on Gloo, and takes its
-    barrier there where no GPU is in use; with a GPU its barrier is NCCL's, and it is left
-    out."""
+    A group's CPU collectives run on its CPU backend: Gloo for a "gloo" group, and for one of
+    several backends (`init_process_group()` without one makes "cpu:gloo,cuda:nccl") whether
+    or not a GPU is in use. Its barrier is taken on that backend directly: the group's own
+    barrier would run on NCCL where a GPU is present, and not wait for Gloo's work. A group
+    without a Gloo backend (NCCL alone) has none to wait for."""
     import torch
     import torch.distributed as dist
 
@@ -126,13 +127,16 @@ def _gloo_groups():
         groups = list(dist.distributed_c10d._world.pg_map)
     except AttributeError:
         groups = [dist.group.WORLD]
-    cpu_only = not torch.cuda.is_available()
-
-    def on_gloo(g):
-        backend = str(dist.get_backend(g))
-        return backend == "gloo" or (cpu_only and ("gloo" in backend or backend == "undefined"))
-
-    return [g for g in groups if on_gloo(g)]
+    gloo_type = getattr(dist, "ProcessGroupGloo", None)
+    backends = []
+    for g in groups:
+        try:
+            backend = g._get_backend(torch.device("cpu"))
+        except (AttributeError, RuntimeError):
+            continue
+        if gloo_type is not None and isinstance(backend, gloo_type):
+            backends.append(backend)
+    return backends
 
 
 @contextlib.contextmanager
