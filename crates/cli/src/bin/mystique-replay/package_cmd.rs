@@ -304,10 +304,12 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                     .find_map(|(flag, v)| v.as_ref().map(|v| format!("{flag} {v}")))
                 });
             for r in &result.ranks {
+                // A rank's own original, else (one rank) the package's.
                 let original = m
                     .ranks
                     .get(r.rank)
                     .and_then(|e| e.original.as_ref())
+                    .or(m.original.as_ref().filter(|_| m.ranks.len() == 1))
                     .filter(|_| part.is_none())
                     .map_or(String::new(), |o| {
                         let ms = r.report["iter_ms"]["median"].as_f64().unwrap_or(f64::NAN);
