@@ -395,8 +395,18 @@ fn a_job_directory_of_rank_files_is_packaged_as_its_ranks() {
 #[test]
 fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
     let pkg = tmp("dist-timed.pkg");
-    let et = |k: usize| shared(&format!("cpu/dist_mlp_w2.rank{k}.linked.et.json.gz"));
-    let kineto = |k: usize| shared(&format!("cpu/dist_mlp_w2.rank{k}.kineto.json.gz"));
+    // The pairs without their meta files (which would give each rank's original instead):
+    // each rank's original is its profile's.
+    let pairs = tmp("dist-timed-pairs");
+    std::fs::create_dir_all(&pairs).unwrap();
+    for k in [0, 1] {
+        for kind in ["linked.et", "kineto"] {
+            let f = format!("dist_mlp_w2.rank{k}.{kind}.json.gz");
+            std::fs::copy(shared(&format!("cpu/{f}")), pairs.join(&f)).unwrap();
+        }
+    }
+    let et = |k: usize| pairs.join(format!("dist_mlp_w2.rank{k}.linked.et.json.gz"));
+    let kineto = |k: usize| pairs.join(format!("dist_mlp_w2.rank{k}.kineto.json.gz"));
     let (k0, k1) = (kineto(0), kineto(1));
     generate(
         &[et(1), et(0)],
@@ -491,6 +501,74 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
         part.contains("replays a part (--only comm), so no ratio"),
         "{part}"
     );
+}
+
+/// A trace with its capture's meta file beside it packages the original as `replay` takes it:
+/// the meta's uninstrumented iteration and threads, the time in ops still the profile's, and
+/// `run` sets its median against that iteration. Without the meta beside it, the profile's.
+#[test]
+fn a_meta_file_beside_the_trace_gives_the_package_s_original() {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shared("cpu/mlp.meta.json")).unwrap()).unwrap();
+    let median = meta["iter_ms_median"].as_f64().unwrap();
+    let (et, kineto) = (
+        shared("cpu/mlp.linked.et.json"),
+        shared("cpu/mlp.kineto.json"),
+    );
+    let manifest = |pkg: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap()
+    };
+    let pkg = tmp("beside-meta.pkg");
+    let o = bin()
+        .arg("generate")
+        .arg(&et)
+        .arg("--kineto")
+        .arg(&kineto)
+        .arg("-o")
+        .arg(&pkg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("mlp.meta.json, the capture's meta file"),
+        "{err}"
+    );
+    let m = manifest(&pkg);
+    assert_eq!(m["original"]["iter_ms"].as_f64(), Some(median), "{m}");
+    assert_eq!(m["original"]["from"], "mlp.meta.json (iter_ms_median)");
+    assert!(m["original"]["ops_ms"].as_f64().unwrap_or(0.0) > 0.0, "{m}");
+    assert_eq!(m["threads"], meta["threads"], "{m}");
+    let o = bin()
+        .arg("run")
+        .arg(&pkg)
+        .args(["--iters", "2", "--warmup", "1", "-o"])
+        .arg(tmp("beside-meta.result.json"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("; original {median:.3} ms (")),
+        "{text}"
+    );
+
+    // The same pair without the meta file: the original is the profile's iteration.
+    let bare = tmp("no-meta");
+    std::fs::create_dir_all(&bare).unwrap();
+    for f in [&et, &kineto] {
+        std::fs::copy(f, bare.join(f.file_name().unwrap())).unwrap();
+    }
+    let pkg = tmp("no-meta.pkg");
+    generate(
+        &[bare.join("mlp.linked.et.json")],
+        &pkg,
+        &["--kineto", bare.join("mlp.kineto.json").to_str().unwrap()],
+    );
+    let m = manifest(&pkg);
+    assert_eq!(m["original"]["from"], "kineto", "{m}");
+    assert!(m["threads"].is_null(), "{m}");
+    assert!(m["original"]["iter_ms"].as_f64().unwrap() != median, "{m}");
 }
 
 /// A multi-rank capture's directory: each rank's original is its own meta file's iteration,

@@ -318,6 +318,32 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     if a.reference.is_none() && out.emulate_gaps {
         out.reference = reference;
     }
+    // The traces' meta files beside them, where none was given: as `replay` and `compare`
+    // take them.
+    if metas.is_empty() {
+        metas = out
+            .traces
+            .iter()
+            .filter_map(|t| crate::replay_cmd::meta_of(t).map(|(_, m)| m))
+            .collect();
+        if !metas.is_empty() {
+            eprintln!(
+                "note: the original's {} from {}, the capture's meta file{} beside the trace{}",
+                if !single || (a.original_ms.is_none() && out.reference.is_none()) {
+                    "uninstrumented iteration and threads"
+                } else {
+                    "threads"
+                },
+                metas
+                    .iter()
+                    .map(|m| m.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if single { "" } else { "s" },
+                if single { "" } else { "s" }
+            );
+        }
+    }
     if !single {
         out.rank_metas = metas.clone();
     }
@@ -823,9 +849,10 @@ impl<'a> PackageBuilder<'a> {
         }
         if let Some(ms) = a.original_ms {
             anyhow::ensure!(ms > 0.0 && ms.is_finite(), "--original-ms must be positive");
+            // The ops' time stays the profile's, where there is one, as with a reference.
             original = Some(Original {
                 iter_ms: ms,
-                ops_ms: None,
+                ops_ms: original.and_then(|o: Original| o.ops_ms),
                 from: a
                     .original_from
                     .clone()
