@@ -1092,3 +1092,23 @@ fn a_multi_rank_report_lists_each_ranks_failures_and_fallbacks() {
         "{text}"
     );
 }
+
+/// A one-GPU DDP job's trace that recorded no process group (schema 1.0.3) still records its
+/// world of one rank in its collectives' records: its collectives run as the identity, with
+/// no launcher, as the job with a process-group record does.
+#[test]
+fn a_one_rank_job_without_a_group_record_runs_its_collectives_as_the_identity() {
+    let out = bin()
+        .arg("replay")
+        .arg(shared("public/param_resnet_1gpu_1.0.3.et.json.gz"))
+        .args(["--only", "comm", "--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("0 failed"), "{text}");
+    assert!(
+        text.contains("15x c10d::allreduce_: ran as the identity"),
+        "{text}"
+    );
+}

@@ -211,6 +211,51 @@ pub fn recorded_rank(t: &Trace) -> Option<u64> {
         })
 }
 
+/// The size of the world a trace was captured in, where its `record_param_comms` records of
+/// the default group say and agree: their `pg_size` attribute, or (schemas that record no
+/// attributes) the last of the three integers after the split sizes (`globalRankStart`,
+/// `globalRankStride`, `worldSize`), read only where the record names its group
+/// (`("0", "default_pg")`) and so has that layout. `wait` records are passed over. For traces
+/// that recorded no `## process_group:init ##`, whose groups are otherwise unknown: a
+/// single-GPU DDP job's trace says so here.
+pub fn recorded_world_size(t: &Trace) -> Option<u64> {
+    let mut sizes = t
+        .nodes
+        .iter()
+        .filter(|n| t.name(n) == "record_param_comms")
+        .filter(|n| collective_name(t, n).is_some_and(|c| c != "wait"))
+        .filter_map(|n| {
+            let attr = |name: &str| t.extras(n).iter().find(|e| t.str(e.name) == name);
+            if let Some(e) = attr("pg_size") {
+                let default = attr("pg_desc")
+                    .is_some_and(|d| matches!(d.value, Value::Str(s) if t.str(s) == "default_pg"));
+                return match e.value {
+                    Value::Int(w) if w > 0 && default => Some(w as u64),
+                    _ => None,
+                };
+            }
+            let ins = t.inputs(n);
+            let names_default = ins.iter().any(|a| {
+                let items = t.list(a.value);
+                items.len() == 2 && matches!(items[1], Value::Str(s) if t.str(s) == "default_pg")
+            });
+            let ints: Vec<i64> = ins
+                .iter()
+                .rev()
+                .map_while(|a| match a.value {
+                    Value::Int(v) => Some(v),
+                    _ => None,
+                })
+                .collect();
+            match (names_default, ints.as_slice()) {
+                (true, [w, _, _]) if *w > 0 => Some(*w as u64),
+                _ => None,
+            }
+        });
+    let first = sizes.next()?;
+    sizes.all(|w| w == first).then_some(first)
+}
+
 /// Whether a `record_param_comms` record of collective `name` records another rank than its
 /// own in its rank slot: the root of a broadcast, reduce, gather or scatter, the peer of a send
 /// or a receive (`_broadcast_oop`, `recvAnySource` and such spellings alike).

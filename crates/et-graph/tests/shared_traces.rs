@@ -1600,3 +1600,22 @@ fn probed_op_and_node_costs_replace_the_boundary_and_the_nodes_events() {
         "{moved} vs {expected}"
     );
 }
+
+/// The world a trace was captured in, from its collectives' records: the one-GPU DDP job's
+/// (schema 1.0.3, no process-group record, no attributes: its records' trailing integers) is 1,
+/// as its schema 1.1.0 sibling's attributes say; the 8-rank DLRM job's 1.0.1 records, which
+/// hold no world size, and a trace without collectives give none.
+#[test]
+fn world_size_from_the_collectives_records() {
+    let world = |f: &str| {
+        let t = et_schema::read_trace(&shared().join(f)).unwrap();
+        summary::recorded_world_size(&t)
+    };
+    assert_eq!(world("public/param_resnet_1gpu_1.0.3.et.json.gz"), Some(1));
+    assert_eq!(world("public/param_resnet_1.1.0.et.json.gz"), Some(1));
+    assert_eq!(
+        world("public/param_dlrm_8rank_1.0.1/rank3.et.json.gz"),
+        None
+    );
+    assert_eq!(world("cpu/mlp.et.json"), None);
+}

@@ -22,8 +22,11 @@ pub fn process_groups(t: &Trace) -> Vec<GroupSpec> {
                 .iter()
                 .any(|n| t.name(n).starts_with(&format!("{b}:")))
         });
+        // Nor of the world's size, unless its collectives' records say it.
+        let size = et_graph::summary::recorded_world_size(t).map_or(0, |w| w as i64);
         return vec![GroupSpec {
             backend: backend.unwrap_or_default().into(),
+            size,
             ..world
         }];
     }
