@@ -571,6 +571,38 @@ fn a_meta_file_beside_the_trace_gives_the_package_s_original() {
     assert!(m["original"]["iter_ms"].as_f64().unwrap() != median, "{m}");
 }
 
+/// Gaps packaged with a part of the iteration hold the time of the ops it leaves out: generate
+/// says so, and how much; a whole iteration's package does not.
+#[test]
+fn gaps_of_a_part_of_the_iteration_are_warned_of() {
+    let (et, kineto) = (
+        shared("cpu/mlp.linked.et.json"),
+        shared("cpu/mlp.kineto.json"),
+    );
+    let gen = |extra: &[&str], name: &str| {
+        let o = bin()
+            .arg("generate")
+            .arg(&et)
+            .arg("--kineto")
+            .arg(&kineto)
+            .arg("--emulate-gaps")
+            .args(extra)
+            .arg("-o")
+            .arg(tmp(name))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let part = gen(&["--name", "aten::mm"], "part-gaps.pkg");
+    assert!(
+        part.contains("--emulate-gaps with a part of the iteration (5 of its 45 ops)"),
+        "{part}"
+    );
+    let whole = gen(&[], "whole-gaps.pkg");
+    assert!(!whole.contains("a part of the iteration"), "{whole}");
+}
+
 /// A multi-rank capture's directory: each rank's original is its own meta file's iteration,
 /// timed uninstrumented (as a single rank's capture is), not its instrumented profile's; the
 /// job's step is the slowest rank's.
