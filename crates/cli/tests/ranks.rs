@@ -404,6 +404,25 @@ fn ranks_usage_errors_are_refused_before_any_rank_starts() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is given twice"), "{err}");
+    // The same to replay --ranks, however spelled, alone or among other ranks.
+    let rank1 = dlrm.join("rank1.et.json.gz");
+    let respelled = dlrm.join(".").join("rank0.et.json.gz");
+    for files in [
+        vec![&rank0, &rank1, &rank0],
+        vec![&rank0, &rank1, &respelled],
+        vec![&rank0, &rank0],
+    ] {
+        let out = bin()
+            .arg("replay")
+            .arg("--ranks")
+            .args(&files)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{files:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is given twice"), "{files:?}: {err}");
+        assert!(!err.contains("[ranks] rank"), "nothing started: {err}");
+    }
 }
 
 /// A rank that fails before it starts (its trace cut short) is named as the one that failed;

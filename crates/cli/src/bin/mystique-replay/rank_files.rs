@@ -221,8 +221,18 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
              meta files), or linked traces beside their clean ones"
         );
     }
+    // One file given twice (by any spelling) is one rank's trace: refused, as `order` refuses
+    // it, rather than taken once.
+    let mut seen = std::collections::HashSet::new();
+    for f in &files {
+        let key = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
+        anyhow::ensure!(
+            seen.insert(key),
+            "{} is given twice: give each rank's trace once",
+            f.display()
+        );
+    }
     files.sort_by_key(|f| natural_key(f));
-    files.dedup();
     anyhow::ensure!(
         files.len() >= 2,
         "--ranks: the files given hold {} execution trace{}; a job's ranks are two traces or more",
