@@ -1540,3 +1540,19 @@ fn gaps_the_calibration_cannot_measure_are_warned_of() {
         "{err}"
     );
 }
+
+/// A linked ET with another model's linked profile: the error says they are not one capture's,
+/// without pointing at a linked twin that was given already.
+#[test]
+fn a_linked_trace_with_another_models_profile_is_named_so() {
+    let o = bin()
+        .arg("compare")
+        .arg(shared("cpu/mlp.linked.et.json"))
+        .arg(shared("cpu/cnn.kineto.json.gz"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("is it this trace's profile?"), "{err}");
+    assert!(!err.contains("not the clean"), "{err}");
+}
