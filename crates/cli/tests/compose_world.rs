@@ -448,6 +448,20 @@ fn a_job_that_cannot_be_scaled_is_refused_by_name() {
         err.contains("record no collective and no process group"),
         "{err}"
     );
+    // The same given as files whose names tell no rank: that, not their order, is refused.
+    let o = bin()
+        .args(["compose", "world"])
+        .arg(shared("cpu/mlp.et.json"))
+        .arg(shared("cpu/cnn.et.json.gz"))
+        .args(["--world", "4", "-o"])
+        .arg(dir.join("single-files"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("record no collective and no process group"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&single);
     let _ = std::fs::remove_dir_all(&dir);
 }
