@@ -83,6 +83,24 @@ fn ranks_takes_the_trace_files_as_the_shell_expands_a_glob() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("a directory or a glob goes alone"), "{err}");
+    // The same glob given quoted (mystique expands it) takes in each rank's linked trace
+    // beside its clean one: left out, with a note, as where the shell expands it.
+    let glob = shared("cpu").join("dist_mlp_w2.rank*.et.json*");
+    let o = bin()
+        .args(["replay", "--ranks"])
+        .arg(&glob)
+        .args(["--only", "comm", "--json", "--threads", "1"])
+        .args(["--iters", "1", "--warmup", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("matches 2 linked traces beside their clean ones, left out"),
+        "{err}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["world_size"], 2, "{j}");
 }
 
 /// nccl-tests' bandwidth convention in the report: 2 ranks, so an all-reduce's bus bandwidth

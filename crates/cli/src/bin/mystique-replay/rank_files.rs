@@ -167,6 +167,19 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
                 k.display()
             );
         }
+        // A linked trace and its clean twin are one rank: the twin is left out, as where the
+        // shell expands the pattern.
+        let twins = drop_linked_twins(&mut files);
+        if twins > 0 {
+            eprintln!(
+                "note: --ranks: {spec:?} matches {twins} linked trace{} beside {} clean \
+                 one{}, left out (the same rank{})",
+                if twins == 1 { "" } else { "s" },
+                if twins == 1 { "its" } else { "their" },
+                if twins == 1 { "" } else { "s" },
+                if twins == 1 { "" } else { "s" },
+            );
+        }
     }
     let glob = pattern.as_deref().is_some_and(is_glob);
     anyhow::ensure!(
@@ -197,24 +210,15 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
         );
         anyhow::ensure!(p.exists(), "{spec:?}: no such file");
     }
-    let stem = |p: &Path| crate::replay_cmd::capture_stem(p).map(|(s, l)| (s.to_string(), l));
-    let clean: std::collections::HashSet<String> = (paths.iter())
-        .filter_map(|p| stem(p).filter(|(_, linked)| !linked).map(|(s, _)| s))
-        .collect();
     let (mut files, mut left_out) = (Vec::new(), 0usize);
     for p in paths {
-        let keep = match probe(&p) {
-            Kind::ExecutionTrace => {
-                !stem(&p).is_some_and(|(s, linked)| linked && clean.contains(&s))
-            }
-            Kind::Kineto | Kind::Other => false,
-        };
-        if keep {
+        if matches!(probe(&p), Kind::ExecutionTrace) {
             files.push(p);
         } else {
             left_out += 1;
         }
     }
+    left_out += drop_linked_twins(&mut files);
     if left_out > 0 {
         eprintln!(
             "note: --ranks: {left_out} of the files given left out: not execution traces (profiles, \
@@ -240,6 +244,18 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
         if files.len() == 1 { "" } else { "s" }
     );
     Ok(files)
+}
+
+/// Leaves out of `files` each linked trace whose clean twin (`NAME.linked.et.json` beside
+/// `NAME.et.json`) is among them: the same rank. Returns how many.
+fn drop_linked_twins(files: &mut Vec<PathBuf>) -> usize {
+    let stem = |p: &Path| crate::replay_cmd::capture_stem(p).map(|(s, l)| (s.to_string(), l));
+    let clean: std::collections::HashSet<String> = (files.iter())
+        .filter_map(|p| stem(p).filter(|(_, linked)| !linked).map(|(s, _)| s))
+        .collect();
+    let before = files.len();
+    files.retain(|p| !stem(p).is_some_and(|(s, linked)| linked && clean.contains(&s)));
+    before - files.len()
 }
 
 /// Whether `spec` reads as a glob rather than a file name: it holds `*`, `?` or `[`.
