@@ -603,6 +603,34 @@ fn gaps_of_a_part_of_the_iteration_are_warned_of() {
     assert!(!whole.contains("a part of the iteration"), "{whole}");
 }
 
+/// `run` without `-o` writes `DIR.result.json` each time: a second run says, before it runs,
+/// that it replaces the first's; the first run, with nothing there, does not.
+#[test]
+fn a_run_that_replaces_an_earlier_result_says_so() {
+    let pkg = tmp("again.pkg");
+    generate(&[shared("cpu/mlp.et.json")], &pkg, &[]);
+    let result = pkg.with_file_name("again.pkg.result.json");
+    let _ = std::fs::remove_file(&result);
+    let run_default = || {
+        let o = bin()
+            .arg("run")
+            .arg(&pkg)
+            .args(["--iters", "1", "--warmup", "0"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let first = run_default();
+    assert!(result.exists());
+    assert!(!first.contains("replaces"), "{first}");
+    let second = run_default();
+    assert!(
+        second.contains("result replaces") && second.contains("again.pkg.result.json"),
+        "{second}"
+    );
+}
+
 /// A multi-rank capture's directory: each rank's original is its own meta file's iteration,
 /// timed uninstrumented (as a single rank's capture is), not its instrumented profile's; the
 /// job's step is the slowest rank's.

@@ -196,6 +196,14 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
         dir.with_file_name(format!("{name}.result.json"))
     });
     mystique_cli::output::check(&out, &[dir.join(MANIFEST).as_path()])?;
+    // The default name is the same on every run: an earlier run's result there (the A side of
+    // a `diff`, say) is replaced, and said so before the run.
+    if a.output.is_none() && out.exists() {
+        eprintln!(
+            "note: this run's result replaces {} when it ends (-o FILE writes elsewhere)",
+            out.display()
+        );
+    }
     if mystique_cli::output::inside(&out, dir) {
         bail!(
             "{} is inside the package {}: write the result elsewhere (a package is not \
