@@ -115,12 +115,14 @@ def _gloo_backends():
     barriers of ranks that share several groups pair up. The default group's alone where
     torch's registry of groups is not where torch 2.11 keeps it.
 
-    A group's CPU collectives run on its CPU backend: Gloo for a "gloo" group, and for one of
-    several backends (`init_process_group()` without one makes "cpu:gloo,cuda:nccl") whether
-    or not a GPU is in use. Its barrier is taken on that backend directly: the group's own
-    barrier would run on NCCL where a GPU is present, and not wait for Gloo's work. A group
-    without a Gloo backend (NCCL alone) has none to wait for."""
-    import torch
+    A group's collectives on a device run on that device's backend: Gloo for a "gloo" group
+    (CPU and CUDA tensors alike), and for CPU tensors in a group of several backends
+    (`init_process_group()` without one makes "cpu:gloo,cuda:nccl") whether or not a GPU is
+    in use. Its barrier is taken on each Gloo backend directly: the group's own barrier would
+    run on NCCL where a GPU is present, and not wait for Gloo's work. Under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL each backend is wrapped (`_ProcessGroupWrapper`): the
+    barrier is taken on the Gloo backend inside. A group without a Gloo backend (NCCL alone)
+    has none to wait for."""
     import torch.distributed as dist
 
     try:
@@ -128,14 +130,25 @@ def _gloo_backends():
     except AttributeError:
         groups = [dist.group.WORLD]
     gloo_type = getattr(dist, "ProcessGroupGloo", None)
-    backends = []
+    wrapper_type = getattr(dist.distributed_c10d, "_ProcessGroupWrapper", None)
+    if gloo_type is None:
+        return []
+    backends, seen = [], set()
     for g in groups:
         try:
-            backend = g._get_backend(torch.device("cpu"))
-        except (AttributeError, RuntimeError):
+            devices = list(g._device_types)
+        except AttributeError:
             continue
-        if gloo_type is not None and isinstance(backend, gloo_type):
-            backends.append(backend)
+        for device in devices:
+            try:
+                backend = g._get_backend(device)
+            except RuntimeError:
+                continue
+            while wrapper_type is not None and isinstance(backend, wrapper_type):
+                backend = backend.wrapped_pg
+            if isinstance(backend, gloo_type) and id(backend) not in seen:
+                seen.add(id(backend))
+                backends.append(backend)
     return backends
 
 
