@@ -1556,3 +1556,43 @@ fn a_linked_trace_with_another_models_profile_is_named_so() {
     assert!(err.contains("is it this trace's profile?"), "{err}");
     assert!(!err.contains("not the clean"), "{err}");
 }
+
+/// An operator no library registered (the DLRM rank's fbgemm ops, here without fbgemm): the
+/// failure says to load its library, and once libraries were loaded that none of those is it.
+#[test]
+fn an_unregistered_operator_names_the_libraries_loaded() {
+    let trace = shared("public/param_dlrm_8rank_1.0.1/rank6.et.json.gz");
+    let run = |extra: &[&str]| {
+        let o = bin()
+            .arg("replay")
+            .arg(&trace)
+            .args(["--only", "compute", "--iters", "1", "--warmup", "0"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(3), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let bare = run(&[]);
+    assert!(
+        bare.contains("fbgemm::bounds_check_indices is registered in this libtorch (load its library with --load-library)"),
+        "{bare}"
+    );
+    // A library that registers no operator (the C maths library, present on every glibc
+    // system).
+    let libm = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib64/libm.so.6",
+        "/lib64/libm.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
+    let Some(libm) = libm else { return };
+    let loaded = run(&["--load-library", libm]);
+    assert!(
+        loaded.contains(&format!(
+            "none of the libraries loaded ({libm}) registers it"
+        )),
+        "{loaded}"
+    );
+}

@@ -16,6 +16,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/ApproximateClock.h>
 #include <dlfcn.h>
+#include <mutex>
 #include <kineto/ActivityType.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -203,6 +204,24 @@ void mq_alloc_count_read(int64_t* now, int64_t* peak) {
   *peak = counted_peak.load();
 }
 
+// The libraries loaded so far, for an operator none of them registered to name them.
+static std::mutex loaded_mutex;
+static std::vector<std::string> loaded_libraries;
+
+// What to do about an operator no library registered: load its library, or (some were
+// loaded) another one than those.
+static std::string unregistered_hint() {
+  std::lock_guard<std::mutex> lock(loaded_mutex);
+  if (loaded_libraries.empty()) return "load its library with --load-library";
+  std::string names;
+  for (const auto& l : loaded_libraries) {
+    if (!names.empty()) names += ", ";
+    names += l;
+  }
+  return "none of the libraries loaded (" + names +
+         ") registers it: load the one that does with --load-library";
+}
+
 // Returns an opaque handle (a heap c10::OperatorHandle), or null with the error set.
 void* mq_find_op(const char* name, const char* overload, int* code) {
   void* out = nullptr;
@@ -211,7 +230,7 @@ void* mq_find_op(const char* name, const char* overload, int* code) {
     auto h = c10::Dispatcher::singleton().findSchema({name, overload});
     if (!h.has_value()) {
       last_error = std::string("no operator ") + name + (overload[0] ? "." : "") + overload +
-                   " is registered in this libtorch (load its library with --load-library)";
+                   " is registered in this libtorch (" + unregistered_hint() + ")";
       return;
     }
     out = new c10::OperatorHandle(*h);
@@ -532,6 +551,8 @@ int mq_load_library(const char* path) {
     last_error = dlerror();
     return 1;
   }
+  std::lock_guard<std::mutex> lock(loaded_mutex);
+  loaded_libraries.emplace_back(path);
   return 0;
 }
 
