@@ -448,20 +448,30 @@ fn a_job_that_cannot_be_scaled_is_refused_by_name() {
         err.contains("record no collective and no process group"),
         "{err}"
     );
-    // The same given as files whose names tell no rank: that, not their order, is refused.
-    let o = bin()
-        .args(["compose", "world"])
-        .arg(shared("cpu/mlp.et.json"))
-        .arg(shared("cpu/cnn.et.json.gz"))
-        .args(["--world", "4", "-o"])
-        .arg(dir.join("single-files"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && err.contains("record no collective and no process group"),
-        "{err}"
-    );
+    // The same as files, or a directory, whose names tell no rank: that, not their order, is
+    // refused.
+    let unnamed = scratch("unnamed");
+    std::fs::create_dir_all(&unnamed).unwrap();
+    std::fs::copy(shared("cpu/mlp.et.json"), unnamed.join("mlp.et.json")).unwrap();
+    std::fs::copy(shared("cpu/cnn.et.json.gz"), unnamed.join("cnn.et.json.gz")).unwrap();
+    for inputs in [
+        vec![unnamed.join("mlp.et.json"), unnamed.join("cnn.et.json.gz")],
+        vec![unnamed.clone()],
+    ] {
+        let o = bin()
+            .args(["compose", "world"])
+            .args(&inputs)
+            .args(["--world", "4", "-o"])
+            .arg(dir.join("unnamed-out"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && err.contains("record no collective and no process group"),
+            "{inputs:?}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&unnamed);
     let _ = std::fs::remove_dir_all(&single);
     let _ = std::fs::remove_dir_all(&dir);
 }

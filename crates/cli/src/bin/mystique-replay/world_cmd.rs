@@ -26,26 +26,19 @@ pub fn run(a: &WorldArgs, json: bool) -> Result<()> {
         a.chakra || !a.astra_sim,
         "--astra-sim orders the Chakra traces' nodes: it goes with --chakra"
     );
+    let read = match a.traces.as_slice() {
+        [one] => rank_files::read(rank_files::list(&one.display().to_string())?)?,
+        many => rank_files::read(many.to_vec())?,
+    };
     // A job is scaled by its process groups and collectives: traces that record neither are
     // separate programs, not ranks of one (said before their ranks are ordered, which such
     // traces cannot be).
-    let distributed = |ranks: &[rank_files::RankTrace]| {
-        anyhow::ensure!(
-            ranks.iter().any(|t| t.distributed),
-            "the traces record no collective and no process group: compose world scales a \
-             distributed job's ranks"
-        );
-        Ok(())
-    };
-    let ranks = match a.traces.as_slice() {
-        [one] => rank_files::discover(&one.display().to_string(), a.rank_order)?.0,
-        many => {
-            let read = rank_files::read(many.to_vec())?;
-            distributed(&read)?;
-            rank_files::order(read, a.rank_order)?.0
-        }
-    };
-    distributed(&ranks)?;
+    anyhow::ensure!(
+        read.iter().any(|t| t.distributed),
+        "the traces record no collective and no process group: compose world scales a \
+         distributed job's ranks"
+    );
+    let ranks = rank_files::order(read, a.rank_order)?.0;
     let files: Vec<PathBuf> = ranks.into_iter().map(|t| t.path).collect();
     let inputs: Vec<&std::path::Path> = files.iter().map(PathBuf::as_path).collect();
     mystique_cli::output::check_new_dir(&a.output)?;
