@@ -101,6 +101,20 @@ fn ranks_takes_the_trace_files_as_the_shell_expands_a_glob() {
     );
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(j["world_size"], 2, "{j}");
+    // A directory of linked traces alone (no clean twins): they are the ranks.
+    let linked = common::scratch("ranks-linked-only");
+    for k in 0..2 {
+        let f = format!("dist_mlp_w2.rank{k}.linked.et.json.gz");
+        std::fs::copy(shared(&format!("cpu/{f}")), linked.join(&f)).unwrap();
+    }
+    let j = json(
+        bin()
+            .args(["replay", "--ranks"])
+            .arg(&linked)
+            .args(["--only", "comm", "--json", "--threads", "1"])
+            .args(["--iters", "1", "--warmup", "0"]),
+    );
+    assert_eq!(j["world_size"], 2, "{j}");
 }
 
 /// nccl-tests' bandwidth convention in the report: 2 ranks, so an all-reduce's bus bandwidth

@@ -167,10 +167,14 @@ pub fn list(spec: &str) -> Result<Vec<PathBuf>> {
                 k.display()
             );
         }
-        // A linked trace and its clean twin are one rank: the twin is left out, as where the
-        // shell expands the pattern.
-        let twins = drop_linked_twins(&mut files);
-        if twins > 0 {
+    }
+    // A linked trace and its clean twin are one rank: the linked one is left out (said where a
+    // pattern named it, as where the shell expands the pattern).
+    let twins = drop_linked_twins(&mut files);
+    if twins > 0 {
+        if pattern.is_none() {
+            log::info!("--ranks: {twins} linked ETs left out (the same ranks as their clean ones)");
+        } else {
             eprintln!(
                 "note: --ranks: {spec:?} matches {twins} linked trace{} beside {} clean \
                  one{}, left out (the same rank{})",
@@ -247,10 +251,12 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
 }
 
 /// Leaves out of `files` each linked trace whose clean twin (`NAME.linked.et.json` beside
-/// `NAME.et.json`) is among them: the same rank. Returns how many.
+/// `NAME.et.json`, in the same directory) is among them: the same rank. Returns how many.
 fn drop_linked_twins(files: &mut Vec<PathBuf>) -> usize {
-    let stem = |p: &Path| crate::replay_cmd::capture_stem(p).map(|(s, l)| (s.to_string(), l));
-    let clean: std::collections::HashSet<String> = (files.iter())
+    let stem = |p: &Path| {
+        crate::replay_cmd::capture_stem(p).map(|(s, linked)| (p.with_file_name(s), linked))
+    };
+    let clean: std::collections::HashSet<PathBuf> = (files.iter())
         .filter_map(|p| stem(p).filter(|(_, linked)| !linked).map(|(s, _)| s))
         .collect();
     let before = files.len();
@@ -263,13 +269,9 @@ fn is_glob(spec: &str) -> bool {
     spec.contains(['*', '?', '['])
 }
 
-/// In a directory: an execution trace by its content, not a linked twin.
+/// In a directory: an execution trace by its content (its linked twins are left out after).
 fn is_rank_trace(f: &Path, name: &str) -> bool {
     match probe(f) {
-        Kind::ExecutionTrace if name.contains(".linked.") => {
-            log::info!("--ranks: {name} left out: a linked ET (the same rank as its clean one)");
-            false
-        }
         Kind::ExecutionTrace => true,
         Kind::Kineto => {
             log::info!("--ranks: {name} left out: a Kineto trace");
