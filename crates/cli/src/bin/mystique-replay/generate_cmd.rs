@@ -319,21 +319,27 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
         out.reference = reference;
     }
     // The traces' meta files beside them, where none was given: as `replay` and `compare`
-    // take them.
+    // take them. For several ranks only where every rank has one: the job's step is its
+    // slowest rank's, which a mix of uninstrumented and profiled originals would not give.
     if metas.is_empty() {
-        metas = out
+        let beside: Vec<Option<PathBuf>> = out
             .traces
             .iter()
-            .filter_map(|t| crate::replay_cmd::meta_of(t).map(|(_, m)| m))
+            .map(|t| crate::replay_cmd::meta_of(t).map(|(_, m)| m))
             .collect();
-        if !metas.is_empty() {
+        let found = beside.iter().flatten().count();
+        if found == beside.len() {
+            metas = beside.into_iter().flatten().collect();
+            let took = if !single {
+                "uninstrumented iterations"
+            } else if a.original_ms.is_none() && out.reference.is_none() {
+                "uninstrumented iteration and threads"
+            } else {
+                "threads"
+            };
             eprintln!(
-                "note: the original's {} from {}, the capture's meta file{} beside the trace{}",
-                if !single || (a.original_ms.is_none() && out.reference.is_none()) {
-                    "uninstrumented iteration and threads"
-                } else {
-                    "threads"
-                },
+                "note: the original's {took} from {}, the capture's meta file{} beside the \
+                 trace{}",
                 metas
                     .iter()
                     .map(|m| m.display().to_string())
@@ -341,6 +347,12 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
                     .join(", "),
                 if single { "" } else { "s" },
                 if single { "" } else { "s" }
+            );
+        } else if found > 0 {
+            eprintln!(
+                "note: {found} of the {} traces have their capture's meta file beside them, \
+                 not all: each rank's original is its profile's",
+                beside.len()
             );
         }
     }
