@@ -501,6 +501,36 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
         part.contains("replays a part (--only comm), so no ratio"),
         "{part}"
     );
+    // One rank's meta file beside its trace, not the other's: the originals stay the
+    // profiles', not a mix, and a note says why.
+    std::fs::copy(
+        shared("cpu/dist_mlp_w2.rank0.meta.json"),
+        pairs.join("dist_mlp_w2.rank0.meta.json"),
+    )
+    .unwrap();
+    let mixed = tmp("dist-mixed.pkg");
+    let o = bin()
+        .arg("generate")
+        .args([et(0), et(1)])
+        .args([
+            "--kineto",
+            k0.to_str().unwrap(),
+            "--kineto",
+            k1.to_str().unwrap(),
+        ])
+        .arg("-o")
+        .arg(&mixed)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("1 of the 2 traces have their capture's meta file"),
+        "{err}"
+    );
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(mixed.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["original"]["from"], "kineto (slowest of 2 ranks)", "{m}");
 }
 
 /// A trace with its capture's meta file beside it packages the original as `replay` takes it:
@@ -705,6 +735,21 @@ fn what_if_packages_record_their_edits_and_run() {
     // The signatures carry the edited shapes and dtype.
     let sigs = r["ranks"][0]["signatures"].to_string();
     assert!(sigs.contains("bfloat16[128,"), "{sigs}");
+    // The original (mlp.meta.json beside the trace) ran unedited: no ratio against it.
+    assert!(m["original"].is_object(), "{m}");
+    let o = bin()
+        .arg("run")
+        .arg(&pkg)
+        .args(["--iters", "1", "--warmup", "0", "-o"])
+        .arg(tmp("whatif-text.result.json"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("; original "), "{text}");
+    assert!(
+        text.contains("replays it edited (") && text.contains("so no ratio"),
+        "{text}"
+    );
     let out = bin()
         .args(["generate", "--scale", "64", "-o"])
         .arg(tmp("bad.pkg"))

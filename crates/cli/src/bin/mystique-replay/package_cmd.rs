@@ -297,11 +297,12 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                 &result.package[..12]
             )?;
             writeln!(o, "result     {}", out.display())?;
-            // The original's time is its whole iteration's: a package of a part of it (its
-            // communication, some ops) is not compared with it.
+            // The original's time is its whole iteration's, unedited: a package of a part of
+            // it (its communication, some ops) or of a what-if edit of it is not compared
+            // with it.
             let sel = &m.selection;
             let part = (sel.only != "all")
-                .then(|| format!("--only {}", sel.only))
+                .then(|| format!("replays a part (--only {})", sel.only))
                 .or_else(|| {
                     [
                         ("--name", &sel.name),
@@ -309,7 +310,13 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                         ("--ids", &sel.ids),
                     ]
                     .into_iter()
-                    .find_map(|(flag, v)| v.as_ref().map(|v| format!("{flag} {v}")))
+                    .find_map(|(flag, v)| {
+                        v.as_ref().map(|v| format!("replays a part ({flag} {v})"))
+                    })
+                })
+                .or_else(|| {
+                    (!m.what_if.is_empty())
+                        .then(|| format!("replays it edited ({})", m.what_if.join(", ")))
                 });
             for r in &result.ranks {
                 // A rank's own original, else (one rank) the package's.
@@ -351,7 +358,7 @@ pub fn run(a: &RunPackageArgs, json: bool) -> Result<()> {
                     o2.iter_ms,
                     o2.from,
                     part.as_ref().map_or(String::new(), |p| format!(
-                        ": its whole iteration, of which the package replays a part ({p}), so no \
+                        ": its whole iteration as captured, of which the package {p}, so no \
                          ratio"
                     ))
                 )?;
