@@ -15,7 +15,7 @@ use std::collections::HashMap;
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
     /// Record function ids that do not match: another iteration or process.
-    #[error("the Kineto trace {kineto} has record function ids, but only {matched} of {total} ET ops match one by id and name: it was captured in another iteration or process than {et} ({})", if et.contains(".linked.") { "is it this trace's profile?" } else { "a profile taken with the observer pairs with the ET captured with it, NAME.linked.et.json, not the clean NAME.et.json" })]
+    #[error("the Kineto trace {kineto} has record function ids, but only {matched} of {total} ET ops match one by id and name: it was captured in another iteration or process than {et} ({})", if std::path::Path::new(et).file_name().is_some_and(|f| f.to_string_lossy().contains(".linked.")) { "is it this trace's profile?" } else { "a profile taken with the observer pairs with the ET captured with it, NAME.linked.et.json, not the clean NAME.et.json" })]
     OtherIteration {
         /// The ET.
         et: String,
