@@ -12,7 +12,8 @@ fn tmp(name: &str) -> PathBuf {
     p
 }
 
-fn generate(traces: &[PathBuf], out: &Path, extra: &[&str]) {
+/// `generate TRACES EXTRA -o OUT`, which must succeed; its notes and warnings (stderr).
+fn generate(traces: &[PathBuf], out: &Path, extra: &[&str]) -> String {
     let o = bin()
         .arg("generate")
         .args(traces)
@@ -21,7 +22,9 @@ fn generate(traces: &[PathBuf], out: &Path, extra: &[&str]) {
         .arg(out)
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{err}");
+    err
 }
 
 fn run(pkg: &Path, result: &Path) -> serde_json::Value {
@@ -509,21 +512,16 @@ fn a_multi_rank_package_keeps_each_rank_s_original_timing() {
     )
     .unwrap();
     let mixed = tmp("dist-mixed.pkg");
-    let o = bin()
-        .arg("generate")
-        .args([et(0), et(1)])
-        .args([
+    let err = generate(
+        &[et(0), et(1)],
+        &mixed,
+        &[
             "--kineto",
             k0.to_str().unwrap(),
             "--kineto",
             k1.to_str().unwrap(),
-        ])
-        .arg("-o")
-        .arg(&mixed)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr);
+        ],
+    );
     assert!(
         err.contains("1 of the 2 traces have their capture's meta file"),
         "{err}"
@@ -549,17 +547,11 @@ fn a_meta_file_beside_the_trace_gives_the_package_s_original() {
         serde_json::from_slice(&std::fs::read(pkg.join("manifest.json")).unwrap()).unwrap()
     };
     let pkg = tmp("beside-meta.pkg");
-    let o = bin()
-        .arg("generate")
-        .arg(&et)
-        .arg("--kineto")
-        .arg(&kineto)
-        .arg("-o")
-        .arg(&pkg)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = generate(
+        std::slice::from_ref(&et),
+        &pkg,
+        &["--kineto", kineto.to_str().unwrap()],
+    );
     assert!(
         err.contains("mlp.meta.json, the capture's meta file"),
         "{err}"
@@ -609,20 +601,10 @@ fn gaps_of_a_part_of_the_iteration_are_warned_of() {
         shared("cpu/mlp.linked.et.json"),
         shared("cpu/mlp.kineto.json"),
     );
+    let k = kineto.to_str().unwrap();
     let gen = |extra: &[&str], name: &str| {
-        let o = bin()
-            .arg("generate")
-            .arg(&et)
-            .arg("--kineto")
-            .arg(&kineto)
-            .arg("--emulate-gaps")
-            .args(extra)
-            .arg("-o")
-            .arg(tmp(name))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{o:?}");
-        String::from_utf8_lossy(&o.stderr).into_owned()
+        let args = [&["--kineto", k, "--emulate-gaps"], extra].concat();
+        generate(std::slice::from_ref(&et), &tmp(name), &args)
     };
     let part = gen(&["--name", "aten::mm"], "part-gaps.pkg");
     assert!(
