@@ -591,6 +591,29 @@ fn a_meta_file_beside_the_trace_gives_the_package_s_original() {
     assert_eq!(m["original"]["from"], "kineto", "{m}");
     assert!(m["threads"].is_null(), "{m}");
     assert!(m["original"]["iter_ms"].as_f64().unwrap() != median, "{m}");
+
+    // A gzipped meta file beside the trace counts the same, and so in the directory.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(
+        &mut gz,
+        &std::fs::read(shared("cpu/mlp.meta.json")).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(bare.join("mlp.meta.json.gz"), gz.finish().unwrap()).unwrap();
+    let k = bare.join("mlp.kineto.json");
+    for (inputs, extra) in [
+        (
+            vec![bare.join("mlp.linked.et.json")],
+            vec!["--kineto", k.to_str().unwrap()],
+        ),
+        (vec![bare.clone()], vec![]),
+    ] {
+        let pkg = tmp("gz-meta.pkg");
+        generate(&inputs, &pkg, &extra);
+        let m = manifest(&pkg);
+        assert_eq!(m["original"]["iter_ms"].as_f64(), Some(median), "{m}");
+        assert_eq!(m["original"]["from"], "mlp.meta.json.gz (iter_ms_median)");
+    }
 }
 
 /// Gaps packaged with a part of the iteration hold the time of the ops it leaves out: generate

@@ -364,12 +364,7 @@ fn from_capture(a: &GenerateArgs) -> Result<GenerateArgs> {
     // default for the package.
     if let ([m], true) = (metas.as_slice(), single) {
         let needed = a.original_ms.is_none() && out.reference.is_none();
-        let v = std::fs::read(m)
-            .with_context(|| format!("reading {}", m.display()))
-            .and_then(|b| {
-                serde_json::from_slice::<serde_json::Value>(&b)
-                    .with_context(|| format!("{} is not JSON", m.display()))
-            });
+        let v = crate::replay_cmd::read_meta(m);
         let v = match v {
             Ok(v) => v,
             Err(e) if needed => return Err(e),

@@ -687,12 +687,27 @@ pub(crate) fn capture_stem(trace: &Path) -> Option<(&str, bool)> {
     })
 }
 
-/// The capture's `STEM.meta.json` beside the trace, read, and its path.
+/// The capture's `STEM.meta.json` (or `.meta.json.gz`) beside the trace, read, and its path.
 pub(crate) fn meta_of(trace: &Path) -> Option<(serde_json::Value, std::path::PathBuf)> {
     let (stem, _) = capture_stem(trace)?;
-    let meta = trace.with_file_name(format!("{stem}.meta.json"));
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta).ok()?).ok()?;
-    Some((v, meta))
+    ["json", "json.gz"].into_iter().find_map(|ext| {
+        let meta = trace.with_file_name(format!("{stem}.meta.{ext}"));
+        Some((read_meta(&meta).ok()?, meta))
+    })
+}
+
+/// A capture's meta file, read as JSON, gunzipped where its name ends in `.gz`.
+pub(crate) fn read_meta(path: &Path) -> Result<serde_json::Value> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let bytes = if path.extension().is_some_and(|e| e == "gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out)
+            .with_context(|| format!("{} is not gzip", path.display()))?;
+        out
+    } else {
+        bytes
+    };
+    serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", path.display()))
 }
 
 /// Ok when every selected op ran; the exit code says when some failed.
