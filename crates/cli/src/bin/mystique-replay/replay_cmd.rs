@@ -696,17 +696,10 @@ pub(crate) fn meta_of(trace: &Path) -> Option<(serde_json::Value, std::path::Pat
     })
 }
 
-/// A capture's meta file, read as JSON, gunzipped where its name ends in `.gz`.
+/// A capture's meta file, read as JSON (gunzipped where it is gzip, as every input is read).
 pub(crate) fn read_meta(path: &Path) -> Result<serde_json::Value> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let bytes = if path.extension().is_some_and(|e| e == "gz") {
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out)
-            .with_context(|| format!("{} is not gzip", path.display()))?;
-        out
-    } else {
-        bytes
-    };
+    let bytes =
+        et_schema::read_input(path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_slice(&bytes).with_context(|| format!("{} is not JSON", path.display()))
 }
 
