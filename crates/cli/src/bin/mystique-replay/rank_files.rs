@@ -229,17 +229,7 @@ pub fn list_given(given: &[String]) -> Result<Vec<PathBuf>> {
              meta files), or linked traces beside their clean ones"
         );
     }
-    // One file given twice (by any spelling) is one rank's trace: refused, as `order` refuses
-    // it, rather than taken once.
-    let mut seen = std::collections::HashSet::new();
-    for f in &files {
-        let key = std::fs::canonicalize(f).unwrap_or_else(|_| f.clone());
-        anyhow::ensure!(
-            seen.insert(key),
-            "{} is given twice: give each rank's trace once",
-            f.display()
-        );
-    }
+    // A file given twice (by any spelling) is kept twice: `order` refuses it, naming it.
     files.sort_by_key(|f| natural_key(f));
     anyhow::ensure!(
         files.len() >= 2,
