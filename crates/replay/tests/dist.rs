@@ -17,12 +17,25 @@ fn rank_trace(value: f64) -> et_schema::Trace {
 /// A trace that starts with a world of `size` ranks over Gloo, as `init_process_group`
 /// records it.
 fn world_of(size: usize) -> TraceBuilder {
+    world_with_groups(size, &[])
+}
+
+/// A trace that starts with a world of `size` ranks and the `groups` (name, description,
+/// ranks) made after it, all over Gloo, as the process-group record lists them.
+fn world_with_groups(size: usize, groups: &[(&str, &str, &[u64])]) -> TraceBuilder {
+    let count = 1 + groups.len();
+    let mut list = vec![format!(
+        r#"{{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": {size}, "group_count": {count}}}"#
+    )];
+    for (name, desc, ranks) in groups {
+        list.push(format!(
+            r#"{{"pg_name": "{name}", "pg_desc": "{desc}", "backend_config": "cpu:gloo", "ranks": {ranks:?}, "group_size": {}, "group_count": {count}}}"#,
+            ranks.len()
+        ));
+    }
     let mut b = TraceBuilder::new();
-    let groups = format!(
-        r#"[{{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": {size}, "group_count": 1}}]"#
-    );
     b.node("## process_group:init ##")
-        .input(json!(groups), json!([]), "String")
+        .input(json!(format!("[{}]", list.join(", "))), json!([]), "String")
         .done();
     b
 }
@@ -411,14 +424,7 @@ fn param_wait_records_are_paired_with_their_collectives_by_sequence_number() {
 /// the one waited for), whose collective the wait must not hold.
 #[test]
 fn param_waits_pair_with_their_own_groups_collective() {
-    let mut b = TraceBuilder::new();
-    b.node("## process_group:init ##")
-        .input(
-            json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 2, "group_count": 2}, {"pg_name": "1", "pg_desc": "dp", "backend_config": "cpu:gloo", "ranks": [0, 1], "group_size": 2, "group_count": 2}]"#),
-            json!([]),
-            "String",
-        )
-        .done();
+    let mut b = world_with_groups(2, &[("1", "dp", &[0, 1])]);
     let t = tensor(5, 5, 0, 4, 4, "cpu");
     full(&mut b, &t, 4, 1.0);
     let mut issued = Vec::new();
@@ -606,14 +612,7 @@ fn ranks_whose_collectives_differ_stop_before_running_naming_them() {
 #[test]
 fn a_subgroups_disagreement_stops_every_rank() {
     let rank = |r: usize| {
-        let mut b = TraceBuilder::new();
-        b.node("## process_group:init ##")
-            .input(
-                json!(r#"[{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cpu:gloo", "ranks": [], "group_size": 3, "group_count": 2}, {"pg_name": "1", "pg_desc": "pair", "backend_config": "cpu:gloo", "ranks": [0, 1], "group_size": 2, "group_count": 2}]"#),
-                json!([]),
-                "String",
-            )
-            .done();
+        let mut b = world_with_groups(3, &[("1", "pair", &[0, 1])]);
         if r < 2 {
             let n = 4 * (r as u64 + 1);
             allreduce_on(&mut b, &tensor(1, 1, 0, n, 4, "cpu"), n, "1");
