@@ -15,8 +15,8 @@
 //!   plain and with the profile's gaps, each with its fidelity card (`compare`: original and
 //!   replay figure by figure), and, where a zoo was captured on the preparing machine, every
 //!   zoo trace replayed on cuda with its values checked (no failed op, no NaN/Inf), in the
-//!   time left. `GPU_CHECK_BUDGET_S` bounds the whole run (480 s by default). One summary; with `$OUT` set, `gpu-check.json` and the NVML SVGs
-//!   land there.
+//!   time left. `GPU_CHECK_BUDGET_S` bounds the whole run (480 s by default). One summary;
+//!   with `$OUT` set, `gpu-check.json` and the NVML SVGs land there.
 //!
 //! Plain `cargo xtask gpu-check` on a GPU machine with cargo does both.
 
@@ -651,8 +651,9 @@ impl Check {
         Ok(())
     }
 
-    /// Stage 7: the zoo on cuda, in the time left: CPU captures (bf16 and fp16 paths, fused attention, every
-    /// optimizer) replayed on the GPU with their values checked: no failed op, no NaN/Inf.
+    /// Stage 7: the zoo on cuda, in the time left: CPU captures (bf16 and fp16 paths, fused
+    /// attention, every optimizer) replayed on the GPU with their values checked: no failed op,
+    /// no NaN/Inf.
     fn zoo(&mut self, cuda: bool) {
         let mut zoo: Vec<PathBuf> = walk(&self.traces.join("zoo"));
         zoo.sort();
